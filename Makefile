@@ -1,0 +1,36 @@
+# Every target builds its own virtual environment, so a fresh clone needs only python3 >= 3.11.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test lint bench plan protos clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev,plot]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/secure-release demo
+
+plan: $(STAMP)
+	$(VENV)/bin/secure-release plan --n 45222 --alphabet 6,4 --epsilon 0.5
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+lint: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m mypy mechanism secure_release curator server researcher
+
+protos: $(STAMP)
+	$(PY) -m protos.generate
+
+bench: $(STAMP)
+	$(PY) -m pip install --quiet -e '.[bench]'
+	$(PY) bench/bench_mechanism.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

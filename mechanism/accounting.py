@@ -1,0 +1,193 @@
+"""Privacy and utility accounting: one small pure function per formula.
+
+References are to seeds/001 (Lin, Wang, Rane) and DESIGN.md section 3. Arguments are checked
+at their exact boundaries: gamma > 1, epsilon > 0, integers 1 <= m <= n, all finite.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import numpy.typing as npt
+
+from mechanism.errors import (
+    InvalidEpsilonError,
+    InvalidSampleSizeError,
+    NonFiniteInputError,
+)
+from mechanism.pram import check_gamma
+from mechanism.sampling import check_sample_size
+from mechanism.schema import check_joint_alphabet
+
+
+def check_epsilon(epsilon: float) -> float:
+    """Raise unless epsilon is a finite number > 0."""
+    if isinstance(epsilon, bool) or not isinstance(epsilon, int | float):
+        raise InvalidEpsilonError(f"epsilon must be a number > 0, got {epsilon!r}")
+    if not math.isfinite(epsilon):
+        raise NonFiniteInputError(f"epsilon must be finite, got {epsilon!r}")
+    if epsilon <= 0:
+        raise InvalidEpsilonError(f"epsilon must be > 0, got {epsilon!r}")
+    return float(epsilon)
+
+
+def _check_joint_size(joint_size: int) -> int:
+    if isinstance(joint_size, bool) or int(joint_size) != joint_size or joint_size < 2:
+        raise InvalidSampleSizeError(f"the joint alphabet K must be an integer >= 2, got {joint_size!r}")
+    check_joint_alphabet([1, int(joint_size)] if joint_size <= 2**32 else [2**32, 1])
+    return int(joint_size)
+
+
+def epsilon_from_gamma(n: int, m: int, gamma: float) -> float:
+    """Theorem 3.2, Eq. (1): epsilon = ln(1 + (m/n)(gamma - 1)); tight (Example 3.3)."""
+    check_sample_size(n, m)
+    gamma = check_gamma(gamma)
+    return math.log1p(m / n * (gamma - 1.0))
+
+
+def gamma_from_epsilon(n: int, m: int, epsilon: float) -> float:
+    """Eq. (2): gamma = 1 + (n/m)(e^epsilon - 1), the PRAM level that gives epsilon."""
+    check_sample_size(n, m)
+    epsilon = check_epsilon(epsilon)
+    return 1.0 + n / m * math.expm1(epsilon)
+
+
+def optimal_sample_size(n: int, joint_size: int, epsilon: float) -> float:
+    """Corollary 3.6, Eq. (5): m* = n (1 + sqrt K)(e^eps - 1) / K^(3/2), clamped to [1, n]."""
+    check_sample_size(n, 1)
+    K = _check_joint_size(joint_size)
+    epsilon = check_epsilon(epsilon)
+    m_star = n * (1.0 + math.sqrt(K)) * math.expm1(epsilon) / K**1.5
+    return min(max(m_star, 1.0), float(n))
+
+
+def optimal_sample_size_int(n: int, joint_size: int, epsilon: float) -> int:
+    """m* of Eq. (5) rounded to the nearest integer in [1, n]."""
+    return min(max(round(optimal_sample_size(n, joint_size, epsilon)), 1), n)
+
+
+def condition_number(joint_size: int, gamma: float) -> float:
+    """Theorem 3.4: c = 1 + K/(gamma - 1), the condition number of A."""
+    K = _check_joint_size(joint_size)
+    return 1.0 + K / (check_gamma(gamma) - 1.0)
+
+
+def error_bound(m: int, joint_size: int, gamma: float) -> float:
+    """Theorem 3.4, Eq. (3): E||T_hat - T||_2 <= (c sqrt K + 1)/sqrt m."""
+    check_sample_size(m, m)
+    c = condition_number(joint_size, gamma)
+    return (c * math.sqrt(joint_size) + 1.0) / math.sqrt(m)
+
+
+def error_bound_tight(m: int, joint_size: int, gamma: float) -> float:
+    """Sec. IV, the paper's tightened bound: (c + 1)/sqrt m."""
+    check_sample_size(m, m)
+    return (condition_number(joint_size, gamma) + 1.0) / math.sqrt(m)
+
+
+def sampling_mse(n: int, m: int, sum_sq: float) -> float:
+    """DESIGN 3, first term: (n - m)/(m (n - 1)) (1 - sum_c T_c^2) (hypergeometric)."""
+    check_sample_size(n, m)
+    if n == 1:
+        return 0.0
+    return (n - m) / (m * (n - 1)) * (1.0 - sum_sq)
+
+
+def pram_mse(m: int, joint_size: int, gamma: float) -> float:
+    """DESIGN 3, second term: [(a+b)(1-a-b) + (K-1) b (1-b)] / (m a^2)."""
+    check_sample_size(m, m)
+    K = _check_joint_size(joint_size)
+    q = check_gamma(gamma) + K - 1.0
+    a, b = (gamma - 1.0) / q, 1.0 / q
+    return ((a + b) * (1.0 - a - b) + (K - 1.0) * b * (1.0 - b)) / (m * a * a)
+
+
+def expected_squared_error(n: int, m: int, joint_size: int, gamma: float, sum_sq: float) -> float:
+    """DESIGN 3: E||T_hat - T||^2 = sampling_mse + pram_mse (exact for the A^-1 estimator)."""
+    if not math.isfinite(sum_sq) or not 0.0 <= sum_sq <= 1.0:
+        raise NonFiniteInputError(f"sum of squared cell shares must be in [0, 1], got {sum_sq!r}")
+    return sampling_mse(n, m, sum_sq) + pram_mse(m, joint_size, gamma)
+
+
+def predicted_rmse(n: int, m: int, joint_size: int, gamma: float, sum_sq: float | None = None) -> float:
+    """sqrt of :func:`expected_squared_error`; ``sum_sq=None`` takes the worst case 1/K."""
+    worst = 1.0 / joint_size if sum_sq is None else sum_sq
+    return math.sqrt(expected_squared_error(n, m, joint_size, gamma, worst))
+
+
+def cell_variance(
+    n: int, m: int, joint_size: int, gamma: float, shares: npt.ArrayLike
+) -> npt.NDArray[np.float64]:
+    """DESIGN 3, per cell: Var(T_hat_c) = T_c(1-T_c)(n-m)/(m(n-1)) + [T_c(a+b)(1-a-b) + (1-T_c) b(1-b)]/(m a^2)."""
+    check_sample_size(n, m)
+    K = _check_joint_size(joint_size)
+    t = np.clip(np.asarray(shares, dtype=np.float64), 0.0, 1.0)
+    q = check_gamma(gamma) + K - 1.0
+    a, b = (gamma - 1.0) / q, 1.0 / q
+    sampling = t * (1.0 - t) * ((n - m) / (m * (n - 1)) if n > 1 else 0.0)
+    pram = (t * (a + b) * (1.0 - a - b) + (1.0 - t) * b * (1.0 - b)) / (m * a * a)
+    return np.asarray(sampling + pram, dtype=np.float64)
+
+
+def rmse_at_epsilon(n: int, m: int, joint_size: int, epsilon: float, sum_sq: float | None = None) -> float:
+    """Predicted RMSE of a release at privacy epsilon with m samples (gamma from Eq. 2)."""
+    return predicted_rmse(n, m, joint_size, gamma_from_epsilon(n, m, epsilon), sum_sq)
+
+
+def error_minimizing_sample_size(
+    n: int, joint_size: int, epsilon: float, sum_sq: float | None = None
+) -> int:
+    """The integer m in [1, n] minimizing the exact predicted error at fixed epsilon.
+
+    The predicted MSE is unimodal in m here; it is evaluated on a geometric grid and then
+    refined exactly over the integers around the grid minimum (vectorized, no loop over m).
+    """
+    check_sample_size(n, 1)
+    K = _check_joint_size(joint_size)
+    eps = check_epsilon(epsilon)
+    worst = 1.0 / K if sum_sq is None else sum_sq
+
+    def mse(ms: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+        gamma = 1.0 + n / ms * math.expm1(eps)
+        q = gamma + K - 1.0
+        a, b = (gamma - 1.0) / q, 1.0 / q
+        samp = (n - ms) / (ms * (n - 1)) * (1.0 - worst) if n > 1 else 0.0 * ms
+        return np.asarray(samp + ((a + b) * (1 - a - b) + (K - 1) * b * (1 - b)) / (ms * a * a))
+
+    grid = np.unique(np.round(np.geomspace(1, n, num=min(n, 2000))))
+    best = int(grid[int(np.argmin(mse(grid)))])
+    idx = int(np.searchsorted(grid, best))
+    lo = int(grid[max(idx - 1, 0)])
+    hi = int(grid[min(idx + 1, grid.size - 1)])
+    fine = np.arange(lo, hi + 1, dtype=np.float64)
+    return int(fine[int(np.argmin(mse(fine)))])
+
+
+def krr_keep_probability(joint_size: int, gamma: float) -> float:
+    """k-ary randomized response with epsilon_0 = ln gamma: P(report = truth) = gamma/q."""
+    K = _check_joint_size(joint_size)
+    return check_gamma(gamma) / (gamma + K - 1.0)
+
+
+def opendp_prob(joint_size: int, gamma: float) -> float:
+    """OpenDP ``make_randomized_response(categories, prob)``: prob = P(truth) = gamma/q."""
+    return krr_keep_probability(joint_size, gamma)
+
+
+def dp_accounting_noise_parameter(joint_size: int, gamma: float) -> float:
+    """dp_accounting ``RandomizedResponseDpEvent(noise_parameter, num_buckets=K)``.
+
+    There the true bucket is replaced, with probability noise_parameter, by a uniform bucket:
+    P(truth) = 1 - p + p/K. Setting it to gamma/q gives p = K/q = 1 - a.
+    """
+    K = _check_joint_size(joint_size)
+    return K / (check_gamma(gamma) + K - 1.0)
+
+
+def amplified_epsilon(base_epsilon: float, sampling_rate: float) -> float:
+    """Amplification by sampling without replacement: ln(1 + rate (e^eps0 - 1)) (= Thm 3.2)."""
+    eps0 = check_epsilon(base_epsilon)
+    if not math.isfinite(sampling_rate) or not 0.0 < sampling_rate <= 1.0:
+        raise InvalidSampleSizeError(f"sampling rate must be in (0, 1], got {sampling_rate!r}")
+    return math.log1p(sampling_rate * math.expm1(eps0))

@@ -1,0 +1,196 @@
+"""The whole protocol in memory, one call (like libprio/janus: each role a pure interface).
+
+Steps, each a named function the services reuse unchanged:
+
+1. :func:`curator_tags`, :func:`agree_alignment`      keyed id tags, common ids, canonical order
+2. :func:`~mechanism.sampling.sample_positions`        the shared ordered m-tuple
+3. :func:`curator_encrypt`                             sample + fresh pad + encrypt
+4. :func:`server_perturb`                              PRAM once on the joint ciphertext rows
+5. :func:`researcher_decrypt`, :func:`researcher_estimate`  decrypt and estimate
+
+:func:`run_release` strings them together and returns the estimate and what each party saw.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from mechanism import estimators
+from mechanism.alignment import Alignment, TagArray, align, common_tags, id_tags
+from mechanism.errors import ShapeMismatchError
+from mechanism.keys import AlignmentKey, PramKey, Seed
+from mechanism.pads import CipherMode, ReleasePad, new_release_pad
+from mechanism.plan import ReleasePlan, plan_release
+from mechanism.pram import perturb
+from mechanism.sampling import sample_positions
+from mechanism.schema import CuratorSchema, JointSchema, SymbolArray, joint_codes, mixed_radix_encode
+
+
+@dataclass(frozen=True)
+class CuratorTable:
+    """One curator's vertical slice: ids and one label column per attribute."""
+
+    schema: CuratorSchema
+    ids: npt.NDArray[np.str_]
+    columns: Mapping[str, npt.NDArray[np.str_]]
+
+    @property
+    def name(self) -> str:
+        return self.schema.name
+
+    def symbols(self) -> SymbolArray:
+        return self.schema.encode(self.columns)
+
+
+def curator_tags(table: CuratorTable, key: AlignmentKey) -> TagArray:
+    """Step 1a: the tags a curator sends to the other curators (never the ids)."""
+    return id_tags(table.ids, key)
+
+
+def agree_alignment(tag_lists: Sequence[TagArray]) -> list[Alignment]:
+    """Step 1b: every curator's row order over the ids all of them hold."""
+    agreed = common_tags(tag_lists)
+    return [align(tags, agreed) for tags in tag_lists]
+
+
+def curator_encrypt(
+    aligned_symbols: SymbolArray,
+    positions: npt.NDArray[np.int64],
+    alphabet_size: int,
+    cipher: CipherMode | str,
+) -> tuple[SymbolArray, ReleasePad]:
+    """Step 3: sample the aligned column at ``positions`` and encrypt it under a fresh pad."""
+    pad = new_release_pad(cipher, alphabet_size, int(positions.size))
+    return pad.encrypt(aligned_symbols[positions]), pad
+
+
+def server_perturb(ciphertexts: Sequence[SymbolArray], plan: ReleasePlan, key: PramKey) -> list[SymbolArray]:
+    """Step 4: gamma-diagonal PRAM on the joined ciphertext rows, once."""
+    if any(c.size != plan.m for c in ciphertexts):
+        raise ShapeMismatchError(f"every curator must upload exactly m = {plan.m} symbols")
+    return perturb(ciphertexts, plan.alphabet_sizes, plan.channel, key)
+
+
+def researcher_decrypt(perturbed: Sequence[SymbolArray], pads: Sequence[ReleasePad]) -> list[SymbolArray]:
+    """Step 5a: remove each curator's pad (Lemma 3.1: the result is PRAM of the sample)."""
+    return [pad.decrypt(c) for c, pad in zip(perturbed, pads, strict=True)]
+
+
+@dataclass(frozen=True)
+class ReleaseEstimate:
+    """Estimates of the joint (or a marginal) type with standard errors and 95% intervals."""
+
+    curators: tuple[int, ...]
+    alphabet_sizes: tuple[int, ...]
+    counts: npt.NDArray[np.int64]
+    raw: npt.NDArray[np.float64]
+    projected: npt.NDArray[np.float64]
+    mle: npt.NDArray[np.float64]
+    standard_errors: npt.NDArray[np.float64]
+    ci_low: npt.NDArray[np.float64]
+    ci_high: npt.NDArray[np.float64]
+    mle_iterations: int
+    mle_converged: bool
+    is_marginal: bool
+
+
+def researcher_estimate(
+    columns: Sequence[SymbolArray], plan: ReleasePlan, curators: Sequence[int] | None = None
+) -> ReleaseEstimate:
+    """Step 5b: raw A^-1, simplex projection, MLE and standard errors, on the joint or on the
+    marginal of the curators whose keys the researcher holds (``curators``)."""
+    subset = tuple(range(len(plan.alphabet_sizes))) if curators is None else tuple(curators)
+    sizes = tuple(plan.alphabet_sizes[j] for j in subset)
+    sub_size = int(np.prod(sizes))
+    is_marginal = len(subset) < len(plan.alphabet_sizes)
+    codes = mixed_radix_encode(list(columns), sizes)
+    counts = estimators.observed_counts(codes, sub_size)
+    channel = plan.channel
+    if is_marginal:
+        raw = estimators.estimate_marginal(counts, channel)
+        se = estimators.marginal_standard_errors(raw, plan.n, plan.m, channel)
+    else:
+        raw = estimators.estimate_joint(counts, channel)
+        se = estimators.standard_errors(raw, plan.n, plan.m, channel)
+    mle = estimators.estimate_mle(counts, channel.keep)
+    low, high = estimators.confidence_intervals(raw, se)
+    return ReleaseEstimate(
+        subset, sizes, counts, raw, estimators.project_to_simplex(raw), mle.estimate,
+        se, low, high, mle.iterations, mle.converged, is_marginal,
+    )
+
+
+@dataclass
+class ReleaseResult:
+    """The outcome of :func:`run_release` with every party's view."""
+
+    plan: ReleasePlan
+    estimate: ReleaseEstimate
+    true_type: npt.NDArray[np.float64]
+    sample_type: npt.NDArray[np.float64]
+    matched_rows: dict[str, int]
+    unmatched_rows: dict[str, int]
+    server_view: dict[str, Any] = field(default_factory=dict)
+    researcher_view: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def l2_error(self) -> float:
+        return estimators.l2_error(self.estimate.raw, self.true_type)
+
+
+def run_release(
+    tables: Sequence[CuratorTable],
+    epsilon: float,
+    m: int | None = None,
+    cipher: CipherMode | str = CipherMode.CHACHA20,
+    release_id: str = "release-1",
+    seed: Seed | None = None,
+    alignment_key: AlignmentKey | None = None,
+    pram_key: PramKey | None = None,
+    granted: Sequence[int] | None = None,
+) -> ReleaseResult:
+    """Run alignment -> sampling -> encryption -> PRAM -> decryption -> estimation in memory.
+
+    ``seed``, ``alignment_key`` and ``pram_key`` default to fresh OS randomness; tests inject
+    them. ``granted`` lists the curators whose keys the researcher receives (default: all).
+    """
+    if len(tables) < 2:
+        raise ShapeMismatchError(f"a release needs N >= 2 curators, got {len(tables)}")
+    schema = JointSchema(tuple(t.schema for t in tables))
+    alignment_key = alignment_key or AlignmentKey.generate()
+    alignments = agree_alignment([curator_tags(t, alignment_key) for t in tables])
+    n = alignments[0].num_matched
+    plan = plan_release(n, schema.alphabet_sizes, epsilon, m)
+    seed = seed or Seed.generate()
+    positions = sample_positions(seed, plan.n, plan.m, release_id)
+    aligned = [t.symbols()[a.row_order] for t, a in zip(tables, alignments, strict=True)]
+    uploads = [
+        curator_encrypt(sym, positions, k, cipher)
+        for sym, k in zip(aligned, plan.alphabet_sizes, strict=True)
+    ]
+    ciphertexts = [c for c, _ in uploads]
+    perturbed = server_perturb(ciphertexts, plan, pram_key or PramKey.generate())
+    subset = list(range(len(tables))) if granted is None else list(granted)
+    pads = [uploads[j][1] for j in subset]
+    decrypted = researcher_decrypt([perturbed[j] for j in subset], pads)
+    estimate = researcher_estimate(decrypted, plan, subset)
+    full_codes = joint_codes(aligned, plan.alphabet_sizes)
+    sub_codes = mixed_radix_encode([aligned[j] for j in subset], estimate.alphabet_sizes)
+    sub_size = int(np.prod(estimate.alphabet_sizes))
+    true_type = estimators.observed_counts(sub_codes, sub_size) / plan.n
+    sample_type = estimators.observed_counts(full_codes[positions], plan.joint_size) / plan.m
+    return ReleaseResult(
+        plan=plan,
+        estimate=estimate,
+        true_type=true_type,
+        sample_type=sample_type,
+        matched_rows={t.name: a.num_matched for t, a in zip(tables, alignments, strict=True)},
+        unmatched_rows={t.name: a.num_unmatched for t, a in zip(tables, alignments, strict=True)},
+        server_view={"plan": plan.to_dict(), "ciphertexts": ciphertexts, "perturbed": perturbed},
+        researcher_view={"perturbed": perturbed, "pads": pads, "plan": plan.to_dict()},
+    )

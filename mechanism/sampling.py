@@ -1,0 +1,118 @@
+"""The curators' shared sample: a uniformly random ordered m-tuple of distinct positions.
+
+Rule (DESIGN 3.2). Let ks = ChaCha20(key = HKDF(seed, "sampling", release_id), nonce = 0).
+Position i in [0, n) gets the 64-bit key r_i = little-endian word i of ks. The sample is the
+m positions with the smallest (r_i, i), listed in ascending (r_i, i).
+
+Why uniform: if the r_i were i.i.d. uniform reals, the m smallest form a uniform m-subset and
+their ascending order is a uniform permutation of it (exchangeability), i.e. a uniform ordered
+m-tuple, exactly the pi of Theorem 3.2's proof. With 64-bit keys a tie occurs with probability
+at most n^2 / 2^65 (about 3e-6 at n = 10^7) and only then does the index break the order; with a
+pseudorandom keystream the guarantee is computational against anyone without the seed.
+
+One pass over positions in chunks; memory O(m + chunk). Every curator holding the seed computes
+the same tuple; :data:`KNOWN_ANSWERS` in the tests pin the rule.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+from mechanism.errors import InvalidSampleSizeError
+from mechanism.keys import Seed
+from mechanism.stream import CHACHA_BLOCK_BYTES, keystream_words, nonce_for
+
+DEFAULT_CHUNK = 1 << 20
+_WORDS_PER_BLOCK = CHACHA_BLOCK_BYTES // 8
+MAX_POSITIONS = (2**32) * _WORDS_PER_BLOCK
+
+
+def check_sample_size(n: int, m: int) -> None:
+    """Raise unless n >= 1 and m is an integer in [1, n]."""
+    if isinstance(n, bool) or int(n) != n or n < 1:
+        raise InvalidSampleSizeError(f"n must be an integer >= 1, got {n!r}")
+    if isinstance(m, bool) or int(m) != m or not 1 <= m <= n:
+        raise InvalidSampleSizeError(f"m must be an integer in [1, n] = [1, {n}], got {m!r}")
+
+
+def position_keys(key: bytes, start: int, count: int) -> npt.NDArray[np.uint64]:
+    """r_i for i in [start, start + count); ``start`` must be a multiple of 8."""
+    if start % _WORDS_PER_BLOCK:
+        raise InvalidSampleSizeError("position chunks must start at a multiple of 8")
+    return keystream_words(key, nonce_for(0), start // _WORDS_PER_BLOCK, count)
+
+
+def _smallest(
+    keys: npt.NDArray[np.uint64], idx: npt.NDArray[np.int64], m: int
+) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.int64]]:
+    """The m entries with the smallest (key, index), unordered; exact under key ties."""
+    if keys.size <= m:
+        return keys, idx
+    part = np.argpartition(keys, m - 1)
+    threshold = keys[part[m - 1]]
+    below = keys < threshold
+    num_below = int(np.count_nonzero(below))
+    at = np.flatnonzero(keys == threshold)
+    at = at[np.argsort(idx[at], kind="stable")][: m - num_below]
+    keep = np.concatenate([np.flatnonzero(below), at])
+    return keys[keep], idx[keep]
+
+
+def sample_positions(
+    seed: Seed, n: int, m: int, release_id: str = "", chunk: int = DEFAULT_CHUNK
+) -> npt.NDArray[np.int64]:
+    """The ordered m-tuple of distinct positions in [0, n) shared by every seed holder.
+
+    Fast path: the m-th smallest of n uniform 64-bit keys lies below
+    t0 = 2^64 (m + 8 sqrt(m) + 64) / n except with probability < 1e-15, so each chunk keeps only
+    keys <= t0. If fewer than m keys survive, the exact streaming selection runs instead. The
+    output is the same either way (only keys <= t0 were dropped, and m keys lie below t0).
+    """
+    check_sample_size(n, m)
+    if n > MAX_POSITIONS:
+        raise InvalidSampleSizeError(f"n = {n} exceeds {MAX_POSITIONS} positions")
+    chunk = max(_WORDS_PER_BLOCK, chunk - chunk % _WORDS_PER_BLOCK)
+    key = seed.derive("sampling", release_id)
+    fraction = (m + 8.0 * m**0.5 + 64.0) / n
+    if fraction < 0.5:
+        cut = np.uint64(int(fraction * 2.0**64))
+        kept_keys: list[npt.NDArray[np.uint64]] = []
+        kept_idx: list[npt.NDArray[np.int64]] = []
+        for start in range(0, n, chunk):
+            keys = position_keys(key, start, min(chunk, n - start))
+            hit = np.flatnonzero(keys <= cut)
+            kept_keys.append(keys[hit])
+            kept_idx.append(hit.astype(np.int64) + start)
+        all_keys, all_idx = np.concatenate(kept_keys), np.concatenate(kept_idx)
+        if all_keys.size >= m:
+            return _ordered(*_smallest(all_keys, all_idx, m))
+    return _ordered(*_streaming_smallest(key, n, m, chunk))
+
+
+def _streaming_smallest(
+    key: bytes, n: int, m: int, chunk: int
+) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.int64]]:
+    """The m smallest (r_i, i) over all positions, one chunk at a time."""
+    best_keys = np.zeros(0, dtype=np.uint64)
+    best_idx = np.zeros(0, dtype=np.int64)
+    for start in range(0, n, chunk):
+        count = min(chunk, n - start)
+        keys = position_keys(key, start, count)
+        idx = np.arange(start, start + count, dtype=np.int64)
+        if best_keys.size == m:  # only keys not above the current m-th smallest can enter
+            mask = keys <= best_keys.max()
+            keys, idx = keys[mask], idx[mask]
+        best_keys, best_idx = _smallest(
+            np.concatenate([best_keys, keys]), np.concatenate([best_idx, idx]), m
+        )
+    return best_keys, best_idx
+
+
+def _ordered(keys: npt.NDArray[np.uint64], idx: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """Positions in ascending (r_i, i)."""
+    order = np.argsort(keys, kind="stable")
+    keys, idx = keys[order], idx[order]
+    if keys.size > 1 and np.any(keys[1:] == keys[:-1]):  # ties: order by index
+        idx = idx[np.lexsort((idx, keys))]
+    return idx

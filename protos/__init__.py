@@ -1,0 +1,1 @@
+"""gRPC protocol definitions (package securerelease.v1) and committed generated modules."""

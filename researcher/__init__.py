@@ -1,0 +1,1 @@
+"""The researcher role: a thin I/O shell over mechanism/ (service, client, CLI, storage)."""

@@ -1,0 +1,3 @@
+from secure_release.cli import main
+
+raise SystemExit(main())

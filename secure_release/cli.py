@@ -1,0 +1,62 @@
+"""``secure-release``: one console script, one module per subcommand.
+
+Each subcommand lives in ``secure_release/cmd_<name>.py`` and exposes
+``register(subparsers) -> None``; the parser it adds sets ``func(args) -> int``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import sys
+from collections.abc import Sequence
+
+from mechanism.errors import SecureReleaseError
+
+COMMANDS = ("plan", "demo", "simulate", "reproduce", "pki")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with a one-line error and exit code 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        sys.stderr.write(f"{self.prog}: error: {message}\n")
+        raise SystemExit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="secure-release",
+        description=(
+            "Differentially private release of a vertically partitioned table: curators sample "
+            "the same m of n aligned records, encrypt them with additive pads, an untrusted server "
+            "applies gamma-diagonal PRAM to the ciphertext, and a researcher decrypts and "
+            "estimates the joint distribution."
+        ),
+        epilog="Run 'secure-release COMMAND --help' for each command's options.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for name in COMMANDS:
+        module_name = f"secure_release.cmd_{name}"
+        if importlib.util.find_spec(module_name) is None:
+            continue
+        importlib.import_module(module_name).register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args))
+    except SecureReleaseError as exc:
+        sys.stderr.write(f"secure-release {args.command}: error: {type(exc).__name__}: {exc}\n")
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""The server role: a thin I/O shell over mechanism/ (service, client, CLI, storage)."""
