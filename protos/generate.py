@@ -1,0 +1,56 @@
+"""Regenerate the committed gRPC modules: ``python -m protos.generate [--check]``.
+
+Uses the pinned grpcio-tools and mypy-protobuf (see pyproject's dev extra). ``--check``
+regenerates into a temporary directory and exits 1 if anything differs from the committed
+files (the freshness check the tests run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import filecmp
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PROTO = "protos/securerelease/v1/securerelease.proto"
+GENERATED = ("securerelease_pb2.py", "securerelease_pb2.pyi", "securerelease_pb2_grpc.py",
+             "securerelease_pb2_grpc.pyi")
+
+
+def generate(out_dir: Path) -> None:
+    from grpc_tools import protoc  # dev dependency, pinned
+
+    args = [
+        "protoc", f"-I{ROOT}", f"--python_out={out_dir}", f"--grpc_python_out={out_dir}",
+        f"--mypy_out={out_dir}", f"--mypy_grpc_out={out_dir}", str(ROOT / PROTO),
+    ]
+    if protoc.main(args) != 0:
+        raise SystemExit("protoc failed")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--check", action="store_true", help="fail if regenerating gives a diff")
+    args = parser.parse_args()
+    target = ROOT / "protos/securerelease/v1"
+    with tempfile.TemporaryDirectory() as tmp:
+        generate(Path(tmp))
+        fresh = Path(tmp) / "protos/securerelease/v1"
+        stale = [n for n in GENERATED if not (target / n).exists()
+                 or not filecmp.cmp(fresh / n, target / n, shallow=False)]
+        if args.check:
+            if stale:
+                print(f"generated gRPC code is stale: {stale}; run python -m protos.generate")
+                return 1
+            return 0
+        for name in GENERATED:
+            shutil.copyfile(fresh / name, target / name)
+    print(f"regenerated {len(GENERATED)} files in {target}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
