@@ -10,7 +10,8 @@ Modules:
 - :mod:`mechanism.sampling`    the shared ordered m-tuple of positions (DESIGN 3.2)
 - :mod:`mechanism.pads`        one-time and ChaCha20 pads, additive encryption (DESIGN 3.3)
 - :mod:`mechanism.pram`        gamma-diagonal PRAM on joint rows (DESIGN 3.4)
-- :mod:`mechanism.accounting`  epsilon, gamma, m*, bounds, exact MSE (Thm 3.2, Eq. 2, Cor. 3.6, Thm 3.4)
+- :mod:`mechanism.accounting`  epsilon, gamma, m*, bounds, exact MSE
+  (Thm 3.2, Eq. 2, Cor. 3.6, Thm 3.4)
 - :mod:`mechanism.estimators`  A^-1, marginals, standard errors, simplex projection, MLE
 - :mod:`mechanism.alignment`   keyed id tags (SipHash-2-4, vectorized) and the canonical order
 - :mod:`mechanism.ledger`      sequential composition, budget and seed-reuse refusal

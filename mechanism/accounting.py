@@ -34,7 +34,9 @@ def check_epsilon(epsilon: float) -> float:
 
 def _check_joint_size(joint_size: int) -> int:
     if isinstance(joint_size, bool) or int(joint_size) != joint_size or joint_size < 2:
-        raise InvalidSampleSizeError(f"the joint alphabet K must be an integer >= 2, got {joint_size!r}")
+        raise InvalidSampleSizeError(
+            f"the joint alphabet K must be an integer >= 2, got {joint_size!r}"
+        )
     check_joint_alphabet([1, int(joint_size)] if joint_size <= 2**32 else [2**32, 1])
     return int(joint_size)
 
@@ -59,7 +61,7 @@ def optimal_sample_size(n: int, joint_size: int, epsilon: float) -> float:
     K = _check_joint_size(joint_size)
     epsilon = check_epsilon(epsilon)
     m_star = n * (1.0 + math.sqrt(K)) * math.expm1(epsilon) / K**1.5
-    return min(max(m_star, 1.0), float(n))
+    return float(min(max(m_star, 1.0), float(n)))
 
 
 def optimal_sample_size_int(n: int, joint_size: int, epsilon: float) -> int:
@@ -110,7 +112,9 @@ def expected_squared_error(n: int, m: int, joint_size: int, gamma: float, sum_sq
     return sampling_mse(n, m, sum_sq) + pram_mse(m, joint_size, gamma)
 
 
-def predicted_rmse(n: int, m: int, joint_size: int, gamma: float, sum_sq: float | None = None) -> float:
+def predicted_rmse(
+    n: int, m: int, joint_size: int, gamma: float, sum_sq: float | None = None
+) -> float:
     """sqrt of :func:`expected_squared_error`; ``sum_sq=None`` takes the worst case 1/K."""
     worst = 1.0 / joint_size if sum_sq is None else sum_sq
     return math.sqrt(expected_squared_error(n, m, joint_size, gamma, worst))
@@ -119,7 +123,8 @@ def predicted_rmse(n: int, m: int, joint_size: int, gamma: float, sum_sq: float 
 def cell_variance(
     n: int, m: int, joint_size: int, gamma: float, shares: npt.ArrayLike
 ) -> npt.NDArray[np.float64]:
-    """DESIGN 3, per cell: Var(T_hat_c) = T_c(1-T_c)(n-m)/(m(n-1)) + [T_c(a+b)(1-a-b) + (1-T_c) b(1-b)]/(m a^2)."""
+    """DESIGN 3, per cell variance of T_hat_c:
+    T_c(1-T_c)(n-m)/(m(n-1)) + [T_c(a+b)(1-a-b) + (1-T_c) b(1-b)]/(m a^2)."""
     check_sample_size(n, m)
     K = _check_joint_size(joint_size)
     t = np.clip(np.asarray(shares, dtype=np.float64), 0.0, 1.0)
@@ -130,7 +135,9 @@ def cell_variance(
     return np.asarray(sampling + pram, dtype=np.float64)
 
 
-def rmse_at_epsilon(n: int, m: int, joint_size: int, epsilon: float, sum_sq: float | None = None) -> float:
+def rmse_at_epsilon(
+    n: int, m: int, joint_size: int, epsilon: float, sum_sq: float | None = None
+) -> float:
     """Predicted RMSE of a release at privacy epsilon with m samples (gamma from Eq. 2)."""
     return predicted_rmse(n, m, joint_size, gamma_from_epsilon(n, m, epsilon), sum_sq)
 

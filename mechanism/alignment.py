@@ -77,7 +77,9 @@ def siphash24(key: bytes, messages: npt.NDArray[np.uint8], length: int) -> U64:
     return np.asarray(v0 ^ v1 ^ v2 ^ v3, dtype=np.uint64)
 
 
-def _as_bytes(ids: Sequence[str] | npt.NDArray[np.str_] | npt.NDArray[np.bytes_]) -> npt.NDArray[np.bytes_]:
+def _as_bytes(
+    ids: Sequence[str] | npt.NDArray[np.str_] | npt.NDArray[np.bytes_],
+) -> npt.NDArray[np.bytes_]:
     arr = np.asarray(ids)
     if arr.dtype.kind == "U":
         arr = np.strings.encode(arr, "utf-8")
@@ -86,14 +88,18 @@ def _as_bytes(ids: Sequence[str] | npt.NDArray[np.str_] | npt.NDArray[np.bytes_]
     return np.asarray(arr)
 
 
-def id_tags(ids: Sequence[str] | npt.NDArray[np.str_] | npt.NDArray[np.bytes_], key: AlignmentKey) -> TagArray:
+def id_tags(
+    ids: Sequence[str] | npt.NDArray[np.str_] | npt.NDArray[np.bytes_], key: AlignmentKey
+) -> TagArray:
     """128-bit keyed tags of the ids (vectorized SipHash-2-4 under two derived keys)."""
     raw = _as_bytes(ids)
     tags = np.zeros(raw.size, dtype=TAG_DTYPE)
     if raw.size == 0:
         return tags
     width = max(raw.dtype.itemsize, 1)
-    matrix = np.frombuffer(np.ascontiguousarray(raw).tobytes(), dtype=np.uint8).reshape(raw.size, width)
+    matrix = np.frombuffer(np.ascontiguousarray(raw).tobytes(), dtype=np.uint8).reshape(
+        raw.size, width
+    )
     lengths = np.strings.str_len(raw)
     key_hi = key.derive("alignment-tag-hi", length=16)
     key_lo = key.derive("alignment-tag-lo", length=16)
@@ -132,7 +138,9 @@ def common_tags(tag_lists: Sequence[TagArray]) -> TagArray:
 def align(own_tags: TagArray, agreed: TagArray) -> Alignment:
     """This curator's row order for the agreed common tags (each must occur once here)."""
     if np.unique(own_tags).size != own_tags.size:
-        raise DuplicateIdError("an id occurs more than once in this curator's table; ids must be unique")
+        raise DuplicateIdError(
+            "an id occurs more than once in this curator's table; ids must be unique"
+        )
     order = np.argsort(own_tags, kind="stable")
     sorted_tags = own_tags[order]
     pos = np.searchsorted(sorted_tags, agreed)

@@ -70,11 +70,15 @@ def marginal_counts(
 
 
 def marginal_codes(
-    columns: Sequence[npt.NDArray[np.integer]], alphabet_sizes: Sequence[int], keep_curators: Sequence[int]
+    columns: Sequence[npt.NDArray[np.integer]],
+    alphabet_sizes: Sequence[int],
+    keep_curators: Sequence[int],
 ) -> CodeArray:
     """Codes on the sub-alphabet of ``keep_curators`` from their decrypted columns."""
     _check_subset(keep_curators, len(alphabet_sizes))
-    return mixed_radix_encode([columns[j] for j in keep_curators], [alphabet_sizes[j] for j in keep_curators])
+    return mixed_radix_encode(
+        [columns[j] for j in keep_curators], [alphabet_sizes[j] for j in keep_curators]
+    )
 
 
 def estimate_marginal(counts_on_subset: npt.ArrayLike, channel: PramChannel) -> FloatArray:
@@ -90,17 +94,17 @@ def estimate_marginal(counts_on_subset: npt.ArrayLike, channel: PramChannel) -> 
 
 
 def _check_subset(keep_curators: Sequence[int], num_curators: int) -> None:
-    if not keep_curators or len(set(keep_curators)) != len(keep_curators) or any(
-        not 0 <= j < num_curators for j in keep_curators
+    if (
+        not keep_curators
+        or len(set(keep_curators)) != len(keep_curators)
+        or any(not 0 <= j < num_curators for j in keep_curators)
     ):
         raise ShapeMismatchError(
             f"curator subset {list(keep_curators)} must be distinct indices in [0, {num_curators})"
         )
 
 
-def standard_errors(
-    estimate: npt.ArrayLike, n: int, m: int, channel: PramChannel
-) -> FloatArray:
+def standard_errors(estimate: npt.ArrayLike, n: int, m: int, channel: PramChannel) -> FloatArray:
     """Per-cell standard errors: sqrt of DESIGN 3's per-cell variance at the estimate
     (clipped to [0, 1] as the plug-in share)."""
     t = np.clip(np.asarray(estimate, dtype=np.float64), 0.0, 1.0)
@@ -121,7 +125,9 @@ def marginal_standard_errors(
     return np.asarray(np.sqrt(sampling + pram), dtype=np.float64)
 
 
-def confidence_intervals(estimate: npt.ArrayLike, errors: npt.ArrayLike, z: float = Z_95) -> tuple[FloatArray, FloatArray]:
+def confidence_intervals(
+    estimate: npt.ArrayLike, errors: npt.ArrayLike, z: float = Z_95
+) -> tuple[FloatArray, FloatArray]:
     """Normal-approximation intervals estimate -+ z * standard error (95% by default)."""
     est = np.asarray(estimate, dtype=np.float64)
     se = np.asarray(errors, dtype=np.float64)
@@ -139,7 +145,7 @@ def project_to_simplex(vector: npt.ArrayLike) -> FloatArray:
     ranks = np.arange(1, v.size + 1)
     rho = int(np.nonzero(u - cumulative / ranks > 0)[0][-1])
     theta = cumulative[rho] / (rho + 1)
-    return np.maximum(v - theta, 0.0)
+    return np.asarray(np.maximum(v - theta, 0.0), dtype=np.float64)
 
 
 @dataclass(frozen=True)
@@ -193,7 +199,9 @@ def estimate_mle(
 
 def l2_error(estimate: npt.ArrayLike, truth: npt.ArrayLike) -> float:
     """||estimate - truth||_2."""
-    return float(np.linalg.norm(np.asarray(estimate, dtype=np.float64) - np.asarray(truth, dtype=np.float64)))
+    return float(
+        np.linalg.norm(np.asarray(estimate, dtype=np.float64) - np.asarray(truth, dtype=np.float64))
+    )
 
 
 def split_cells(codes: npt.NDArray[np.integer], alphabet_sizes: Sequence[int]) -> list[CodeArray]:

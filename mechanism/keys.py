@@ -69,7 +69,8 @@ class Secret:
 
     def __eq__(self, other: object) -> bool:
         return type(other) is type(self) and hmac.compare_digest(
-            self._bytes, other._bytes  # type: ignore[attr-defined]
+            self._bytes,
+            other._bytes,
         )
 
     def __hash__(self) -> int:
@@ -97,7 +98,9 @@ class AlignmentKey(Secret):
     kind = "alignment key"
 
 
-def derive_bytes(ikm: bytes, purpose: str, release_id: str = "", length: int = SECRET_BYTES) -> bytes:
+def derive_bytes(
+    ikm: bytes, purpose: str, release_id: str = "", length: int = SECRET_BYTES
+) -> bytes:
     """Labelled HKDF-SHA256: independent output per (ikm, purpose, release_id)."""
     if "|" in purpose:
         raise InvalidSeedError(f"purpose {purpose!r} must not contain '|'")

@@ -32,7 +32,9 @@ class PrivacyLedger:
 
     def __post_init__(self) -> None:
         if not math.isfinite(self.budget) or self.budget <= 0:
-            raise NonFiniteInputError(f"the budget must be a finite number > 0, got {self.budget!r}")
+            raise NonFiniteInputError(
+                f"the budget must be a finite number > 0, got {self.budget!r}"
+            )
 
     def spent(self, dataset: str) -> float:
         return math.fsum(e.epsilon for e in self.entries if e.dataset == dataset)
@@ -47,7 +49,8 @@ class PrivacyLedger:
             raise SeedReuseError(f"release {release_id!r} is already recorded for {dataset!r}")
         if any(e.seed_fingerprint == seed_fingerprint for e in self.entries):
             raise SeedReuseError(
-                f"sampling seed {seed_fingerprint} was already used; every release needs a fresh seed"
+                f"sampling seed {seed_fingerprint} was already used; "
+                "every release needs a fresh seed"
             )
         spent = self.spent(dataset)
         if spent + epsilon > self.budget * (1 + 1e-12):
@@ -56,7 +59,9 @@ class PrivacyLedger:
                 f"budget {self.budget:.6g}; at most {max(self.budget - spent, 0):.6g} remains"
             )
 
-    def charge(self, dataset: str, release_id: str, epsilon: float, seed_fingerprint: str) -> LedgerEntry:
+    def charge(
+        self, dataset: str, release_id: str, epsilon: float, seed_fingerprint: str
+    ) -> LedgerEntry:
         """Record a release, or raise (and record nothing) if it is refused."""
         self.check(dataset, release_id, epsilon, seed_fingerprint)
         entry = LedgerEntry(dataset, release_id, float(epsilon), seed_fingerprint)

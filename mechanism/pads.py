@@ -66,7 +66,9 @@ def chacha20_pad(key: PadKey, alphabet_size: int, start: int, count: int) -> Sym
         lo = max(start, block * PAD_BLOCK_SYMBOLS)
         hi = min(start + count, (block + 1) * PAD_BLOCK_SYMBOLS)
         symbols = _pad_block(stream_key, alphabet_size, block)
-        out[lo - start : hi - start] = symbols[lo - block * PAD_BLOCK_SYMBOLS : hi - block * PAD_BLOCK_SYMBOLS]
+        out[lo - start : hi - start] = symbols[
+            lo - block * PAD_BLOCK_SYMBOLS : hi - block * PAD_BLOCK_SYMBOLS
+        ]
     return out
 
 

@@ -48,8 +48,12 @@ class ReleasePlan:
             "bound_tight": accounting.error_bound_tight(self.m, K, self.gamma),
             "keep_probability": self.channel.keep,
             "krr_keep_probability": accounting.krr_keep_probability(K, self.gamma),
-            "dp_accounting_noise_parameter": accounting.dp_accounting_noise_parameter(K, self.gamma),
-            "pram_epsilon_without_sampling": accounting.epsilon_from_gamma(self.n, self.n, self.gamma),
+            "dp_accounting_noise_parameter": accounting.dp_accounting_noise_parameter(
+                K, self.gamma
+            ),
+            "pram_epsilon_without_sampling": accounting.epsilon_from_gamma(
+                self.n, self.n, self.gamma
+            ),
         }
 
     def to_dict(self) -> dict[str, Any]:

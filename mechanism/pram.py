@@ -140,7 +140,9 @@ def perturb(
     for lo in range(0, rows, PRAM_BLOCK_ROWS):
         block_cols = [np.asarray(c)[lo : lo + PRAM_BLOCK_ROWS] for c in columns]
         block = (first_row + lo) // PRAM_BLOCK_ROWS
-        for j, new in enumerate(_perturb_block(block_cols, alphabet_sizes, channel, stream_key, block)):
+        for j, new in enumerate(
+            _perturb_block(block_cols, alphabet_sizes, channel, stream_key, block)
+        ):
             out[j][lo : lo + new.size] = new
     return out
 

@@ -28,7 +28,13 @@ from mechanism.pads import CipherMode, ReleasePad, new_release_pad
 from mechanism.plan import ReleasePlan, plan_release
 from mechanism.pram import perturb
 from mechanism.sampling import sample_positions
-from mechanism.schema import CuratorSchema, JointSchema, SymbolArray, joint_codes, mixed_radix_encode
+from mechanism.schema import (
+    CuratorSchema,
+    JointSchema,
+    SymbolArray,
+    joint_codes,
+    mixed_radix_encode,
+)
 
 
 @dataclass(frozen=True)
@@ -69,14 +75,18 @@ def curator_encrypt(
     return pad.encrypt(aligned_symbols[positions]), pad
 
 
-def server_perturb(ciphertexts: Sequence[SymbolArray], plan: ReleasePlan, key: PramKey) -> list[SymbolArray]:
+def server_perturb(
+    ciphertexts: Sequence[SymbolArray], plan: ReleasePlan, key: PramKey
+) -> list[SymbolArray]:
     """Step 4: gamma-diagonal PRAM on the joined ciphertext rows, once."""
     if any(c.size != plan.m for c in ciphertexts):
         raise ShapeMismatchError(f"every curator must upload exactly m = {plan.m} symbols")
     return perturb(ciphertexts, plan.alphabet_sizes, plan.channel, key)
 
 
-def researcher_decrypt(perturbed: Sequence[SymbolArray], pads: Sequence[ReleasePad]) -> list[SymbolArray]:
+def researcher_decrypt(
+    perturbed: Sequence[SymbolArray], pads: Sequence[ReleasePad]
+) -> list[SymbolArray]:
     """Step 5a: remove each curator's pad (Lemma 3.1: the result is PRAM of the sample)."""
     return [pad.decrypt(c) for c, pad in zip(perturbed, pads, strict=True)]
 
@@ -120,8 +130,18 @@ def researcher_estimate(
     mle = estimators.estimate_mle(counts, channel.keep)
     low, high = estimators.confidence_intervals(raw, se)
     return ReleaseEstimate(
-        subset, sizes, counts, raw, estimators.project_to_simplex(raw), mle.estimate,
-        se, low, high, mle.iterations, mle.converged, is_marginal,
+        subset,
+        sizes,
+        counts,
+        raw,
+        estimators.project_to_simplex(raw),
+        mle.estimate,
+        se,
+        low,
+        high,
+        mle.iterations,
+        mle.converged,
+        is_marginal,
     )
 
 

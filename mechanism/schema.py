@@ -158,7 +158,9 @@ class JointSchema:
         per_curator = [c.labels() for c in self.curators]
         grids = np.indices(self.alphabet_sizes).reshape(len(self.curators), -1)
         return [
-            tuple(lab for j in range(len(self.curators)) for lab in per_curator[j][int(grids[j, c])])
+            tuple(
+                lab for j in range(len(self.curators)) for lab in per_curator[j][int(grids[j, c])]
+            )
             for c in range(self.joint_size)
         ]
 
@@ -193,7 +195,8 @@ def check_symbols(symbols: npt.ArrayLike, alphabet_size: int) -> npt.NDArray[np.
         lo, hi = int(arr.min()), int(arr.max())
         if lo < 0 or hi >= alphabet_size:
             raise SymbolOutOfRangeError(
-                f"symbol(s) in [{lo}, {hi}] outside Z_{alphabet_size}; allowed 0..{alphabet_size - 1}"
+                f"symbol(s) in [{lo}, {hi}] outside Z_{alphabet_size}; "
+                f"allowed 0..{alphabet_size - 1}"
             )
     return arr.astype(np.uint32, copy=False)
 
@@ -221,7 +224,9 @@ def mixed_radix_decode(codes: npt.NDArray[np.integer], radices: Sequence[int]) -
     return out[::-1]
 
 
-def joint_codes(columns: Sequence[npt.NDArray[np.integer]], alphabet_sizes: Sequence[int]) -> CodeArray:
+def joint_codes(
+    columns: Sequence[npt.NDArray[np.integer]], alphabet_sizes: Sequence[int]
+) -> CodeArray:
     """Joint cell codes of per-curator symbol columns (curator 1 most significant)."""
     check_joint_alphabet(alphabet_sizes)
     lengths = {len(c) for c in columns}

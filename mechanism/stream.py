@@ -37,8 +37,10 @@ def chacha20_keystream(key: bytes, nonce: bytes, first_block: int, num_bytes: in
     return _update(enc, num_bytes).tobytes()
 
 
-def keystream_words(key: bytes, nonce: bytes, first_block: int, count: int) -> npt.NDArray[np.uint64]:
-    """``count`` little-endian 64-bit words of the keystream of (key, nonce) from ``first_block``."""
+def keystream_words(
+    key: bytes, nonce: bytes, first_block: int, count: int
+) -> npt.NDArray[np.uint64]:
+    """``count`` little-endian 64-bit words of the (key, nonce) keystream from ``first_block``."""
     if len(key) != 32 or len(nonce) != 12:
         raise InvalidSeedError("ChaCha20 needs a 32-byte key and a 12-byte nonce")
     blocks = -(-8 * count // CHACHA_BLOCK_BYTES)
@@ -60,7 +62,7 @@ def _update(enc: CipherContext, num_bytes: int) -> npt.NDArray[np.uint8]:
     if len(_zeros) < num_bytes:
         _zeros = bytes(max(num_bytes, 2 * len(_zeros)))
     out = np.empty(num_bytes + CHACHA_BLOCK_BYTES, dtype=np.uint8)
-    written = enc.update_into(memoryview(_zeros)[:num_bytes], out)
+    written = enc.update_into(memoryview(_zeros)[:num_bytes], out.data)
     return out[:written]
 
 
@@ -99,7 +101,7 @@ def rejection_threshold(k: int, word_bits: int = 32) -> int:
     """2^w mod k: a product whose low w bits fall below it is rejected (Lemire 2019)."""
     if isinstance(k, bool) or int(k) != k or not 1 <= k <= 2**32:
         raise SymbolOutOfRangeError(f"alphabet size {k!r} must be an integer in [1, 2^32]")
-    return (2**word_bits) % k
+    return int((2**word_bits) % k)
 
 
 def uniform_below(k: int, count: int, source: ByteSource) -> npt.NDArray[np.uint32]:

@@ -16,16 +16,25 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PROTO = "protos/securerelease/v1/securerelease.proto"
-GENERATED = ("securerelease_pb2.py", "securerelease_pb2.pyi", "securerelease_pb2_grpc.py",
-             "securerelease_pb2_grpc.pyi")
+GENERATED = (
+    "securerelease_pb2.py",
+    "securerelease_pb2.pyi",
+    "securerelease_pb2_grpc.py",
+    "securerelease_pb2_grpc.pyi",
+)
 
 
 def generate(out_dir: Path) -> None:
     from grpc_tools import protoc  # dev dependency, pinned
 
     args = [
-        "protoc", f"-I{ROOT}", f"--python_out={out_dir}", f"--grpc_python_out={out_dir}",
-        f"--mypy_out={out_dir}", f"--mypy_grpc_out={out_dir}", str(ROOT / PROTO),
+        "protoc",
+        f"-I{ROOT}",
+        f"--python_out={out_dir}",
+        f"--grpc_python_out={out_dir}",
+        f"--mypy_out={out_dir}",
+        f"--mypy_grpc_out={out_dir}",
+        str(ROOT / PROTO),
     ]
     if protoc.main(args) != 0:
         raise SystemExit("protoc failed")
@@ -39,8 +48,11 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         generate(Path(tmp))
         fresh = Path(tmp) / "protos/securerelease/v1"
-        stale = [n for n in GENERATED if not (target / n).exists()
-                 or not filecmp.cmp(fresh / n, target / n, shallow=False)]
+        stale = [
+            n
+            for n in GENERATED
+            if not (target / n).exists() or not filecmp.cmp(fresh / n, target / n, shallow=False)
+        ]
         if args.check:
             if stale:
                 print(f"generated gRPC code is stale: {stale}; run python -m protos.generate")

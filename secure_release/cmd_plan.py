@@ -29,7 +29,8 @@ def register(sub: Any) -> None:
         help="print the plan of a release: m*, gamma, predicted error and bounds",
         description=(
             "Compute the release plan. gamma follows from epsilon and the sampling fraction m/n "
-            "(Eq. 2: gamma = 1 + (n/m)(e^eps - 1)); m defaults to the paper's m* (Cor. 3.6) rounded "
+            "(Eq. 2: gamma = 1 + (n/m)(e^eps - 1)); m defaults to the paper's m* (Cor. 3.6) "
+            "rounded "
             "into [1, n]. predicted_rmse is the exact root-mean-squared l2 error of the A^-1 "
             "estimate, worst case over the data (sum of squared cell shares = 1/K); bound is "
             "Thm 3.4's (c sqrt K + 1)/sqrt m and bound_tight the paper's (c + 1)/sqrt m."
@@ -38,7 +39,9 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--n", type=int, required=True, help="number of aligned records (n >= 1)")
     p.add_argument(
-        "--alphabet", type=_alphabet, required=True,
+        "--alphabet",
+        type=_alphabet,
+        required=True,
         help="alphabet size of each curator, comma separated (e.g. 6,4 gives K = 24)",
     )
     p.add_argument("--epsilon", type=float, required=True, help="privacy level epsilon > 0")
@@ -55,7 +58,10 @@ def run(args: argparse.Namespace) -> int:
         return 0
     rows = [
         ("records n", f"{plan.n}"),
-        ("alphabets", " x ".join(str(k) for k in plan.alphabet_sizes) + f"  (K = {plan.joint_size})"),
+        (
+            "alphabets",
+            " x ".join(str(k) for k in plan.alphabet_sizes) + f"  (K = {plan.joint_size})",
+        ),
         ("epsilon", f"{plan.epsilon:g}"),
         ("samples m", f"{plan.m}" + ("  (m* rounded)" if args.m is None else "")),
         ("m* (Cor. 3.6)", f"{report['m_star']:.1f}"),
