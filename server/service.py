@@ -1,0 +1,273 @@
+"""The ReleaseServer servicer: authorization, message checks and status-code mapping only.
+
+All state lives in server/store.py (durable) and server/state.py (pure rules); all math in
+mechanism/. Logs carry ids, counts and digests, never key or symbol bytes.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, NoReturn
+
+import grpc
+
+from mechanism.errors import SecureReleaseError, ShapeMismatchError, SymbolOutOfRangeError
+from mechanism.keys import PramKey
+from mechanism.packing import CHUNK_ROWS
+from protos.securerelease.v1 import securerelease_pb2 as pb
+from protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
+from secure_release import security
+from server import state as st
+from server.store import MAX_CHUNK_BYTES, Store
+
+log = logging.getLogger("secure_release.server")
+
+#: An upload message may exceed its symbol payload by this much (ids, numbers, digest).
+MAX_UPLOAD_MESSAGE = MAX_CHUNK_BYTES + 64 + 512
+
+_CODES: list[tuple[type[Exception], grpc.StatusCode]] = [
+    (st.UnknownReleaseError, grpc.StatusCode.NOT_FOUND),
+    (st.NotACuratorError, grpc.StatusCode.PERMISSION_DENIED),
+    (st.ConflictingChunkError, grpc.StatusCode.ALREADY_EXISTS),
+    (st.ReleaseSealedError, grpc.StatusCode.FAILED_PRECONDITION),
+    (st.NotReadyError, grpc.StatusCode.FAILED_PRECONDITION),
+    (st.NotRegisteredError, grpc.StatusCode.FAILED_PRECONDITION),
+    (st.ParameterMismatchError, grpc.StatusCode.FAILED_PRECONDITION),
+    (st.IncompleteUploadError, grpc.StatusCode.FAILED_PRECONDITION),
+    (st.InvalidParamsError, grpc.StatusCode.INVALID_ARGUMENT),
+    (st.ChunkShapeError, grpc.StatusCode.INVALID_ARGUMENT),
+    (SymbolOutOfRangeError, grpc.StatusCode.INVALID_ARGUMENT),
+    (ShapeMismatchError, grpc.StatusCode.INVALID_ARGUMENT),
+    (SecureReleaseError, grpc.StatusCode.INVALID_ARGUMENT),
+]
+
+
+def status_code_for(exc: Exception) -> grpc.StatusCode:
+    for cls, code in _CODES:
+        if isinstance(exc, cls):
+            return code
+    return grpc.StatusCode.INTERNAL
+
+
+def _fail(context: grpc.ServicerContext, exc: SecureReleaseError, rpc: str) -> NoReturn:
+    code = status_code_for(exc)
+    log.info("rejected", extra={"rpc": rpc, "error": type(exc).__name__, "code": code.name})
+    context.abort(code, f"{type(exc).__name__}: {exc}")
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def params_from_proto(p: pb.ReleaseParams) -> st.Params:
+    return st.Params(
+        release_id=p.release_id,
+        n=int(p.n),
+        m=int(p.m),
+        epsilon=float(p.epsilon),
+        gamma=float(p.gamma),
+        curators=tuple(p.curators),
+        alphabet_sizes=tuple(int(k) for k in p.alphabet_sizes),
+        cipher=int(p.cipher),
+        researcher=p.researcher,
+    )
+
+
+def params_to_proto(p: st.Params) -> pb.ReleaseParams:
+    return pb.ReleaseParams(
+        release_id=p.release_id,
+        n=p.n,
+        m=p.m,
+        epsilon=p.epsilon,
+        gamma=p.gamma,
+        curators=list(p.curators),
+        alphabet_sizes=list(p.alphabet_sizes),
+        cipher=p.cipher,  # type: ignore[arg-type]
+        researcher=p.researcher,
+    )
+
+
+def status_to_proto(rel: st.Release) -> pb.ReleaseStatus:
+    return pb.ReleaseStatus(
+        release_id=rel.params.release_id,
+        state=int(rel.state),  # type: ignore[arg-type]
+        params=params_to_proto(rel.params),
+        curators=[
+            pb.CuratorProgress(
+                curator=c,
+                registered=part.registered,
+                symbols_stored=rel.symbols_stored(c),
+                committed=part.committed,
+            )
+            for c, part in rel.parts.items()
+        ],
+        perturbed_digest=rel.perturbed_digest,
+        chunk_rows=CHUNK_ROWS,
+    )
+
+
+class ReleaseService(pb_grpc.ReleaseServerServicer):
+    """The cloud server's RPCs."""
+
+    def __init__(
+        self,
+        store: Store,
+        key_factory: Callable[[], PramKey] = PramKey.generate,
+        notify: Callable[[st.Release], None] | None = None,
+    ) -> None:
+        self.store = store
+        self.key_factory = key_factory
+        self.notify = notify
+
+    # ------------------------------------------------------------------ PRAM
+    def perturb_if_sealed(self, release_id: str) -> st.Release:
+        rel = self.store.release(release_id)
+        if rel.state != st.ReleaseState.SEALED:
+            return rel
+        rel = self.store.perturb(release_id, self.key_factory)
+        log.info(
+            "perturbed",
+            extra={"release": release_id, "m": rel.params.m, "digest": rel.perturbed_digest.hex()},
+        )
+        if self.notify is not None:
+            threading.Thread(target=self._notify, args=(rel,), daemon=True).start()
+        return rel
+
+    def _notify(self, rel: st.Release) -> None:
+        try:
+            assert self.notify is not None
+            self.notify(rel)
+        except Exception as exc:  # best effort
+            log.warning(
+                "notify failed",
+                extra={"release": rel.params.release_id, "error": type(exc).__name__},
+            )
+
+    # ------------------------------------------------------------------ RPCs
+    def RegisterPart(
+        self, request: pb.RegisterPartRequest, context: Any
+    ) -> pb.RegisterPartResponse:
+        ident = security.require_role(context, "curator")
+        try:
+            rel = self.store.register(
+                params_from_proto(request.params), request.curator, ident.name
+            )
+        except SecureReleaseError as exc:
+            _fail(context, exc, "RegisterPart")
+        log.info("registered", extra={"release": rel.params.release_id, "curator": ident.name})
+        return pb.RegisterPartResponse(status=status_to_proto(rel))
+
+    def UploadCiphertext(
+        self,
+        request_iterator: Iterator[pb.UploadChunk],
+        context: Any,
+    ) -> pb.UploadResponse:
+        ident = security.require_role(context, "curator")
+        release_id = curator = None
+        committed = False
+        new = 0
+        for chunk in request_iterator:
+            if chunk.ByteSize() > MAX_UPLOAD_MESSAGE or len(chunk.symbols) > MAX_CHUNK_BYTES:
+                context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"an upload message carries at most {MAX_CHUNK_BYTES} symbol bytes "
+                    f"(chunks of {CHUNK_ROWS} rows); got {len(chunk.symbols)}",
+                )
+            if release_id is None:
+                release_id, curator = chunk.release_id, chunk.curator
+            elif (chunk.release_id, chunk.curator) != (release_id, curator):
+                context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    "one upload stream carries one release and one curator",
+                )
+            try:
+                if chunk.commit:
+                    rel = self.store.commit(
+                        release_id, curator, ident.name, int(chunk.num_chunks), bytes(chunk.digest)
+                    )
+                    committed = True
+                    log.info(
+                        "committed",
+                        extra={"release": release_id, "curator": curator, "state": rel.state.name},
+                    )
+                else:
+                    if self.store.put_chunk(
+                        release_id, curator, ident.name, int(chunk.sequence), bytes(chunk.symbols)
+                    ):
+                        new += 1
+            except SecureReleaseError as exc:
+                _fail(context, exc, "UploadCiphertext")
+        if release_id is None or curator is None:
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, "an upload stream needs at least one message"
+            )
+        log.info("upload", extra={"release": release_id, "curator": curator, "new_chunks": new})
+        if committed:
+            try:
+                self.perturb_if_sealed(release_id)
+            except Exception as exc:
+                # The commit is durable; a sealed release is perturbed again at restart.
+                log.error("PRAM failed", extra={"release": release_id, "error": type(exc).__name__})
+        rel = self.store.release(release_id)
+        part = rel.parts[curator]
+        return pb.UploadResponse(
+            release_id=release_id,
+            curator=curator,
+            chunks_stored=len(part.chunks),
+            symbols_stored=rel.symbols_stored(curator),
+            committed=part.committed,
+            status=status_to_proto(rel),
+        )
+
+    def GetReleaseStatus(self, request: pb.ReleaseStatusRequest, context: Any) -> pb.ReleaseStatus:  # noqa: N802
+        security.require_role(context, *security.ROLES)
+        try:
+            return status_to_proto(self.store.release(request.release_id))
+        except SecureReleaseError as exc:
+            _fail(context, exc, "GetReleaseStatus")
+
+    def FetchPerturbed(self, request: pb.FetchRequest, context: Any) -> Iterator[pb.PerturbedChunk]:  # noqa: N802
+        ident = security.require_role(context, "researcher")
+        try:
+            rel = self.store.release(request.release_id)
+            rel.check_fetch()
+            chunks = self.store.fetch(request.release_id)
+        except SecureReleaseError as exc:
+            _fail(context, exc, "FetchPerturbed")
+        log.info("fetch", extra={"release": request.release_id, "researcher": ident.name})
+        num = rel.params.num_chunks
+        for c in chunks:
+            last = c.seq == num - 1
+            yield pb.PerturbedChunk(
+                release_id=request.release_id,
+                sequence=c.seq,
+                first_row=c.first_row,
+                columns=c.columns,
+                last=last,
+                digest=rel.perturbed_digest if last else b"",
+            )
+
+
+def make_notifier(
+    researcher_address: str, cert_dir: Path | None, name: str, insecure: bool
+) -> Callable[[st.Release], None]:
+    """Best-effort Researcher.NotifyReady with the server's own certificate."""
+
+    def notify(rel: st.Release) -> None:
+        if not rel.params.researcher:
+            return
+        with security.secure_channel(
+            researcher_address, cert_dir, name, insecure=insecure, role="server"
+        ) as channel:
+            pb_grpc.ResearcherStub(channel).NotifyReady(
+                pb.ReadyNotice(
+                    release_id=rel.params.release_id, perturbed_digest=rel.perturbed_digest
+                ),
+                timeout=10,
+            )
+        log.info(
+            "notified",
+            extra={"release": rel.params.release_id, "researcher": rel.params.researcher},
+        )
+
+    return notify

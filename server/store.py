@@ -1,0 +1,313 @@
+"""The server's durable store: SQLite in WAL mode with synchronous=FULL.
+
+Tables: ``releases`` (params JSON, state, perturbed digest), ``parts`` (per curator:
+registered, committed, digest), ``chunks`` (release, curator, seq, bytes, sha256) and
+``perturbed`` (release, seq, curator index, bytes). A call returns only after its transaction
+committed, so whatever it acknowledges survives a crash. Every check runs on a copy of the
+in-memory release state (server/state.py) before anything is written, so a rejected call stores
+nothing. Memory does not depend on m: upload, PRAM and fetch go one chunk at a time.
+
+PRAM runs once per release: all perturbed chunks and the state change to PERTURBED are written
+in one transaction; the PRAM key lives only in memory during that call. A perturbed release
+is never perturbed again.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import sqlite3
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from mechanism.errors import SecureReleaseError
+from mechanism.keys import PramKey
+from mechanism.packing import CHUNK_ROWS, pack_symbols, symbol_width, unpack_symbols
+from mechanism.pram import PRAM_BLOCK_ROWS, PramChannel, perturb
+from server.state import (
+    ChunkShapeError,
+    Params,
+    Part,
+    Release,
+    ReleaseState,
+    UnknownReleaseError,
+)
+
+assert CHUNK_ROWS == PRAM_BLOCK_ROWS, "upload chunk s must be PRAM block s"
+
+MAX_CHUNK_BYTES = 4 * CHUNK_ROWS  # 1 MiB
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS releases (
+    release_id TEXT PRIMARY KEY,
+    params TEXT NOT NULL,
+    state INTEGER NOT NULL,
+    perturbed_digest BLOB NOT NULL DEFAULT x''
+);
+CREATE TABLE IF NOT EXISTS parts (
+    release_id TEXT NOT NULL,
+    curator TEXT NOT NULL,
+    registered INTEGER NOT NULL DEFAULT 0,
+    committed INTEGER NOT NULL DEFAULT 0,
+    digest BLOB NOT NULL DEFAULT x'',
+    PRIMARY KEY (release_id, curator)
+);
+CREATE TABLE IF NOT EXISTS chunks (
+    release_id TEXT NOT NULL,
+    curator TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    data BLOB NOT NULL,
+    sha256 BLOB NOT NULL,
+    PRIMARY KEY (release_id, curator, seq)
+);
+CREATE TABLE IF NOT EXISTS perturbed (
+    release_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    col INTEGER NOT NULL,
+    data BLOB NOT NULL,
+    PRIMARY KEY (release_id, seq, col)
+);
+"""
+
+
+@dataclass(frozen=True)
+class FetchedChunk:
+    seq: int
+    first_row: int
+    columns: list[bytes]
+
+
+class Store:
+    """Durable release store. Thread-safe (one connection behind a lock)."""
+
+    def __init__(self, directory: Path) -> None:
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        self.path = directory / "releases.sqlite3"
+        self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.executescript(_SCHEMA)
+        self._lock = threading.RLock()
+        self._releases: dict[str, Release] = {}
+        self._load()
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    # -------------------------------------------------------------------- loading
+    def _load(self) -> None:
+        for rid, params_json, state, pdigest in self._db.execute(
+            "SELECT release_id, params, state, perturbed_digest FROM releases"
+        ):
+            params = Params.from_dict(json.loads(params_json))
+            rel = Release(
+                params, ReleaseState(state), {c: Part() for c in params.curators}, bytes(pdigest)
+            )
+            self._releases[rid] = rel
+        for rid, cur, reg, com, dig in self._db.execute(
+            "SELECT release_id, curator, registered, committed, digest FROM parts"
+        ):
+            part = self._releases[rid].parts[cur]
+            part.registered, part.committed, part.digest = bool(reg), bool(com), bytes(dig)
+        for rid, cur, seq, sha in self._db.execute(
+            "SELECT release_id, curator, seq, sha256 FROM chunks"
+        ):
+            self._releases[rid].parts[cur].chunks[int(seq)] = bytes(sha)
+
+    # -------------------------------------------------------------------- helpers
+    def _get(self, release_id: str) -> Release:
+        rel = self._releases.get(release_id)
+        if rel is None:
+            raise UnknownReleaseError(f"no release {release_id!r} is registered")
+        return rel
+
+    def release(self, release_id: str) -> Release:
+        """A snapshot copy of the release state."""
+        with self._lock:
+            return copy.deepcopy(self._get(release_id))
+
+    def release_ids(self) -> list[str]:
+        with self._lock:
+            return sorted(self._releases)
+
+    def _tx(self) -> _Tx:
+        return _Tx(self._db)
+
+    # -------------------------------------------------------------------- events
+    def register(self, params: Params, curator: str, caller: str) -> Release:
+        with self._lock:
+            existing = self._releases.get(params.release_id)
+            rel = copy.deepcopy(existing) if existing else Release.create(params)
+            changed = rel.register(params, curator, caller)
+            if changed:
+                with self._tx():
+                    if existing is None:
+                        self._db.execute(
+                            "INSERT INTO releases (release_id, params, state) VALUES (?, ?, ?)",
+                            (params.release_id, json.dumps(params.to_dict()), int(rel.state)),
+                        )
+                    self._db.execute(
+                        "INSERT OR REPLACE INTO parts (release_id, curator, registered) "
+                        "VALUES (?, ?, 1)",
+                        (params.release_id, curator),
+                    )
+                self._releases[params.release_id] = rel
+            return copy.deepcopy(rel)
+
+    def put_chunk(self, release_id: str, curator: str, caller: str, seq: int, data: bytes) -> bool:
+        """Validate and durably store one chunk. True if new, False if an identical repeat."""
+        if len(data) > MAX_CHUNK_BYTES:
+            raise ChunkShapeError(f"a chunk holds at most {MAX_CHUNK_BYTES} bytes, got {len(data)}")
+        with self._lock:
+            rel = copy.deepcopy(self._get(release_id))
+            rel._check_uploader(curator, caller)  # who may upload, before decoding anything
+            k = rel.params.alphabet_of(curator)
+            symbols = unpack_symbols(data, k)  # range and whole-symbol length
+            sha = hashlib.sha256(data).digest()
+            old_state = rel.state
+            if not rel.accept_chunk(curator, caller, seq, len(symbols), sha):
+                return False
+            with self._tx():
+                self._db.execute(
+                    "INSERT INTO chunks (release_id, curator, seq, data, sha256) "
+                    "VALUES (?, ?, ?, ?, ?)",
+                    (release_id, curator, seq, data, sha),
+                )
+                if rel.state != old_state:
+                    self._set_state(release_id, rel.state)
+            self._releases[release_id] = rel
+            return True
+
+    def commit(
+        self, release_id: str, curator: str, caller: str, num_chunks: int, digest: bytes
+    ) -> Release:
+        with self._lock:
+            rel = copy.deepcopy(self._get(release_id))
+            computed = b""
+            if rel.check_commit(curator, caller, num_chunks):
+                h = hashlib.sha256()
+                for seq in range(num_chunks):
+                    h.update(self._chunk(release_id, curator, seq))
+                computed = h.digest()
+            if rel.commit(curator, caller, num_chunks, digest, computed) or computed:
+                with self._tx():
+                    self._db.execute(
+                        "UPDATE parts SET committed = 1, digest = ? "
+                        "WHERE release_id = ? AND curator = ?",
+                        (digest, release_id, curator),
+                    )
+                    self._set_state(release_id, rel.state)
+                self._releases[release_id] = rel
+            return copy.deepcopy(rel)
+
+    def _set_state(self, release_id: str, state: ReleaseState) -> None:
+        self._db.execute(
+            "UPDATE releases SET state = ? WHERE release_id = ?", (int(state), release_id)
+        )
+
+    def _chunk(self, release_id: str, curator: str, seq: int) -> bytes:
+        row = self._db.execute(
+            "SELECT data FROM chunks WHERE release_id = ? AND curator = ? AND seq = ?",
+            (release_id, curator, seq),
+        ).fetchone()
+        if row is None:  # pragma: no cover - the state machine checked presence
+            raise ChunkShapeError(f"chunk {seq} of {curator!r} is missing")
+        return bytes(row[0])
+
+    def chunk_bytes(self, release_id: str, curator: str, seq: int) -> bytes:
+        with self._lock:
+            self._get(release_id)
+            return self._chunk(release_id, curator, seq)
+
+    # -------------------------------------------------------------------- PRAM
+    def perturb(self, release_id: str, key_factory: Callable[[], PramKey]) -> Release:
+        """Apply PRAM once to a sealed release and persist it with the state change.
+
+        A perturbed release is returned as it is (never re-perturbed). The key comes from
+        ``key_factory`` and is dropped when this call returns.
+        """
+        with self._lock:
+            rel = copy.deepcopy(self._get(release_id))
+            if rel.state == ReleaseState.PERTURBED:
+                return rel
+            p = rel.params
+            channel = PramChannel(p.gamma, rel_joint(p))
+            key = key_factory()
+            h = hashlib.sha256()
+            with self._tx():
+                self._db.execute("DELETE FROM perturbed WHERE release_id = ?", (release_id,))
+                for seq in range(p.num_chunks):
+                    cols = [
+                        unpack_symbols(self._chunk(release_id, c, seq), k)
+                        for c, k in zip(p.curators, p.alphabet_sizes, strict=True)
+                    ]
+                    out = perturb(cols, p.alphabet_sizes, channel, key, first_row=seq * CHUNK_ROWS)
+                    for j, (col, k) in enumerate(zip(out, p.alphabet_sizes, strict=True)):
+                        packed = pack_symbols(col, k)
+                        h.update(packed)
+                        self._db.execute(
+                            "INSERT INTO perturbed (release_id, seq, col, data) VALUES (?, ?, ?, ?)",
+                            (release_id, seq, j, packed),
+                        )
+                rel.perturbed(h.digest())
+                self._db.execute(
+                    "UPDATE releases SET state = ?, perturbed_digest = ? WHERE release_id = ?",
+                    (int(rel.state), rel.perturbed_digest, release_id),
+                )
+            del key
+            self._releases[release_id] = rel
+            return copy.deepcopy(rel)
+
+    def sealed_releases(self) -> list[str]:
+        with self._lock:
+            return sorted(
+                r for r, rel in self._releases.items() if rel.state == ReleaseState.SEALED
+            )
+
+    # -------------------------------------------------------------------- fetch
+    def fetch(self, release_id: str) -> Iterator[FetchedChunk]:
+        """The perturbed rows, one chunk at a time (raises NotReadyError unless perturbed)."""
+        with self._lock:
+            rel = self._get(release_id)
+            rel.check_fetch()
+            num, ncols = rel.params.num_chunks, len(rel.params.curators)
+        for seq in range(num):
+            with self._lock:
+                rows = self._db.execute(
+                    "SELECT col, data FROM perturbed WHERE release_id = ? AND seq = ? ORDER BY col",
+                    (release_id, seq),
+                ).fetchall()
+            if len(rows) != ncols:  # pragma: no cover - written in one transaction
+                raise SecureReleaseError(f"perturbed chunk {seq} of {release_id!r} is incomplete")
+            yield FetchedChunk(seq, seq * CHUNK_ROWS, [bytes(d) for _, d in rows])
+
+
+def rel_joint(p: Params) -> int:
+    out = 1
+    for k in p.alphabet_sizes:
+        out *= k
+    return out
+
+
+class _Tx:
+    """BEGIN IMMEDIATE ... COMMIT (ROLLBACK on error)."""
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self._db = db
+
+    def __enter__(self) -> None:
+        self._db.execute("BEGIN IMMEDIATE")
+
+    def __exit__(self, exc_type: object, *_: object) -> None:
+        if exc_type is None:
+            self._db.execute("COMMIT")
+        else:
+            self._db.execute("ROLLBACK")
+
+
+__all__ = ["MAX_CHUNK_BYTES", "FetchedChunk", "Store", "symbol_width"]

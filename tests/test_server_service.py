@@ -1,0 +1,235 @@
+"""The ReleaseServer over in-process mutual TLS: storage rules, status codes, PRAM once."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+
+from mechanism.keys import PramKey
+from mechanism.packing import CHUNK_ROWS, pack_symbols, unpack_symbols
+from mechanism.plan import plan_release
+from mechanism.pram import PramChannel, perturb
+from protos.securerelease.v1 import securerelease_pb2 as pb
+from protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
+from secure_release import security
+from server.service import ReleaseService
+from server.store import Store
+
+KEY = PramKey(bytes(range(32)))
+SIZES = (3, 4)
+M = CHUNK_ROWS + 1000
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("certs")
+    security.init_pki(
+        d, [("curator", "alice"), ("curator", "bob"), ("server", "server"), ("researcher", "res")]
+    )
+    return d
+
+
+@pytest.fixture
+def env(
+    certs: Path, tmp_path: Path
+) -> Iterator[tuple[Store, dict[str, pb_grpc.ReleaseServerStub]]]:
+    store = Store(tmp_path / "store")
+    server = security.make_grpc_server(max_workers=4)
+    pb_grpc.add_ReleaseServerServicer_to_server(ReleaseService(store, lambda: KEY), server)
+    port = security.bind(server, "127.0.0.1", 0, certs, "server")
+    server.start()
+    chans = {
+        n: security.secure_channel(f"127.0.0.1:{port}", certs, n) for n in ("alice", "bob", "res")
+    }
+    yield store, {n: pb_grpc.ReleaseServerStub(c) for n, c in chans.items()}
+    for c in chans.values():
+        c.close()
+    server.stop(0).wait()
+    store.close()
+
+
+def make_params(rid: str = "r1", m: int = M, sizes: tuple[int, ...] = SIZES) -> pb.ReleaseParams:
+    plan = plan_release(4 * CHUNK_ROWS, sizes, 1.0, m)
+    return pb.ReleaseParams(
+        release_id=rid,
+        n=plan.n,
+        m=plan.m,
+        epsilon=plan.epsilon,
+        gamma=plan.gamma,
+        curators=["alice", "bob"],
+        alphabet_sizes=list(sizes),
+        cipher=pb.CIPHER_MODE_CHACHA20,
+    )
+
+
+def columns(m: int = M) -> list[np.ndarray]:
+    rng = np.random.default_rng(7)
+    return [rng.integers(0, k, m).astype(np.uint32) for k in SIZES]
+
+
+def chunks_of(col: np.ndarray, k: int) -> list[bytes]:
+    return [pack_symbols(col[i : i + CHUNK_ROWS], k) for i in range(0, len(col), CHUNK_ROWS)]
+
+
+def upload(
+    stub: pb_grpc.ReleaseServerStub,
+    curator: str,
+    parts: list[bytes],
+    commit: bool = True,
+    rid: str = "r1",
+) -> pb.UploadResponse:
+    msgs = [
+        pb.UploadChunk(release_id=rid, curator=curator, sequence=s, symbols=b)
+        for s, b in enumerate(parts)
+    ]
+    if commit:
+        msgs.append(
+            pb.UploadChunk(
+                release_id=rid,
+                curator=curator,
+                commit=True,
+                num_chunks=len(parts),
+                digest=hashlib.sha256(b"".join(parts)).digest(),
+            )
+        )
+    return stub.UploadCiphertext(iter(msgs), timeout=30)
+
+
+def register_both(stubs: dict[str, pb_grpc.ReleaseServerStub], p: pb.ReleaseParams) -> None:
+    for c in ("alice", "bob"):
+        stubs[c].RegisterPart(pb.RegisterPartRequest(params=p, curator=c), timeout=5)
+
+
+def code_of(fn: object) -> grpc.StatusCode:
+    with pytest.raises(grpc.RpcError) as err:
+        fn()  # type: ignore[operator]
+    return err.value.code()
+
+
+def test_pram_once_and_exact(env: tuple[Store, dict[str, pb_grpc.ReleaseServerStub]]) -> None:
+    store, stubs = env
+    register_both(stubs, make_params())
+    cols = columns()
+    fetch = lambda: list(stubs["res"].FetchPerturbed(pb.FetchRequest(release_id="r1"), timeout=30))  # noqa: E731
+    a = upload(stubs["alice"], "alice", chunks_of(cols[0], 3))
+    assert a.committed and a.status.state == pb.RELEASE_STATE_UPLOADING
+    assert code_of(fetch) == grpc.StatusCode.FAILED_PRECONDITION
+    b = upload(stubs["bob"], "bob", chunks_of(cols[1], 4))
+    assert b.status.state == pb.RELEASE_STATE_PERTURBED
+    first, second = fetch(), fetch()
+    assert first == second and len(first) == 2 and first[-1].last
+    expected = perturb(cols, SIZES, PramChannel(make_params().gamma, 12), KEY)
+    got = [
+        np.concatenate([unpack_symbols(c.columns[j], k) for c in first])
+        for j, k in enumerate(SIZES)
+    ]
+    for e, g in zip(expected, got, strict=True):
+        np.testing.assert_array_equal(e, g)
+    digest = hashlib.sha256(b"".join(col for c in first for col in c.columns)).digest()
+    assert first[-1].digest == digest == b.status.perturbed_digest
+    # uploads after sealing are refused; the analyst-free status is still readable
+    assert (
+        code_of(lambda: upload(stubs["alice"], "alice", chunks_of(cols[0], 3)[:1], False))
+        == grpc.StatusCode.FAILED_PRECONDITION
+    )
+    # a second PRAM request never re-perturbs
+    assert store.perturb("r1", PramKey.generate).perturbed_digest == digest
+
+
+def test_chunk_rules(env: tuple[Store, dict[str, pb_grpc.ReleaseServerStub]]) -> None:
+    store, stubs = env
+    register_both(stubs, make_params())
+    c0 = chunks_of(columns()[0], 3)
+    r = upload(stubs["alice"], "alice", c0[:1], commit=False)
+    assert r.chunks_stored == 1 and r.symbols_stored == CHUNK_ROWS
+    r = upload(stubs["alice"], "alice", c0[:1], commit=False)  # identical repeat: no-op
+    assert r.chunks_stored == 1
+    other = bytearray(c0[0])
+    other[0] = (other[0] + 1) % 3
+    assert (
+        code_of(lambda: upload(stubs["alice"], "alice", [bytes(other)], False))
+        == grpc.StatusCode.ALREADY_EXISTS
+    )
+    assert store.chunk_bytes("r1", "alice", 0) == c0[0]
+    # bad chunks leave nothing behind
+    bad_range = bytearray(c0[1])
+    bad_range[-1] = 3
+    for bad in (bytes(bad_range), c0[1][:-1], b"\x07" * (1 << 20)):
+        msgs = [pb.UploadChunk(release_id="r1", curator="alice", sequence=1, symbols=bad)]
+        assert (
+            code_of(lambda m=msgs: stubs["alice"].UploadCiphertext(iter(m), timeout=5))
+            == grpc.StatusCode.INVALID_ARGUMENT
+        )
+        assert 1 not in store.release("r1").parts["alice"].chunks
+    oversized = [
+        pb.UploadChunk(
+            release_id="r1", curator="alice", sequence=1, symbols=b"\0" * ((1 << 20) + 65)
+        )
+    ]
+    assert (
+        code_of(lambda: stubs["alice"].UploadCiphertext(iter(oversized), timeout=5))
+        == grpc.StatusCode.INVALID_ARGUMENT
+    )
+    # a curator cannot upload for another curator
+    assert (
+        code_of(lambda: upload(stubs["bob"], "alice", c0[1:], False))
+        == grpc.StatusCode.PERMISSION_DENIED
+    )
+    # commit with a wrong digest is refused and the part stays open
+    msgs = [
+        pb.UploadChunk(release_id="r1", curator="alice", sequence=1, symbols=c0[1]),
+        pb.UploadChunk(
+            release_id="r1", curator="alice", commit=True, num_chunks=2, digest=b"\0" * 32
+        ),
+    ]
+    assert (
+        code_of(lambda: stubs["alice"].UploadCiphertext(iter(msgs), timeout=5))
+        == grpc.StatusCode.FAILED_PRECONDITION
+    )
+    assert not store.release("r1").parts["alice"].committed
+
+
+def test_registration_errors(env: tuple[Store, dict[str, pb_grpc.ReleaseServerStub]]) -> None:
+    _, stubs = env
+    p = make_params()
+    stubs["alice"].RegisterPart(pb.RegisterPartRequest(params=p, curator="alice"), timeout=5)
+    for wrong in (make_params(m=M + 1), make_params(sizes=(3, 5))):
+        req = pb.RegisterPartRequest(params=wrong, curator="bob")
+        assert (
+            code_of(lambda r=req: stubs["bob"].RegisterPart(r, timeout=5))
+            == grpc.StatusCode.FAILED_PRECONDITION
+        )
+    wrong_n = pb.ReleaseParams()
+    wrong_n.CopyFrom(p)
+    wrong_n.n = p.n + 1  # gamma no longer follows from epsilon: invalid outright
+    req = pb.RegisterPartRequest(params=wrong_n, curator="bob")
+    assert (
+        code_of(lambda: stubs["bob"].RegisterPart(req, timeout=5))
+        == grpc.StatusCode.INVALID_ARGUMENT
+    )
+    req = pb.RegisterPartRequest(params=p, curator="alice")  # bob registering as alice
+    assert (
+        code_of(lambda: stubs["bob"].RegisterPart(req, timeout=5))
+        == grpc.StatusCode.PERMISSION_DENIED
+    )
+    st = stubs["res"].GetReleaseStatus(pb.ReleaseStatusRequest(release_id="r1"), timeout=5)
+    assert [c.registered for c in st.curators] == [True, False]
+    assert (
+        code_of(
+            lambda: stubs["res"].GetReleaseStatus(
+                pb.ReleaseStatusRequest(release_id="nope"), timeout=5
+            )
+        )
+        == grpc.StatusCode.NOT_FOUND
+    )
+    assert (
+        code_of(
+            lambda: list(stubs["res"].FetchPerturbed(pb.FetchRequest(release_id="nope"), timeout=5))
+        )
+        == grpc.StatusCode.NOT_FOUND
+    )

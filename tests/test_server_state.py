@@ -1,0 +1,97 @@
+"""The pure release state machine."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from mechanism.packing import CHUNK_ROWS
+from mechanism.plan import plan_release
+from server import state as st
+
+
+def params(m: int = CHUNK_ROWS + 5, **kw: object) -> st.Params:
+    plan = plan_release(10 * CHUNK_ROWS, (3, 4), 1.0, m)
+    p = st.Params("r1", plan.n, plan.m, plan.epsilon, plan.gamma, ("alice", "bob"), (3, 4), 2)
+    return dataclasses.replace(p, **kw)  # type: ignore[arg-type]
+
+
+def test_full_lifecycle() -> None:
+    rel = st.Release.create(params())
+    assert rel.register(params(), "alice", "alice") and rel.register(params(), "bob", "bob")
+    assert not rel.register(params(), "alice", "alice")  # idempotent
+    assert rel.state == st.ReleaseState.REGISTERED
+    for c in ("alice", "bob"):
+        assert rel.accept_chunk(c, c, 0, CHUNK_ROWS, b"a" * 32)
+        assert not rel.accept_chunk(c, c, 0, CHUNK_ROWS, b"a" * 32)
+        assert rel.accept_chunk(c, c, 1, 5, b"b" * 32)
+    assert rel.state == st.ReleaseState.UPLOADING
+    assert not rel.commit("alice", "alice", 2, b"d", b"d")
+    assert rel.commit("bob", "bob", 2, b"d", b"d")
+    assert rel.state == st.ReleaseState.SEALED
+    with pytest.raises(st.NotReadyError):
+        rel.check_fetch()
+    rel.perturbed(b"p")
+    rel.check_fetch()
+    with pytest.raises(st.NotReadyError):
+        rel.perturbed(b"p")
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        dict(n=10 * CHUNK_ROWS + 1),
+        dict(m=7),
+        dict(alphabet_sizes=(4, 3)),
+        dict(cipher=1),
+        dict(curators=("bob", "alice")),
+    ],
+)
+def test_mismatched_parameters(change: dict[str, object]) -> None:
+    rel = st.Release.create(params())
+    rel.register(params(), "alice", "alice")
+    other = dataclasses.replace(params(), **change)  # type: ignore[arg-type]
+    if "n" in change or "m" in change:  # keep gamma consistent so only the mismatch is tested
+        plan = plan_release(other.n, (3, 4), 1.0, other.m)
+        other = dataclasses.replace(other, gamma=plan.gamma)
+    with pytest.raises(st.ParameterMismatchError):
+        rel.register(other, "bob", "bob")
+    assert not rel.parts["bob"].registered
+
+
+def test_invalid_params_and_identity() -> None:
+    with pytest.raises(st.InvalidParamsError, match="gamma"):
+        st.Release.create(params(gamma=3.0))
+    with pytest.raises(st.InvalidParamsError):
+        st.Release.create(params(curators=("alice",), alphabet_sizes=(3,)))
+    rel = st.Release.create(params())
+    with pytest.raises(st.NotACuratorError):
+        rel.register(params(), "alice", "bob")
+    with pytest.raises(st.NotACuratorError):
+        rel.register(params(), "mallory", "mallory")
+
+
+def test_chunk_rules() -> None:
+    rel = st.Release.create(params())
+    with pytest.raises(st.NotRegisteredError):
+        rel.accept_chunk("alice", "alice", 0, CHUNK_ROWS, b"a")
+    rel.register(params(), "alice", "alice")
+    with pytest.raises(st.ChunkShapeError):
+        rel.accept_chunk("alice", "alice", 0, CHUNK_ROWS - 1, b"a")
+    with pytest.raises(st.ChunkShapeError):
+        rel.accept_chunk("alice", "alice", 1, 4, b"a")
+    with pytest.raises(st.ChunkShapeError):
+        rel.accept_chunk("alice", "alice", 2, 5, b"a")
+    rel.accept_chunk("alice", "alice", 0, CHUNK_ROWS, b"a")
+    with pytest.raises(st.ConflictingChunkError):
+        rel.accept_chunk("alice", "alice", 0, CHUNK_ROWS, b"z")
+    with pytest.raises(st.IncompleteUploadError):
+        rel.commit("alice", "alice", 2, b"d", b"d")
+    rel.accept_chunk("alice", "alice", 1, 5, b"b")
+    with pytest.raises(st.IncompleteUploadError):
+        rel.commit("alice", "alice", 2, b"d", b"other")
+    assert not rel.parts["alice"].committed
+    rel.commit("alice", "alice", 2, b"d", b"d")
+    with pytest.raises(st.ReleaseSealedError):
+        rel.accept_chunk("alice", "alice", 2, 5, b"c")
