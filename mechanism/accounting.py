@@ -12,13 +12,14 @@ import numpy as np
 import numpy.typing as npt
 
 from mechanism.errors import (
+    AlphabetOverflowError,
     InvalidEpsilonError,
     InvalidSampleSizeError,
     NonFiniteInputError,
 )
 from mechanism.pram import check_gamma
 from mechanism.sampling import check_sample_size
-from mechanism.schema import check_joint_alphabet
+from mechanism.schema import MAX_JOINT_ALPHABET
 
 
 def check_epsilon(epsilon: float) -> float:
@@ -37,7 +38,10 @@ def _check_joint_size(joint_size: int) -> int:
         raise InvalidSampleSizeError(
             f"the joint alphabet K must be an integer >= 2, got {joint_size!r}"
         )
-    check_joint_alphabet([1, int(joint_size)] if joint_size <= 2**32 else [2**32, 1])
+    if joint_size > MAX_JOINT_ALPHABET:
+        raise AlphabetOverflowError(
+            f"joint alphabet K = {joint_size} exceeds {MAX_JOINT_ALPHABET} (joint codes are int64)"
+        )
     return int(joint_size)
 
 

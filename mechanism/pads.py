@@ -165,10 +165,19 @@ class ReleasePad:
         return f"ReleasePad(mode={self.mode.value}, k={self.alphabet_size}, length={self.length})"
 
 
-def new_release_pad(mode: CipherMode | str, alphabet_size: int, length: int) -> ReleasePad:
-    """A fresh pad for one curator's column in one release (fresh key or fresh OTP)."""
+def new_release_pad(
+    mode: CipherMode | str, alphabet_size: int, length: int, injected_key: PadKey | None = None
+) -> ReleasePad:
+    """A fresh pad for one curator's column in one release (fresh key or fresh OTP).
+
+    ``injected_key`` exists for reproducible tests only (chacha20): production code passes
+    nothing, so every release draws a fresh key from the OS and a pad is never reused.
+    """
     mode = CipherMode.parse(mode) if isinstance(mode, str) else mode
     check_joint_alphabet([alphabet_size])
     if mode is CipherMode.CHACHA20:
-        return ReleasePad(mode, alphabet_size, length, key=PadKey.generate())
+        key = injected_key if injected_key is not None else PadKey.generate()
+        return ReleasePad(mode, alphabet_size, length, key=key)
+    if injected_key is not None:
+        raise ShapeMismatchError("an otp pad comes from the OS CSPRNG; it takes no key")
     return ReleasePad(mode, alphabet_size, length, pad_symbols=otp_pad(alphabet_size, length))

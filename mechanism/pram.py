@@ -25,9 +25,15 @@ from fractions import Fraction
 
 import numpy as np
 
-from mechanism.errors import InvalidGammaError, NonFiniteInputError, ShapeMismatchError
+from mechanism.errors import (
+    AlphabetOverflowError,
+    EmptyDomainError,
+    InvalidGammaError,
+    NonFiniteInputError,
+    ShapeMismatchError,
+)
 from mechanism.keys import PramKey
-from mechanism.schema import SymbolArray, check_joint_alphabet, check_symbols
+from mechanism.schema import MAX_JOINT_ALPHABET, SymbolArray, check_joint_alphabet, check_symbols
 from mechanism.stream import KeyStream, nonce_for, uniform_below
 
 PRAM_BLOCK_ROWS = 1 << 18
@@ -54,7 +60,13 @@ class PramChannel:
 
     def __post_init__(self) -> None:
         check_gamma(self.gamma)
-        check_joint_alphabet([1] if self.joint_size == 1 else [self.joint_size])
+        K = self.joint_size
+        if isinstance(K, bool) or int(K) != K or K < 1:
+            raise EmptyDomainError(f"joint alphabet size {K!r} must be an integer >= 1")
+        if K > MAX_JOINT_ALPHABET:
+            raise AlphabetOverflowError(
+                f"joint alphabet K = {K} exceeds {MAX_JOINT_ALPHABET} (joint codes are int64)"
+            )
 
     @property
     def normalizer(self) -> float:

@@ -23,7 +23,7 @@ import numpy.typing as npt
 from mechanism import estimators
 from mechanism.alignment import Alignment, TagArray, align, common_tags, id_tags
 from mechanism.errors import ShapeMismatchError
-from mechanism.keys import AlignmentKey, PramKey, Seed
+from mechanism.keys import AlignmentKey, PadKey, PramKey, Seed
 from mechanism.pads import CipherMode, ReleasePad, new_release_pad
 from mechanism.plan import ReleasePlan, plan_release
 from mechanism.pram import perturb
@@ -69,9 +69,11 @@ def curator_encrypt(
     positions: npt.NDArray[np.int64],
     alphabet_size: int,
     cipher: CipherMode | str,
+    injected_key: PadKey | None = None,
 ) -> tuple[SymbolArray, ReleasePad]:
-    """Step 3: sample the aligned column at ``positions`` and encrypt it under a fresh pad."""
-    pad = new_release_pad(cipher, alphabet_size, int(positions.size))
+    """Step 3: sample the aligned column at ``positions`` and encrypt it under a fresh pad
+    (``injected_key``: reproducible tests only)."""
+    pad = new_release_pad(cipher, alphabet_size, int(positions.size), injected_key)
     return pad.encrypt(aligned_symbols[positions]), pad
 
 
@@ -173,11 +175,15 @@ def run_release(
     alignment_key: AlignmentKey | None = None,
     pram_key: PramKey | None = None,
     granted: Sequence[int] | None = None,
+    pad_keys: Sequence[PadKey] | None = None,
 ) -> ReleaseResult:
     """Run alignment -> sampling -> encryption -> PRAM -> decryption -> estimation in memory.
 
     ``seed``, ``alignment_key`` and ``pram_key`` default to fresh OS randomness; tests inject
-    them. ``granted`` lists the curators whose keys the researcher receives (default: all).
+    them, and ``pad_keys`` (one per curator, chacha20) too: the pads do not change the
+    distribution of the estimate, but a replaced row decrypts to (u - v) mod k, so exact
+    reproduction needs the same pads. ``granted`` lists the curators whose keys the researcher
+    receives (default: all).
     """
     if len(tables) < 2:
         raise ShapeMismatchError(f"a release needs N >= 2 curators, got {len(tables)}")
@@ -190,8 +196,8 @@ def run_release(
     positions = sample_positions(seed, plan.n, plan.m, release_id)
     aligned = [t.symbols()[a.row_order] for t, a in zip(tables, alignments, strict=True)]
     uploads = [
-        curator_encrypt(sym, positions, k, cipher)
-        for sym, k in zip(aligned, plan.alphabet_sizes, strict=True)
+        curator_encrypt(sym, positions, k, cipher, None if pad_keys is None else pad_keys[j])
+        for j, (sym, k) in enumerate(zip(aligned, plan.alphabet_sizes, strict=True))
     ]
     ciphertexts = [c for c, _ in uploads]
     perturbed = server_perturb(ciphertexts, plan, pram_key or PramKey.generate())

@@ -8,11 +8,40 @@ from pathlib import Path
 import pytest
 
 MECHANISM = Path(__file__).resolve().parent.parent / "mechanism"
-FORBIDDEN_MODULES = {"grpc", "socket", "pathlib", "io", "sqlite3", "subprocess", "os.path", "shutil",
-                     "tempfile", "urllib", "http", "requests", "ssl", "asyncio", "pickle"}
+FORBIDDEN_MODULES = {
+    "grpc",
+    "socket",
+    "pathlib",
+    "io",
+    "sqlite3",
+    "subprocess",
+    "os.path",
+    "shutil",
+    "tempfile",
+    "urllib",
+    "http",
+    "requests",
+    "ssl",
+    "asyncio",
+    "pickle",
+}
 FORBIDDEN_CALLS = {"open"}
-FORBIDDEN_OS_ATTRS = {"path", "open", "fdopen", "remove", "unlink", "listdir", "walk", "makedirs",
-                      "mkdir", "system", "popen", "scandir", "rename", "replace"}
+FORBIDDEN_OS_ATTRS = {
+    "path",
+    "open",
+    "fdopen",
+    "remove",
+    "unlink",
+    "listdir",
+    "walk",
+    "makedirs",
+    "mkdir",
+    "system",
+    "popen",
+    "scandir",
+    "rename",
+    "replace",
+}
 
 
 def violations(source: str) -> list[str]:

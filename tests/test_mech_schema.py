@@ -68,8 +68,12 @@ def test_curator_encode_first_attribute_most_significant() -> None:
 @given(radices_st, st.data())
 def test_mixed_radix_round_trip(radices: list[int], data: st.DataObject) -> None:
     rows = data.draw(st.integers(0, 20))
-    digits = [np.array(data.draw(st.lists(st.integers(0, r - 1), min_size=rows, max_size=rows)),
-                       dtype=np.int64) for r in radices]
+    digits = [
+        np.array(
+            data.draw(st.lists(st.integers(0, r - 1), min_size=rows, max_size=rows)), dtype=np.int64
+        )
+        for r in radices
+    ]
     code = mixed_radix_encode(digits, radices)
     assert np.all((code >= 0) & (code < int(np.prod(radices))))
     for got, want in zip(mixed_radix_decode(code, radices), digits, strict=True):
