@@ -155,13 +155,23 @@ def estimate_mle_batch(
     iterations = np.full(rows, max_iterations, dtype=np.int64)
     converged = np.zeros(rows, dtype=bool)
     active = np.arange(rows)
-    pa, na, ta = p, n_obs, totals[:, None]
+    pa, na, ta = p.copy(), n_obs, totals[:, None]
+    nxt, mixed, ratio = np.empty_like(pa), np.empty_like(pa), np.empty_like(pa)
     for it in range(1, max_iterations + 1):
-        mixed = keep * pa + background
-        ratio = na / mixed
-        new = pa * (keep * ratio + background * ratio.sum(axis=1, keepdims=True)) / ta
-        done = np.max(np.abs(new - pa), axis=1) < tolerance
-        pa = new
+        # the arithmetic of estimate_mle, in place: mixed = a p + bg; ratio = N / mixed;
+        # new = p (a ratio + bg sum(ratio)) / N_total
+        np.multiply(pa, keep, out=mixed)
+        mixed += background
+        np.divide(na, mixed, out=ratio)
+        scaled_sum = ratio.sum(axis=1, keepdims=True) * background
+        ratio *= keep
+        ratio += scaled_sum
+        np.multiply(pa, ratio, out=nxt)
+        nxt /= ta
+        np.subtract(nxt, pa, out=mixed)
+        np.abs(mixed, out=mixed)
+        done = mixed.max(axis=1) < tolerance
+        pa, nxt = nxt, pa
         if done.any():
             finished = active[done]
             p[finished] = pa[done]
@@ -171,6 +181,7 @@ def estimate_mle_batch(
             active, pa, na, ta = active[left], pa[left], na[left], ta[left]
             if active.size == 0:
                 break
+            nxt, mixed, ratio = np.empty_like(pa), np.empty_like(pa), np.empty_like(pa)
     if active.size:
         p[active] = pa
     return MleBatch(p, iterations, converged)

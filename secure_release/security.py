@@ -13,6 +13,7 @@ local demos only). A TLS connection always takes its identity from the certifica
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import functools
 import ipaddress
@@ -21,10 +22,10 @@ import re
 import sys
 import tempfile
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 import grpc
 from cryptography import x509
@@ -98,10 +99,8 @@ def _write_atomic(path: Path, data: bytes, mode: int) -> None:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-        except FileNotFoundError:
-            pass
         raise
     dfd = os.open(path.parent, os.O_RDONLY)
     try:
@@ -304,17 +303,28 @@ def channel_credentials(cert_dir: Path, name: str) -> grpc.ChannelCredentials:
     )
 
 
-class _IdentityMetadata(
-    grpc.UnaryUnaryClientInterceptor,
-    grpc.UnaryStreamClientInterceptor,
-    grpc.StreamUnaryClientInterceptor,
-    grpc.StreamStreamClientInterceptor,
-):
+# The interceptor bases are generic only in grpc-stubs, not at runtime.
+if TYPE_CHECKING:
+    _UnaryUnary = grpc.UnaryUnaryClientInterceptor[Any, Any]
+    _UnaryStream = grpc.UnaryStreamClientInterceptor[Any, Any]
+    _StreamUnary = grpc.StreamUnaryClientInterceptor[Any, Any]
+    _StreamStream = grpc.StreamStreamClientInterceptor[Any, Any]
+else:
+    _UnaryUnary = grpc.UnaryUnaryClientInterceptor
+    _UnaryStream = grpc.UnaryStreamClientInterceptor
+    _StreamUnary = grpc.StreamUnaryClientInterceptor
+    _StreamStream = grpc.StreamStreamClientInterceptor
+
+
+class _IdentityMetadata(_UnaryUnary, _UnaryStream, _StreamUnary, _StreamStream):
     def __init__(self, identity: Identity) -> None:
         self._value = str(identity)
 
     def _details(self, d: Any) -> Any:
-        md = list(d.metadata or []) + [(IDENTITY_METADATA_KEY, self._value)]
+        md: list[tuple[str, str | bytes]] = [
+            *(d.metadata or []),
+            (IDENTITY_METADATA_KEY, self._value),
+        ]
         return d._replace(metadata=md) if hasattr(d, "_replace") else _Details(d, md)
 
     def intercept_unary_unary(self, continuation: Any, d: Any, request: Any) -> Any:
@@ -331,10 +341,10 @@ class _IdentityMetadata(
 
 
 class _Details(grpc.ClientCallDetails):
-    def __init__(self, d: Any, metadata: list[tuple[str, str]]) -> None:
+    def __init__(self, d: Any, metadata: list[tuple[str, str | bytes]]) -> None:
         self.method = d.method
         self.timeout = d.timeout
-        self.metadata = metadata
+        self.metadata = tuple(metadata)
         self.credentials = d.credentials
         self.wait_for_ready = getattr(d, "wait_for_ready", None)
         self.compression = getattr(d, "compression", None)
@@ -388,7 +398,8 @@ def insecure_mode_enabled() -> bool:
 def caller_identity(context: grpc.ServicerContext) -> Identity | None:
     """The caller's identity: its certificate's URI SAN (TLS), or on an insecure server the
     ``x-secure-release-identity`` metadata; None if there is none."""
-    auth = context.auth_context() or {}
+    # grpc-stubs declare Mapping[str, bytes]; at runtime each value is a list of bytes.
+    auth = cast("Mapping[str, Sequence[bytes]]", context.auth_context() or {})
     pems = auth.get("x509_pem_cert")
     if pems:
         return _identity_of_pem(bytes(pems[0]))

@@ -144,7 +144,7 @@ class ReleaseService(pb_grpc.ReleaseServerServicer):
             )
 
     # ------------------------------------------------------------------ RPCs
-    def RegisterPart(
+    def RegisterPart(  # noqa: N802
         self, request: pb.RegisterPartRequest, context: Any
     ) -> pb.RegisterPartResponse:
         ident = security.require_role(context, "curator")
@@ -157,13 +157,13 @@ class ReleaseService(pb_grpc.ReleaseServerServicer):
         log.info("registered", extra={"release": rel.params.release_id, "curator": ident.name})
         return pb.RegisterPartResponse(status=status_to_proto(rel))
 
-    def UploadCiphertext(
+    def UploadCiphertext(  # noqa: N802
         self,
         request_iterator: Iterator[pb.UploadChunk],
         context: Any,
     ) -> pb.UploadResponse:
         ident = security.require_role(context, "curator")
-        release_id = curator = None
+        stream: tuple[str, str] | None = None  # (release_id, curator) of the first message
         committed = False
         new = 0
         for chunk in request_iterator:
@@ -173,13 +173,14 @@ class ReleaseService(pb_grpc.ReleaseServerServicer):
                     f"an upload message carries at most {MAX_CHUNK_BYTES} symbol bytes "
                     f"(chunks of {CHUNK_ROWS} rows); got {len(chunk.symbols)}",
                 )
-            if release_id is None:
-                release_id, curator = chunk.release_id, chunk.curator
-            elif (chunk.release_id, chunk.curator) != (release_id, curator):
+            if stream is None:
+                stream = (chunk.release_id, chunk.curator)
+            elif (chunk.release_id, chunk.curator) != stream:
                 context.abort(
                     grpc.StatusCode.INVALID_ARGUMENT,
                     "one upload stream carries one release and one curator",
                 )
+            release_id, curator = stream
             try:
                 if chunk.commit:
                     rel = self.store.commit(
@@ -197,10 +198,12 @@ class ReleaseService(pb_grpc.ReleaseServerServicer):
                         new += 1
             except SecureReleaseError as exc:
                 _fail(context, exc, "UploadCiphertext")
-        if release_id is None or curator is None:
+        if stream is None:
             context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, "an upload stream needs at least one message"
             )
+            raise AssertionError("context.abort returned")  # pragma: no cover
+        release_id, curator = stream
         log.info("upload", extra={"release": release_id, "curator": curator, "new_chunks": new})
         if committed:
             try:

@@ -281,7 +281,8 @@ class Release:
         missing = [s for s in range(self.params.num_chunks) if s not in part.chunks]
         if missing:
             raise IncompleteUploadError(
-                f"curator {curator!r} commits with {len(missing)} chunk(s) missing, first {missing[0]}"
+                f"curator {curator!r} commits with {len(missing)} chunk(s) missing, "
+                f"first {missing[0]}"
             )
         return True
 

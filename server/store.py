@@ -251,7 +251,8 @@ class Store:
                         packed = pack_symbols(col, k)
                         h.update(packed)
                         self._db.execute(
-                            "INSERT INTO perturbed (release_id, seq, col, data) VALUES (?, ?, ?, ?)",
+                            "INSERT INTO perturbed (release_id, seq, col, data) "
+                            "VALUES (?, ?, ?, ?)",
                             (release_id, seq, j, packed),
                         )
                 rel.perturbed(h.digest())
