@@ -197,6 +197,50 @@ def estimate_mle(
     return MleResult(p, iterations, converged, log_lik)
 
 
+def mle_water_filling(counts: npt.ArrayLike, keep: float) -> FloatArray:
+    """The exact maximum-likelihood estimate under the gamma-diagonal channel, in closed form.
+
+    Maximize L(p) = sum_o N_o log(a p_o + g), g = (1 - a)/K, over the simplex. L is concave;
+    its KKT conditions are a N_o/(a p_o + g) = lambda where p_o > 0 and a N_o/g <= lambda where
+    p_o = 0. So p_o = max(0, N_o/lambda' - r) with r = g/a and lambda' = lambda/a, and on the
+    active set S (the cells with the largest counts) sum p = 1 gives
+    lambda' = N_S / (1 + |S| r). S has size s*, the largest s with N_(s) (1 + s r) > r N_(1..s)
+    (counts sorted in decreasing order) -- water filling, like the simplex projection.
+    Interior case (S = all cells): lambda' = N a and p = (T_obs - g)/a, the A^-1 estimate.
+    Works row-wise on a (rows, K) array; O(K log K) per row, no iteration.
+    """
+    n_obs = np.asarray(counts, dtype=np.float64)
+    if n_obs.size == 0 or not np.all(np.isfinite(n_obs)) or np.any(n_obs < 0):
+        raise NonFiniteInputError("MLE needs non-negative finite counts")
+    if not 0.0 < keep <= 1.0:
+        raise NonFiniteInputError(f"keep probability must be in (0, 1], got {keep!r}")
+    rows = n_obs.reshape(-1, n_obs.shape[-1])
+    if np.any(rows.sum(axis=1) <= 0):
+        raise NonFiniteInputError("MLE needs a positive total count")
+    K = rows.shape[1]
+    r = (1.0 - keep) / K / keep
+    ordered = -np.sort(-rows, axis=1)
+    cumulative = np.cumsum(ordered, axis=1)
+    sizes = np.arange(1, K + 1, dtype=np.float64)
+    active = ordered * (1.0 + sizes * r) > r * cumulative
+    s_star = K - np.argmax(active[:, ::-1], axis=1)  # last True (s = 1 is always active)
+    lam = cumulative[np.arange(rows.shape[0]), s_star - 1] / (1.0 + s_star * r)
+    p = np.maximum(rows / lam[:, None] - r, 0.0)
+    p /= p.sum(axis=1, keepdims=True)  # exact up to rounding; removes the last ulp drift
+    return np.asarray(p.reshape(n_obs.shape), dtype=np.float64)
+
+
+def estimate_mle_exact(counts: npt.ArrayLike, keep: float) -> MleResult:
+    """:func:`mle_water_filling` with its log-likelihood, as an :class:`MleResult`
+    (``iterations`` 0: no iteration is needed)."""
+    n_obs = np.asarray(counts, dtype=np.float64)
+    p = mle_water_filling(n_obs, keep)
+    mixed = keep * p + (1.0 - keep) / n_obs.size
+    positive = n_obs > 0
+    log_lik = float(np.sum(n_obs[positive] * np.log(mixed[positive])))
+    return MleResult(p, 0, True, log_lik)
+
+
 def l2_error(estimate: npt.ArrayLike, truth: npt.ArrayLike) -> float:
     """||estimate - truth||_2."""
     return float(

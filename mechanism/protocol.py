@@ -129,7 +129,7 @@ def researcher_estimate(
     else:
         raw = estimators.estimate_joint(counts, channel)
         se = estimators.standard_errors(raw, plan.n, plan.m, channel)
-    mle = estimators.estimate_mle(counts, channel.keep)
+    mle = estimators.estimate_mle_exact(counts, channel.keep)
     low, high = estimators.confidence_intervals(raw, se)
     return ReleaseEstimate(
         subset,

@@ -29,7 +29,7 @@ import numpy.typing as npt
 
 from mechanism import accounting
 from mechanism.errors import NonFiniteInputError, ShapeMismatchError
-from mechanism.estimators import invert_channel
+from mechanism.estimators import invert_channel, mle_water_filling
 from mechanism.pram import PramChannel
 from mechanism.sampling import check_sample_size
 from mechanism.schema import check_joint_alphabet
@@ -212,7 +212,7 @@ def trial_errors(
     if "projected" in estimators:
         out["projected"] = np.linalg.norm(project_to_simplex_batch(raw) - t, axis=1)
     if "mle" in estimators:
-        out["mle"] = np.linalg.norm(estimate_mle_batch(obs, a).estimate - t, axis=1)
+        out["mle"] = np.linalg.norm(mle_water_filling(obs, a) - t, axis=1)
     if alphabet_sizes is not None and len(alphabet_sizes) > 1:
         shape = (obs.shape[0], *[int(k) for k in alphabet_sizes])
         cube, true_cube = obs.reshape(shape), t.reshape(shape[1:])

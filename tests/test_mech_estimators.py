@@ -139,7 +139,7 @@ def test_project_to_simplex(values: list[float]) -> None:
     theta = float(np.mean((v - p)[pos]))
     assert np.allclose((v - p)[pos], theta, atol=1e-12)
     assert np.all(v[~pos] <= theta + 1e-12)
-    assert np.allclose(p, _brute_projection(v), atol=1e-12)
+    assert np.allclose(p, _brute_projection(v), atol=1e-9)  # brute force is exact only to ~1e-10
 
 
 def test_project_to_simplex_fixed_points_and_errors() -> None:
