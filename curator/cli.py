@@ -1,0 +1,107 @@
+"""``python -m curator run``: one curator's side of a secure release.
+
+Config: flags, ``SECURE_RELEASE_<FLAG>`` environment variables (e.g. SECURE_RELEASE_EPSILON=0.5)
+or ``--config file.json`` (keys are flag names); flags win over env, env over the file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from curator.common import ConfigError, apply_env_and_config, require
+from mechanism.errors import SecureReleaseError
+
+EPILOG = """\
+How a release runs:
+  1. every curator reads its table (CSV or Parquet) against its schema JSON;
+  2. curators exchange keyed id tags (never ids) with the leader, who fixes the common ids,
+     n, m, gamma and a fresh sampling seed and sends them back over mutual TLS;
+  3. each curator samples the same m rows, adds a fresh pad, uploads ciphertext to the server
+     and commits; its privacy ledger is charged (and a release past --budget is refused first);
+  4. the curator then serves its pad key to the researchers it granted (--grant), until SIGTERM.
+
+Example (two terminals; the certificates come from 'secure-release pki init'):
+  python -m curator run --data alice.csv --schema alice.json --release-id r1 --epsilon 0.5 \\
+      --server 127.0.0.1:7000 --certs certs --name alice --curators alice,bob --leader \\
+      --alphabet-sizes 6,4 --listen 127.0.0.1:7101 --alignment-key-file align.key --grant researcher
+  python -m curator run --data bob.csv --schema bob.json --release-id r1 --epsilon 0.5 \\
+      --server 127.0.0.1:7000 --certs certs --name bob --curators alice,bob \\
+      --leader-address 127.0.0.1:7101 --alignment-key-file align.key --grant researcher
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m curator", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    p = sub.add_parser("run", help="take part in one release and serve keys afterwards",
+                       description="Take part in one release as a curator, then serve keys.",
+                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", help="JSON file of settings (keys: flag names)")
+    g = p.add_argument_group("data")
+    g.add_argument("--data", help="CSV (or .parquet) file: an id column and the schema's attributes")
+    g.add_argument("--schema", help='schema JSON: {"curator", "id_column", "attributes": [...]}')
+    g.add_argument("--dataset", help="ledger name of the data set (default: the data file name)")
+    r = p.add_argument_group("release")
+    r.add_argument("--release-id", help="release identifier, the same at every curator (e.g. r1)")
+    r.add_argument("--epsilon", type=float, help="privacy level epsilon > 0 of this release")
+    r.add_argument("--m", type=int, default=None, help="sample size (default: m*, Cor. 3.6)")
+    r.add_argument("--cipher", default="chacha20", choices=["otp", "chacha20"],
+                   help="pad kind: chacha20 (researcher gets a 32-byte key) or otp (gets the pad)")
+    r.add_argument("--curators", help="all curators in joint-code order, comma separated (alice,bob)")
+    r.add_argument("--alphabet-sizes", help="leader only: each curator's alphabet size, same order (6,4)")
+    r.add_argument("--leader", action="store_true", help="this curator leads the agreement")
+    r.add_argument("--leader-address", help="followers: HOST:PORT of the leading curator")
+    r.add_argument("--researcher", default="researcher", help="researcher the server notifies")
+    r.add_argument("--grant", action="append", default=[],
+                   help="researcher certificate name allowed to fetch this curator's key (repeatable)")
+    r.add_argument("--budget", type=float, default=1.0, help="total epsilon budget per data set")
+    r.add_argument("--keystore", help="directory of pads and the ledger (0600; default keystore-NAME)")
+    r.add_argument("--alignment-key-hex", help="shared alignment key, 64 hex digits (prefer the file)")
+    r.add_argument("--alignment-key-file", help="file holding the shared alignment key (64 hex digits)")
+    n = p.add_argument_group("network")
+    n.add_argument("--server", help="HOST:PORT of the release server")
+    n.add_argument("--certs", help="directory with ca.pem, NAME.pem, NAME.key")
+    n.add_argument("--name", help="this curator's name (its certificate name)")
+    n.add_argument("--listen", default="127.0.0.1:0", help="where the Curator service listens")
+    n.add_argument("--port-file", help="write the bound port here")
+    n.add_argument("--insecure", action="store_true", help="plaintext gRPC (tests/demos only!)")
+    n.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the other curators")
+    n.add_argument("--exit-after-keys", action="store_true",
+                   help="exit once every granted researcher fetched the key (default: serve until SIGTERM)")
+    t = p.add_argument_group("testing only (need SECURE_RELEASE_TESTING=1)")
+    t.add_argument("--insecure-test-seed", help=argparse.SUPPRESS)
+    t.add_argument("--insecure-test-pad-key", help=argparse.SUPPRESS)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    try:
+        if argv and argv[0] == "run":
+            apply_env_and_config(parser._subparsers._group_actions[0].choices["run"], argv[1:])  # type: ignore[union-attr]
+        args = parser.parse_args(argv)
+        if args.command != "run":
+            parser.print_help()
+            return 2
+        require(args, "data", "schema", "release_id", "epsilon", "curators", "server", "name")
+        if not args.insecure:
+            require(args, "certs")
+        from curator.runner import run
+
+        return run(args)
+    except KeyboardInterrupt:
+        return 130
+    except (SecureReleaseError, ConfigError, OSError) as exc:
+        sys.stderr.write(f"curator: error: {type(exc).__name__}: {exc}\n")
+        return 2
+    except Exception as exc:  # grpc.RpcError and friends: one line, no traceback of secrets
+        import grpc
+
+        if isinstance(exc, grpc.RpcError):
+            sys.stderr.write(f"curator: error: RPC failed: {exc.code()}: {exc.details()}\n")  # type: ignore[attr-defined]
+            return 3
+        raise

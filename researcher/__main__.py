@@ -1,0 +1,3 @@
+from researcher.cli import main
+
+raise SystemExit(main())

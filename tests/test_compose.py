@@ -1,0 +1,53 @@
+"""docker-compose.yml: structure (no docker engine here)."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import pytest
+
+yaml = pytest.importorskip("yaml")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _compose() -> dict:  # type: ignore[type-arg]
+    return yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+
+
+def test_services_and_dependencies() -> None:
+    c = _compose()
+    services = c["services"]
+    assert {"pki", "server", "alice", "bob", "researcher", "result"} <= set(services)
+    for name, svc in services.items():
+        assert svc.get("build") == "." and svc.get("image") == "secure-release:latest", name
+        for dep in svc.get("depends_on", {}):
+            assert dep in services, (name, dep)
+        for vol in svc.get("volumes", []):
+            assert vol.split(":")[0] in c["volumes"], (name, vol)
+    for name in ("server", "alice", "bob", "researcher"):
+        hc = services[name]["healthcheck"]["test"]
+        assert hc[:4] == ["CMD", "python", "-m", "researcher.healthcheck"]
+    assert services["server"]["depends_on"]["pki"]["condition"] == "service_completed_successfully"
+    assert "store:/store" in services["server"]["volumes"]
+
+
+def test_commands_parse_with_the_real_clis() -> None:
+    from curator.cli import build_parser as curator_parser
+    from researcher.cli import build_parser as researcher_parser
+
+    services = _compose()["services"]
+    for name in ("alice", "bob"):
+        argv = shlex.split(services[name]["command"])
+        assert argv[:3] == ["python", "-m", "curator"]
+        args = curator_parser().parse_args(argv[3:])
+        assert args.name == name and args.grant == ["researcher"]
+    for name in ("researcher", "result"):
+        argv = shlex.split(services[name]["command"])
+        args = researcher_parser().parse_args(argv[3:])
+        assert dict(x.split("=") for x in args.curator) == {"alice": "alice:7101", "bob": "bob:7102"}
+
+
+def test_dockerfile() -> None:
+    text = (ROOT / "Dockerfile").read_text()
+    assert text.startswith("FROM python:3.11-slim") and "pip install" in text

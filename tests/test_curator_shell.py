@@ -1,0 +1,130 @@
+"""Curator shell: table reading, bad rows, keystore files, ledger refusal before upload."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from curator.keystore import Keystore, atomic_write
+from curator.table import BadRowsError, load_schema, read_table
+from mechanism.errors import BudgetExceededError
+from mechanism.pads import new_release_pad
+
+ROOT = Path(__file__).resolve().parents[1]
+SCHEMA = {"curator": "alice", "id_column": "id",
+          "attributes": [{"name": "edu", "categories": ["a", "b", "c"]},
+                         {"name": "mar", "categories": ["m", "s"]}]}
+
+
+def _files(tmp: Path, rows: str) -> tuple[Path, Path]:
+    (tmp / "s.json").write_text(json.dumps(SCHEMA))
+    (tmp / "d.csv").write_text("id,edu,mar\n" + rows)
+    return tmp / "d.csv", tmp / "s.json"
+
+
+def test_reads_csv_into_symbols(tmp_path: Path) -> None:
+    data, schema = _files(tmp_path, "x1,a,m\nx2,c,s\nx3,b,m\n")
+    table = read_table(data, load_schema(schema))
+    assert list(table.ids) == ["x1", "x2", "x3"]
+    assert table.symbols().tolist() == [0, 5, 2]
+
+
+def test_bad_rows_reported_with_line_numbers(tmp_path: Path) -> None:
+    data, schema = _files(tmp_path, "x1,a,m\nx2,z,s\nx3,b,m\nx1,a,s\nx5,b\n")
+    with pytest.raises(BadRowsError) as info:
+        read_table(data, load_schema(schema))
+    lines = [line for line, _ in info.value.problems]
+    assert lines == [3, 5, 6]
+    assert "edu='z'" in str(info.value) and "duplicate id" in str(info.value)
+
+
+def test_parquet(tmp_path: Path) -> None:
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    (tmp_path / "s.json").write_text(json.dumps(SCHEMA))
+    pq.write_table(pa.table({"id": ["1", "2"], "edu": ["b", "c"], "mar": ["s", "q"]}), tmp_path / "d.parquet")
+    with pytest.raises(BadRowsError) as info:
+        read_table(tmp_path / "d.parquet", load_schema(tmp_path / "s.json"))
+    assert info.value.problems[0][0] == 3
+
+
+def test_keystore_files_are_0600_and_roundtrip(tmp_path: Path) -> None:
+    ks = Keystore(tmp_path / "ks", budget=1.0)
+    for mode in ("chacha20", "otp"):
+        pad = new_release_pad(mode, 6, 50)
+        ks.save_pad(f"r-{mode}", pad)
+        back, _ = ks.load_pad(f"r-{mode}")
+        assert np.array_equal(back.pad(), pad.pad())
+        assert stat.S_IMODE(os.stat(tmp_path / "ks" / f"release-r-{mode}.json").st_mode) == 0o600
+    ks.charge_release("d", "r1", 0.4, "fp1")
+    assert stat.S_IMODE(os.stat(tmp_path / "ks" / "ledger.json").st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(tmp_path / "ks").st_mode) == 0o700
+    with pytest.raises(BudgetExceededError):
+        ks.check_release("d", "r2", 0.7, "fp2")
+    assert ks.load_ledger().spent("d") == pytest.approx(0.4)
+
+
+def test_atomic_write_leaves_old_file_on_failure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    target = tmp_path / "f"
+    atomic_write(target, b"old")
+
+    def boom(*_: object) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", boom)
+    with pytest.raises(OSError):
+        atomic_write(target, b"new")
+    assert target.read_bytes() == b"old"
+    assert [p.name for p in tmp_path.iterdir()] == ["f"]
+
+
+def test_release_past_budget_refused_before_upload(tmp_path: Path) -> None:
+    data, schema = _files(tmp_path, "x1,a,m\nx2,c,s\n")
+    (tmp_path / "k").write_text("00" * 32)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.run(
+        [sys.executable, "-m", "curator", "run", "--data", str(data), "--schema", str(schema),
+         "--release-id", "r1", "--epsilon", "0.5", "--budget", "0.3", "--server", "127.0.0.1:1",
+         "--name", "alice", "--curators", "alice,bob", "--leader", "--alphabet-sizes", "6,4",
+         "--insecure", "--alignment-key-file", str(tmp_path / "k"), "--keystore", str(tmp_path / "ks")],
+        capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 2, proc.stderr
+    assert "BudgetExceededError" in proc.stderr
+    assert not list((tmp_path / "ks").glob("release-*"))
+    assert '"registered"' not in proc.stderr and '"listening"' not in proc.stderr
+
+
+def test_test_only_flags_need_testing_env(tmp_path: Path) -> None:
+    data, schema = _files(tmp_path, "x1,a,m\n")
+    env = {k: v for k, v in os.environ.items() if k != "SECURE_RELEASE_TESTING"}
+    env["PYTHONPATH"] = str(ROOT)
+    proc = subprocess.run(
+        [sys.executable, "-m", "curator", "run", "--data", str(data), "--schema", str(schema),
+         "--release-id", "r1", "--epsilon", "0.5", "--server", "127.0.0.1:1", "--name", "alice",
+         "--curators", "alice,bob", "--insecure", "--insecure-test-seed", "00" * 32],
+        capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 2 and "SECURE_RELEASE_TESTING=1" in proc.stderr
+
+
+def test_env_config(tmp_path: Path) -> None:
+    from curator.cli import build_parser
+    from curator.common import apply_env_and_config
+
+    (tmp_path / "c.json").write_text(json.dumps({"epsilon": 0.25, "release-id": "fromfile"}))
+    parser = build_parser()
+    run = parser._subparsers._group_actions[0].choices["run"]  # type: ignore[union-attr]
+    os.environ["SECURE_RELEASE_EPSILON"] = "0.75"
+    try:
+        apply_env_and_config(run, ["--config", str(tmp_path / "c.json")])
+        args = parser.parse_args(["run", "--config", str(tmp_path / "c.json")])
+    finally:
+        del os.environ["SECURE_RELEASE_EPSILON"]
+    assert args.epsilon == 0.75 and args.release_id == "fromfile"
