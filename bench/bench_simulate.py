@@ -43,7 +43,9 @@ def rate(fn, trials: int) -> float:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--trials", type=int, default=1000)
     ap.add_argument("--grid", type=int, default=20)
@@ -54,17 +56,25 @@ def main() -> int:
 
     t_raw, points = fig5_sweep(args.trials, ("raw", "projected"), args.grid)
     t_mle, _ = fig5_sweep(args.trials, ("raw", "projected", "mle"), args.grid)
-    out.update(fig5_points=points, fig5_trials=args.trials, fig5_seconds_raw_projected=t_raw,
-               fig5_seconds_with_mle=t_mle)
+    out.update(
+        fig5_points=points,
+        fig5_trials=args.trials,
+        fig5_seconds_raw_projected=t_raw,
+        fig5_seconds_with_mle=t_mle,
+    )
 
     table = adult()
     n, K, eps = table.n, table.joint_size, 1.0
     rng = np.random.default_rng(2)
     out["rate_fast_trials_per_s"] = rate(
-        lambda t: simulate_point(table.counts, eps, n, t, rng, table.alphabet_sizes, ("raw",)), 2000)
+        lambda t: simulate_point(table.counts, eps, n, t, rng, table.alphabet_sizes, ("raw",)), 2000
+    )
     out["rate_per_record_trials_per_s"] = rate(
-        lambda t: simulate_point(table.counts, eps, n, t, rng, table.alphabet_sizes, ("raw",), per_record=True),
-        args.per_record_trials)
+        lambda t: simulate_point(
+            table.counts, eps, n, t, rng, table.alphabet_sizes, ("raw",), per_record=True
+        ),
+        args.per_record_trials,
+    )
     try:
         from multi_freq_ldpy.pure_frequency_oracles.GRR import GRR_Aggregator_MI, GRR_Client
 
@@ -79,12 +89,17 @@ def main() -> int:
                 GRR_Aggregator_MI(reports, K, eps0)
 
         out["rate_grr_multi_freq_ldpy_trials_per_s"] = rate(grr, args.grr_trials)
-        out["fast_over_grr"] = out["rate_fast_trials_per_s"] / out["rate_grr_multi_freq_ldpy_trials_per_s"]
+        out["fast_over_grr"] = (
+            out["rate_fast_trials_per_s"] / out["rate_grr_multi_freq_ldpy_trials_per_s"]
+        )
         out["per_record_over_grr"] = (
-            out["rate_per_record_trials_per_s"] / out["rate_grr_multi_freq_ldpy_trials_per_s"])
+            out["rate_per_record_trials_per_s"] / out["rate_grr_multi_freq_ldpy_trials_per_s"]
+        )
     except ImportError:
         out["rate_grr_multi_freq_ldpy_trials_per_s"] = "multi_freq_ldpy not installed"
-    out["fast_over_per_record"] = out["rate_fast_trials_per_s"] / out["rate_per_record_trials_per_s"]
+    out["fast_over_per_record"] = (
+        out["rate_fast_trials_per_s"] / out["rate_per_record_trials_per_s"]
+    )
 
     if args.json:
         print(json.dumps(out, sort_keys=True))
@@ -93,7 +108,11 @@ def main() -> int:
     print(f"  raw + projected      {t_raw:8.2f} s   (target <= 10 s)")
     print(f"  raw + projected + MLE{t_mle:8.2f} s")
     print(f"Trials per second at m = n = {n}, K = {K}, epsilon = eps0 = {eps:g}:")
-    for key in ("rate_fast_trials_per_s", "rate_per_record_trials_per_s", "rate_grr_multi_freq_ldpy_trials_per_s"):
+    for key in (
+        "rate_fast_trials_per_s",
+        "rate_per_record_trials_per_s",
+        "rate_grr_multi_freq_ldpy_trials_per_s",
+    ):
         v = out[key]
         print(f"  {key:42s} {v:12.3f}" if isinstance(v, float) else f"  {key:42s} {v}")
     for key in ("fast_over_per_record", "fast_over_grr", "per_record_over_grr"):

@@ -41,14 +41,16 @@ def largest_remainder(weights: npt.ArrayLike, n: int) -> npt.NDArray[np.int64]:
         raise InvalidSampleSizeError(f"n must be an integer >= 1, got {n!r}")
     w = np.asarray(weights, dtype=np.float64)
     if w.ndim != 1 or w.size == 0 or not np.all(np.isfinite(w)) or np.any(w < 0) or w.sum() <= 0:
-        raise ShapeMismatchError("weights must be a non-empty vector of finite values >= 0, not all 0")
+        raise ShapeMismatchError(
+            "weights must be a non-empty vector of finite values >= 0, not all 0"
+        )
     exact = w / w.sum() * int(n)
     base = np.floor(exact).astype(np.int64)
     short = int(n) - int(base.sum())
     if short > 0:
         order = np.lexsort((np.arange(w.size), -(exact - base)))
         base[order[:short]] += 1
-    return base
+    return np.asarray(base, dtype=np.int64)
 
 
 def synthetic_counts(kind: str, joint_size: int, n: int) -> npt.NDArray[np.int64]:
@@ -65,5 +67,7 @@ def two_curator_split(joint_size: int) -> tuple[int, int]:
 
 def _check_k(joint_size: int) -> int:
     if isinstance(joint_size, bool) or int(joint_size) != joint_size or joint_size < 2:
-        raise ShapeMismatchError(f"the joint alphabet K must be an integer >= 2, got {joint_size!r}")
+        raise ShapeMismatchError(
+            f"the joint alphabet K must be an integer >= 2, got {joint_size!r}"
+        )
     return int(joint_size)

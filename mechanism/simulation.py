@@ -44,7 +44,9 @@ def check_counts(counts: npt.ArrayLike) -> IntArray:
     """A 1-D vector of non-negative integer cell counts with a positive total."""
     c = np.asarray(counts)
     if c.ndim != 1 or c.size < 2:
-        raise ShapeMismatchError(f"counts must be a vector of at least 2 cells, got shape {c.shape}")
+        raise ShapeMismatchError(
+            f"counts must be a vector of at least 2 cells, got shape {c.shape}"
+        )
     if not np.all(np.isfinite(c.astype(np.float64))):
         raise NonFiniteInputError("counts must be finite")
     if np.any(c < 0) or np.any(np.asarray(c, dtype=np.float64) != np.floor(c.astype(np.float64))):
@@ -126,7 +128,7 @@ def project_to_simplex_batch(vectors: npt.ArrayLike) -> FloatArray:
     positive = u - cumulative / ranks > 0
     rho = K - 1 - np.argmax(positive[:, ::-1], axis=1)
     theta = cumulative[np.arange(rows), rho] / (rho + 1)
-    return np.maximum(v - theta[:, None], 0.0)
+    return np.asarray(np.maximum(v - theta[:, None], 0.0), dtype=np.float64)
 
 
 @dataclass(frozen=True)
@@ -319,7 +321,9 @@ def sweep(
     """:func:`simulate_point` over (epsilon, m) points, in order."""
     out = []
     for i, (eps, m) in enumerate(points):
-        out.append(simulate_point(counts, eps, m, trials, rng, alphabet_sizes, estimators, per_record))
+        out.append(
+            simulate_point(counts, eps, m, trials, rng, alphabet_sizes, estimators, per_record)
+        )
         if progress is not None:
             progress(i + 1, len(points))
     return out
@@ -328,7 +332,7 @@ def sweep(
 def log_m_grid(n: int, m_star: int, num: int = 24, extra: Sequence[int] = ()) -> list[int]:
     """A log-spaced integer grid of sample sizes from ~m*/20 to n (plus ``extra``)."""
     check_sample_size(n, 1)
-    lo = max(1, min(n, int(round(m_star / 20))))
-    grid = {int(round(x)) for x in np.geomspace(lo, n, num=num)}
+    lo = max(1, min(n, round(m_star / 20)))
+    grid = {round(x) for x in np.geomspace(lo, n, num=num)}
     grid |= {int(e) for e in extra if 1 <= int(e) <= n}
     return sorted(grid)

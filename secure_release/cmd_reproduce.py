@@ -21,10 +21,26 @@ SYNTHETIC = ("uniform", "linear", "peaky")
 CARDINALITIES = (12, 24, 48, 96, 192, 384, 768)
 FIG_FOR = {"uniform": 6, "linear": 7, "peaky": 8}
 _COLUMNS = [
-    "dataset", "K", "n", "epsilon", "m", "gamma", "trials",
-    "mean_l2_error", "se_mean_l2_error", "mean_l2_error_projected", "se_mean_l2_error_projected",
-    "mean_l2_error_mle", "se_mean_l2_error_mle", "rmse_l2_error", "predicted_rmse",
-    "bound", "bound_over_sqrtK", "bound_tight", "m_star", "m_min_error",
+    "dataset",
+    "K",
+    "n",
+    "epsilon",
+    "m",
+    "gamma",
+    "trials",
+    "mean_l2_error",
+    "se_mean_l2_error",
+    "mean_l2_error_projected",
+    "se_mean_l2_error_projected",
+    "mean_l2_error_mle",
+    "se_mean_l2_error_mle",
+    "rmse_l2_error",
+    "predicted_rmse",
+    "bound",
+    "bound_over_sqrtK",
+    "bound_tight",
+    "m_star",
+    "m_min_error",
 ]
 
 
@@ -45,9 +61,14 @@ def register(sub: Any) -> None:
     p.add_argument("--out", required=True, help="output directory (created if missing)")
     p.add_argument("--trials", type=int, default=1000, help="trials per point (default 1000)")
     p.add_argument("--seed", type=int, default=20240601, help="numpy seed (default 20240601)")
-    p.add_argument("--quick", action="store_true",
-                   help="a smoke run: 8 m values per epsilon, K up to 96, no MLE on the sweeps")
-    p.add_argument("--grid", type=int, default=24, help="m values per epsilon (default 24; >= 20 for figures)")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="a smoke run: 8 m values per epsilon, K up to 96, no MLE on the sweeps",
+    )
+    p.add_argument(
+        "--grid", type=int, default=24, help="m values per epsilon (default 24; >= 20 for figures)"
+    )
     p.set_defaults(func=run)
 
 
@@ -62,13 +83,21 @@ def _row(table: CountTable, s: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
-def _sweep(table: CountTable, trials: int, rng: np.random.Generator, grid: int,
-           estimators: tuple[str, ...], log: Any) -> list[dict[str, Any]]:
+def _sweep(
+    table: CountTable,
+    trials: int,
+    rng: np.random.Generator,
+    grid: int,
+    estimators: tuple[str, ...],
+    log: Any,
+) -> list[dict[str, Any]]:
     rows = []
     for eps in EPSILONS:
         n, K = table.n, table.joint_size
         m_star = accounting.optimal_sample_size_int(n, K, eps)
-        m_min = accounting.error_minimizing_sample_size(n, K, eps, float(np.sum((table.counts / n) ** 2)))
+        m_min = accounting.error_minimizing_sample_size(
+            n, K, eps, float(np.sum((table.counts / n) ** 2))
+        )
         for m in log_m_grid(n, m_star, grid, extra=(m_star, m_min)):
             pt = simulate_point(table.counts, eps, m, trials, rng, table.alphabet_sizes, estimators)
             rows.append(_row(table, pt.summary()))
@@ -81,8 +110,16 @@ def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
         w = csv.DictWriter(fh, fieldnames=_COLUMNS, extrasaction="ignore")
         w.writeheader()
         for r in rows:
-            w.writerow({k: ("" if r.get(k) is None else (f"{r[k]:.6g}" if isinstance(r[k], float) else r[k]))
-                        for k in _COLUMNS})
+            w.writerow(
+                {
+                    k: (
+                        ""
+                        if r.get(k) is None
+                        else (f"{r[k]:.6g}" if isinstance(r[k], float) else r[k])
+                    )
+                    for k in _COLUMNS
+                }
+            )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -100,8 +137,14 @@ def run(args: argparse.Namespace) -> int:
 
     base = adult()
     sweeps: dict[str, list[dict[str, Any]]] = {}
-    sweeps["adult"] = _sweep(base, args.trials, rng, grid,
-                             ("raw", "projected") if args.quick else ("raw", "projected", "mle"), log)
+    sweeps["adult"] = _sweep(
+        base,
+        args.trials,
+        rng,
+        grid,
+        ("raw", "projected") if args.quick else ("raw", "projected", "mle"),
+        log,
+    )
     _write_csv(out / "fig5_adult.csv", sweeps["adult"])
     for kind in SYNTHETIC:
         table = synthetic(kind, base.joint_size, base.n)
@@ -114,12 +157,21 @@ def run(args: argparse.Namespace) -> int:
             table = synthetic(kind, K, base.n)
             for eps in EPSILONS:
                 m = accounting.optimal_sample_size_int(table.n, K, eps)
-                pt = simulate_point(table.counts, eps, m, args.trials, rng, table.alphabet_sizes,
-                                    ("raw", "projected", "mle"))
+                pt = simulate_point(
+                    table.counts,
+                    eps,
+                    m,
+                    args.trials,
+                    rng,
+                    table.alphabet_sizes,
+                    ("raw", "projected", "mle"),
+                )
                 card_rows.append(_row(table, pt.summary()))
         log(f"  fig 9 {kind}: done")
     for eps in EPSILONS:  # the Adult point at K = 24, at m*
-        card_rows.append(next(r for r in sweeps["adult"] if r["epsilon"] == eps and r["m"] == r["m_star"]))
+        card_rows.append(
+            next(r for r in sweeps["adult"] if r["epsilon"] == eps and r["m"] == r["m_star"])
+        )
     _write_csv(out / "fig9_cardinality.csv", card_rows)
 
     pngs = _plots(out, base, sweeps, card_rows)
@@ -137,8 +189,14 @@ def _pct(lower: float | None, raw: float) -> str:
     return "-" if lower is None else f"{100.0 * (raw - lower) / raw:.1f}%"
 
 
-def _report(base: CountTable, sweeps: dict[str, list[dict[str, Any]]], card_rows: list[dict[str, Any]],
-            args: argparse.Namespace, pngs: list[str], seconds: float) -> str:
+def _report(
+    base: CountTable,
+    sweeps: dict[str, list[dict[str, Any]]],
+    card_rows: list[dict[str, Any]],
+    args: argparse.Namespace,
+    pngs: list[str],
+    seconds: float,
+) -> str:
     K = base.joint_size
     lines = [
         "# Reproduction of Sec. IV (Figures 5-9)",
@@ -177,14 +235,20 @@ def _report(base: CountTable, sweeps: dict[str, list[dict[str, Any]]], card_rows
         "| data | K | " + " | ".join(f"eps {e:g}: m*, error, proj., MLE" for e in EPSILONS) + " |",
         "|---|---|" + "---|" * len(EPSILONS),
     ]
-    keys = sorted({(r["dataset"], r["K"]) for r in card_rows}, key=lambda t: (t[0] != "adult", t[0], t[1]))
+    keys = sorted(
+        {(r["dataset"], r["K"]) for r in card_rows}, key=lambda t: (t[0] != "adult", t[0], t[1])
+    )
     for name, k in keys:
         cells = []
         for e in EPSILONS:
-            r = next(x for x in card_rows if x["dataset"] == name and x["K"] == k and x["epsilon"] == e)
+            r = next(
+                x for x in card_rows if x["dataset"] == name and x["K"] == k and x["epsilon"] == e
+            )
             mle = r.get("mean_l2_error_mle")
-            cells.append(f"{r['m']}, {r['mean_l2_error']:.4f}, {r['mean_l2_error_projected']:.4f}, "
-                         + ("-" if mle is None else f"{mle:.4f}"))
+            cells.append(
+                f"{r['m']}, {r['mean_l2_error']:.4f}, {r['mean_l2_error_projected']:.4f}, "
+                + ("-" if mle is None else f"{mle:.4f}")
+            )
         lines.append(f"| {name} | {k} | " + " | ".join(cells) + " |")
     lines.append("")
     if pngs:
@@ -194,8 +258,12 @@ def _report(base: CountTable, sweeps: dict[str, list[dict[str, Any]]], card_rows
     return "\n".join(lines)
 
 
-def _plots(out: Path, base: CountTable, sweeps: dict[str, list[dict[str, Any]]],
-           card_rows: list[dict[str, Any]]) -> list[str]:
+def _plots(
+    out: Path,
+    base: CountTable,
+    sweeps: dict[str, list[dict[str, Any]]],
+    card_rows: list[dict[str, Any]],
+) -> list[str]:
     try:
         import matplotlib
 
@@ -212,8 +280,15 @@ def _plots(out: Path, base: CountTable, sweeps: dict[str, list[dict[str, Any]]],
             pts = sorted((r for r in rows if r["epsilon"] == eps), key=lambda r: r["m"])
             ms = [r["m"] for r in pts]
             c = colors[eps]
-            ax.plot(ms, [r["mean_l2_error"] for r in pts], marker, color=c, ms=4,
-                    mfc="none" if marker != "o" else c, label=f"{label} eps={eps:g}")
+            ax.plot(
+                ms,
+                [r["mean_l2_error"] for r in pts],
+                marker,
+                color=c,
+                ms=4,
+                mfc="none" if marker != "o" else c,
+                label=f"{label} eps={eps:g}",
+            )
             if theory:
                 ax.plot(ms, [r["bound"] for r in pts], "-", color=c, lw=1)
                 ax.plot(ms, [r["bound_over_sqrtK"] for r in pts], "--", color=c, lw=1)
@@ -236,29 +311,63 @@ def _plots(out: Path, base: CountTable, sweeps: dict[str, list[dict[str, Any]]],
 
     fig, ax = plt.subplots(figsize=(7, 4.8))
     curves(ax, sweeps["adult"], "o", "Adult", True)
-    finish(fig, ax, f"Fig. 5: UCI Adult (n={base.n}, K={K})", "fig5_adult.png",
-           "solid: Thm 3.4 bound; dashed: bound/sqrt(K); dotted: exact predicted RMSE;\n"
-           "vertical solid: m*; dash-dot: m minimizing the predicted error")
+    finish(
+        fig,
+        ax,
+        f"Fig. 5: UCI Adult (n={base.n}, K={K})",
+        "fig5_adult.png",
+        "solid: Thm 3.4 bound; dashed: bound/sqrt(K); dotted: exact predicted RMSE;\n"
+        "vertical solid: m*; dash-dot: m minimizing the predicted error",
+    )
     for kind in SYNTHETIC:
         fig, ax = plt.subplots(figsize=(7, 4.8))
         curves(ax, sweeps["adult"], "o", "Adult", False)
         curves(ax, sweeps[kind], "s", kind, False)
         for eps in EPSILONS:
             pts = sorted((r for r in sweeps[kind] if r["epsilon"] == eps), key=lambda r: r["m"])
-            ax.plot([r["m"] for r in pts], [r["predicted_rmse"] for r in pts], ":", color=colors[eps], lw=1.2)
+            ax.plot(
+                [r["m"] for r in pts],
+                [r["predicted_rmse"] for r in pts],
+                ":",
+                color=colors[eps],
+                lw=1.2,
+            )
         n = FIG_FOR[kind]
-        finish(fig, ax, f"Fig. {n}: Adult (filled) vs {kind} (open), K={K}", f"fig{n}_{kind}.png",
-               f"dotted: exact predicted RMSE for {kind}; vertical: m*")
+        finish(
+            fig,
+            ax,
+            f"Fig. {n}: Adult (filled) vs {kind} (open), K={K}",
+            f"fig{n}_{kind}.png",
+            f"dotted: exact predicted RMSE for {kind}; vertical: m*",
+        )
     fig, ax = plt.subplots(figsize=(7, 4.8))
     styles = {"uniform": "s-", "linear": "^--", "peaky": "v:"}
     for eps in EPSILONS:
         for kind in SYNTHETIC:
-            pts = sorted((r for r in card_rows if r["dataset"] == kind and r["epsilon"] == eps), key=lambda r: r["K"])
-            ax.plot([r["K"] for r in pts], [r["mean_l2_error"] for r in pts], styles[kind], color=colors[eps],
-                    ms=4, mfc="none", lw=1, label=f"{kind} eps={eps:g}")
+            pts = sorted(
+                (r for r in card_rows if r["dataset"] == kind and r["epsilon"] == eps),
+                key=lambda r: r["K"],
+            )
+            ax.plot(
+                [r["K"] for r in pts],
+                [r["mean_l2_error"] for r in pts],
+                styles[kind],
+                color=colors[eps],
+                ms=4,
+                mfc="none",
+                lw=1,
+                label=f"{kind} eps={eps:g}",
+            )
         a = next(r for r in card_rows if r["dataset"] == "adult" and r["epsilon"] == eps)
-        ax.plot([a["K"]], [a["mean_l2_error"]], "*", color=colors[eps], ms=11, mec="k",
-                label=f"Adult eps={eps:g}")
+        ax.plot(
+            [a["K"]],
+            [a["mean_l2_error"]],
+            "*",
+            color=colors[eps],
+            ms=11,
+            mec="k",
+            label=f"Adult eps={eps:g}",
+        )
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("cardinality K")

@@ -30,7 +30,9 @@ def _int_list(text: str) -> list[int]:
     try:
         values = [int(x) for x in text.split(",") if x.strip()]
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from exc
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}"
+        ) from exc
     if not values:
         raise argparse.ArgumentTypeError(f"expected at least one integer, got {text!r}")
     return values
@@ -40,7 +42,9 @@ def _estimators(text: str) -> list[str]:
     names = [x.strip() for x in text.split(",") if x.strip()]
     bad = [x for x in names if x not in ESTIMATORS]
     if bad or not names:
-        raise argparse.ArgumentTypeError(f"estimators must be among {','.join(ESTIMATORS)}, got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"estimators must be among {','.join(ESTIMATORS)}, got {text!r}"
+        )
     return names
 
 
@@ -83,21 +87,50 @@ def register(sub: Any) -> None:
     src.add_argument("--counts", metavar="FILE.csv", help="count table CSV (last column 'count')")
     src.add_argument("--rows", metavar="ROWS.csv", help="raw rows CSV (needs --schema)")
     src.add_argument(
-        "--dataset", choices=("adult", "uniform", "linear", "peaky"), default=None,
+        "--dataset",
+        choices=("adult", "uniform", "linear", "peaky"),
+        default=None,
         help="bundled Adult table or a synthetic one (default: adult)",
     )
     p.add_argument("--schema", metavar="SCHEMA.json", help="schema JSON for --rows")
-    p.add_argument("--split", help="attributes per curator, e.g. education,marital:sex,salary "
-                   "(default: first half / second half of the columns)")
-    p.add_argument("--K", type=int, default=None, help="joint alphabet size of a synthetic dataset (default 24)")
-    p.add_argument("--n", type=int, default=None, help="records of a synthetic dataset (default 45222)")
-    p.add_argument("--epsilon", type=_float_list, required=True, help="privacy levels, comma separated")
-    p.add_argument("--m", type=_int_list, default=None, help="sample sizes, comma separated (default: m* per epsilon)")
-    p.add_argument("--trials", type=_positive_int, default=1000, help="trials per (epsilon, m) (default 1000)")
-    p.add_argument("--seed", type=int, default=None, help="numpy seed of the simulation (default: fresh)")
-    p.add_argument("--estimators", type=_estimators, default=list(ESTIMATORS),
-                   help="subset of raw,projected,mle (default: all)")
-    p.add_argument("--per-record", action="store_true", help="run the real per-record mechanism per trial")
+    p.add_argument(
+        "--split",
+        help="attributes per curator, e.g. education,marital:sex,salary "
+        "(default: first half / second half of the columns)",
+    )
+    p.add_argument(
+        "--K",
+        type=int,
+        default=None,
+        help="joint alphabet size of a synthetic dataset (default 24)",
+    )
+    p.add_argument(
+        "--n", type=int, default=None, help="records of a synthetic dataset (default 45222)"
+    )
+    p.add_argument(
+        "--epsilon", type=_float_list, required=True, help="privacy levels, comma separated"
+    )
+    p.add_argument(
+        "--m",
+        type=_int_list,
+        default=None,
+        help="sample sizes, comma separated (default: m* per epsilon)",
+    )
+    p.add_argument(
+        "--trials", type=_positive_int, default=1000, help="trials per (epsilon, m) (default 1000)"
+    )
+    p.add_argument(
+        "--seed", type=int, default=None, help="numpy seed of the simulation (default: fresh)"
+    )
+    p.add_argument(
+        "--estimators",
+        type=_estimators,
+        default=list(ESTIMATORS),
+        help="subset of raw,projected,mle (default: all)",
+    )
+    p.add_argument(
+        "--per-record", action="store_true", help="run the real per-record mechanism per trial"
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--plot", metavar="OUT.png", help="write a plot of error against m")
     p.set_defaults(func=run)
@@ -128,7 +161,9 @@ class _Progress:
         width = 30
         filled = int(width * done / total)
         bar = "#" * filled + "-" * (width - filled)
-        sys.stderr.write(f"\r[{bar}] {done}/{total} points  {time.perf_counter() - self.start:.1f}s")
+        sys.stderr.write(
+            f"\r[{bar}] {done}/{total} points  {time.perf_counter() - self.start:.1f}s"
+        )
         if done == total:
             sys.stderr.write("\n")
         sys.stderr.flush()
@@ -147,8 +182,14 @@ def simulate(args: argparse.Namespace, table: CountTable) -> list[SimulationPoin
     rng = np.random.default_rng(args.seed)
     long_run = len(points) * args.trials * (50 if args.per_record else 1) > 20_000
     return sweep(
-        table.counts, points, args.trials, rng, table.alphabet_sizes, args.estimators,
-        args.per_record, _Progress(long_run and sys.stderr.isatty()),
+        table.counts,
+        points,
+        args.trials,
+        rng,
+        table.alphabet_sizes,
+        args.estimators,
+        args.per_record,
+        _Progress(long_run and sys.stderr.isatty()),
     )
 
 
@@ -166,26 +207,51 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         plot(summaries, table, args.plot)
     if args.json:
-        print(json.dumps({
-            "dataset": table.name, "n": table.n, "K": table.joint_size,
-            "alphabet_sizes": list(table.alphabet_sizes), "curators": list(table.curator_names),
-            "sum_sq_shares": sum_sq, "per_record": bool(args.per_record), "seed": args.seed,
-            "results": summaries,
-        }, sort_keys=True))
+        print(
+            json.dumps(
+                {
+                    "dataset": table.name,
+                    "n": table.n,
+                    "K": table.joint_size,
+                    "alphabet_sizes": list(table.alphabet_sizes),
+                    "curators": list(table.curator_names),
+                    "sum_sq_shares": sum_sq,
+                    "per_record": bool(args.per_record),
+                    "seed": args.seed,
+                    "results": summaries,
+                },
+                sort_keys=True,
+            )
+        )
         return 0
-    print(f"{table.name}: n = {table.n}, K = {table.joint_size} "
-          f"({' x '.join(map(str, table.alphabet_sizes))}), {summaries[0]['trials']} trials"
-          + (", per-record mechanism" if args.per_record else ""))
-    cols = ["epsilon", "m", "gamma", "mean_l2_error", "mean_l2_error_projected", "mean_l2_error_mle",
-            "predicted_rmse", "bound", "bound_tight"]
+    print(
+        f"{table.name}: n = {table.n}, K = {table.joint_size} "
+        f"({' x '.join(map(str, table.alphabet_sizes))}), {summaries[0]['trials']} trials"
+        + (", per-record mechanism" if args.per_record else "")
+    )
+    cols = [
+        "epsilon",
+        "m",
+        "gamma",
+        "mean_l2_error",
+        "mean_l2_error_projected",
+        "mean_l2_error_mle",
+        "predicted_rmse",
+        "bound",
+        "bound_tight",
+    ]
     heads = ["eps", "m", "gamma", "raw (+-se)", "projected", "mle", "pred RMSE", "bound", "tight"]
     print("  ".join(f"{h:>16}" if i == 3 else f"{h:>10}" for i, h in enumerate(heads)))
     for s in summaries:
         cells = []
-        for i, c in enumerate(cols):
+        for _i, c in enumerate(cols):
             v = s[c]
             if c == "mean_l2_error":
-                cells.append(f"{v:.4f} +- {s['se_mean_l2_error']:.4f}".rjust(16) if v is not None else "-".rjust(16))
+                cells.append(
+                    f"{v:.4f} +- {s['se_mean_l2_error']:.4f}".rjust(16)
+                    if v is not None
+                    else "-".rjust(16)
+                )
             elif v is None:
                 cells.append("-".rjust(10))
             elif c == "m":
@@ -196,7 +262,10 @@ def run(args: argparse.Namespace) -> int:
     if "mean_l2_error_marginals" in summaries[0]:
         print("marginal l2 error (A^-1 on each curator's sub-alphabet):")
         for s in summaries:
-            parts = ", ".join(f"{name}: {v:.4f}" for name, v in zip(table.curator_names, s["mean_l2_error_marginals"]))
+            parts = ", ".join(
+                f"{name}: {v:.4f}"
+                for name, v in zip(table.curator_names, s["mean_l2_error_marginals"], strict=False)
+            )
             print(f"  eps {s['epsilon']:g}, m {s['m']}: {parts}")
     return 0
 

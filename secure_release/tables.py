@@ -60,7 +60,9 @@ def _parse_split(split: str | None, names: list[str]) -> list[list[str]]:
     return groups
 
 
-def read_counts_csv(path: str | Path, split: str | None = None, name: str | None = None) -> CountTable:
+def read_counts_csv(
+    path: str | Path, split: str | None = None, name: str | None = None
+) -> CountTable:
     """Read a count CSV (last column ``count``) into a joint count table."""
     try:
         with open(path, newline="", encoding="utf-8") as fh:
@@ -70,10 +72,14 @@ def read_counts_csv(path: str | Path, split: str | None = None, name: str | None
     except UnicodeDecodeError as exc:
         raise TableError(f"{path} is not UTF-8 text") from exc
     if not rows or len(rows[0]) < 2 or rows[0][-1].strip().lower() != "count":
-        raise TableError(f"{path}: the header's last column must be 'count' after >= 1 attribute column")
+        raise TableError(
+            f"{path}: the header's last column must be 'count' after >= 1 attribute column"
+        )
     header = [h.strip() for h in rows[0][:-1]]
     if len(set(header)) != len(header) or any(not h for h in header):
-        raise TableError(f"{path}: attribute column names must be distinct and non-empty, got {header}")
+        raise TableError(
+            f"{path}: attribute column names must be distinct and non-empty, got {header}"
+        )
     domains: list[dict[str, int]] = [{} for _ in header]
     cells: list[tuple[tuple[int, ...], int]] = []
     for lineno, row in enumerate(rows[1:], start=2):
@@ -87,7 +93,9 @@ def read_counts_csv(path: str | Path, split: str | None = None, name: str | None
             raise TableError(f"{path}:{lineno}: count {row[-1]!r} is not an integer") from exc
         if count < 0:
             raise TableError(f"{path}:{lineno}: count {count} is negative; counts must be >= 0")
-        idx = tuple(domains[j].setdefault(v.strip(), len(domains[j])) for j, v in enumerate(row[:-1]))
+        idx = tuple(
+            domains[j].setdefault(v.strip(), len(domains[j])) for j, v in enumerate(row[:-1])
+        )
         cells.append((idx, count))
     shape = tuple(len(d) for d in domains)
     if not cells:
@@ -100,7 +108,9 @@ def read_counts_csv(path: str | Path, split: str | None = None, name: str | None
     return _table_from_cube(name or Path(path).stem, cube, header, split)
 
 
-def _table_from_cube(name: str, cube: npt.NDArray[np.int64], attrs: list[str], split: str | None) -> CountTable:
+def _table_from_cube(
+    name: str, cube: npt.NDArray[np.int64], attrs: list[str], split: str | None
+) -> CountTable:
     groups = _parse_split(split, attrs)
     order = [attrs.index(a) for g in groups for a in g]
     joint = np.transpose(cube, order).reshape(-1)
@@ -118,7 +128,10 @@ def read_schema(path: str | Path) -> JointSchema:
             tuple(
                 CuratorSchema(
                     str(c["name"]),
-                    tuple(Attribute(str(a["name"]), tuple(str(x) for x in a["categories"])) for a in c["attributes"]),
+                    tuple(
+                        Attribute(str(a["name"]), tuple(str(x) for x in a["categories"]))
+                        for a in c["attributes"]
+                    ),
                 )
                 for c in spec["curators"]
             )
@@ -156,7 +169,9 @@ def read_rows(rows_path: str | Path, schema_path: str | Path) -> CountTable:
     counts = np.bincount(codes, minlength=schema.joint_size).astype(np.int64)
     if counts.size < 2:
         raise TableError("the schema has a single joint cell; need at least 2")
-    return CountTable(Path(rows_path).stem, counts, schema.alphabet_sizes, tuple(c.name for c in schema.curators))
+    return CountTable(
+        Path(rows_path).stem, counts, schema.alphabet_sizes, tuple(c.name for c in schema.curators)
+    )
 
 
 def adult() -> CountTable:
@@ -174,6 +189,8 @@ def dataset(name: str, joint_size: int | None = None, n: int | None = None) -> C
     """``adult`` or a synthetic kind; synthetic defaults K = 24, n = 45,222 (Adult's shape)."""
     if name == "adult":
         if joint_size not in (None, 24) or n not in (None, 45222):
-            raise TableError("the adult table has K = 24 and n = 45222; --K/--n apply to synthetic data")
+            raise TableError(
+                "the adult table has K = 24 and n = 45222; --K/--n apply to synthetic data"
+            )
         return adult()
     return synthetic(name, 24 if joint_size is None else joint_size, 45222 if n is None else n)
