@@ -33,12 +33,19 @@ Example (two terminals; the certificates come from 'secure-release pki init'):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m curator", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m curator",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    p = sub.add_parser("run", help="take part in one release and serve keys afterwards",
-                       description="Take part in one release as a curator, then serve keys.",
-                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "run",
+        help="take part in one release and serve keys afterwards",
+        description="Take part in one release as a curator, then serve keys.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--config", help="JSON file of settings (keys: flag names)")
     g = p.add_argument_group("data")
     g.add_argument("--data", help="CSV (or .parquet) file: an id column and the schema's attributes")
@@ -48,15 +55,23 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--release-id", help="release identifier, the same at every curator (e.g. r1)")
     r.add_argument("--epsilon", type=float, help="privacy level epsilon > 0 of this release")
     r.add_argument("--m", type=int, default=None, help="sample size (default: m*, Cor. 3.6)")
-    r.add_argument("--cipher", default="chacha20", choices=["otp", "chacha20"],
-                   help="pad kind: chacha20 (researcher gets a 32-byte key) or otp (gets the pad)")
+    r.add_argument(
+        "--cipher",
+        default="chacha20",
+        choices=["otp", "chacha20"],
+        help="pad kind: chacha20 (researcher gets a 32-byte key) or otp (gets the pad)",
+    )
     r.add_argument("--curators", help="all curators in joint-code order, comma separated (alice,bob)")
     r.add_argument("--alphabet-sizes", help="leader only: each curator's alphabet size, same order (6,4)")
     r.add_argument("--leader", action="store_true", help="this curator leads the agreement")
     r.add_argument("--leader-address", help="followers: HOST:PORT of the leading curator")
     r.add_argument("--researcher", default="researcher", help="researcher the server notifies")
-    r.add_argument("--grant", action="append", default=[],
-                   help="researcher certificate name allowed to fetch this curator's key (repeatable)")
+    r.add_argument(
+        "--grant",
+        action="append",
+        default=[],
+        help="researcher certificate name allowed to fetch this curator's key (repeatable)",
+    )
     r.add_argument("--budget", type=float, default=1.0, help="total epsilon budget per data set")
     r.add_argument("--keystore", help="directory of pads and the ledger (0600; default keystore-NAME)")
     r.add_argument("--alignment-key-hex", help="shared alignment key, 64 hex digits (prefer the file)")
@@ -69,12 +84,23 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--port-file", help="write the bound port here")
     n.add_argument("--insecure", action="store_true", help="plaintext gRPC (tests/demos only!)")
     n.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the other curators")
-    n.add_argument("--exit-after-keys", action="store_true",
-                   help="exit once every granted researcher fetched the key (default: serve until SIGTERM)")
+    n.add_argument(
+        "--exit-after-keys",
+        action="store_true",
+        help="exit once every granted researcher fetched the key (default: serve until SIGTERM)",
+    )
     t = p.add_argument_group("testing only (need SECURE_RELEASE_TESTING=1)")
     t.add_argument("--insecure-test-seed", help=argparse.SUPPRESS)
     t.add_argument("--insecure-test-pad-key", help=argparse.SUPPRESS)
     return parser
+
+
+def _subcommand(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            sub: argparse.ArgumentParser = action.choices[name]
+            return sub
+    raise KeyError(name)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -82,7 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
         if argv and argv[0] == "run":
-            apply_env_and_config(parser._subparsers._group_actions[0].choices["run"], argv[1:])  # type: ignore[union-attr]
+            apply_env_and_config(_subcommand(parser, "run"), argv[1:])
         args = parser.parse_args(argv)
         if args.command != "run":
             parser.print_help()
@@ -102,6 +128,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         import grpc
 
         if isinstance(exc, grpc.RpcError):
-            sys.stderr.write(f"curator: error: RPC failed: {exc.code()}: {exc.details()}\n")  # type: ignore[attr-defined]
+            sys.stderr.write(f"curator: error: RPC failed: {exc.code()}: {exc.details()}\n")
             return 3
         raise

@@ -18,8 +18,12 @@ from mechanism.errors import SecureReleaseError
 T = TypeVar("T")
 ENV_PREFIX = "SECURE_RELEASE_"
 TESTING_ENV = "SECURE_RELEASE_TESTING"
-RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
-             grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.ABORTED)
+RETRYABLE = (
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+    grpc.StatusCode.ABORTED,
+)
 
 
 class ConfigError(SecureReleaseError):
@@ -40,14 +44,25 @@ class JsonLog:
         for f in fields:
             if any(bad in f.lower() for bad in self._FORBIDDEN) and not f.endswith("_fingerprint"):
                 raise AssertionError(f"log field {f!r} looks secret; log a fingerprint instead")
-        record = {"ts": round(time.time(), 3), "component": self.component, "party": self.name,
-                  "event": event, **fields}
+        record = {
+            "ts": round(time.time(), 3),
+            "component": self.component,
+            "party": self.name,
+            "event": event,
+            **fields,
+        }
         self.stream.write(json.dumps(record, default=str) + "\n")
         self.stream.flush()
 
 
-def with_retries(fn: Callable[[], T], what: str, log: JsonLog | None = None, attempts: int = 8,
-                 first_delay: float = 0.2, max_delay: float = 5.0) -> T:
+def with_retries(
+    fn: Callable[[], T],
+    what: str,
+    log: JsonLog | None = None,
+    attempts: int = 8,
+    first_delay: float = 0.2,
+    max_delay: float = 5.0,
+) -> T:
     """Call ``fn`` retrying transient gRPC failures with exponential backoff."""
     delay = first_delay
     for attempt in range(1, attempts + 1):
@@ -109,7 +124,7 @@ def apply_env_and_config(parser: argparse.ArgumentParser, argv: list[str] | None
             value = value if isinstance(value, bool) else str(value).lower() in ("1", "true", "yes")
         elif isinstance(action, argparse._AppendAction):
             value = value if isinstance(value, list) else [v for v in str(value).split(",") if v]
-        elif action.type is not None and isinstance(value, str):
+        elif callable(action.type) and isinstance(value, str):
             value = action.type(value)
         defaults[dest] = value
     parser.set_defaults(**defaults)

@@ -7,6 +7,7 @@ refused by :meth:`Keystore.check_release` before anything leaves the curator.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
@@ -39,10 +40,8 @@ def atomic_write(path: Path, data: bytes, mode: int = 0o600) -> None:
             os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-        except FileNotFoundError:
-            pass
         raise
     dfd = os.open(path.parent, os.O_RDONLY)
     try:
@@ -111,8 +110,12 @@ class Keystore:
         record = json.loads(path.read_text())
         mode = CipherMode(record["mode"])
         if mode is CipherMode.CHACHA20:
-            pad = ReleasePad(mode, record["alphabet_size"], record["length"],
-                             key=PadKey(bytes.fromhex(record["chacha20_key"])))
+            pad = ReleasePad(
+                mode,
+                record["alphabet_size"],
+                record["length"],
+                key=PadKey(bytes.fromhex(record["chacha20_key"])),
+            )
         else:
             syms = np.frombuffer(bytes.fromhex(record["otp_pad"]), dtype="<u4").astype(np.uint32)
             pad = ReleasePad(mode, record["alphabet_size"], record["length"], pad_symbols=syms)

@@ -19,11 +19,25 @@ from pathlib import Path
 
 import grpc
 
-from curator.common import ConfigError, JsonLog, split_address, testing_enabled, with_retries, write_port_file
+from curator.common import (
+    ConfigError,
+    JsonLog,
+    split_address,
+    testing_enabled,
+    with_retries,
+    write_port_file,
+)
 from curator.keystore import Keystore
-from curator.service import CIPHER_OF_PB, PB_CIPHER, CuratorService, LeaderState, tag_chunks, tags_from_bytes
+from curator.service import (
+    CIPHER_OF_PB,
+    PB_CIPHER,
+    CuratorService,
+    LeaderState,
+    tag_chunks,
+    tags_from_bytes,
+)
 from curator.table import load_schema, read_table
-from mechanism.alignment import align
+from mechanism.alignment import TagArray, align
 from mechanism.errors import SecureReleaseError, ShapeMismatchError
 from mechanism.keys import AlignmentKey, PadKey, Seed
 from mechanism.ledger import PrivacyLedger
@@ -92,8 +106,16 @@ def run(args: argparse.Namespace) -> int:
     if args.leader:
         sizes = _sizes(args, curators, own_size)
         seed = Seed.from_hex(args.insecure_test_seed) if args.insecure_test_seed else None
-        leader_state = LeaderState(args.release_id, tuple(curators), sizes, args.epsilon, args.m, cipher,
-                                   args.researcher, seed=seed)
+        leader_state = LeaderState(
+            args.release_id,
+            tuple(curators),
+            sizes,
+            args.epsilon,
+            args.m,
+            cipher,
+            args.researcher,
+            seed=seed,
+        )
         service.lead(leader_state)
     server = make_grpc_server()
     pb_grpc.add_CuratorServicer_to_server(service, server)
@@ -117,8 +139,12 @@ def run(args: argparse.Namespace) -> int:
             params, seed, common = _follow(args, tags, log)
         _check_params(params, args, curators, own_size, cipher)
         alignment = align(tags, common)
-        log("aligned", matched=alignment.num_matched, unmatched=alignment.num_unmatched,
-            rows=alignment.num_rows)
+        log(
+            "aligned",
+            matched=alignment.num_matched,
+            unmatched=alignment.num_unmatched,
+            rows=alignment.num_rows,
+        )
         n, m = int(params.n), int(params.m)
         keystore.check_release(dataset, args.release_id, args.epsilon, seed.fingerprint)
         positions = sample_positions(seed, n, m, args.release_id)
@@ -127,8 +153,13 @@ def run(args: argparse.Namespace) -> int:
         ciphertext, pad = curator_encrypt(aligned, positions, own_size, cipher, injected)
         keystore.save_pad(args.release_id, pad, {"dataset": dataset})
         keystore.charge_release(dataset, args.release_id, args.epsilon, seed.fingerprint)
-        log("ledger_charged", dataset=dataset, epsilon=args.epsilon,
-            remaining=keystore.load_ledger().remaining(dataset), seed_fingerprint=seed.fingerprint)
+        log(
+            "ledger_charged",
+            dataset=dataset,
+            epsilon=args.epsilon,
+            remaining=keystore.load_ledger().remaining(dataset),
+            seed_fingerprint=seed.fingerprint,
+        )
         service.add_release(args.release_id, pad, [g for g in args.grant if g])
         _upload(args, params, ciphertext, own_size, log)
         if args.exit_after_keys:
@@ -156,27 +187,32 @@ def _sizes(args: argparse.Namespace, curators: list[str], own_size: int) -> tupl
     if len(sizes) != len(curators):
         raise ConfigError(f"--alphabet-sizes has {len(sizes)} entries for {len(curators)} curators")
     if sizes[curators.index(args.name)] != own_size:
-        raise ConfigError(f"--alphabet-sizes gives {args.name} size {sizes[curators.index(args.name)]}, "
-                          f"its schema has {own_size}")
+        raise ConfigError(
+            f"--alphabet-sizes gives {args.name} size {sizes[curators.index(args.name)]}, its schema has {own_size}"
+        )
     return sizes
 
 
-def _follow(args: argparse.Namespace, tags: object, log: JsonLog) -> tuple[pb.ReleaseParams, Seed, object]:
+def _follow(args: argparse.Namespace, tags: TagArray, log: JsonLog) -> tuple[pb.ReleaseParams, Seed, TagArray]:
     if not args.leader_address:
         raise ConfigError("a curator that does not lead needs --leader-address HOST:PORT")
     channel = secure_channel(args.leader_address, args.certs, args.name, args.insecure)
     stub = pb_grpc.CuratorStub(channel)
     resp = with_retries(
-        lambda: stub.SubmitTags(tag_chunks(args.release_id, args.name, tags), timeout=60),  # type: ignore[arg-type]
-        "submit_tags", log, attempts=12)
+        lambda: stub.SubmitTags(tag_chunks(args.release_id, args.name, tags), timeout=60),
+        "submit_tags",
+        log,
+        attempts=12,
+    )
     log("tags_submitted", leader=args.leader_address, tags=int(resp.tags_received))
 
-    def get() -> tuple[pb.ReleaseParams, Seed, object]:
+    def get() -> tuple[pb.ReleaseParams, Seed, TagArray]:
         params: pb.ReleaseParams | None = None
         seed: Seed | None = None
         parts: list[bytes] = []
-        for chunk in stub.GetAgreement(pb.AgreementRequest(release_id=args.release_id, curator=args.name),
-                                       timeout=args.timeout):
+        for chunk in stub.GetAgreement(
+            pb.AgreementRequest(release_id=args.release_id, curator=args.name), timeout=args.timeout
+        ):
             if chunk.sequence == 0:
                 params, seed = chunk.params, Seed(chunk.sampling_seed)
             parts.append(chunk.common_tags)
@@ -189,8 +225,13 @@ def _follow(args: argparse.Namespace, tags: object, log: JsonLog) -> tuple[pb.Re
     return out
 
 
-def _check_params(params: pb.ReleaseParams, args: argparse.Namespace, curators: list[str],
-                  own_size: int, cipher: CipherMode) -> None:
+def _check_params(
+    params: pb.ReleaseParams,
+    args: argparse.Namespace,
+    curators: list[str],
+    own_size: int,
+    cipher: CipherMode,
+) -> None:
     problems = []
     if params.release_id != args.release_id:
         problems.append(f"release id {params.release_id!r}")
@@ -208,12 +249,15 @@ def _check_params(params: pb.ReleaseParams, args: argparse.Namespace, curators: 
         raise AgreementError("the leader's release spec differs from ours: " + ", ".join(problems))
 
 
-def _upload(args: argparse.Namespace, params: pb.ReleaseParams, ciphertext: object, k: int,
-            log: JsonLog) -> None:
+def _upload(args: argparse.Namespace, params: pb.ReleaseParams, ciphertext: object, k: int, log: JsonLog) -> None:
     channel = secure_channel(args.server, args.certs, args.name, args.insecure)
     stub = pb_grpc.ReleaseServerStub(channel)
-    with_retries(lambda: stub.RegisterPart(pb.RegisterPartRequest(params=params, curator=args.name), timeout=30),
-                 "register", log, attempts=12)
+    with_retries(
+        lambda: stub.RegisterPart(pb.RegisterPartRequest(params=params, curator=args.name), timeout=30),
+        "register",
+        log,
+        attempts=12,
+    )
     log("registered", release_id=args.release_id, n=int(params.n), m=int(params.m))
     m = int(params.m)
     chunks = [pack_symbols(ciphertext[i : i + CHUNK_ROWS], k) for i in range(0, m, CHUNK_ROWS)]  # type: ignore[index]
@@ -223,8 +267,13 @@ def _upload(args: argparse.Namespace, params: pb.ReleaseParams, ciphertext: obje
         for seq, data in enumerate(chunks):
             _progress(seq + 1, len(chunks), f"{args.name} upload")
             yield pb.UploadChunk(release_id=args.release_id, curator=args.name, sequence=seq, symbols=data)
-        yield pb.UploadChunk(release_id=args.release_id, curator=args.name, commit=True, digest=digest,
-                             num_chunks=len(chunks))
+        yield pb.UploadChunk(
+            release_id=args.release_id,
+            curator=args.name,
+            commit=True,
+            digest=digest,
+            num_chunks=len(chunks),
+        )
 
     resp = with_retries(lambda: stub.UploadCiphertext(messages(), timeout=120), "upload", log, attempts=8)
     if not resp.committed:

@@ -44,12 +44,19 @@ def schema_pb(schema: CuratorSchema) -> pb.CuratorSchema:
     )
 
 
-def params_pb(release_id: str, plan: ReleasePlan, curators: Sequence[str], cipher: CipherMode,
-              researcher: str) -> pb.ReleaseParams:
+def params_pb(
+    release_id: str, plan: ReleasePlan, curators: Sequence[str], cipher: CipherMode, researcher: str
+) -> pb.ReleaseParams:
     return pb.ReleaseParams(
-        release_id=release_id, n=plan.n, m=plan.m, epsilon=plan.epsilon, gamma=plan.gamma,
-        curators=list(curators), alphabet_sizes=list(plan.alphabet_sizes),
-        cipher=PB_CIPHER[cipher], researcher=researcher,
+        release_id=release_id,
+        n=plan.n,
+        m=plan.m,
+        epsilon=plan.epsilon,
+        gamma=plan.gamma,
+        curators=list(curators),
+        alphabet_sizes=list(plan.alphabet_sizes),
+        cipher=PB_CIPHER[cipher],
+        researcher=researcher,
     )
 
 
@@ -58,8 +65,13 @@ def tag_chunks(release_id: str, curator: str, tags: TagArray) -> Iterator[pb.Tag
     step = TAGS_PER_CHUNK * TAG_BYTES
     pieces = [raw[i : i + step] for i in range(0, len(raw), step)] or [b""]
     for seq, piece in enumerate(pieces):
-        yield pb.TagChunk(release_id=release_id, curator=curator, sequence=seq, tags=piece,
-                          last=seq == len(pieces) - 1)
+        yield pb.TagChunk(
+            release_id=release_id,
+            curator=curator,
+            sequence=seq,
+            tags=piece,
+            last=seq == len(pieces) - 1,
+        )
 
 
 def tags_from_bytes(raw: bytes) -> TagArray:
@@ -73,13 +85,13 @@ class LeaderState:
     """What the leading curator collects for one release."""
 
     release_id: str
-    curators: tuple[str, ...]            # joint-code order, leader included
+    curators: tuple[str, ...]  # joint-code order, leader included
     alphabet_sizes: tuple[int, ...]
     epsilon: float
     m: int | None
     cipher: CipherMode
     researcher: str
-    seed: Seed | None = None              # injected for tests; else fresh per release
+    seed: Seed | None = None  # injected for tests; else fresh per release
     tags: dict[str, TagArray] = field(default_factory=dict)
     params: pb.ReleaseParams | None = None
     common: TagArray | None = None
@@ -135,23 +147,32 @@ class CuratorService(pb_grpc.CuratorServicer):
     def lead(self, state: LeaderState) -> None:
         self.leading[state.release_id] = state
 
-    def SubmitTags(self, request_iterator: Iterator[pb.TagChunk], context: grpc.ServicerContext) -> pb.SubmitTagsResponse:
+    def SubmitTags(  # noqa: N802
+        self, request_iterator: Iterator[pb.TagChunk], context: grpc.ServicerContext
+    ) -> pb.SubmitTagsResponse:
         ident = require_role(context, "curator")
         buf: list[bytes] = []
         release_id = ""
-        expected_seq = 0
-        for chunk in request_iterator:
+        for expected_seq, chunk in enumerate(request_iterator):
             if chunk.curator != ident.name:
-                self.log("tags_refused", release_id=chunk.release_id, caller=str(ident), reason="name mismatch")
-                context.abort(grpc.StatusCode.PERMISSION_DENIED,
-                              f"certificate name {ident.name!r} may not submit tags as {chunk.curator!r}")
+                self.log(
+                    "tags_refused",
+                    release_id=chunk.release_id,
+                    caller=str(ident),
+                    reason="name mismatch",
+                )
+                context.abort(
+                    grpc.StatusCode.PERMISSION_DENIED,
+                    f"certificate name {ident.name!r} may not submit tags as {chunk.curator!r}",
+                )
             if release_id and chunk.release_id != release_id:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, "one release per tag stream")
             if chunk.sequence != expected_seq:
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                              f"tag chunk {chunk.sequence} out of order (expected {expected_seq})")
+                context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"tag chunk {chunk.sequence} out of order (expected {expected_seq})",
+                )
             release_id = chunk.release_id
-            expected_seq += 1
             buf.append(chunk.tags)
             if chunk.last:
                 break
@@ -159,8 +180,10 @@ class CuratorService(pb_grpc.CuratorServicer):
         if state is None:
             context.abort(grpc.StatusCode.NOT_FOUND, f"this curator does not lead release {release_id!r}")
         if ident.name not in state.curators or ident.name == self.name:
-            context.abort(grpc.StatusCode.PERMISSION_DENIED,
-                          f"{ident.name!r} is not a curator of release {release_id!r}")
+            context.abort(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"{ident.name!r} is not a curator of release {release_id!r}",
+            )
         try:
             tags = tags_from_bytes(b"".join(buf))
             state.add_tags(ident.name, tags)
@@ -169,17 +192,26 @@ class CuratorService(pb_grpc.CuratorServicer):
         self.log("tags_received", release_id=release_id, curator=ident.name, tags=int(tags.size))
         return pb.SubmitTagsResponse(release_id=release_id, tags_received=int(tags.size))
 
-    def GetAgreement(self, request: pb.AgreementRequest, context: grpc.ServicerContext) -> Iterator[pb.AgreementChunk]:
+    def GetAgreement(  # noqa: N802
+        self, request: pb.AgreementRequest, context: grpc.ServicerContext
+    ) -> Iterator[pb.AgreementChunk]:
         ident = require_role(context, "curator")
         if request.curator != ident.name:
-            context.abort(grpc.StatusCode.PERMISSION_DENIED,
-                          f"certificate name {ident.name!r} may not ask as {request.curator!r}")
+            context.abort(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"certificate name {ident.name!r} may not ask as {request.curator!r}",
+            )
         state = self.leading.get(request.release_id)
         if state is None:
-            context.abort(grpc.StatusCode.NOT_FOUND, f"this curator does not lead release {request.release_id!r}")
+            context.abort(
+                grpc.StatusCode.NOT_FOUND,
+                f"this curator does not lead release {request.release_id!r}",
+            )
         if ident.name not in state.curators:
-            context.abort(grpc.StatusCode.PERMISSION_DENIED,
-                          f"{ident.name!r} is not a curator of release {request.release_id!r}")
+            context.abort(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"{ident.name!r} is not a curator of release {request.release_id!r}",
+            )
         remaining = context.time_remaining()
         timeout = min(remaining, 600.0) if remaining is not None else 600.0
         with state.cond:
@@ -192,8 +224,12 @@ class CuratorService(pb_grpc.CuratorServicer):
         raw = state.common.tobytes()
         step = TAGS_PER_CHUNK * TAG_BYTES
         pieces = [raw[i : i + step] for i in range(0, len(raw), step)] or [b""]
-        self.log("agreement_served", release_id=request.release_id, curator=ident.name,
-                 common=int(state.common.size))
+        self.log(
+            "agreement_served",
+            release_id=request.release_id,
+            curator=ident.name,
+            common=int(state.common.size),
+        )
         for seq, piece in enumerate(pieces):
             chunk = pb.AgreementChunk(sequence=seq, common_tags=piece, last=seq == len(pieces) - 1)
             if seq == 0:
@@ -218,21 +254,43 @@ class CuratorService(pb_grpc.CuratorServicer):
                     return False
                 self.keys_served.wait(left if left is not None else 1.0)
 
-    def ReleaseKey(self, request: pb.KeyRequest, context: grpc.ServicerContext) -> Iterator[pb.KeyChunk]:
+    def ReleaseKey(  # noqa: N802
+        self, request: pb.KeyRequest, context: grpc.ServicerContext
+    ) -> Iterator[pb.KeyChunk]:
         ident = require_role(context, "researcher")
         rec = self.keys.get(request.release_id)
         if rec is None:
-            self.log("key_refused", release_id=request.release_id, caller=str(ident), reason="unknown release")
-            context.abort(grpc.StatusCode.NOT_FOUND, f"no key for release {request.release_id!r} at {self.name}")
+            self.log(
+                "key_refused",
+                release_id=request.release_id,
+                caller=str(ident),
+                reason="unknown release",
+            )
+            context.abort(
+                grpc.StatusCode.NOT_FOUND,
+                f"no key for release {request.release_id!r} at {self.name}",
+            )
         if ident.name not in rec.grants:
             self.log("key_refused", release_id=request.release_id, caller=str(ident), reason="no grant")
-            context.abort(grpc.StatusCode.PERMISSION_DENIED,
-                          f"curator {self.name} has not granted {ident.name!r} access to release "
-                          f"{request.release_id!r}")
-        self.log("key_granted", release_id=request.release_id, caller=str(ident), cipher=rec.pad.mode.value)
+            context.abort(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"curator {self.name} has not granted {ident.name!r} access to release {request.release_id!r}",
+            )
+        self.log(
+            "key_granted",
+            release_id=request.release_id,
+            caller=str(ident),
+            cipher=rec.pad.mode.value,
+        )
         pad = rec.pad
-        head = pb.KeyChunk(release_id=request.release_id, curator=self.name, cipher=PB_CIPHER[pad.mode],
-                           alphabet_size=pad.alphabet_size, m=pad.length, sequence=0)
+        head = pb.KeyChunk(
+            release_id=request.release_id,
+            curator=self.name,
+            cipher=PB_CIPHER[pad.mode],
+            alphabet_size=pad.alphabet_size,
+            m=pad.length,
+            sequence=0,
+        )
         head.schema.CopyFrom(schema_pb(self.schema))
         if pad.mode is CipherMode.CHACHA20:
             assert pad.key is not None
@@ -242,10 +300,13 @@ class CuratorService(pb_grpc.CuratorServicer):
         else:
             count = max(1, -(-pad.length // CHUNK_ROWS))
             for seq in range(count):
-                chunk = head if seq == 0 else pb.KeyChunk(release_id=request.release_id,
-                                                          curator=self.name, sequence=seq)
-                chunk.otp_pad = pack_symbols(pad.pad(seq * CHUNK_ROWS, min(CHUNK_ROWS, pad.length - seq * CHUNK_ROWS)),
-                                             pad.alphabet_size)
+                chunk = (
+                    head if seq == 0 else pb.KeyChunk(release_id=request.release_id, curator=self.name, sequence=seq)
+                )
+                chunk.otp_pad = pack_symbols(
+                    pad.pad(seq * CHUNK_ROWS, min(CHUNK_ROWS, pad.length - seq * CHUNK_ROWS)),
+                    pad.alphabet_size,
+                )
                 chunk.last = seq == count - 1
                 yield chunk
         with self.keys_served:

@@ -46,14 +46,12 @@ def load_schema(path: str | Path) -> TableSpec:
     try:
         data: Any = json.loads(Path(path).read_text(encoding="utf-8"))
         name = str(data["curator"])
-        attrs = tuple(
-            Attribute(str(a["name"]), tuple(str(c) for c in a["categories"]))
-            for a in data["attributes"]
-        )
+        attrs = tuple(Attribute(str(a["name"]), tuple(str(c) for c in a["categories"])) for a in data["attributes"])
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise SchemaFileError(
             f"{path}: cannot read schema ({type(exc).__name__}: {exc}); expected "
-            '{"curator": NAME, "id_column": "id", "attributes": [{"name": ..., "categories": [...]}]}'
+            '{"curator": NAME, "id_column": "id", '
+            '"attributes": [{"name": ..., "categories": [...]}]}'
         ) from exc
     return TableSpec(CuratorSchema(name, attrs), str(data.get("id_column", "id")))
 
@@ -62,9 +60,7 @@ def schema_to_dict(spec: TableSpec) -> dict[str, Any]:
     return {
         "curator": spec.schema.name,
         "id_column": spec.id_column,
-        "attributes": [
-            {"name": a.name, "categories": list(a.categories)} for a in spec.schema.attributes
-        ],
+        "attributes": [{"name": a.name, "categories": list(a.categories)} for a in spec.schema.attributes],
     }
 
 
@@ -78,10 +74,7 @@ def _read_rows(path: Path) -> tuple[list[str], list[tuple[int, list[str]]]]:
         table = pq.read_table(path)
         header = list(table.column_names)
         cols = [table.column(c).to_pylist() for c in header]
-        rows = [
-            (i + 2, ["" if v is None else str(v) for v in vals])
-            for i, vals in enumerate(zip(*cols, strict=True))
-        ]
+        rows = [(i + 2, ["" if v is None else str(v) for v in vals]) for i, vals in enumerate(zip(*cols, strict=True))]
         return header, rows
     with path.open(newline="", encoding="utf-8") as fh:
         reader = csv.reader(fh)

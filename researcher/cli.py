@@ -21,16 +21,24 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from curator.common import ConfigError, JsonLog, apply_env_and_config, require, split_address, write_port_file
+from curator.common import (
+    ConfigError,
+    JsonLog,
+    apply_env_and_config,
+    require,
+    split_address,
+    write_port_file,
+)
 from mechanism.errors import SecureReleaseError
 
-EXAMPLE = """\
-Examples:
-  python -m researcher serve --listen 127.0.0.1:7200 --certs certs --name researcher \\
-      --server 127.0.0.1:7000 --curator alice=127.0.0.1:7101 --curator bob=127.0.0.1:7102 --out results
-  python -m researcher fetch --release-id r1 --certs certs --name researcher \\
-      --server 127.0.0.1:7000 --curator alice=127.0.0.1:7101 --curator bob=127.0.0.1:7102 --out results
-"""
+_CURATORS = "--curator alice=127.0.0.1:7101 --curator bob=127.0.0.1:7102"
+EXAMPLE = (
+    "Examples:\n"
+    "  python -m researcher serve --listen 127.0.0.1:7200 --certs certs --name researcher \\\n"
+    f"      --server 127.0.0.1:7000 {_CURATORS} --out results\n"
+    "  python -m researcher fetch --release-id r1 --certs certs --name researcher \\\n"
+    f"      --server 127.0.0.1:7000 {_CURATORS} --out results\n"
+)
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -38,24 +46,40 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--certs", help="directory with ca.pem, NAME.pem, NAME.key")
     p.add_argument("--name", default="researcher", help="this researcher's certificate name")
     p.add_argument("--server", help="HOST:PORT of the release server")
-    p.add_argument("--curator", action="append", default=[],
-                   help="NAME=HOST:PORT of a curator's key service (repeat per curator)")
+    p.add_argument(
+        "--curator",
+        action="append",
+        default=[],
+        help="NAME=HOST:PORT of a curator's key service (repeat per curator)",
+    )
     p.add_argument("--out", default="results", help="directory for <release>.json/.csv/.png")
     p.add_argument("--insecure", action="store_true", help="plaintext gRPC (tests/demos only!)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for a release")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m researcher", description=__doc__, epilog=EXAMPLE,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m researcher",
+        description=__doc__,
+        epilog=EXAMPLE,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    s = sub.add_parser("serve", help="run the Researcher service", epilog=EXAMPLE,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    s = sub.add_parser(
+        "serve",
+        help="run the Researcher service",
+        epilog=EXAMPLE,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     _common(s)
     s.add_argument("--listen", default="127.0.0.1:0", help="where the Researcher service listens")
     s.add_argument("--port-file", help="write the bound port here")
-    f = sub.add_parser("fetch", help="estimate one release and print it", epilog=EXAMPLE,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    f = sub.add_parser(
+        "fetch",
+        help="estimate one release and print it",
+        epilog=EXAMPLE,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     _common(f)
     f.add_argument("--release-id", help="the release to estimate")
     return parser
@@ -72,12 +96,20 @@ def _curators(items: Sequence[str]) -> dict[str, str]:
     return out
 
 
+def _subcommand(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            sub: argparse.ArgumentParser = action.choices[name]
+            return sub
+    raise KeyError(name)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     try:
         if argv and argv[0] in ("serve", "fetch"):
-            apply_env_and_config(parser._subparsers._group_actions[0].choices[argv[0]], argv[1:])  # type: ignore[union-attr]
+            apply_env_and_config(_subcommand(parser, argv[0]), argv[1:])
         args = parser.parse_args(argv)
         if args.command not in ("serve", "fetch"):
             parser.print_help()
@@ -125,7 +157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         import grpc
 
         if isinstance(exc, grpc.RpcError):
-            sys.stderr.write(f"researcher: error: RPC failed: {exc.code()}: {exc.details()}\n")  # type: ignore[attr-defined]
+            sys.stderr.write(f"researcher: error: RPC failed: {exc.code()}: {exc.details()}\n")
             return 3
         raise
 

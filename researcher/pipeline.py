@@ -64,7 +64,7 @@ def wait_perturbed(conn: Connection, release_id: str, timeout: float, log: JsonL
                 if status.state == pb.RELEASE_STATE_PERTURBED:
                     return status
             except grpc.RpcError as exc:
-                if exc.code() not in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNAVAILABLE):  # type: ignore[attr-defined]
+                if exc.code() not in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNAVAILABLE):
                     raise
             if time.monotonic() > deadline:
                 raise FetchError(f"release {release_id!r} not perturbed after {timeout:.0f}s")
@@ -81,7 +81,8 @@ def fetch_perturbed(conn: Connection, status: pb.ReleaseStatus, log: JsonLog) ->
         digest = b""
         with conn.channel(conn.server) as ch:
             for chunk in pb_grpc.ReleaseServerStub(ch).FetchPerturbed(
-                    pb.FetchRequest(release_id=params.release_id), timeout=300):
+                pb.FetchRequest(release_id=params.release_id), timeout=300
+            ):
                 if len(chunk.columns) != len(sizes):
                     raise FetchError(f"chunk {chunk.sequence} has {len(chunk.columns)} columns")
                 for j, col in enumerate(chunk.columns):
@@ -118,7 +119,12 @@ class KeyResult:
 def fetch_key(conn: Connection, curator: str, params: pb.ReleaseParams, log: JsonLog) -> KeyResult:
     address = conn.curators.get(curator)
     if address is None:
-        return KeyResult(curator, None, None, f"no address for curator {curator!r} (--curator {curator}=HOST:PORT)")
+        return KeyResult(
+            curator,
+            None,
+            None,
+            f"no address for curator {curator!r} (--curator {curator}=HOST:PORT)",
+        )
 
     def once() -> KeyResult:
         head: pb.KeyChunk | None = None
@@ -138,8 +144,10 @@ def fetch_key(conn: Connection, curator: str, params: pb.ReleaseParams, log: Jso
             pad = ReleasePad(mode, k, m, key=PadKey(head.chacha20_key))
         else:
             pad = ReleasePad(mode, k, m, pad_symbols=unpack_symbols(b"".join(otp), k))
-        schema = CuratorSchema(head.schema.curator or curator, tuple(
-            Attribute(a.name, tuple(a.categories)) for a in head.schema.attributes))
+        schema = CuratorSchema(
+            head.schema.curator or curator,
+            tuple(Attribute(a.name, tuple(a.categories)) for a in head.schema.attributes),
+        )
         if schema.alphabet_size != k:
             raise FetchError(f"{curator}'s schema has {schema.alphabet_size} symbols, not {k}")
         return KeyResult(curator, pad, schema, None)
@@ -147,23 +155,33 @@ def fetch_key(conn: Connection, curator: str, params: pb.ReleaseParams, log: Jso
     try:
         res = with_retries(once, f"key_{curator}", log, attempts=5)
     except grpc.RpcError as exc:
-        code = exc.code()  # type: ignore[attr-defined]
-        if code in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.NOT_FOUND,
-                    grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNAUTHENTICATED):
+        code = exc.code()
+        if code in (
+            grpc.StatusCode.PERMISSION_DENIED,
+            grpc.StatusCode.NOT_FOUND,
+            grpc.StatusCode.UNAVAILABLE,
+            grpc.StatusCode.UNAUTHENTICATED,
+        ):
             log("key_refused", curator=curator, code=str(code))
-            return KeyResult(curator, None, None, f"{code.name}: {exc.details()}")  # type: ignore[attr-defined]
+            return KeyResult(curator, None, None, f"{code.name}: {exc.details()}")
         raise
     log("key_received", curator=curator)
     return res
 
 
 def plan_of(params: pb.ReleaseParams) -> ReleasePlan:
-    return ReleasePlan(int(params.n), int(params.m), tuple(int(k) for k in params.alphabet_sizes),
-                       float(params.epsilon), float(params.gamma))
+    return ReleasePlan(
+        int(params.n),
+        int(params.m),
+        tuple(int(k) for k in params.alphabet_sizes),
+        float(params.epsilon),
+        float(params.gamma),
+    )
 
 
-def estimate_release(perturbed: Sequence[SymbolArray], params: pb.ReleaseParams,
-                     keys: Sequence[KeyResult]) -> tuple[ReleaseEstimate, list[int]]:
+def estimate_release(
+    perturbed: Sequence[SymbolArray], params: pb.ReleaseParams, keys: Sequence[KeyResult]
+) -> tuple[ReleaseEstimate, list[int]]:
     subset = [j for j, k in enumerate(keys) if k.pad is not None]
     if not subset:
         raise NoKeysError("no curator granted its key; nothing can be estimated")
@@ -172,8 +190,13 @@ def estimate_release(perturbed: Sequence[SymbolArray], params: pb.ReleaseParams,
     return researcher_estimate(decrypted, plan_of(params), subset), subset
 
 
-def result_dict(release_id: str, params: pb.ReleaseParams, est: ReleaseEstimate, subset: Sequence[int],
-                keys: Sequence[KeyResult]) -> dict[str, Any]:
+def result_dict(
+    release_id: str,
+    params: pb.ReleaseParams,
+    est: ReleaseEstimate,
+    subset: Sequence[int],
+    keys: Sequence[KeyResult],
+) -> dict[str, Any]:
     schemas = [keys[j].schema for j in subset]
     names = [a.name for s in schemas for a in s.attributes]  # type: ignore[union-attr]
     per = [s.labels() for s in schemas]  # type: ignore[union-attr]
@@ -182,11 +205,18 @@ def result_dict(release_id: str, params: pb.ReleaseParams, est: ReleaseEstimate,
     cells = []
     for c in range(int(np.prod(radices))):
         labels = [lab for j in range(len(radices)) for lab in per[j][int(grid[j, c])]]
-        cells.append({
-            "labels": labels, "estimate": float(est.raw[c]), "projected": float(est.projected[c]),
-            "mle": float(est.mle[c]), "standard_error": float(est.standard_errors[c]),
-            "ci_low": float(est.ci_low[c]), "ci_high": float(est.ci_high[c]), "observed": int(est.counts[c]),
-        })
+        cells.append(
+            {
+                "labels": labels,
+                "estimate": float(est.raw[c]),
+                "projected": float(est.projected[c]),
+                "mle": float(est.mle[c]),
+                "standard_error": float(est.standard_errors[c]),
+                "ci_low": float(est.ci_low[c]),
+                "ci_high": float(est.ci_high[c]),
+                "observed": int(est.counts[c]),
+            }
+        )
     report = plan_of(params).report()
     curators = list(params.curators)
     refused = {k.curator: k.refusal for k in keys if k.refusal}
@@ -194,9 +224,12 @@ def result_dict(release_id: str, params: pb.ReleaseParams, est: ReleaseEstimate,
     return {
         "release_id": release_id,
         "marginal": marginal,
-        "note": ("MARGINAL ONLY: curators " + ", ".join(sorted(refused)) + " did not grant their keys; "
-                 "the cells cover only " + ", ".join(curators[j] for j in subset)) if marginal else
-                "joint estimate over every curator",
+        "note": (
+            "MARGINAL ONLY: curators " + ", ".join(sorted(refused)) + " did not grant their keys; "
+            "the cells cover only " + ", ".join(curators[j] for j in subset)
+        )
+        if marginal
+        else "joint estimate over every curator",
         "refused": refused,
         "curators": [curators[j] for j in subset],
         "attributes": names,
@@ -215,11 +248,31 @@ def write_outputs(out: Path, result: dict[str, Any]) -> list[Path]:
     tmp.replace(paths[0])
     with paths[1].open("w", newline="") as fh:
         w = csv.writer(fh)
-        w.writerow([*result["attributes"], "estimate", "projected", "mle", "standard_error",
-                    "ci_low", "ci_high", "observed"])
+        w.writerow(
+            [
+                *result["attributes"],
+                "estimate",
+                "projected",
+                "mle",
+                "standard_error",
+                "ci_low",
+                "ci_high",
+                "observed",
+            ]
+        )
         for c in result["cells"]:
-            w.writerow([*c["labels"], c["estimate"], c["projected"], c["mle"], c["standard_error"],
-                        c["ci_low"], c["ci_high"], c["observed"]])
+            w.writerow(
+                [
+                    *c["labels"],
+                    c["estimate"],
+                    c["projected"],
+                    c["mle"],
+                    c["standard_error"],
+                    c["ci_low"],
+                    c["ci_high"],
+                    c["observed"],
+                ]
+            )
     try:
         import matplotlib
 
@@ -233,8 +286,9 @@ def write_outputs(out: Path, result: dict[str, Any]) -> list[Path]:
     ax.imshow(vals, aspect="auto", cmap="viridis")
     ax.set_yticks(range(len(cells)), [" / ".join(c["labels"]) for c in cells], fontsize=7)
     ax.set_xticks([0], ["projected share"])
-    ax.set_title(f"{rid}: {'marginal' if result['marginal'] else 'joint'} estimate, "
-                 f"eps={result['privacy']['epsilon']:.3g}")
+    ax.set_title(
+        f"{rid}: {'marginal' if result['marginal'] else 'joint'} estimate, eps={result['privacy']['epsilon']:.3g}"
+    )
     fig.tight_layout()
     png = out / f"{rid}.png"
     fig.savefig(png, dpi=80)
@@ -242,8 +296,9 @@ def write_outputs(out: Path, result: dict[str, Any]) -> list[Path]:
     return [*paths, png]
 
 
-def process_release(conn: Connection, release_id: str, out: Path | None, log: JsonLog,
-                    timeout: float = 300.0) -> dict[str, Any]:
+def process_release(
+    conn: Connection, release_id: str, out: Path | None, log: JsonLog, timeout: float = 300.0
+) -> dict[str, Any]:
     status = wait_perturbed(conn, release_id, timeout, log)
     perturbed = fetch_perturbed(conn, status, log)
     keys = [fetch_key(conn, c, status.params, log) for c in status.params.curators]

@@ -26,14 +26,33 @@ from secure_release.security import require_role
 def response_of(result: dict[str, Any]) -> pb.EstimateResponse:
     p = result["privacy"]
     return pb.EstimateResponse(
-        release_id=result["release_id"], marginal=result["marginal"], curators=result["curators"],
+        release_id=result["release_id"],
+        marginal=result["marginal"],
+        curators=result["curators"],
         attributes=result["attributes"],
-        cells=[pb.Cell(labels=c["labels"], estimate=c["estimate"], projected=c["projected"], mle=c["mle"],
-                       standard_error=c["standard_error"], ci_low=c["ci_low"], ci_high=c["ci_high"],
-                       observed=c["observed"]) for c in result["cells"]],
-        privacy=pb.PrivacyReport(epsilon=p["epsilon"], gamma=p["gamma"], m=p["m"], n=p["n"], joint_size=p["K"],
-                                 predicted_rmse=p["predicted_rmse"], bound=p["bound"],
-                                 bound_tight=p["bound_tight"]),
+        cells=[
+            pb.Cell(
+                labels=c["labels"],
+                estimate=c["estimate"],
+                projected=c["projected"],
+                mle=c["mle"],
+                standard_error=c["standard_error"],
+                ci_low=c["ci_low"],
+                ci_high=c["ci_high"],
+                observed=c["observed"],
+            )
+            for c in result["cells"]
+        ],
+        privacy=pb.PrivacyReport(
+            epsilon=p["epsilon"],
+            gamma=p["gamma"],
+            m=p["m"],
+            n=p["n"],
+            joint_size=p["K"],
+            predicted_rmse=p["predicted_rmse"],
+            bound=p["bound"],
+            bound_tight=p["bound_tight"],
+        ),
         mle_iterations=result["mle_iterations"],
     )
 
@@ -75,13 +94,15 @@ class ResearcherService(pb_grpc.ResearcherServicer):
                 self.running.discard(release_id)
                 self.cond.notify_all()
 
-    def NotifyReady(self, request: pb.ReadyNotice, context: grpc.ServicerContext) -> pb.ReadyAck:
+    def NotifyReady(self, request: pb.ReadyNotice, context: grpc.ServicerContext) -> pb.ReadyAck:  # noqa: N802
         ident = require_role(context, "server")
         self.log("notified", release_id=request.release_id, by=str(ident))
         self.start(request.release_id)
         return pb.ReadyAck(accepted=True)
 
-    def GetEstimate(self, request: pb.EstimateRequest, context: grpc.ServicerContext) -> pb.EstimateResponse:
+    def GetEstimate(  # noqa: N802
+        self, request: pb.EstimateRequest, context: grpc.ServicerContext
+    ) -> pb.EstimateResponse:
         require_role(context, "analyst", "researcher")
         rid = request.release_id
         if request.wait:
@@ -89,18 +110,24 @@ class ResearcherService(pb_grpc.ResearcherServicer):
             remaining = context.time_remaining()
             timeout = min(remaining, 3600.0) if remaining is not None else self.timeout
             with self.cond:
-                self.cond.wait_for(lambda: rid in self.results or (rid in self.errors and rid not in self.running),
-                                   timeout)
+                self.cond.wait_for(
+                    lambda: rid in self.results or (rid in self.errors and rid not in self.running),
+                    timeout,
+                )
         with self.cond:
             result, error = self.results.get(rid), self.errors.get(rid)
         if result is None:
             if error:
                 context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"release {rid!r} failed: {error}")
-            context.abort(grpc.StatusCode.NOT_FOUND if not request.wait else grpc.StatusCode.DEADLINE_EXCEEDED,
-                          f"no estimate for release {rid!r} yet")
+            context.abort(
+                grpc.StatusCode.NOT_FOUND if not request.wait else grpc.StatusCode.DEADLINE_EXCEEDED,
+                f"no estimate for release {rid!r} yet",
+            )
         return response_of(result)
 
-    def ListReleases(self, request: pb.ListReleasesRequest, context: grpc.ServicerContext) -> pb.ListReleasesResponse:
+    def ListReleases(  # noqa: N802
+        self, request: pb.ListReleasesRequest, context: grpc.ServicerContext
+    ) -> pb.ListReleasesResponse:
         require_role(context, "analyst", "researcher")
         with self.cond:
             return pb.ListReleasesResponse(release_ids=sorted(self.results))

@@ -22,8 +22,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-PARTIES = (("server", "server"), ("curator", "alice"), ("curator", "bob"),
-           ("researcher", "researcher"), ("analyst", "analyst"))
+PARTIES = (
+    ("server", "server"),
+    ("curator", "alice"),
+    ("curator", "bob"),
+    ("researcher", "researcher"),
+    ("analyst", "analyst"),
+)
 
 
 def _progress(msg: str) -> None:
@@ -48,8 +53,9 @@ class Cluster:
         log = self.root / f"{name}.log"
         self.logs[name] = log
         fh = log.open("wb")
-        self.procs[name] = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=self.env,
-                                            stdin=subprocess.DEVNULL)
+        self.procs[name] = subprocess.Popen(
+            cmd, stdout=fh, stderr=subprocess.STDOUT, env=self.env, stdin=subprocess.DEVNULL
+        )
         fh.close()
         if not port_file:
             return None
@@ -81,60 +87,139 @@ class Cluster:
                 proc.wait()
 
 
-def launch_release(cluster: Cluster, data: Path, certs: Path, release_id: str, epsilon: float,
-                   m: int | None, cipher: str, align_key_file: Path, alphabet_sizes: str = "6,4",
-                   grants: dict[str, list[str]] | None = None, alice_extra: Sequence[str] = (),
-                   bob_extra: Sequence[str] = (), server_extra: Sequence[str] = (),
-                   researcher: str = "researcher") -> dict[str, str]:
+def launch_release(
+    cluster: Cluster,
+    data: Path,
+    certs: Path,
+    release_id: str,
+    epsilon: float,
+    m: int | None,
+    cipher: str,
+    align_key_file: Path,
+    alphabet_sizes: str = "6,4",
+    grants: dict[str, list[str]] | None = None,
+    alice_extra: Sequence[str] = (),
+    bob_extra: Sequence[str] = (),
+    server_extra: Sequence[str] = (),
+    researcher: str = "researcher",
+) -> dict[str, str]:
     """Start server, alice (leader), bob and the researcher; return their addresses."""
     root = cluster.root
     grants = grants or {"alice": [researcher], "bob": [researcher]}
-    sport = cluster.start("server", ["-m", "server", "--listen", "127.0.0.1:0", "--store", str(root / "store"),
-                                     "--certs", str(certs), "--name", "server", *server_extra])
+    sport = cluster.start(
+        "server",
+        [
+            "-m",
+            "server",
+            "--listen",
+            "127.0.0.1:0",
+            "--store",
+            str(root / "store"),
+            "--certs",
+            str(certs),
+            "--name",
+            "server",
+            *server_extra,
+        ],
+    )
     server = f"127.0.0.1:{sport}"
     _progress(f"server listening on {server}")
-    common = ["--release-id", release_id, "--epsilon", repr(epsilon), "--cipher", cipher,
-              "--server", server, "--certs", str(certs), "--curators", "alice,bob",
-              "--alignment-key-file", str(align_key_file), "--researcher", researcher,
-              "--listen", "127.0.0.1:0"] + (["--m", str(m)] if m is not None else [])
+    common = [
+        "--release-id",
+        release_id,
+        "--epsilon",
+        repr(epsilon),
+        "--cipher",
+        cipher,
+        "--server",
+        server,
+        "--certs",
+        str(certs),
+        "--curators",
+        "alice,bob",
+        "--alignment-key-file",
+        str(align_key_file),
+        "--researcher",
+        researcher,
+        "--listen",
+        "127.0.0.1:0",
+    ] + (["--m", str(m)] if m is not None else [])
     addrs = {"server": server}
-    for name, extra in (("alice", ["--leader", "--alphabet-sizes", alphabet_sizes, *alice_extra]),
-                        ("bob", ["--leader-address", "LEADER", *bob_extra])):
+    for name, extra in (
+        ("alice", ["--leader", "--alphabet-sizes", alphabet_sizes, *alice_extra]),
+        ("bob", ["--leader-address", "LEADER", *bob_extra]),
+    ):
         extra = [addrs.get("alice", e) if e == "LEADER" else e for e in extra]
         g = [x for r in grants.get(name, []) for x in ("--grant", r)]
-        port = cluster.start(name, ["-m", "curator", "run", "--data", str(data / f"{name}.csv"),
-                                    "--schema", str(data / f"{name}.json"), "--name", name,
-                                    "--keystore", str(root / f"keystore-{name}"), *common, *g, *extra])
+        port = cluster.start(
+            name,
+            [
+                "-m",
+                "curator",
+                "run",
+                "--data",
+                str(data / f"{name}.csv"),
+                "--schema",
+                str(data / f"{name}.json"),
+                "--name",
+                name,
+                "--keystore",
+                str(root / f"keystore-{name}"),
+                *common,
+                *g,
+                *extra,
+            ],
+        )
         addrs[name] = f"127.0.0.1:{port}"
         _progress(f"{name} listening on {addrs[name]}")
-    rport = cluster.start("researcher", ["-m", "researcher", "serve", "--listen", "127.0.0.1:0",
-                                         "--certs", str(certs), "--name", researcher, "--server", server,
-                                         "--curator", f"alice={addrs['alice']}",
-                                         "--curator", f"bob={addrs['bob']}", "--out", str(root / "results")])
+    rport = cluster.start(
+        "researcher",
+        [
+            "-m",
+            "researcher",
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--certs",
+            str(certs),
+            "--name",
+            researcher,
+            "--server",
+            server,
+            "--curator",
+            f"alice={addrs['alice']}",
+            "--curator",
+            f"bob={addrs['bob']}",
+            "--out",
+            str(root / "results"),
+        ],
+    )
     addrs["researcher"] = f"127.0.0.1:{rport}"
     _progress(f"researcher listening on {addrs['researcher']}")
     return addrs
 
 
-def get_estimate(address: str, certs: Path, release_id: str, name: str = "analyst",
-                 timeout: float = 240.0) -> Any:
+def get_estimate(address: str, certs: Path, release_id: str, name: str = "analyst", timeout: float = 240.0) -> Any:
     from protos.securerelease.v1 import securerelease_pb2 as pb
     from protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
     from secure_release.security import secure_channel
 
     with secure_channel(address, certs, name) as ch:
-        return pb_grpc.ResearcherStub(ch).GetEstimate(pb.EstimateRequest(release_id=release_id, wait=True),
-                                                      timeout=timeout)
+        return pb_grpc.ResearcherStub(ch).GetEstimate(
+            pb.EstimateRequest(release_id=release_id, wait=True), timeout=timeout
+        )
 
 
 def register(sub: Any) -> None:
     p = sub.add_parser(
-        "demo", help="run a whole release locally: PKI, server, two curators, researcher (mTLS)",
+        "demo",
+        help="run a whole release locally: PKI, server, two curators, researcher (mTLS)",
         description=(
             "Run one release of the bundled UCI Adult table end to end on this machine: a project "
             "CA, the server, curators alice (education, marital) and bob (sex, salary) and the "
             "researcher as separate processes over mutual TLS; then print the researcher's "
-            "estimate beside the truth."),
+            "estimate beside the truth."
+        ),
         epilog="Example: secure-release demo --epsilon 1.0 --cipher otp",
     )
     p.add_argument("--epsilon", type=float, default=0.5, help="privacy level (default 0.5)")
@@ -167,8 +252,16 @@ def run(args: argparse.Namespace) -> int:
         akey = root / "alignment.key"
         akey.write_text(secrets.token_hex(32))
         akey.chmod(0o600)
-        addrs = launch_release(cluster, root / "data", root / "certs", "demo-1", args.epsilon, args.m,
-                               args.cipher, akey)
+        addrs = launch_release(
+            cluster,
+            root / "data",
+            root / "certs",
+            "demo-1",
+            args.epsilon,
+            args.m,
+            args.cipher,
+            akey,
+        )
         _progress("release running; asking the researcher for the estimate as analyst")
         resp = get_estimate(addrs["researcher"], root / "certs", "demo-1")
         result = _summary(resp, info)
@@ -206,20 +299,42 @@ def _summary(resp: Any, info: dict[str, Any]) -> dict[str, Any]:
     for c in resp.cells:
         t = truth.get("|".join(c.labels), 0.0)
         err += (c.estimate - t) ** 2
-        cells.append({"labels": list(c.labels), "estimate": c.estimate, "projected": c.projected,
-                      "mle": c.mle, "standard_error": c.standard_error, "truth": t, "observed": c.observed})
+        cells.append(
+            {
+                "labels": list(c.labels),
+                "estimate": c.estimate,
+                "projected": c.projected,
+                "mle": c.mle,
+                "standard_error": c.standard_error,
+                "truth": t,
+                "observed": c.observed,
+            }
+        )
     p = resp.privacy
-    return {"release_id": resp.release_id, "epsilon": p.epsilon, "gamma": p.gamma, "n": p.n, "m": p.m,
-            "K": p.joint_size, "l2_error": math.sqrt(err), "predicted_rmse": p.predicted_rmse,
-            "bound": p.bound, "marginal": resp.marginal, "attributes": list(resp.attributes), "cells": cells}
+    return {
+        "release_id": resp.release_id,
+        "epsilon": p.epsilon,
+        "gamma": p.gamma,
+        "n": p.n,
+        "m": p.m,
+        "K": p.joint_size,
+        "l2_error": math.sqrt(err),
+        "predicted_rmse": p.predicted_rmse,
+        "bound": p.bound,
+        "marginal": resp.marginal,
+        "attributes": list(resp.attributes),
+        "cells": cells,
+    }
 
 
 def _print_table(r: dict[str, Any]) -> None:
     w = max(len(" / ".join(c["labels"])) for c in r["cells"])
     print(f"{'cell'.ljust(w)}  {'estimate':>9} {'projected':>9} {'truth':>8} {'observed':>8}")
     for c in r["cells"]:
-        print(f"{' / '.join(c['labels']).ljust(w)}  {c['estimate']:9.4f} {c['projected']:9.4f} "
-              f"{c['truth']:8.4f} {c['observed']:8d}")
+        print(
+            f"{' / '.join(c['labels']).ljust(w)}  {c['estimate']:9.4f} {c['projected']:9.4f} "
+            f"{c['truth']:8.4f} {c['observed']:8d}"
+        )
     print()
     print(f"epsilon {r['epsilon']:g}   gamma {r['gamma']:.4g}   m {r['m']}   n {r['n']}   K {r['K']}")
     print(f"l2 error {r['l2_error']:.4f}   (predicted RMSE {r['predicted_rmse']:.4f})")

@@ -55,9 +55,17 @@ def write_demo_data(directory: str | Path, rows: int | None = None, seed: int = 
                 w.writerow([ids[r], *(cells[cell_of_row[r]][c] for c in cols)])
             for e in range(UNMATCHED):
                 w.writerow([f"{curator}-only-{e}", *(categories[a][e % len(categories[a])] for a in names)])
-        schema = {"curator": curator, "id_column": "id",
-                  "attributes": [{"name": a, "categories": categories[a]} for a in names]}
+        schema = {
+            "curator": curator,
+            "id_column": "id",
+            "attributes": [{"name": a, "categories": categories[a]} for a in names],
+        }
         (out / f"{curator}.json").write_text(json.dumps(schema, indent=1))
     truth = {"|".join(c): int(k) / n for c, k in zip(cells, counts, strict=True)}
-    return {"n": n, "attributes": attrs, "truth": truth, "counts": counts.tolist(),
-            "cells": [list(c) for c in cells]}
+    return {
+        "n": n,
+        "attributes": attrs,
+        "truth": truth,
+        "counts": counts.tolist(),
+        "cells": [list(c) for c in cells],
+    }
