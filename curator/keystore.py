@@ -7,10 +7,8 @@ refused by :meth:`Keystore.check_release` before anything leaves the curator.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -20,34 +18,13 @@ from mechanism.errors import SecureReleaseError
 from mechanism.keys import PadKey
 from mechanism.ledger import PrivacyLedger
 from mechanism.pads import CipherMode, ReleasePad
+from secure_release.fileio import atomic_write
 
 LEDGER_FILE = "ledger.json"
 
 
 class KeystoreError(SecureReleaseError):
     """The keystore is unreadable or a release is missing."""
-
-
-def atomic_write(path: Path, data: bytes, mode: int = 0o600) -> None:
-    """Write ``data`` to ``path`` atomically with permissions ``mode``."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        os.fchmod(fd, mode)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    dfd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
 
 
 def _safe(release_id: str) -> str:

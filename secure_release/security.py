@@ -13,14 +13,11 @@ local demos only). A TLS connection always takes its identity from the certifica
 
 from __future__ import annotations
 
-import contextlib
 import datetime as _dt
 import functools
 import ipaddress
-import os
 import re
 import sys
-import tempfile
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -34,6 +31,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from mechanism.errors import SecureReleaseError
+from secure_release.fileio import atomic_write
 
 ROLES = ("curator", "server", "researcher", "analyst")
 URI_SCHEME = "secure-release://"
@@ -87,26 +85,6 @@ def check_party(role: str, name: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------- PKI
-
-
-def _write_atomic(path: Path, data: bytes, mode: int) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        os.fchmod(fd, mode)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    dfd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
 
 
 def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
@@ -231,13 +209,13 @@ def init_pki(
             )
             .sign(ca_key, hashes.SHA256())
         )
-        _write_atomic(directory / f"{name}.key", _key_pem(key), 0o600)
-        _write_atomic(
+        atomic_write(directory / f"{name}.key", _key_pem(key), 0o600)
+        atomic_write(
             directory / f"{name}.pem", cert.public_bytes(serialization.Encoding.PEM), 0o644
         )
     # The CA goes last, so an interrupted run leaves no CA and can simply be rerun.
-    _write_atomic(directory / "ca.key", _key_pem(ca_key), 0o600)
-    _write_atomic(directory / "ca.pem", ca_cert.public_bytes(serialization.Encoding.PEM), 0o644)
+    atomic_write(directory / "ca.key", _key_pem(ca_key), 0o600)
+    atomic_write(directory / "ca.pem", ca_cert.public_bytes(serialization.Encoding.PEM), 0o644)
 
 
 def _read(path: Path, what: str) -> bytes:
