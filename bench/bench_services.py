@@ -1,0 +1,215 @@
+"""A release through the real processes over mutual TLS vs the in-process protocol (a script).
+
+Run:  PYTHONPATH=. python bench/bench_services.py [--json] [--rows N] [--m 100000,1000000]
+
+One synthetic Adult-shaped table of N rows (default 1.5 M, split between alice and bob as in
+``secure-release demo``) is written once. For every m:
+
+* services: the same process startup as ``secure-release demo`` (secure_release.cmd_demo
+  ``Cluster`` + ``launch_release``: server, alice (leader), bob and the researcher as separate
+  processes over mutual TLS with a fresh project CA), then the analyst's ``GetEstimate``. Wall
+  time = first process started -> estimate received (includes interpreter start-up, reading the
+  CSVs, alignment, upload, PRAM, fetch, decryption and estimation).
+* in-process: ``curator.table.read_table`` of both CSVs + ``mechanism.protocol.run_release`` on
+  the same tables, same epsilon, m and cipher, measured in the same run.
+
+Throughput is N aligned input rows per second of wall time; ratio = in-process time / services
+time (= services throughput / in-process throughput; target >= 0.5). Peak RSS per process is
+/proc/<pid>/status VmHWM, polled every 50 ms by a thread and read once more after the estimate
+is received, before the processes are stopped (VmHWM is a high-water mark, so the last reading
+is the peak). The server never holds more than one upload chunk of ciphertext at once, so its
+peak RSS should not grow with m; the script prints the ratio of the server's peaks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from curator.table import load_schema, read_table  # noqa: E402
+from mechanism import protocol  # noqa: E402
+from secure_release.cmd_demo import PARTIES, Cluster, get_estimate, launch_release  # noqa: E402
+from secure_release.demo_data import write_demo_data  # noqa: E402
+from secure_release.security import init_pki  # noqa: E402
+
+ROLES = ("server", "alice", "bob", "researcher")
+
+
+def vm_hwm_mib(pid: int) -> float | None:
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        return None
+    return None
+
+
+class RssPoller(threading.Thread):
+    def __init__(self, cluster: Cluster) -> None:
+        super().__init__(daemon=True)
+        self.cluster = cluster
+        self.peak: dict[str, float] = {}
+        self.stop = threading.Event()
+
+    def sample(self) -> None:
+        for name, proc in list(self.cluster.procs.items()):
+            v = vm_hwm_mib(proc.pid)
+            if v is not None:
+                self.peak[name] = max(self.peak.get(name, 0.0), v)
+
+    def run(self) -> None:
+        while not self.stop.wait(0.05):
+            self.sample()
+
+
+def run_services(
+    root: Path, data: Path, certs: Path, akey: Path, m: int, epsilon: float, cipher: str
+) -> dict[str, Any]:
+    work = root / f"services-m{m}"
+    work.mkdir()
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    cluster = Cluster(work, env=env)
+    poller = RssPoller(cluster)
+    poller.start()
+    try:
+        t0 = time.perf_counter()
+        addrs = launch_release(cluster, data, certs, f"bench-{m}", epsilon, m, cipher, akey)
+        resp = get_estimate(addrs["researcher"], certs, f"bench-{m}", timeout=900)
+        wall = time.perf_counter() - t0
+        poller.sample()  # every process is still alive here: the last (= peak) VmHWM
+    except Exception:
+        for name in cluster.procs:
+            sys.stderr.write(f"--- {name} ---\n{cluster.tail(name, 15)}\n")
+        raise
+    finally:
+        poller.stop.set()
+        cluster.close()
+    assert resp.privacy.m == m and not resp.marginal, (resp.privacy.m, resp.marginal)
+    return {
+        "seconds": wall,
+        "n": resp.privacy.n,
+        "m": resp.privacy.m,
+        "gamma": resp.privacy.gamma,
+        "estimate": [c.estimate for c in resp.cells],
+        "peak_rss_mib": {r: round(poller.peak.get(r, float("nan")), 1) for r in ROLES},
+    }
+
+
+def run_inprocess(data: Path, m: int, epsilon: float, cipher: str) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    tables = [read_table(data / f"{c}.csv", load_schema(data / f"{c}.json")) for c in ("alice", "bob")]
+    t1 = time.perf_counter()
+    res = protocol.run_release(tables, epsilon, m, cipher, f"bench-{m}")
+    t2 = time.perf_counter()
+    return {
+        "seconds": t2 - t0,
+        "read_seconds": t1 - t0,
+        "release_seconds": t2 - t1,
+        "n": res.plan.n,
+        "m": res.plan.m,
+        "gamma": res.plan.gamma,
+        "l2_error": res.l2_error,
+    }
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--rows", type=int, default=1_500_000, help="rows of the table (>= max m)")
+    p.add_argument("--m", default="100000,1000000", help="comma-separated sample sizes")
+    p.add_argument("--epsilon", type=float, default=0.5)
+    p.add_argument("--cipher", choices=["otp", "chacha20"], default="chacha20")
+    args = p.parse_args()
+    ms = [int(x) for x in args.m.split(",")]
+    if max(ms) > args.rows:
+        p.error(f"--rows {args.rows} must be >= every m ({max(ms)})")
+    out: dict[str, Any] = {
+        "rows": args.rows,
+        "epsilon": args.epsilon,
+        "cipher": args.cipher,
+        "cpus": os.cpu_count(),
+        "runs": [],
+    }
+    with tempfile.TemporaryDirectory(prefix="bench-services-") as tmp:
+        root = Path(tmp)
+        t = time.perf_counter()
+        info = write_demo_data(root / "data", args.rows)
+        init_pki(root / "certs", PARTIES, force=True)
+        akey = root / "align.key"
+        akey.write_text(secrets.token_hex(32))
+        akey.chmod(0o600)
+        out["setup_seconds"] = time.perf_counter() - t
+        for m in ms:
+            svc = run_services(root, root / "data", root / "certs", akey, m, args.epsilon, args.cipher)
+            ref = run_inprocess(root / "data", m, args.epsilon, args.cipher)
+            assert svc["n"] == ref["n"] == info["n"] and svc["gamma"] == ref["gamma"]
+            n = svc["n"]
+            out["runs"].append(
+                {
+                    "m": m,
+                    "n": n,
+                    "gamma": svc["gamma"],
+                    "services_seconds": round(svc["seconds"], 3),
+                    "inprocess_seconds": round(ref["seconds"], 3),
+                    "inprocess_read_seconds": round(ref["read_seconds"], 3),
+                    "inprocess_release_seconds": round(ref["release_seconds"], 3),
+                    "services_rows_per_s": round(n / svc["seconds"]),
+                    "inprocess_rows_per_s": round(n / ref["seconds"]),
+                    "ratio": round(ref["seconds"] / svc["seconds"], 3),
+                    "target_ratio": 0.5,
+                    "pass": ref["seconds"] / svc["seconds"] >= 0.5,
+                    "peak_rss_mib": svc["peak_rss_mib"],
+                }
+            )
+    runs = out["runs"]
+    if len(runs) >= 2:
+        lo, hi = runs[0]["peak_rss_mib"]["server"], runs[-1]["peak_rss_mib"]["server"]
+        out["server_peak_rss_ratio"] = round(hi / lo, 3)
+        out["server_rss_flat"] = hi <= 1.25 * lo
+    if args.json:
+        print(json.dumps(out, indent=1))
+        return 0
+    print(
+        f"table: n = {args.rows} rows (+5 unmatched per curator), epsilon {args.epsilon}, "
+        f"cipher {args.cipher}, {out['cpus']} cpus; setup (data + PKI) {out['setup_seconds']:.1f} s"
+    )
+    print(
+        f"{'m':>9} {'services s':>11} {'in-proc s':>10} {'svc rows/s':>11} {'in-proc rows/s':>15} "
+        f"{'ratio':>6} {'pass':>5} | peak RSS MiB: " + " ".join(f"{r:>10}" for r in ROLES)
+    )
+    for r in runs:
+        print(
+            f"{r['m']:>9} {r['services_seconds']:>11.2f} {r['inprocess_seconds']:>10.2f} "
+            f"{r['services_rows_per_s']:>11,} {r['inprocess_rows_per_s']:>15,} {r['ratio']:>6.2f} "
+            f"{r['pass']!s:>5} |               " + " ".join(f"{r['peak_rss_mib'][x]:>10.1f}" for x in ROLES)
+        )
+    print(
+        "in-process split (read CSVs / run_release): "
+        + ", ".join(
+            f"m={r['m']}: {r['inprocess_read_seconds']:.2f} / {r['inprocess_release_seconds']:.2f} s" for r in runs
+        )
+    )
+    if "server_peak_rss_ratio" in out:
+        print(
+            f"server peak RSS m={runs[-1]['m']} / m={runs[0]['m']}: {out['server_peak_rss_ratio']:.3f} "
+            f"({'flat' if out['server_rss_flat'] else 'GROWS'}; ratio target >= 0.5 per row above)"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
