@@ -125,26 +125,60 @@ class Alignment:
         return self.num_rows - self.num_matched
 
 
+def _words(tags: TagArray) -> tuple[U64, U64]:
+    """The (hi, lo) halves of tags as native uint64 (numeric sorts are ~50x faster than
+    sorting the structured records)."""
+    return tags["hi"].astype(np.uint64), tags["lo"].astype(np.uint64)
+
+
+def _sorted_unique(tags: TagArray) -> tuple[TagArray, bool]:
+    """Tags in ascending (hi, lo) order without repeats, and whether there were repeats."""
+    hi, lo = _words(tags)
+    order = np.lexsort((lo, hi))
+    hi, lo = hi[order], lo[order]
+    fresh = np.ones(order.size, dtype=bool)
+    fresh[1:] = (hi[1:] != hi[:-1]) | (lo[1:] != lo[:-1])
+    return tags[order][fresh], bool(not np.all(fresh))
+
+
 def common_tags(tag_lists: Sequence[TagArray]) -> TagArray:
-    """The tags every curator holds, sorted (the canonical order)."""
+    """The tags every curator holds, in ascending (hi, lo) order: the canonical order."""
     if not tag_lists:
         raise ShapeMismatchError("alignment needs the tags of at least one curator")
-    common = np.unique(tag_lists[0])
-    for tags in tag_lists[1:]:
-        common = np.intersect1d(common, tags, assume_unique=False)
+    uniques = [_sorted_unique(t)[0] for t in tag_lists]
+    merged = np.concatenate(uniques)
+    hi, lo = _words(merged)
+    order = np.lexsort((lo, hi))
+    hi, lo, merged = hi[order], lo[order], merged[order]
+    starts = np.ones(order.size, dtype=bool)
+    starts[1:] = (hi[1:] != hi[:-1]) | (lo[1:] != lo[:-1])
+    first = np.flatnonzero(starts)
+    run_length = np.diff(np.append(first, order.size))
+    common: TagArray = merged[first[run_length == len(tag_lists)]]
     return common
 
 
 def align(own_tags: TagArray, agreed: TagArray) -> Alignment:
-    """This curator's row order for the agreed common tags (each must occur once here)."""
-    if np.unique(own_tags).size != own_tags.size:
-        raise DuplicateIdError(
-            "an id occurs more than once in this curator's table; ids must be unique"
-        )
-    order = np.argsort(own_tags, kind="stable")
-    sorted_tags = own_tags[order]
-    pos = np.searchsorted(sorted_tags, agreed)
-    pos = np.minimum(pos, max(sorted_tags.size - 1, 0))
-    if agreed.size and (sorted_tags.size == 0 or np.any(sorted_tags[pos] != agreed)):
+    """This curator's row order for the agreed common tags (each must occur once here).
+
+    Own and agreed tags are sorted together by (hi, lo, source); as both are free of repeats
+    and agreed is a subset, each agreed tag lands right after its own row.
+    """
+    if _sorted_unique(own_tags)[1]:
+        raise DuplicateIdError("an id occurs more than once in this curator's table; ids must be unique")
+    own_hi, own_lo = _words(own_tags)
+    ag_hi, ag_lo = _words(agreed)
+    hi = np.concatenate([own_hi, ag_hi])
+    lo = np.concatenate([own_lo, ag_lo])
+    source = np.concatenate([np.zeros(own_hi.size, np.int8), np.ones(ag_hi.size, np.int8)])
+    order = np.lexsort((source, lo, hi))
+    at = np.flatnonzero(source[order] == 1)
+    if at.size and at[0] == 0:
         raise ShapeMismatchError("an agreed tag is not among this curator's ids")
-    return Alignment(order[pos].astype(np.int64), int(own_tags.size), int(agreed.size))
+    match = order[at - 1]
+    if np.any(source[match] != 0) or np.any(hi[match] != hi[order[at]]) or np.any(lo[match] != lo[order[at]]):
+        raise ShapeMismatchError("an agreed tag is not among this curator's ids")
+    # agreed entries come out in ascending (hi, lo); list rows in the agreed array's own order
+    rows = np.empty(agreed.size, dtype=np.int64)
+    rows[order[at] - own_hi.size] = match
+    return Alignment(rows, int(own_tags.size), int(agreed.size))
