@@ -129,11 +129,19 @@ def cell_variance(
 ) -> npt.NDArray[np.float64]:
     """DESIGN 3, per cell variance of T_hat_c:
     T_c(1-T_c)(n-m)/(m(n-1)) + [T_c(a+b)(1-a-b) + (1-T_c) b(1-b)]/(m a^2)."""
-    check_sample_size(n, m)
     K = _check_joint_size(joint_size)
-    t = np.clip(np.asarray(shares, dtype=np.float64), 0.0, 1.0)
     q = check_gamma(gamma) + K - 1.0
-    a, b = (gamma - 1.0) / q, 1.0 / q
+    return channel_cell_variance(n, m, (gamma - 1.0) / q, 1.0 / q, shares)
+
+
+def channel_cell_variance(
+    n: int, m: int, keep: float, off_diagonal: float, shares: npt.ArrayLike
+) -> npt.NDArray[np.float64]:
+    """DESIGN 3 per-cell variance for any "keep w.p. a, else uniform" channel with off-diagonal
+    b: the joint (b = 1/q) or a curator subset's marginal (b = (1 - a)/K_S, DESIGN 3.5)."""
+    check_sample_size(n, m)
+    t = np.clip(np.asarray(shares, dtype=np.float64), 0.0, 1.0)
+    a, b = keep, off_diagonal
     sampling = t * (1.0 - t) * ((n - m) / (m * (n - 1)) if n > 1 else 0.0)
     pram = (t * (a + b) * (1.0 - a - b) + (1.0 - t) * b * (1.0 - b)) / (m * a * a)
     return np.asarray(sampling + pram, dtype=np.float64)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from mechanism.accounting import cell_variance
+from mechanism.accounting import cell_variance, channel_cell_variance
 from mechanism.errors import NonFiniteInputError, ShapeMismatchError
 from mechanism.pram import PramChannel
 from mechanism.schema import CodeArray, check_joint_alphabet, mixed_radix_decode, mixed_radix_encode
@@ -116,13 +116,9 @@ def marginal_standard_errors(
 ) -> FloatArray:
     """Per-cell standard errors on a sub-alphabet: the same formula with K_S and the channel
     keep a, replace-uniform on K_S (b_S = (1 - a)/K_S)."""
-    t = np.clip(np.asarray(estimate, dtype=np.float64), 0.0, 1.0)
-    sub_size = t.size
+    t = np.asarray(estimate, dtype=np.float64)
     a = channel.keep
-    b = (1.0 - a) / sub_size
-    sampling = t * (1.0 - t) * ((n - m) / (m * (n - 1)) if n > 1 else 0.0)
-    pram = (t * (a + b) * (1.0 - a - b) + (1.0 - t) * b * (1.0 - b)) / (m * a * a)
-    return np.asarray(np.sqrt(sampling + pram), dtype=np.float64)
+    return np.sqrt(channel_cell_variance(n, m, a, (1.0 - a) / t.size, t))
 
 
 def confidence_intervals(
