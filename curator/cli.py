@@ -16,8 +16,8 @@ from mechanism.errors import SecureReleaseError
 EPILOG = """\
 How a release runs:
   1. every curator reads its table (CSV or Parquet) against its schema JSON;
-  2. curators exchange keyed id tags (never ids) with the leader, who fixes the common ids,
-     n, m, gamma and a fresh sampling seed and sends them back over mutual TLS;
+  2. curators send keyed id tags (never ids) and their alphabet sizes to the leader, who fixes
+     the common ids, n, m, gamma and a fresh sampling seed and sends them back over mutual TLS;
   3. each curator samples the same m rows, adds a fresh pad, uploads ciphertext to the server
      and commits; its privacy ledger is charged (and a release past --budget is refused first);
   4. the curator then serves its pad key to the researchers it granted (--grant), until SIGTERM.
@@ -25,7 +25,7 @@ How a release runs:
 Example (two terminals; the certificates come from 'secure-release pki init'):
   python -m curator run --data alice.csv --schema alice.json --release-id r1 --epsilon 0.5 \\
       --server 127.0.0.1:7000 --certs certs --name alice --curators alice,bob --leader \\
-      --alphabet-sizes 6,4 --listen 127.0.0.1:7101 --alignment-key-file align.key --grant researcher
+      --listen 127.0.0.1:7101 --alignment-key-file align.key --grant researcher
   python -m curator run --data bob.csv --schema bob.json --release-id r1 --epsilon 0.5 \\
       --server 127.0.0.1:7000 --certs certs --name bob --curators alice,bob \\
       --leader-address 127.0.0.1:7101 --alignment-key-file align.key --grant researcher
@@ -62,7 +62,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="pad kind: chacha20 (researcher gets a 32-byte key) or otp (gets the pad)",
     )
     r.add_argument("--curators", help="all curators in joint-code order, comma separated (alice,bob)")
-    r.add_argument("--alphabet-sizes", help="leader only: each curator's alphabet size, same order (6,4)")
+    r.add_argument(
+        "--alphabet-sizes",
+        help="leader only, optional: cross-check of each curator's alphabet size in --curators "
+        "order (6,4); every curator sends its own size with its tags, and a mismatch stops the "
+        "release with an error",
+    )
     r.add_argument("--leader", action="store_true", help="this curator leads the agreement")
     r.add_argument("--leader-address", help="followers: HOST:PORT of the leading curator")
     r.add_argument("--researcher", default="researcher", help="researcher the server notifies")

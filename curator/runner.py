@@ -104,12 +104,12 @@ def run(args: argparse.Namespace) -> int:
     service = CuratorService(args.name, spec.schema, log)
     leader_state: LeaderState | None = None
     if args.leader:
-        sizes = _sizes(args, curators, own_size)
+        expected = _expected_sizes(args, curators, own_size)
         seed = Seed.from_hex(args.insecure_test_seed) if args.insecure_test_seed else None
         leader_state = LeaderState(
             args.release_id,
             tuple(curators),
-            sizes,
+            expected,
             args.epsilon,
             args.m,
             cipher,
@@ -129,14 +129,16 @@ def run(args: argparse.Namespace) -> int:
     try:
         tags = curator_tags(table, akey)
         if leader_state is not None:
-            leader_state.add_tags(args.name, tags)
+            leader_state.add_tags(args.name, tags, own_size)
             if not leader_state.wait_all_tags(args.timeout):
+                if leader_state.error is not None:
+                    raise AgreementError(leader_state.error)
                 missing = sorted(set(curators) - set(leader_state.tags))
                 leader_state.fail(f"no tags from {missing}")
                 raise AgreementError(f"timed out waiting for the tags of {missing}")
             params, seed, common = leader_state.agree()
         else:
-            params, seed, common = _follow(args, tags, log)
+            params, seed, common = _follow(args, tags, own_size, log)
         _check_params(params, args, curators, own_size, cipher)
         alignment = align(tags, common)
         log(
@@ -177,13 +179,18 @@ def run(args: argparse.Namespace) -> int:
         log("stopped")
 
 
-def _sizes(args: argparse.Namespace, curators: list[str], own_size: int) -> tuple[int, ...]:
+def _expected_sizes(
+    args: argparse.Namespace, curators: list[str], own_size: int
+) -> tuple[int, ...] | None:
+    """The optional ``--alphabet-sizes`` cross-check (each curator sends its own size)."""
     if not args.alphabet_sizes:
+        return None
+    try:
+        sizes = tuple(int(s) for s in str(args.alphabet_sizes).split(","))
+    except ValueError:
         raise ConfigError(
-            "the leader needs every curator's alphabet size (part of the release spec): "
-            "--alphabet-sizes 6,4 in --curators order"
-        )
-    sizes = tuple(int(s) for s in args.alphabet_sizes.split(","))
+            f"--alphabet-sizes must be comma-separated integers, got {args.alphabet_sizes!r}"
+        ) from None
     if len(sizes) != len(curators):
         raise ConfigError(f"--alphabet-sizes has {len(sizes)} entries for {len(curators)} curators")
     if sizes[curators.index(args.name)] != own_size:
@@ -193,13 +200,15 @@ def _sizes(args: argparse.Namespace, curators: list[str], own_size: int) -> tupl
     return sizes
 
 
-def _follow(args: argparse.Namespace, tags: TagArray, log: JsonLog) -> tuple[pb.ReleaseParams, Seed, TagArray]:
+def _follow(
+    args: argparse.Namespace, tags: TagArray, own_size: int, log: JsonLog
+) -> tuple[pb.ReleaseParams, Seed, TagArray]:
     if not args.leader_address:
         raise ConfigError("a curator that does not lead needs --leader-address HOST:PORT")
     channel = secure_channel(args.leader_address, args.certs, args.name, args.insecure)
     stub = pb_grpc.CuratorStub(channel)
     resp = with_retries(
-        lambda: stub.SubmitTags(tag_chunks(args.release_id, args.name, tags), timeout=60),
+        lambda: stub.SubmitTags(tag_chunks(args.release_id, args.name, tags, own_size), timeout=60),
         "submit_tags",
         log,
         attempts=12,

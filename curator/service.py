@@ -1,9 +1,10 @@
 """The Curator gRPC service: tag collection and agreement (leader), and key release.
 
 - ``SubmitTags`` / ``GetAgreement`` (curator role only, and the caller's certificate name must
-  be the ``curator`` field): the leading curator collects every other curator's 16-byte id tags,
-  computes the common tags (canonical order), n, the plan and a fresh sampling seed, and serves
-  params + seed + common tags in chunks of at most 1 MiB.
+  be the ``curator`` field): the leading curator collects every other curator's 16-byte id tags
+  and alphabet size (``TagChunk.alphabet_size``), computes the common tags (canonical order), n,
+  the plan and a fresh sampling seed, and serves params + seed + common tags in chunks of at
+  most 1 MiB.
 - ``ReleaseKey`` (researcher role only): checks the caller's certificate name against this
   curator's grants for that release, logs every grant and refusal, and streams the ChaCha20 key
   or the one-time pad (packed, CHUNK_ROWS symbols a chunk) plus this curator's schema.
@@ -60,7 +61,9 @@ def params_pb(
     )
 
 
-def tag_chunks(release_id: str, curator: str, tags: TagArray) -> Iterator[pb.TagChunk]:
+def tag_chunks(
+    release_id: str, curator: str, tags: TagArray, alphabet_size: int
+) -> Iterator[pb.TagChunk]:
     raw = np.ascontiguousarray(tags, dtype=TAG_DTYPE).tobytes()
     step = TAGS_PER_CHUNK * TAG_BYTES
     pieces = [raw[i : i + step] for i in range(0, len(raw), step)] or [b""]
@@ -71,6 +74,7 @@ def tag_chunks(release_id: str, curator: str, tags: TagArray) -> Iterator[pb.Tag
             sequence=seq,
             tags=piece,
             last=seq == len(pieces) - 1,
+            alphabet_size=alphabet_size,
         )
 
 
@@ -80,42 +84,97 @@ def tags_from_bytes(raw: bytes) -> TagArray:
     return np.frombuffer(raw, dtype=TAG_DTYPE).copy()
 
 
+class AlphabetSizeMismatchError(ValueError):
+    """A curator's alphabet size contradicts the leader's --alphabet-sizes (or is missing)."""
+
+
 @dataclass
 class LeaderState:
-    """What the leading curator collects for one release."""
+    """What the leading curator collects for one release.
+
+    Every curator's alphabet size comes with its tags (``TagChunk.alphabet_size``; the leader
+    adds its own). ``expected_sizes`` (the optional ``--alphabet-sizes``) only cross-checks them:
+    a curator whose size differs fails the agreement with an :class:`AlphabetSizeMismatchError`.
+    """
 
     release_id: str
     curators: tuple[str, ...]  # joint-code order, leader included
-    alphabet_sizes: tuple[int, ...]
+    expected_sizes: tuple[int, ...] | None
     epsilon: float
     m: int | None
     cipher: CipherMode
     researcher: str
     seed: Seed | None = None  # injected for tests; else fresh per release
     tags: dict[str, TagArray] = field(default_factory=dict)
+    sizes: dict[str, int] = field(default_factory=dict)
     params: pb.ReleaseParams | None = None
     common: TagArray | None = None
     error: str | None = None
     cond: threading.Condition = field(default_factory=threading.Condition)
 
-    def add_tags(self, curator: str, tags: TagArray) -> None:
+    def __post_init__(self) -> None:
+        if self.expected_sizes is not None and len(self.expected_sizes) != len(self.curators):
+            raise ValueError(
+                f"--alphabet-sizes has {len(self.expected_sizes)} entries for "
+                f"{len(self.curators)} curators"
+            )
+
+    def _checked_size(self, curator: str, alphabet_size: int) -> int:
+        expected = (
+            None
+            if self.expected_sizes is None
+            else self.expected_sizes[self.curators.index(curator)]
+        )
+        if alphabet_size == 0:  # a curator that does not send its size
+            if expected is None:
+                raise AlphabetSizeMismatchError(
+                    f"curator {curator!r} sent no alphabet size with its tags; upgrade it or "
+                    "give the leader --alphabet-sizes"
+                )
+            return expected
+        if expected is not None and alphabet_size != expected:
+            raise AlphabetSizeMismatchError(
+                f"release {self.release_id!r}: curator {curator!r} has alphabet size "
+                f"{alphabet_size}, but --alphabet-sizes at the leader says {expected}"
+            )
+        return alphabet_size
+
+    def add_tags(self, curator: str, tags: TagArray, alphabet_size: int) -> None:
+        """Record a curator's tags and alphabet size. A size that contradicts
+        ``expected_sizes`` fails the whole agreement (and raises AlphabetSizeMismatchError)."""
         with self.cond:
+            try:
+                size = self._checked_size(curator, alphabet_size)
+            except AlphabetSizeMismatchError as exc:
+                if self.params is None:
+                    self.error = str(exc)
+                    self.cond.notify_all()
+                raise
             if self.params is not None:
-                if curator in self.tags and np.array_equal(self.tags[curator], tags):
+                if (
+                    curator in self.tags
+                    and np.array_equal(self.tags[curator], tags)
+                    and self.sizes.get(curator) == size
+                ):
                     return  # idempotent resubmission
                 raise ValueError("the agreement is already fixed; tags can no longer change")
             self.tags[curator] = tags
+            self.sizes[curator] = size
             self.cond.notify_all()
 
     def wait_all_tags(self, timeout: float) -> bool:
+        """Until every curator's tags arrived (True), the agreement failed, or the timeout."""
         with self.cond:
-            return self.cond.wait_for(lambda: set(self.curators) <= set(self.tags), timeout)
+            return self.cond.wait_for(
+                lambda: self.error is not None or set(self.curators) <= set(self.tags), timeout
+            ) and self.error is None
 
     def agree(self) -> tuple[pb.ReleaseParams, Seed, TagArray]:
         """Common tags, n, the plan and the seed (call once every curator's tags arrived)."""
         with self.cond:
             common = np.ascontiguousarray(common_tags([self.tags[c] for c in self.curators]).astype(TAG_DTYPE))
-            plan = plan_release(int(common.size), self.alphabet_sizes, self.epsilon, self.m)
+            sizes = tuple(self.sizes[c] for c in self.curators)
+            plan = plan_release(int(common.size), sizes, self.epsilon, self.m)
             if self.seed is None:
                 self.seed = Seed.generate()
             self.common = common
@@ -153,6 +212,7 @@ class CuratorService(pb_grpc.CuratorServicer):
         ident = require_role(context, "curator")
         buf: list[bytes] = []
         release_id = ""
+        alphabet_size = 0
         for expected_seq, chunk in enumerate(request_iterator):
             if chunk.curator != ident.name:
                 self.log(
@@ -173,6 +233,7 @@ class CuratorService(pb_grpc.CuratorServicer):
                     f"tag chunk {chunk.sequence} out of order (expected {expected_seq})",
                 )
             release_id = chunk.release_id
+            alphabet_size = alphabet_size or int(chunk.alphabet_size)
             buf.append(chunk.tags)
             if chunk.last:
                 break
@@ -186,10 +247,19 @@ class CuratorService(pb_grpc.CuratorServicer):
             )
         try:
             tags = tags_from_bytes(b"".join(buf))
-            state.add_tags(ident.name, tags)
+            state.add_tags(ident.name, tags, alphabet_size)
+        except AlphabetSizeMismatchError as exc:
+            self.log("tags_refused", release_id=release_id, caller=str(ident), reason=str(exc))
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         except ValueError as exc:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
-        self.log("tags_received", release_id=release_id, curator=ident.name, tags=int(tags.size))
+        self.log(
+            "tags_received",
+            release_id=release_id,
+            curator=ident.name,
+            tags=int(tags.size),
+            alphabet_size=state.sizes.get(ident.name, alphabet_size),
+        )
         return pb.SubmitTagsResponse(release_id=release_id, tags_received=int(tags.size))
 
     def GetAgreement(  # noqa: N802

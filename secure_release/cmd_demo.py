@@ -96,7 +96,7 @@ def launch_release(
     m: int | None,
     cipher: str,
     align_key_file: Path,
-    alphabet_sizes: str = "6,4",
+    alphabet_sizes: str | None = None,
     grants: dict[str, list[str]] | None = None,
     alice_extra: Sequence[str] = (),
     bob_extra: Sequence[str] = (),
@@ -146,7 +146,14 @@ def launch_release(
     ] + (["--m", str(m)] if m is not None else [])
     addrs = {"server": server}
     for name, extra in (
-        ("alice", ["--leader", "--alphabet-sizes", alphabet_sizes, *alice_extra]),
+        (
+            "alice",
+            [
+                "--leader",
+                *(["--alphabet-sizes", alphabet_sizes] if alphabet_sizes else []),
+                *alice_extra,
+            ],
+        ),
         ("bob", ["--leader-address", "LEADER", *bob_extra]),
     ):
         extra = [addrs.get("alice", e) if e == "LEADER" else e for e in extra]

@@ -118,13 +118,17 @@ class ReleaseService(pb_grpc.ReleaseServerServicer):
         self.store = store
         self.key_factory = key_factory
         self.notify = notify
+        # Check-and-perturb is one step: two commits racing to seal a release must not both
+        # see it SEALED and both notify (store.perturb returns a perturbed release unchanged).
+        self._perturb_lock = threading.Lock()
 
     # ------------------------------------------------------------------ PRAM
     def perturb_if_sealed(self, release_id: str) -> st.Release:
-        rel = self.store.release(release_id)
-        if rel.state != st.ReleaseState.SEALED:
-            return rel
-        rel = self.store.perturb(release_id, self.key_factory)
+        with self._perturb_lock:
+            rel = self.store.release(release_id)
+            if rel.state != st.ReleaseState.SEALED:
+                return rel
+            rel = self.store.perturb(release_id, self.key_factory)
         log.info(
             "perturbed",
             extra={"release": release_id, "m": rel.params.m, "digest": rel.perturbed_digest.hex()},

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import stat
@@ -9,13 +10,21 @@ import subprocess
 import sys
 from pathlib import Path
 
+import grpc
 import numpy as np
 import pytest
 
-from curator.keystore import Keystore, atomic_write
+from curator.common import JsonLog
+from curator.keystore import Keystore
+from curator.service import CuratorService, LeaderState, tag_chunks
 from curator.table import BadRowsError, load_schema, read_table
+from mechanism.alignment import TAG_DTYPE
 from mechanism.errors import BudgetExceededError
-from mechanism.pads import new_release_pad
+from mechanism.pads import CipherMode, new_release_pad
+from protos.securerelease.v1 import securerelease_pb2 as pb
+from protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
+from secure_release import security
+from secure_release.fileio import atomic_write
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = {"curator": "alice", "id_column": "id",
@@ -93,7 +102,7 @@ def test_release_past_budget_refused_before_upload(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "curator", "run", "--data", str(data), "--schema", str(schema),
          "--release-id", "r1", "--epsilon", "0.5", "--budget", "0.3", "--server", "127.0.0.1:1",
-         "--name", "alice", "--curators", "alice,bob", "--leader", "--alphabet-sizes", "6,4",
+         "--name", "alice", "--curators", "alice,bob", "--leader",
          "--insecure", "--alignment-key-file", str(tmp_path / "k"), "--keystore", str(tmp_path / "ks")],
         capture_output=True, text=True, timeout=60, env=env)
     assert proc.returncode == 2, proc.stderr
@@ -120,7 +129,7 @@ def test_env_config(tmp_path: Path) -> None:
 
     (tmp_path / "c.json").write_text(json.dumps({"epsilon": 0.25, "release-id": "fromfile"}))
     parser = build_parser()
-    run = parser._subparsers._group_actions[0].choices["run"]  # type: ignore[union-attr]
+    run = parser._subparsers._group_actions[0].choices["run"]  # type: ignore[union-attr,index]
     os.environ["SECURE_RELEASE_EPSILON"] = "0.75"
     try:
         apply_env_and_config(run, ["--config", str(tmp_path / "c.json")])
@@ -128,3 +137,62 @@ def test_env_config(tmp_path: Path) -> None:
     finally:
         del os.environ["SECURE_RELEASE_EPSILON"]
     assert args.epsilon == 0.75 and args.release_id == "fromfile"
+
+
+def _lead_and_submit(
+    tmp_path: Path, expected: tuple[int, ...] | None, bob_size: int
+) -> tuple[LeaderState, pb.SubmitTagsResponse | grpc.RpcError]:
+    """alice leads over mutual TLS; bob submits 3 tags announcing alphabet size ``bob_size``."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    certs = tmp_path / "certs"
+    security.init_pki(certs, [("curator", "alice"), ("curator", "bob")])
+    tags = np.frombuffer(bytes(range(48)), dtype=TAG_DTYPE).copy()
+    state = LeaderState("r1", ("alice", "bob"), expected, 1.0, None, CipherMode.CHACHA20, "res")
+    schema = load_schema(_files(tmp_path, "")[1]).schema
+    service = CuratorService("alice", schema, JsonLog("curator", "alice", io.StringIO()))
+    service.lead(state)
+    server = security.make_grpc_server(max_workers=2)
+    pb_grpc.add_CuratorServicer_to_server(service, server)
+    port = security.bind(server, "127.0.0.1", 0, certs, "alice")
+    server.start()
+    resp: pb.SubmitTagsResponse | grpc.RpcError
+    try:
+        state.add_tags("alice", tags, 6)
+        with security.secure_channel(f"127.0.0.1:{port}", certs, "bob") as channel:
+            try:
+                resp = pb_grpc.CuratorStub(channel).SubmitTags(
+                    tag_chunks("r1", "bob", tags, bob_size), timeout=10
+                )
+            except grpc.RpcError as exc:
+                resp = exc
+    finally:
+        server.stop(0).wait()
+    return state, resp
+
+
+@pytest.mark.parametrize("expected", [None, (6, 4)])
+def test_leader_learns_alphabet_sizes_from_tags(
+    tmp_path: Path, expected: tuple[int, ...] | None
+) -> None:
+    state, resp = _lead_and_submit(tmp_path, expected, 4)
+    assert isinstance(resp, pb.SubmitTagsResponse) and resp.tags_received == 3
+    assert state.wait_all_tags(1.0)
+    params, _, common = state.agree()
+    assert list(params.alphabet_sizes) == [6, 4] and common.size == 3
+
+
+def test_leader_alphabet_cross_check_mismatch(tmp_path: Path) -> None:
+    state, resp = _lead_and_submit(tmp_path, (6, 5), 4)
+    assert isinstance(resp, grpc.RpcError) and resp.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "'bob' has alphabet size 4, but --alphabet-sizes at the leader says 5" in (resp.details() or "")
+    assert not state.wait_all_tags(1.0)  # fails at once, no waiting for the timeout
+    assert state.error is not None and "alphabet size 4" in state.error
+
+
+def test_leader_without_cross_check_needs_sizes_from_tags(tmp_path: Path) -> None:
+    _, resp = _lead_and_submit(tmp_path / "a", None, 0)  # a curator that sends no size
+    assert isinstance(resp, grpc.RpcError) and resp.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "sent no alphabet size" in (resp.details() or "")
+    state, resp = _lead_and_submit(tmp_path / "b", (6, 4), 0)  # --alphabet-sizes fills it in
+    assert isinstance(resp, pb.SubmitTagsResponse) and resp.tags_received == 3
+    assert list(state.agree()[0].alphabet_sizes) == [6, 4]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import subprocess
 import sys
 from pathlib import Path
@@ -48,6 +47,7 @@ def test_release_matches_in_memory_protocol_exactly(setup: dict[str, object]) ->
     try:
         addrs = launch_release(
             cluster, root / "data", root / "certs", "r-exact", 0.5, None, "chacha20", root / "align.key",
+            alphabet_sizes="6,4",  # the optional cross-check; r-marg runs without it
             alice_extra=["--insecure-test-seed", seed.reveal().hex(), "--insecure-test-pad-key",
                          pad_keys[0].reveal().hex()],
             bob_extra=["--insecure-test-pad-key", pad_keys[1].reveal().hex()],
@@ -55,7 +55,8 @@ def test_release_matches_in_memory_protocol_exactly(setup: dict[str, object]) ->
         resp = get_estimate(addrs["researcher"], root / "certs", "r-exact", timeout=120)
     finally:
         cluster.close()
-    tables = [read_table(root / "data" / f"{c}.csv", load_schema(root / "data" / f"{c}.json")) for c in ("alice", "bob")]
+    tables = [read_table(root / "data" / f"{c}.csv", load_schema(root / "data" / f"{c}.json"))
+              for c in ("alice", "bob")]
     ref = protocol.run_release(tables, 0.5, None, "chacha20", "r-exact", seed=seed,
                                alignment_key=setup["akey"], pram_key=pram, pad_keys=pad_keys)  # type: ignore[arg-type]
     assert not resp.marginal

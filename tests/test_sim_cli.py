@@ -24,7 +24,7 @@ def test_simulate_json() -> None:
     assert out.returncode == 0, out.stderr
     rep = json.loads(out.stdout)
     assert rep["n"] == 45222 and rep["K"] == 24 and len(rep["results"]) == 2
-    for r, m in zip(rep["results"], (239, 3899)):
+    for r, m in zip(rep["results"], (239, 3899), strict=False):
         assert r["m"] == m and r["trials"] == 200
         for key in ("gamma", "mean_l2_error", "mean_l2_error_projected", "mean_l2_error_mle",
                     "predicted_rmse", "bound", "bound_tight", "se_mean_l2_error",

@@ -24,17 +24,17 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n+protos/securerelease/v1/securerelease.proto\x12\x10securerelease.v1\"\xc5\x01\n\rReleaseParams\x12\x12\n\nrelease_id\x18\x01 \x01(\t\x12\t\n\x01n\x18\x02 \x01(\x04\x12\t\n\x01m\x18\x03 \x01(\x04\x12\x0f\n\x07\x65psilon\x18\x04 \x01(\x01\x12\r\n\x05gamma\x18\x05 \x01(\x01\x12\x10\n\x08\x63urators\x18\x06 \x03(\t\x12\x16\n\x0e\x61lphabet_sizes\x18\x07 \x03(\x04\x12,\n\x06\x63ipher\x18\x08 \x01(\x0e\x32\x1c.securerelease.v1.CipherMode\x12\x12\n\nresearcher\x18\t \x01(\t\"-\n\tAttribute\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\ncategories\x18\x02 \x03(\t\"Q\n\rCuratorSchema\x12\x0f\n\x07\x63urator\x18\x01 \x01(\t\x12/\n\nattributes\x18\x02 \x03(\x0b\x32\x1b.securerelease.v1.Attribute\"W\n\x13RegisterPartRequest\x12/\n\x06params\x18\x01 \x01(\x0b\x32\x1f.securerelease.v1.ReleaseParams\x12\x0f\n\x07\x63urator\x18\x02 \x01(\t\"G\n\x14RegisterPartResponse\x12/\n\x06status\x18\x01 \x01(\x0b\x32\x1f.securerelease.v1.ReleaseStatus\"\x89\x01\n\x0bUploadChunk\x12\x12\n\nrelease_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63urator\x18\x02 \x01(\t\x12\x10\n\x08sequence\x18\x03 \x01(\x04\x12\x0f\n\x07symbols\x18\x04 \x01(\x0c\x12\x0e\n\x06\x63ommit\x18\x05 \x01(\x08\x12\x0e\n\x06\x64igest\x18\x06 \x01(\x0c\x12\x12\n\nnum_chunks\x18\x07 \x01(\x04\"\xa8\x01\n\x0eUploadResponse\x12\x12\n\nrelease_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63urator\x18\x02 \x01(\t\x12\x15\n\rchunks_stored\x18\x03 \x01(\x04\x12\x16\n\x0esymbols_stored\x18\x04 \x01(\x04\x12\x11\n\tcommitted\x18\x05 \x01(\x08\x12/\n\x06status\x18\x06 \x01(\x0b\x32\x1f.securerelease.v1.ReleaseStatus\"*\n\x14ReleaseStatusRequest\x12\x12\n\nrelease_id\x18\x01 \x01(\t\"a\n\x0f\x43uratorProgress\x12\x0f\n\x07\x63urator\x18\x01 \x01(\t\x12\x12\n\nregistered\x18\x02 \x01(\x08\x12\x16\n\x0esymbols_stored\x18\x03 \x01(\x04\x12\x11\n\tcommitted\x18\x04 \x01(\x08\"\xe6\x01\n\rReleaseStatus\x12\x12\n\nrelease_id\x18\x01 \x01(\t\x12-\n\x05state\x18\x02 \x01(\x0e\x32\x1e.securerelease.v1.ReleaseState\x12/\n\x06params\x18\x03 \x01(\x0b\x32\x1f.securerelease.v1.ReleaseParams\x12\x33\n\x08\x63urators\x18\x04 \x03(\x0b\x32!.securerelease.v1.CuratorProgress\x12\x18\n\x10perturbed_digest\x18\x05 \x01(\x0c\x12\x12\n\nchunk_rows\x18\x06 \x01(\x04\"\"\n\x0c\x46\x65tchRequest\x12\x12\n\nrelease_id\x18\x01 \x01(\t\"x\n\x0ePerturbedChunk\x12\x12\n\nrelease_id\x18\x01 \x01(\t\x12\x10\n\x08sequence\x18\x02 \x01(\x04\x12\x11\n\tfirst_row\x18\x03 \x01(\x04\x12\x0f\n\x07\x63olumns\x18\x04 \x03(\x0c\x12\x0c\n\x04last\x18\x05 \x01(\x08\x12\x0e\n\x06\x64igest\x18\x06 \x01(\x0c\"]\n\x08TagChunk\x12\x12\n\nrelease_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63urator\x18\x02 \x01(\t\x12\x10\n\x08sequence\x18\x03 \x01(\x04\x12\x0c\n\x04tags\x18\x04 \x01(\x0c\x12\x0c\n\x04last\x18\x05 \x01(\x08\"?\n\x12SubmitTagsResponse\x12\x12\n\nrelease_id\x18\x01 \x01(\t\x12\x15\n\rtags_received\x18\x02 \x01(\x04\"7\n\x10\x41greementRequest\x12\x12\n\nrelease_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63urator\x18\x02 \x01(\t\"\x8d\x01\n\x0e\x41greementChunk\x12/\n\x06params\x18\x01 \x01(\x0b\x32\x1f.securerelease.v1.ReleaseParams\x12\x15\n\rsampling_seed\x18\x02 \x01(\x0c\x12\x10\n\x08sequence\x18\x03 \x01(\x04\x12\x13\n\x0b\x63ommon_tags\x18\x04 \x01(\x0c\x12\x0c\n\x04last\x18\x05 \x01(\x08\" \n\nKeyRequest\x12\x12\n\nrelease_id\x18\x01 \x01(\t\"\xf7\x01\n\x08KeyChunk\x12\x12\n\nrelease_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63urator\x18\x02 \x01(\t\x12,\n\x06\x63ipher\x18\x03 \x01(\x0e\x32\x1c.securerelease.v1.CipherMode\x12/\n\x06schema\x18\x04 \x01(\x0b\x32\x1f.securerelease.v1.CuratorSchema\x12\x15\n\ralphabet_size\x18\x05 \x01(\x04\x12\t\n\x01m\x18\x06 \x01(\x04\x12\x14\n\x0c\x63hacha20_key\x18\x07 \x01(\x0c\x12\x10\n\x08sequence\x18\x08 \x01(\x04\x12\x0f\n\x07otp_pad\x18\t \x01(\x0c\x12\x0c\n\x04last\x18\n \x01(\x08\";\n\x0bReadyNotice\x12\x12\n\nrelease_id\x18\x01 \x01(\t\x12\x18\n\x10perturbed_digest\x18\x02 \x01(\x0c\"\x1c\n\x08ReadyAck\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\"3\n\x0f\x45stimateRequest\x12\x12\n\nrelease_id\x18\x01 \x01(\t\x12\x0c\n\x04wait\x18\x02 \x01(\x08\"\x93\x01\n\x04\x43\x65ll\x12\x0e\n\x06labels\x18\x01 \x03(\t\x12\x10\n\x08\x65stimate\x18\x02 \x01(\x01\x12\x11\n\tprojected\x18\x03 \x01(\x01\x12\x0b\n\x03mle\x18\x04 \x01(\x01\x12\x16\n\x0estandard_error\x18\x05 \x01(\x01\x12\x0e\n\x06\x63i_low\x18\x06 \x01(\x01\x12\x0f\n\x07\x63i_high\x18\x07 \x01(\x01\x12\x10\n\x08observed\x18\x08 \x01(\x04\"\x95\x01\n\rPrivacyReport\x12\x0f\n\x07\x65psilon\x18\x01 \x01(\x01\x12\r\n\x05gamma\x18\x02 \x01(\x01\x12\t\n\x01m\x18\x03 \x01(\x04\x12\t\n\x01n\x18\x04 \x01(\x04\x12\x12\n\njoint_size\x18\x05 \x01(\x04\x12\x16\n\x0epredicted_rmse\x18\x06 \x01(\x01\x12\r\n\x05\x62ound\x18\x07 \x01(\x01\x12\x13\n\x0b\x62ound_tight\x18\x08 \x01(\x01\"\xcf\x01\n\x10\x45stimateResponse\x12\x12\n\nrelease_id\x18\x01 \x01(\t\x12\x10\n\x08marginal\x18\x02 \x01(\x08\x12\x10\n\x08\x63urators\x18\x03 \x03(\t\x12\x12\n\nattributes\x18\x04 \x03(\t\x12%\n\x05\x63\x65lls\x18\x05 \x03(\x0b\x32\x16.securerelease.v1.Cell\x12\x30\n\x07privacy\x18\x06 \x01(\x0b\x32\x1f.securerelease.v1.PrivacyReport\x12\x16\n\x0emle_iterations\x18\x07 \x01(\x04\"\x15\n\x13ListReleasesRequest\"+\n\x14ListReleasesResponse\x12\x13\n\x0brelease_ids\x18\x01 \x03(\t*X\n\nCipherMode\x12\x1b\n\x17\x43IPHER_MODE_UNSPECIFIED\x10\x00\x12\x13\n\x0f\x43IPHER_MODE_OTP\x10\x01\x12\x18\n\x14\x43IPHER_MODE_CHACHA20\x10\x02*\x9f\x01\n\x0cReleaseState\x12\x1d\n\x19RELEASE_STATE_UNSPECIFIED\x10\x00\x12\x1c\n\x18RELEASE_STATE_REGISTERED\x10\x01\x12\x1b\n\x17RELEASE_STATE_UPLOADING\x10\x02\x12\x18\n\x14RELEASE_STATE_SEALED\x10\x03\x12\x1b\n\x17RELEASE_STATE_PERTURBED\x10\x04\x32\xf8\x02\n\rReleaseServer\x12]\n\x0cRegisterPart\x12%.securerelease.v1.RegisterPartRequest\x1a&.securerelease.v1.RegisterPartResponse\x12U\n\x10UploadCiphertext\x12\x1d.securerelease.v1.UploadChunk\x1a .securerelease.v1.UploadResponse(\x01\x12[\n\x10GetReleaseStatus\x12&.securerelease.v1.ReleaseStatusRequest\x1a\x1f.securerelease.v1.ReleaseStatus\x12T\n\x0e\x46\x65tchPerturbed\x12\x1e.securerelease.v1.FetchRequest\x1a .securerelease.v1.PerturbedChunk0\x01\x32\xfd\x01\n\x07\x43urator\x12P\n\nSubmitTags\x12\x1a.securerelease.v1.TagChunk\x1a$.securerelease.v1.SubmitTagsResponse(\x01\x12V\n\x0cGetAgreement\x12\".securerelease.v1.AgreementRequest\x1a .securerelease.v1.AgreementChunk0\x01\x12H\n\nReleaseKey\x12\x1c.securerelease.v1.KeyRequest\x1a\x1a.securerelease.v1.KeyChunk0\x01\x32\x8b\x02\n\nResearcher\x12H\n\x0bNotifyReady\x12\x1d.securerelease.v1.ReadyNotice\x1a\x1a.securerelease.v1.ReadyAck\x12T\n\x0bGetEstimate\x12!.securerelease.v1.EstimateRequest\x1a\".securerelease.v1.EstimateResponse\x12]\n\x0cListReleases\x12%.securerelease.v1.ListReleasesRequest\x1a&.securerelease.v1.ListReleasesResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n+protos/securerelease/v1/securerelease.proto\x12\x10securerelease.v1\"\xc5\x01\n\rReleaseParams\x12\x12\n\nrelease_id\x18\x01 \x01(\t\x12\t\n\x01n\x18\x02 \x01(\x04\x12\t\n\x01m\x18\x03 \x01(\x04\x12\x0f\n\x07\x65psilon\x18\x04 \x01(\x01\x12\r\n\x05gamma\x18\x05 \x01(\x01\x12\x10\n\x08\x63urators\x18\x06 \x03(\t\x12\x16\n\x0e\x61lphabet_sizes\x18\x07 \x03(\x04\x12,\n\x06\x63ipher\x18\x08 \x01(\x0e\x32\x1c.securerelease.v1.CipherMode\x12\x12\n\nresearcher\x18\t \x01(\t\"-\n\tAttribute\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\ncategories\x18\x02 \x03(\t\"Q\n\rCuratorSchema\x12\x0f\n\x07\x63urator\x18\x01 \x01(\t\x12/\n\nattributes\x18\x02 \x03(\x0b\x32\x1b.securerelease.v1.Attribute\"W\n\x13RegisterPartRequest\x12/\n\x06params\x18\x01 \x01(\x0b\x32\x1f.securerelease.v1.ReleaseParams\x12\x0f\n\x07\x63urator\x18\x02 \x01(\t\"G\n\x14RegisterPartResponse\x12/\n\x06status\x18\x01 \x01(\x0b\x32\x1f.securerelease.v1.ReleaseStatus\"\x89\x01\n\x0bUploadChunk\x12\x12\n\nrelease_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63urator\x18\x02 \x01(\t\x12\x10\n\x08sequence\x18\x03 \x01(\x04\x12\x0f\n\x07symbols\x18\x04 \x01(\x0c\x12\x0e\n\x06\x63ommit\x18\x05 \x01(\x08\x12\x0e\n\x06\x64igest\x18\x06 \x01(\x0c\x12\x12\n\nnum_chunks\x18\x07 \x01(\x04\"\xa8\x01\n\x0eUploadResponse\x12\x12\n\nrelease_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63urator\x18\x02 \x01(\t\x12\x15\n\rchunks_stored\x18\x03 \x01(\x04\x12\x16\n\x0esymbols_stored\x18\x04 \x01(\x04\x12\x11\n\tcommitted\x18\x05 \x01(\x08\x12/\n\x06status\x18\x06 \x01(\x0b\x32\x1f.securerelease.v1.ReleaseStatus\"*\n\x14ReleaseStatusRequest\x12\x12\n\nrelease_id\x18\x01 \x01(\t\"a\n\x0f\x43uratorProgress\x12\x0f\n\x07\x63urator\x18\x01 \x01(\t\x12\x12\n\nregistered\x18\x02 \x01(\x08\x12\x16\n\x0esymbols_stored\x18\x03 \x01(\x04\x12\x11\n\tcommitted\x18\x04 \x01(\x08\"\xe6\x01\n\rReleaseStatus\x12\x12\n\nrelease_id\x18\x01 \x01(\t\x12-\n\x05state\x18\x02 \x01(\x0e\x32\x1e.securerelease.v1.ReleaseState\x12/\n\x06params\x18\x03 \x01(\x0b\x32\x1f.securerelease.v1.ReleaseParams\x12\x33\n\x08\x63urators\x18\x04 \x03(\x0b\x32!.securerelease.v1.CuratorProgress\x12\x18\n\x10perturbed_digest\x18\x05 \x01(\x0c\x12\x12\n\nchunk_rows\x18\x06 \x01(\x04\"\"\n\x0c\x46\x65tchRequest\x12\x12\n\nrelease_id\x18\x01 \x01(\t\"x\n\x0ePerturbedChunk\x12\x12\n\nrelease_id\x18\x01 \x01(\t\x12\x10\n\x08sequence\x18\x02 \x01(\x04\x12\x11\n\tfirst_row\x18\x03 \x01(\x04\x12\x0f\n\x07\x63olumns\x18\x04 \x03(\x0c\x12\x0c\n\x04last\x18\x05 \x01(\x08\x12\x0e\n\x06\x64igest\x18\x06 \x01(\x0c\"t\n\x08TagChunk\x12\x12\n\nrelease_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63urator\x18\x02 \x01(\t\x12\x10\n\x08sequence\x18\x03 \x01(\x04\x12\x0c\n\x04tags\x18\x04 \x01(\x0c\x12\x0c\n\x04last\x18\x05 \x01(\x08\x12\x15\n\ralphabet_size\x18\x06 \x01(\x04\"?\n\x12SubmitTagsResponse\x12\x12\n\nrelease_id\x18\x01 \x01(\t\x12\x15\n\rtags_received\x18\x02 \x01(\x04\"7\n\x10\x41greementRequest\x12\x12\n\nrelease_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63urator\x18\x02 \x01(\t\"\x8d\x01\n\x0e\x41greementChunk\x12/\n\x06params\x18\x01 \x01(\x0b\x32\x1f.securerelease.v1.ReleaseParams\x12\x15\n\rsampling_seed\x18\x02 \x01(\x0c\x12\x10\n\x08sequence\x18\x03 \x01(\x04\x12\x13\n\x0b\x63ommon_tags\x18\x04 \x01(\x0c\x12\x0c\n\x04last\x18\x05 \x01(\x08\" \n\nKeyRequest\x12\x12\n\nrelease_id\x18\x01 \x01(\t\"\xf7\x01\n\x08KeyChunk\x12\x12\n\nrelease_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63urator\x18\x02 \x01(\t\x12,\n\x06\x63ipher\x18\x03 \x01(\x0e\x32\x1c.securerelease.v1.CipherMode\x12/\n\x06schema\x18\x04 \x01(\x0b\x32\x1f.securerelease.v1.CuratorSchema\x12\x15\n\ralphabet_size\x18\x05 \x01(\x04\x12\t\n\x01m\x18\x06 \x01(\x04\x12\x14\n\x0c\x63hacha20_key\x18\x07 \x01(\x0c\x12\x10\n\x08sequence\x18\x08 \x01(\x04\x12\x0f\n\x07otp_pad\x18\t \x01(\x0c\x12\x0c\n\x04last\x18\n \x01(\x08\";\n\x0bReadyNotice\x12\x12\n\nrelease_id\x18\x01 \x01(\t\x12\x18\n\x10perturbed_digest\x18\x02 \x01(\x0c\"\x1c\n\x08ReadyAck\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\"3\n\x0f\x45stimateRequest\x12\x12\n\nrelease_id\x18\x01 \x01(\t\x12\x0c\n\x04wait\x18\x02 \x01(\x08\"\x93\x01\n\x04\x43\x65ll\x12\x0e\n\x06labels\x18\x01 \x03(\t\x12\x10\n\x08\x65stimate\x18\x02 \x01(\x01\x12\x11\n\tprojected\x18\x03 \x01(\x01\x12\x0b\n\x03mle\x18\x04 \x01(\x01\x12\x16\n\x0estandard_error\x18\x05 \x01(\x01\x12\x0e\n\x06\x63i_low\x18\x06 \x01(\x01\x12\x0f\n\x07\x63i_high\x18\x07 \x01(\x01\x12\x10\n\x08observed\x18\x08 \x01(\x04\"\x95\x01\n\rPrivacyReport\x12\x0f\n\x07\x65psilon\x18\x01 \x01(\x01\x12\r\n\x05gamma\x18\x02 \x01(\x01\x12\t\n\x01m\x18\x03 \x01(\x04\x12\t\n\x01n\x18\x04 \x01(\x04\x12\x12\n\njoint_size\x18\x05 \x01(\x04\x12\x16\n\x0epredicted_rmse\x18\x06 \x01(\x01\x12\r\n\x05\x62ound\x18\x07 \x01(\x01\x12\x13\n\x0b\x62ound_tight\x18\x08 \x01(\x01\"\xcf\x01\n\x10\x45stimateResponse\x12\x12\n\nrelease_id\x18\x01 \x01(\t\x12\x10\n\x08marginal\x18\x02 \x01(\x08\x12\x10\n\x08\x63urators\x18\x03 \x03(\t\x12\x12\n\nattributes\x18\x04 \x03(\t\x12%\n\x05\x63\x65lls\x18\x05 \x03(\x0b\x32\x16.securerelease.v1.Cell\x12\x30\n\x07privacy\x18\x06 \x01(\x0b\x32\x1f.securerelease.v1.PrivacyReport\x12\x16\n\x0emle_iterations\x18\x07 \x01(\x04\"\x15\n\x13ListReleasesRequest\"+\n\x14ListReleasesResponse\x12\x13\n\x0brelease_ids\x18\x01 \x03(\t*X\n\nCipherMode\x12\x1b\n\x17\x43IPHER_MODE_UNSPECIFIED\x10\x00\x12\x13\n\x0f\x43IPHER_MODE_OTP\x10\x01\x12\x18\n\x14\x43IPHER_MODE_CHACHA20\x10\x02*\x9f\x01\n\x0cReleaseState\x12\x1d\n\x19RELEASE_STATE_UNSPECIFIED\x10\x00\x12\x1c\n\x18RELEASE_STATE_REGISTERED\x10\x01\x12\x1b\n\x17RELEASE_STATE_UPLOADING\x10\x02\x12\x18\n\x14RELEASE_STATE_SEALED\x10\x03\x12\x1b\n\x17RELEASE_STATE_PERTURBED\x10\x04\x32\xf8\x02\n\rReleaseServer\x12]\n\x0cRegisterPart\x12%.securerelease.v1.RegisterPartRequest\x1a&.securerelease.v1.RegisterPartResponse\x12U\n\x10UploadCiphertext\x12\x1d.securerelease.v1.UploadChunk\x1a .securerelease.v1.UploadResponse(\x01\x12[\n\x10GetReleaseStatus\x12&.securerelease.v1.ReleaseStatusRequest\x1a\x1f.securerelease.v1.ReleaseStatus\x12T\n\x0e\x46\x65tchPerturbed\x12\x1e.securerelease.v1.FetchRequest\x1a .securerelease.v1.PerturbedChunk0\x01\x32\xfd\x01\n\x07\x43urator\x12P\n\nSubmitTags\x12\x1a.securerelease.v1.TagChunk\x1a$.securerelease.v1.SubmitTagsResponse(\x01\x12V\n\x0cGetAgreement\x12\".securerelease.v1.AgreementRequest\x1a .securerelease.v1.AgreementChunk0\x01\x12H\n\nReleaseKey\x12\x1c.securerelease.v1.KeyRequest\x1a\x1a.securerelease.v1.KeyChunk0\x01\x32\x8b\x02\n\nResearcher\x12H\n\x0bNotifyReady\x12\x1d.securerelease.v1.ReadyNotice\x1a\x1a.securerelease.v1.ReadyAck\x12T\n\x0bGetEstimate\x12!.securerelease.v1.EstimateRequest\x1a\".securerelease.v1.EstimateResponse\x12]\n\x0cListReleases\x12%.securerelease.v1.ListReleasesRequest\x1a&.securerelease.v1.ListReleasesResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'protos.securerelease.v1.securerelease_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_CIPHERMODE']._serialized_start=2771
-  _globals['_CIPHERMODE']._serialized_end=2859
-  _globals['_RELEASESTATE']._serialized_start=2862
-  _globals['_RELEASESTATE']._serialized_end=3021
+  _globals['_CIPHERMODE']._serialized_start=2794
+  _globals['_CIPHERMODE']._serialized_end=2882
+  _globals['_RELEASESTATE']._serialized_start=2885
+  _globals['_RELEASESTATE']._serialized_end=3044
   _globals['_RELEASEPARAMS']._serialized_start=66
   _globals['_RELEASEPARAMS']._serialized_end=263
   _globals['_ATTRIBUTE']._serialized_start=265
@@ -60,37 +60,37 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PERTURBEDCHUNK']._serialized_start=1280
   _globals['_PERTURBEDCHUNK']._serialized_end=1400
   _globals['_TAGCHUNK']._serialized_start=1402
-  _globals['_TAGCHUNK']._serialized_end=1495
-  _globals['_SUBMITTAGSRESPONSE']._serialized_start=1497
-  _globals['_SUBMITTAGSRESPONSE']._serialized_end=1560
-  _globals['_AGREEMENTREQUEST']._serialized_start=1562
-  _globals['_AGREEMENTREQUEST']._serialized_end=1617
-  _globals['_AGREEMENTCHUNK']._serialized_start=1620
-  _globals['_AGREEMENTCHUNK']._serialized_end=1761
-  _globals['_KEYREQUEST']._serialized_start=1763
-  _globals['_KEYREQUEST']._serialized_end=1795
-  _globals['_KEYCHUNK']._serialized_start=1798
-  _globals['_KEYCHUNK']._serialized_end=2045
-  _globals['_READYNOTICE']._serialized_start=2047
-  _globals['_READYNOTICE']._serialized_end=2106
-  _globals['_READYACK']._serialized_start=2108
-  _globals['_READYACK']._serialized_end=2136
-  _globals['_ESTIMATEREQUEST']._serialized_start=2138
-  _globals['_ESTIMATEREQUEST']._serialized_end=2189
-  _globals['_CELL']._serialized_start=2192
-  _globals['_CELL']._serialized_end=2339
-  _globals['_PRIVACYREPORT']._serialized_start=2342
-  _globals['_PRIVACYREPORT']._serialized_end=2491
-  _globals['_ESTIMATERESPONSE']._serialized_start=2494
-  _globals['_ESTIMATERESPONSE']._serialized_end=2701
-  _globals['_LISTRELEASESREQUEST']._serialized_start=2703
-  _globals['_LISTRELEASESREQUEST']._serialized_end=2724
-  _globals['_LISTRELEASESRESPONSE']._serialized_start=2726
-  _globals['_LISTRELEASESRESPONSE']._serialized_end=2769
-  _globals['_RELEASESERVER']._serialized_start=3024
-  _globals['_RELEASESERVER']._serialized_end=3400
-  _globals['_CURATOR']._serialized_start=3403
-  _globals['_CURATOR']._serialized_end=3656
-  _globals['_RESEARCHER']._serialized_start=3659
-  _globals['_RESEARCHER']._serialized_end=3926
+  _globals['_TAGCHUNK']._serialized_end=1518
+  _globals['_SUBMITTAGSRESPONSE']._serialized_start=1520
+  _globals['_SUBMITTAGSRESPONSE']._serialized_end=1583
+  _globals['_AGREEMENTREQUEST']._serialized_start=1585
+  _globals['_AGREEMENTREQUEST']._serialized_end=1640
+  _globals['_AGREEMENTCHUNK']._serialized_start=1643
+  _globals['_AGREEMENTCHUNK']._serialized_end=1784
+  _globals['_KEYREQUEST']._serialized_start=1786
+  _globals['_KEYREQUEST']._serialized_end=1818
+  _globals['_KEYCHUNK']._serialized_start=1821
+  _globals['_KEYCHUNK']._serialized_end=2068
+  _globals['_READYNOTICE']._serialized_start=2070
+  _globals['_READYNOTICE']._serialized_end=2129
+  _globals['_READYACK']._serialized_start=2131
+  _globals['_READYACK']._serialized_end=2159
+  _globals['_ESTIMATEREQUEST']._serialized_start=2161
+  _globals['_ESTIMATEREQUEST']._serialized_end=2212
+  _globals['_CELL']._serialized_start=2215
+  _globals['_CELL']._serialized_end=2362
+  _globals['_PRIVACYREPORT']._serialized_start=2365
+  _globals['_PRIVACYREPORT']._serialized_end=2514
+  _globals['_ESTIMATERESPONSE']._serialized_start=2517
+  _globals['_ESTIMATERESPONSE']._serialized_end=2724
+  _globals['_LISTRELEASESREQUEST']._serialized_start=2726
+  _globals['_LISTRELEASESREQUEST']._serialized_end=2747
+  _globals['_LISTRELEASESRESPONSE']._serialized_start=2749
+  _globals['_LISTRELEASESRESPONSE']._serialized_end=2792
+  _globals['_RELEASESERVER']._serialized_start=3047
+  _globals['_RELEASESERVER']._serialized_end=3423
+  _globals['_CURATOR']._serialized_start=3426
+  _globals['_CURATOR']._serialized_end=3679
+  _globals['_RESEARCHER']._serialized_start=3682
+  _globals['_RESEARCHER']._serialized_end=3949
 # @@protoc_insertion_point(module_scope)

@@ -448,12 +448,15 @@ class TagChunk(_message.Message):
     SEQUENCE_FIELD_NUMBER: _builtins.int
     TAGS_FIELD_NUMBER: _builtins.int
     LAST_FIELD_NUMBER: _builtins.int
+    ALPHABET_SIZE_FIELD_NUMBER: _builtins.int
     release_id: _builtins.str
     curator: _builtins.str
     sequence: _builtins.int
     tags: _builtins.bytes
     """concatenated 16-byte tags"""
     last: _builtins.bool
+    alphabet_size: _builtins.int
+    """the submitting curator's alphabet size (its schema's joint size)"""
     def __init__(
         self,
         *,
@@ -462,10 +465,11 @@ class TagChunk(_message.Message):
         sequence: _builtins.int = ...,
         tags: _builtins.bytes = ...,
         last: _builtins.bool = ...,
+        alphabet_size: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["curator", b"curator", "last", b"last", "release_id", b"release_id", "sequence", b"sequence", "tags", b"tags"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["alphabet_size", b"alphabet_size", "curator", b"curator", "last", b"last", "release_id", b"release_id", "sequence", b"sequence", "tags", b"tags"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
