@@ -11,10 +11,12 @@ from __future__ import annotations
 import csv
 import json
 from dataclasses import dataclass
+from itertools import compress
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from mechanism.errors import SecureReleaseError
 from mechanism.protocol import CuratorTable
@@ -64,67 +66,93 @@ def schema_to_dict(spec: TableSpec) -> dict[str, Any]:
     }
 
 
-def _read_rows(path: Path) -> tuple[list[str], list[tuple[int, list[str]]]]:
-    """Header and (line number, values) rows; line numbers count the header as line 1."""
+def _read_columns(path: Path) -> tuple[list[str], list[npt.NDArray[np.str_]], npt.NDArray[np.bool_]]:
+    """Header, one stripped string column per header field, and which records had the right
+    number of fields (records with a wrong count are left out of the columns).
+
+    Parsing is the csv module's C reader (or pyarrow for Parquet); everything after it is
+    numpy: no per-row Python loop on the happy path.
+    """
     if path.suffix.lower() in (".parquet", ".pq"):
         try:
+            import pyarrow.compute as pc
             import pyarrow.parquet as pq
         except ImportError as exc:  # pragma: no cover
             raise SchemaFileError(f"{path}: reading Parquet needs pyarrow (pip install pyarrow)") from exc
         table = pq.read_table(path)
         header = list(table.column_names)
-        cols = [table.column(c).to_pylist() for c in header]
-        rows = [(i + 2, ["" if v is None else str(v) for v in vals]) for i, vals in enumerate(zip(*cols, strict=True))]
-        return header, rows
+        columns = []
+        for name in header:
+            text = pc.fill_null(pc.cast(table.column(name), "string"), "")
+            columns.append(np.strings.strip(text.to_numpy(zero_copy_only=False).astype(str)))
+        return header, columns, np.ones(table.num_rows, dtype=bool)
     with path.open(newline="", encoding="utf-8") as fh:
         reader = csv.reader(fh)
         try:
             header = [h.strip() for h in next(reader)]
         except StopIteration as exc:
             raise BadRowsError(str(path), [(1, "empty file: no header")]) from exc
-        rows = [(reader.line_num, row) for row in reader if row]
-    return header, rows
+        records = list(filter(None, reader))  # blank lines skipped
+    widths = np.fromiter(map(len, records), dtype=np.int64, count=len(records))
+    good = widths == len(header)
+    kept = records if bool(good.all()) else list(compress(records, good.tolist()))
+    fields = list(zip(*kept, strict=True)) if kept else [() for _ in header]
+    columns = [np.strings.strip(np.asarray(f, dtype=str)) for f in fields]
+    return header, columns, good
+
+
+def _line_numbers(path: Path, record_indices: npt.NDArray[np.int64]) -> list[int]:
+    """File line numbers of the given records (error path only: a second, counting pass)."""
+    if path.suffix.lower() in (".parquet", ".pq"):
+        return [int(i) + 2 for i in record_indices]
+    wanted = set(record_indices.tolist())
+    lines: dict[int, int] = {}
+    with path.open(newline="", encoding="utf-8") as fh:
+        reader = csv.reader(fh)
+        next(reader)
+        index = 0
+        for record in reader:
+            if not record:
+                continue
+            if index in wanted:
+                lines[index] = reader.line_num
+            index += 1
+    return [lines[int(i)] for i in record_indices]
 
 
 def read_table(data_path: str | Path, spec: TableSpec) -> CuratorTable:
     """The curator's table; raises :class:`BadRowsError` listing every bad line."""
     path = Path(data_path)
-    header, rows = _read_rows(path)
+    header, columns, good_width = _read_columns(path)
     needed = [spec.id_column] + [a.name for a in spec.schema.attributes]
     missing = [c for c in needed if c not in header]
     if missing:
         raise BadRowsError(str(path), [(1, f"missing column(s) {missing}; header is {header}")])
-    idx = {c: header.index(c) for c in needed}
-    allowed = {a.name: set(a.categories) for a in spec.schema.attributes}
-    problems: list[tuple[int, str]] = []
-    ids: list[str] = []
-    cols: dict[str, list[str]] = {a.name: [] for a in spec.schema.attributes}
-    seen: dict[str, int] = {}
-    for line, row in rows:
-        if len(row) != len(header):
-            problems.append((line, f"{len(row)} fields, expected {len(header)}"))
-            continue
-        rid = row[idx[spec.id_column]].strip()
-        bad = [
-            f"{a}={row[idx[a]].strip()!r} not in {sorted(allowed[a])}"
-            for a in allowed
-            if row[idx[a]].strip() not in allowed[a]
-        ]
-        if not rid:
-            bad.append("empty id")
-        elif rid in seen:
-            bad.append(f"duplicate id (first on line {seen[rid]})")
-        if bad:
-            problems.append((line, ", ".join(bad)))
-            continue
-        seen[rid] = line
-        ids.append(rid)
-        for a in cols:
-            cols[a].append(row[idx[a]].strip())
-    if problems:
-        raise BadRowsError(str(path), problems)
-    return CuratorTable(
-        spec.schema,
-        np.asarray(ids, dtype=str),
-        {a: np.asarray(v, dtype=str) for a, v in cols.items()},
-    )
+    by_name = dict(zip(header, columns, strict=True))
+    ids = by_name[spec.id_column]
+    record_of = np.flatnonzero(good_width)  # record index of each kept row
+    reasons: dict[int, list[str]] = {
+        int(i): [f"wrong number of fields, expected {len(header)}"] for i in np.flatnonzero(~good_width)
+    }
+
+    def flag(rows: npt.NDArray[np.int64], message: str) -> None:
+        for r in rows:
+            reasons.setdefault(int(record_of[r]), []).append(message)
+
+    for attribute in spec.schema.attributes:
+        values = by_name[attribute.name]
+        outside = np.flatnonzero(~np.isin(values, np.asarray(attribute.categories, dtype=str)))
+        for r in outside:
+            flag(np.array([r]), f"{attribute.name}={str(values[r])!r} not in {sorted(attribute.categories)}")
+    flag(np.flatnonzero(ids == ""), "empty id")
+    _, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
+    repeated = np.flatnonzero(first[inverse] != np.arange(ids.size))
+    if repeated.size:
+        first_lines = _line_numbers(path, record_of[first[inverse[repeated]]])
+        for r, line in zip(repeated, first_lines, strict=True):
+            flag(np.array([r]), f"duplicate id (first on line {line})")
+    if reasons:
+        bad = np.array(sorted(reasons), dtype=np.int64)
+        lines = _line_numbers(path, bad)
+        raise BadRowsError(str(path), [(line, ", ".join(reasons[int(i)])) for line, i in zip(lines, bad, strict=True)])
+    return CuratorTable(spec.schema, ids, {a.name: by_name[a.name] for a in spec.schema.attributes})

@@ -28,7 +28,7 @@ from mechanism.packing import unpack_symbols
 from mechanism.pads import CipherMode, ReleasePad
 from mechanism.plan import ReleasePlan
 from mechanism.protocol import ReleaseEstimate, researcher_decrypt, researcher_estimate
-from mechanism.schema import Attribute, CuratorSchema, SymbolArray
+from mechanism.schema import Attribute, CuratorSchema, JointSchema, SymbolArray
 from protos.securerelease.v1 import securerelease_pb2 as pb
 from protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
 from secure_release.security import secure_channel
@@ -198,13 +198,14 @@ def result_dict(
     keys: Sequence[KeyResult],
 ) -> dict[str, Any]:
     schemas = [keys[j].schema for j in subset]
-    names = [a.name for s in schemas for a in s.attributes]  # type: ignore[union-attr]
-    per = [s.labels() for s in schemas]  # type: ignore[union-attr]
-    radices = [s.alphabet_size for s in schemas]  # type: ignore[union-attr]
-    grid = np.indices(radices).reshape(len(radices), -1)
+    known = tuple(s for s in schemas if s is not None)
+    if len(known) != len(schemas):
+        raise NoKeysError("a granting curator sent no schema; cannot label the cells")
+    joint = JointSchema(known)
+    names = joint.attribute_names
     cells = []
-    for c in range(int(np.prod(radices))):
-        labels = [lab for j in range(len(radices)) for lab in per[j][int(grid[j, c])]]
+    for c, cell in enumerate(joint.cell_labels()):
+        labels = list(cell)
         cells.append(
             {
                 "labels": labels,

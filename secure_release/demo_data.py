@@ -42,7 +42,8 @@ def write_demo_data(directory: str | Path, rows: int | None = None, seed: int = 
         counts = rng.multinomial(int(rows), counts / counts.sum())
     cell_of_row = np.repeat(np.arange(len(cells)), counts)
     n = int(cell_of_row.size)
-    ids = np.array([f"p{i:07d}" for i in range(n)])
+    ids = np.strings.add("p", np.strings.zfill(np.arange(n).astype(str), 7))
+    cell_labels = np.asarray(cells, dtype=str)
     categories = {a: list(dict.fromkeys(c[i] for c in cells)) for i, a in enumerate(attrs)}
     for curator, names in SPLIT.items():
         cols = [attrs.index(a) for a in names]
@@ -51,8 +52,8 @@ def write_demo_data(directory: str | Path, rows: int | None = None, seed: int = 
         with path.open("w", newline="") as fh:
             w = csv.writer(fh)
             w.writerow(["id", *names])
-            for r in order:
-                w.writerow([ids[r], *(cells[cell_of_row[r]][c] for c in cols)])
+            labels = cell_labels[cell_of_row[order]][:, cols]
+            w.writerows(zip(ids[order].tolist(), *(labels[:, j].tolist() for j in range(len(cols))), strict=True))
             for e in range(UNMATCHED):
                 w.writerow([f"{curator}-only-{e}", *(categories[a][e % len(categories[a])] for a in names)])
         schema = {
