@@ -10,7 +10,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from curator.common import ConfigError, apply_env_and_config, require
+from curator.common import ConfigError, apply_env_and_config, require, subcommand_parser
 from mechanism.errors import SecureReleaseError
 
 EPILOG = """\
@@ -100,20 +100,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _subcommand(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            sub: argparse.ArgumentParser = action.choices[name]
-            return sub
-    raise KeyError(name)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     try:
         if argv and argv[0] == "run":
-            apply_env_and_config(_subcommand(parser, "run"), argv[1:])
+            apply_env_and_config(subcommand_parser(parser, "run"), argv[1:])
         args = parser.parse_args(argv)
         if args.command != "run":
             parser.print_help()

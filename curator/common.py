@@ -139,3 +139,12 @@ def require(args: argparse.Namespace, *names: str) -> None:
 
 def testing_enabled() -> bool:
     return os.environ.get(TESTING_ENV) == "1"
+
+
+def subcommand_parser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    """The sub-parser of subcommand ``name`` (to apply env/config defaults to it)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            sub: argparse.ArgumentParser = action.choices[name]
+            return sub
+    raise KeyError(name)

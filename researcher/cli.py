@@ -27,6 +27,7 @@ from curator.common import (
     apply_env_and_config,
     require,
     split_address,
+    subcommand_parser,
     write_port_file,
 )
 from mechanism.errors import SecureReleaseError
@@ -96,20 +97,12 @@ def _curators(items: Sequence[str]) -> dict[str, str]:
     return out
 
 
-def _subcommand(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            sub: argparse.ArgumentParser = action.choices[name]
-            return sub
-    raise KeyError(name)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     try:
         if argv and argv[0] in ("serve", "fetch"):
-            apply_env_and_config(_subcommand(parser, argv[0]), argv[1:])
+            apply_env_and_config(subcommand_parser(parser, argv[0]), argv[1:])
         args = parser.parse_args(argv)
         if args.command not in ("serve", "fetch"):
             parser.print_help()

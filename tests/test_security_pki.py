@@ -69,11 +69,11 @@ def test_pki_refuses_unknown_role_and_existing_ca(tmp_path: Path, certs: Path) -
 
 def test_foreign_ca_rejected_by_handshake(tmp_path: Path, server_port: int) -> None:
     security.init_pki(tmp_path, [("researcher", "res")])  # same name and role, other CA
-    with security.secure_channel(f"127.0.0.1:{server_port}", tmp_path, "res") as ch:
-        with pytest.raises(grpc.RpcError) as err:
-            pb_grpc.ReleaseServerStub(ch).GetReleaseStatus(
-                pb.ReleaseStatusRequest(release_id="r"), timeout=5
-            )
+    with (
+        security.secure_channel(f"127.0.0.1:{server_port}", tmp_path, "res") as ch,
+        pytest.raises(grpc.RpcError) as err,
+    ):
+        pb_grpc.ReleaseServerStub(ch).GetReleaseStatus(pb.ReleaseStatusRequest(release_id="r"), timeout=5)
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE
 
 
@@ -117,9 +117,11 @@ ALLOWED = {
     [("curator", "alice"), ("server", "server"), ("researcher", "res"), ("analyst", "ana")],
 )
 def test_role_rpc_matrix(certs: Path, server_port: int, rpc: str, role: str, name: str) -> None:
-    with security.secure_channel(f"127.0.0.1:{server_port}", certs, name) as ch:
-        with pytest.raises(grpc.RpcError) as err:
-            _call(pb_grpc.ReleaseServerStub(ch), rpc)
+    with (
+        security.secure_channel(f"127.0.0.1:{server_port}", certs, name) as ch,
+        pytest.raises(grpc.RpcError) as err,
+    ):
+        _call(pb_grpc.ReleaseServerStub(ch), rpc)
     code = err.value.code()
     if role in ALLOWED[rpc]:
         # past the role check: the (empty) release is then rejected on its merits
