@@ -23,10 +23,10 @@ test: $(STAMP)
 
 lint: $(STAMP)
 	$(PY) -m ruff check .
-	$(PY) -m mypy mechanism secure_release curator server researcher
+	$(PY) -m mypy -p secure_release
 
 protos: $(STAMP)
-	$(PY) -m protos.generate
+	$(PY) -m secure_release.protos.generate
 
 bench: $(STAMP)
 	$(PY) -m pip install --quiet -e '.[bench]'

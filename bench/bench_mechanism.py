@@ -19,12 +19,12 @@ from typing import Any
 
 import numpy as np
 
-from mechanism.estimators import estimate_joint, project_to_simplex
-from mechanism.keys import PadKey, PramKey, Seed
-from mechanism.pads import chacha20_pad, encrypt, otp_pad
-from mechanism.pram import PramChannel, perturb
-from mechanism.sampling import sample_positions
-from mechanism.stream import keystream_words, nonce_for
+from secure_release.mechanism.estimators import estimate_joint, project_to_simplex
+from secure_release.mechanism.keys import PadKey, PramKey, Seed
+from secure_release.mechanism.pads import chacha20_pad, encrypt, otp_pad
+from secure_release.mechanism.pram import PramChannel, perturb
+from secure_release.mechanism.sampling import sample_positions
+from secure_release.mechanism.stream import keystream_words, nonce_for
 
 
 def best_of(fn: Callable[[], object], reps: int) -> float:

@@ -1,3 +1,3 @@
-from curator.cli import main
+from secure_release.curator.cli import main
 
 raise SystemExit(main())

@@ -10,8 +10,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from curator.common import ConfigError, apply_env_and_config, require, subcommand_parser
-from mechanism.errors import SecureReleaseError
+from secure_release.infra.config import ConfigError, apply_env_and_config, require, subcommand_parser
+from secure_release.mechanism.errors import SecureReleaseError
 
 EPILOG = """\
 How a release runs:
@@ -113,7 +113,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         require(args, "data", "schema", "release_id", "epsilon", "curators", "server", "name")
         if not args.insecure:
             require(args, "certs")
-        from curator.runner import run
+        from secure_release.curator.runner import run
 
         return run(args)
     except KeyboardInterrupt:

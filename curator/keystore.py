@@ -14,11 +14,11 @@ from typing import Any
 
 import numpy as np
 
-from mechanism.errors import SecureReleaseError
-from mechanism.keys import PadKey
-from mechanism.ledger import PrivacyLedger
-from mechanism.pads import CipherMode, ReleasePad
-from secure_release.fileio import atomic_write
+from secure_release.infra.fileio import atomic_write
+from secure_release.mechanism.errors import SecureReleaseError
+from secure_release.mechanism.keys import PadKey
+from secure_release.mechanism.ledger import PrivacyLedger
+from secure_release.mechanism.pads import CipherMode, ReleasePad
 
 LEDGER_FILE = "ledger.json"
 

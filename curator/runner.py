@@ -19,16 +19,8 @@ from pathlib import Path
 
 import grpc
 
-from curator.common import (
-    ConfigError,
-    JsonLog,
-    split_address,
-    testing_enabled,
-    with_retries,
-    write_port_file,
-)
-from curator.keystore import Keystore
-from curator.service import (
+from secure_release.curator.keystore import Keystore
+from secure_release.curator.service import (
     CIPHER_OF_PB,
     PB_CIPHER,
     CuratorService,
@@ -36,18 +28,26 @@ from curator.service import (
     tag_chunks,
     tags_from_bytes,
 )
-from curator.table import load_schema, read_table
-from mechanism.alignment import TagArray, align
-from mechanism.errors import SecureReleaseError, ShapeMismatchError
-from mechanism.keys import AlignmentKey, PadKey, Seed
-from mechanism.ledger import PrivacyLedger
-from mechanism.packing import CHUNK_ROWS, digest_of, pack_symbols
-from mechanism.pads import CipherMode
-from mechanism.protocol import curator_encrypt, curator_tags
-from mechanism.sampling import sample_positions
-from protos.securerelease.v1 import securerelease_pb2 as pb
-from protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
-from secure_release.security import bind, make_grpc_server, secure_channel
+from secure_release.curator.table import load_schema, read_table
+from secure_release.infra.config import (
+    ConfigError,
+    JsonLog,
+    split_address,
+    testing_enabled,
+    with_retries,
+    write_port_file,
+)
+from secure_release.infra.tls import bind, make_grpc_server, secure_channel
+from secure_release.mechanism.alignment import TagArray, align
+from secure_release.mechanism.errors import SecureReleaseError, ShapeMismatchError
+from secure_release.mechanism.keys import AlignmentKey, PadKey, Seed
+from secure_release.mechanism.ledger import PrivacyLedger
+from secure_release.mechanism.packing import CHUNK_ROWS, digest_of, pack_symbols
+from secure_release.mechanism.pads import CipherMode
+from secure_release.mechanism.protocol import curator_encrypt, curator_tags
+from secure_release.mechanism.sampling import sample_positions
+from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
+from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
 
 
 class AgreementError(SecureReleaseError):

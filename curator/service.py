@@ -20,16 +20,16 @@ from dataclasses import dataclass, field
 import grpc
 import numpy as np
 
-from curator.common import JsonLog
-from mechanism.alignment import TAG_DTYPE, TagArray, common_tags
-from mechanism.keys import Seed
-from mechanism.packing import CHUNK_ROWS, pack_symbols
-from mechanism.pads import CipherMode, ReleasePad
-from mechanism.plan import ReleasePlan, plan_release
-from mechanism.schema import CuratorSchema
-from protos.securerelease.v1 import securerelease_pb2 as pb
-from protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
-from secure_release.security import require_role
+from secure_release.infra.config import JsonLog
+from secure_release.infra.tls import require_role
+from secure_release.mechanism.alignment import TAG_DTYPE, TagArray, common_tags
+from secure_release.mechanism.keys import Seed
+from secure_release.mechanism.packing import CHUNK_ROWS, pack_symbols
+from secure_release.mechanism.pads import CipherMode, ReleasePad
+from secure_release.mechanism.plan import ReleasePlan, plan_release
+from secure_release.mechanism.schema import CuratorSchema
+from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
+from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
 
 TAG_BYTES = TAG_DTYPE.itemsize
 TAGS_PER_CHUNK = (1 << 20) // TAG_BYTES  # 1 MiB of tags a message

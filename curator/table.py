@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from mechanism.errors import SecureReleaseError
-from mechanism.protocol import CuratorTable
-from mechanism.schema import Attribute, CuratorSchema
+from secure_release.mechanism.errors import SecureReleaseError
+from secure_release.mechanism.protocol import CuratorTable
+from secure_release.mechanism.schema import Attribute, CuratorSchema
 
 
 class SchemaFileError(SecureReleaseError):

@@ -11,15 +11,15 @@ import math
 import numpy as np
 import numpy.typing as npt
 
-from mechanism.errors import (
+from secure_release.mechanism.errors import (
     AlphabetOverflowError,
     InvalidEpsilonError,
     InvalidSampleSizeError,
     NonFiniteInputError,
 )
-from mechanism.pram import check_gamma
-from mechanism.sampling import check_sample_size
-from mechanism.schema import MAX_JOINT_ALPHABET
+from secure_release.mechanism.pram import check_gamma
+from secure_release.mechanism.sampling import check_sample_size
+from secure_release.mechanism.schema import MAX_JOINT_ALPHABET
 
 
 def check_epsilon(epsilon: float) -> float:

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from mechanism.errors import SecureReleaseError, ShapeMismatchError
-from mechanism.keys import AlignmentKey
+from secure_release.mechanism.errors import SecureReleaseError, ShapeMismatchError
+from secure_release.mechanism.keys import AlignmentKey
 
 U64 = npt.NDArray[np.uint64]
 TAG_DTYPE = np.dtype([("hi", ">u8"), ("lo", ">u8")])

@@ -14,7 +14,7 @@ import math
 import numpy as np
 import numpy.typing as npt
 
-from mechanism.errors import InvalidSampleSizeError, ShapeMismatchError
+from secure_release.mechanism.errors import InvalidSampleSizeError, ShapeMismatchError
 
 SYNTHETIC = ("uniform", "linear", "peaky")
 PEAK_SHARE = 0.9

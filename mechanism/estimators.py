@@ -12,10 +12,10 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from mechanism.accounting import cell_variance, channel_cell_variance
-from mechanism.errors import NonFiniteInputError, ShapeMismatchError
-from mechanism.pram import PramChannel
-from mechanism.schema import CodeArray, check_joint_alphabet, mixed_radix_decode, mixed_radix_encode
+from secure_release.mechanism.accounting import cell_variance, channel_cell_variance
+from secure_release.mechanism.errors import NonFiniteInputError, ShapeMismatchError
+from secure_release.mechanism.pram import PramChannel
+from secure_release.mechanism.schema import CodeArray, check_joint_alphabet, mixed_radix_decode, mixed_radix_encode
 
 FloatArray = npt.NDArray[np.float64]
 Z_95 = 1.959963984540054

@@ -18,7 +18,7 @@ from typing import ClassVar, Self
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from mechanism.errors import InvalidSeedError
+from secure_release.mechanism.errors import InvalidSeedError
 
 SECRET_BYTES = 32
 _INFO_PREFIX = b"secure-release/v1|"

@@ -11,8 +11,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from mechanism.accounting import check_epsilon
-from mechanism.errors import BudgetExceededError, NonFiniteInputError, SeedReuseError
+from secure_release.mechanism.accounting import check_epsilon
+from secure_release.mechanism.errors import BudgetExceededError, NonFiniteInputError, SeedReuseError
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,8 @@ import hashlib
 import numpy as np
 import numpy.typing as npt
 
-from mechanism.errors import ShapeMismatchError
-from mechanism.schema import SymbolArray, check_joint_alphabet, check_symbols
+from secure_release.mechanism.errors import ShapeMismatchError
+from secure_release.mechanism.schema import SymbolArray, check_joint_alphabet, check_symbols
 
 #: Upload and fetch chunks hold this many rows (1 MiB of 4-byte symbols at most).
 CHUNK_ROWS = 1 << 18

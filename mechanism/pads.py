@@ -22,10 +22,10 @@ import enum
 import numpy as np
 import numpy.typing as npt
 
-from mechanism.errors import PadReuseError, ShapeMismatchError, SymbolOutOfRangeError
-from mechanism.keys import PadKey
-from mechanism.schema import SymbolArray, check_joint_alphabet, check_symbols
-from mechanism.stream import KeyStream, nonce_for, os_bytes, uniform_below
+from secure_release.mechanism.errors import PadReuseError, ShapeMismatchError, SymbolOutOfRangeError
+from secure_release.mechanism.keys import PadKey
+from secure_release.mechanism.schema import SymbolArray, check_joint_alphabet, check_symbols
+from secure_release.mechanism.stream import KeyStream, nonce_for, os_bytes, uniform_below
 
 PAD_BLOCK_SYMBOLS = 1 << 20
 _PAD_NONCE_DOMAIN = 1

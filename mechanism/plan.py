@@ -7,10 +7,10 @@ from dataclasses import asdict, dataclass
 from math import prod
 from typing import Any
 
-from mechanism import accounting
-from mechanism.pram import PramChannel
-from mechanism.sampling import check_sample_size
-from mechanism.schema import check_joint_alphabet
+from secure_release.mechanism import accounting
+from secure_release.mechanism.pram import PramChannel
+from secure_release.mechanism.sampling import check_sample_size
+from secure_release.mechanism.schema import check_joint_alphabet
 
 
 @dataclass(frozen=True)

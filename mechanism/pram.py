@@ -25,16 +25,16 @@ from fractions import Fraction
 
 import numpy as np
 
-from mechanism.errors import (
+from secure_release.mechanism.errors import (
     AlphabetOverflowError,
     EmptyDomainError,
     InvalidGammaError,
     NonFiniteInputError,
     ShapeMismatchError,
 )
-from mechanism.keys import PramKey
-from mechanism.schema import MAX_JOINT_ALPHABET, SymbolArray, check_joint_alphabet, check_symbols
-from mechanism.stream import KeyStream, nonce_for, uniform_below
+from secure_release.mechanism.keys import PramKey
+from secure_release.mechanism.schema import MAX_JOINT_ALPHABET, SymbolArray, check_joint_alphabet, check_symbols
+from secure_release.mechanism.stream import KeyStream, nonce_for, uniform_below
 
 PRAM_BLOCK_ROWS = 1 << 18
 _PRAM_NONCE_DOMAIN = 2

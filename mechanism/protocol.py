@@ -20,15 +20,15 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from mechanism import estimators
-from mechanism.alignment import Alignment, TagArray, align, common_tags, id_tags
-from mechanism.errors import ShapeMismatchError
-from mechanism.keys import AlignmentKey, PadKey, PramKey, Seed
-from mechanism.pads import CipherMode, ReleasePad, new_release_pad
-from mechanism.plan import ReleasePlan, plan_release
-from mechanism.pram import perturb
-from mechanism.sampling import sample_positions
-from mechanism.schema import (
+from secure_release.mechanism import estimators
+from secure_release.mechanism.alignment import Alignment, TagArray, align, common_tags, id_tags
+from secure_release.mechanism.errors import ShapeMismatchError
+from secure_release.mechanism.keys import AlignmentKey, PadKey, PramKey, Seed
+from secure_release.mechanism.pads import CipherMode, ReleasePad, new_release_pad
+from secure_release.mechanism.plan import ReleasePlan, plan_release
+from secure_release.mechanism.pram import perturb
+from secure_release.mechanism.sampling import sample_positions
+from secure_release.mechanism.schema import (
     CuratorSchema,
     JointSchema,
     SymbolArray,

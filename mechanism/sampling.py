@@ -19,9 +19,9 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from mechanism.errors import InvalidSampleSizeError
-from mechanism.keys import Seed
-from mechanism.stream import CHACHA_BLOCK_BYTES, keystream_words, nonce_for
+from secure_release.mechanism.errors import InvalidSampleSizeError
+from secure_release.mechanism.keys import Seed
+from secure_release.mechanism.stream import CHACHA_BLOCK_BYTES, keystream_words, nonce_for
 
 DEFAULT_CHUNK = 1 << 20
 _WORDS_PER_BLOCK = CHACHA_BLOCK_BYTES // 8

@@ -16,7 +16,7 @@ from math import prod
 import numpy as np
 import numpy.typing as npt
 
-from mechanism.errors import (
+from secure_release.mechanism.errors import (
     AlphabetOverflowError,
     EmptyDomainError,
     ShapeMismatchError,

@@ -27,12 +27,12 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from mechanism import accounting
-from mechanism.errors import NonFiniteInputError, ShapeMismatchError
-from mechanism.estimators import invert_channel, mle_water_filling
-from mechanism.pram import PramChannel
-from mechanism.sampling import check_sample_size
-from mechanism.schema import check_joint_alphabet
+from secure_release.mechanism import accounting
+from secure_release.mechanism.errors import NonFiniteInputError, ShapeMismatchError
+from secure_release.mechanism.estimators import invert_channel, mle_water_filling
+from secure_release.mechanism.pram import PramChannel
+from secure_release.mechanism.sampling import check_sample_size
+from secure_release.mechanism.schema import check_joint_alphabet
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -87,12 +87,12 @@ def per_record_observed_counts(
     encrypt: bool = True,
 ) -> IntArray:
     """Observed joint counts from the real per-record mechanism, one trial at a time."""
-    from mechanism.estimators import observed_counts
-    from mechanism.keys import PramKey, Seed
-    from mechanism.pads import CipherMode, new_release_pad
-    from mechanism.pram import perturb
-    from mechanism.sampling import sample_positions
-    from mechanism.schema import joint_codes, split_joint
+    from secure_release.mechanism.estimators import observed_counts
+    from secure_release.mechanism.keys import PramKey, Seed
+    from secure_release.mechanism.pads import CipherMode, new_release_pad
+    from secure_release.mechanism.pram import perturb
+    from secure_release.mechanism.sampling import sample_positions
+    from secure_release.mechanism.schema import joint_codes, split_joint
 
     records = records_from_counts(counts)
     sizes = [int(k) for k in alphabet_sizes]

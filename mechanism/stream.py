@@ -17,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 from cryptography.hazmat.primitives.ciphers import Cipher, CipherContext, algorithms
 
-from mechanism.errors import InvalidSeedError, SymbolOutOfRangeError
+from secure_release.mechanism.errors import InvalidSeedError, SymbolOutOfRangeError
 
 CHACHA_BLOCK_BYTES = 64
 _MAX_COUNTER = 2**32

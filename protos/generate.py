@@ -1,4 +1,4 @@
-"""Regenerate the committed gRPC modules: ``python -m protos.generate [--check]``.
+"""Regenerate the committed gRPC modules: ``python -m secure_release.protos.generate [--check]``.
 
 Uses the pinned grpcio-tools and mypy-protobuf (see pyproject's dev extra). ``--check``
 regenerates into a temporary directory and exits 1 if anything differs from the committed
@@ -11,11 +11,14 @@ import argparse
 import filecmp
 import shutil
 import sys
+import sysconfig
 import tempfile
 from pathlib import Path
 
+# The repository root; the .proto is addressed through the secure_release/protos link so the
+# generated modules import ``secure_release.protos.securerelease.v1`` (the installed name).
 ROOT = Path(__file__).resolve().parent.parent
-PROTO = "protos/securerelease/v1/securerelease.proto"
+PROTO = "secure_release/protos/securerelease/v1/securerelease.proto"
 GENERATED = (
     "securerelease_pb2.py",
     "securerelease_pb2.pyi",
@@ -27,8 +30,16 @@ GENERATED = (
 def generate(out_dir: Path) -> None:
     from grpc_tools import protoc  # dev dependency, pinned
 
+    # The mypy plugins come from this interpreter's own scripts directory, never from PATH, so
+    # the check works in a fresh virtual environment that is not activated.
+    scripts = Path(sysconfig.get_path("scripts"))
+    plugins = {name: scripts / name for name in ("protoc-gen-mypy", "protoc-gen-mypy_grpc")}
+    missing = [str(p) for p in plugins.values() if not p.exists()]
+    if missing:
+        raise SystemExit(f"mypy-protobuf plugins not installed: {missing}; pip install -e '.[dev]'")
     args = [
         "protoc",
+        *(f"--plugin={name}={path}" for name, path in plugins.items()),
         f"-I{ROOT}",
         f"--python_out={out_dir}",
         f"--grpc_python_out={out_dir}",
@@ -47,7 +58,7 @@ def main() -> int:
     target = ROOT / "protos/securerelease/v1"
     with tempfile.TemporaryDirectory() as tmp:
         generate(Path(tmp))
-        fresh = Path(tmp) / "protos/securerelease/v1"
+        fresh = Path(tmp) / "secure_release/protos/securerelease/v1"
         stale = [
             n
             for n in GENERATED
@@ -55,7 +66,7 @@ def main() -> int:
         ]
         if args.check:
             if stale:
-                print(f"generated gRPC code is stale: {stale}; run python -m protos.generate")
+                print(f"generated gRPC code is stale: {stale}; run python -m secure_release.protos.generate")
                 return 1
             return 0
         for name in GENERATED:

@@ -1,3 +1,3 @@
-from researcher.cli import main
+from secure_release.researcher.cli import main
 
 raise SystemExit(main())

@@ -21,7 +21,7 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from curator.common import (
+from secure_release.infra.config import (
     ConfigError,
     JsonLog,
     apply_env_and_config,
@@ -30,7 +30,7 @@ from curator.common import (
     subcommand_parser,
     write_port_file,
 )
-from mechanism.errors import SecureReleaseError
+from secure_release.mechanism.errors import SecureReleaseError
 
 _CURATORS = "--curator alice=127.0.0.1:7101 --curator bob=127.0.0.1:7102"
 EXAMPLE = (
@@ -110,7 +110,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         require(args, "server", "name")
         if not args.insecure:
             require(args, "certs")
-        from researcher.pipeline import Connection, process_release
+        from secure_release.researcher.pipeline import Connection, process_release
 
         log = JsonLog("researcher", args.name)
         conn = Connection(args.certs, args.name, args.insecure, args.server, _curators(args.curator))
@@ -120,9 +120,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             result = process_release(conn, args.release_id, out, log, args.timeout)
             print(json.dumps(result, indent=1))
             return 0
-        from protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
-        from researcher.service import ResearcherService
-        from secure_release.security import bind, make_grpc_server
+        from secure_release.infra.tls import bind, make_grpc_server
+        from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
+        from secure_release.researcher.service import ResearcherService
 
         service = ResearcherService(conn, out, log, args.timeout)
         server = make_grpc_server()

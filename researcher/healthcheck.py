@@ -19,7 +19,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=3.0)
     args = p.parse_args(argv)
     if args.certs:
-        from secure_release.security import secure_channel
+        from secure_release.infra.tls import secure_channel
 
         channel = secure_channel(args.address, args.certs, args.name, args.insecure)
     else:

@@ -20,18 +20,18 @@ from typing import Any
 import grpc
 import numpy as np
 
-from curator.common import JsonLog, with_retries
-from curator.service import CIPHER_OF_PB
-from mechanism.errors import SecureReleaseError
-from mechanism.keys import PadKey
-from mechanism.packing import unpack_symbols
-from mechanism.pads import CipherMode, ReleasePad
-from mechanism.plan import ReleasePlan
-from mechanism.protocol import ReleaseEstimate, researcher_decrypt, researcher_estimate
-from mechanism.schema import Attribute, CuratorSchema, JointSchema, SymbolArray
-from protos.securerelease.v1 import securerelease_pb2 as pb
-from protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
-from secure_release.security import secure_channel
+from secure_release.curator.service import CIPHER_OF_PB
+from secure_release.infra.config import JsonLog, with_retries
+from secure_release.infra.tls import secure_channel
+from secure_release.mechanism.errors import SecureReleaseError
+from secure_release.mechanism.keys import PadKey
+from secure_release.mechanism.packing import unpack_symbols
+from secure_release.mechanism.pads import CipherMode, ReleasePad
+from secure_release.mechanism.plan import ReleasePlan
+from secure_release.mechanism.protocol import ReleaseEstimate, researcher_decrypt, researcher_estimate
+from secure_release.mechanism.schema import Attribute, CuratorSchema, JointSchema, SymbolArray
+from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
+from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
 
 
 class FetchError(SecureReleaseError):

@@ -16,11 +16,11 @@ from typing import Any
 
 import grpc
 
-from curator.common import JsonLog
-from protos.securerelease.v1 import securerelease_pb2 as pb
-from protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
-from researcher.pipeline import Connection, process_release
-from secure_release.security import require_role
+from secure_release.infra.config import JsonLog
+from secure_release.infra.tls import require_role
+from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
+from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
+from secure_release.researcher.pipeline import Connection, process_release
 
 
 def response_of(result: dict[str, Any]) -> pb.EstimateResponse:

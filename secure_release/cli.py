@@ -12,7 +12,7 @@ import importlib.util
 import sys
 from collections.abc import Sequence
 
-from mechanism.errors import SecureReleaseError
+from secure_release.mechanism.errors import SecureReleaseError
 
 COMMANDS = ("plan", "demo", "simulate", "reproduce", "pki")
 

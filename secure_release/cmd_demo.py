@@ -110,7 +110,7 @@ def launch_release(
         "server",
         [
             "-m",
-            "server",
+            "secure_release.server",
             "--listen",
             "127.0.0.1:0",
             "--store",
@@ -162,7 +162,7 @@ def launch_release(
             name,
             [
                 "-m",
-                "curator",
+                "secure_release.curator",
                 "run",
                 "--data",
                 str(data / f"{name}.csv"),
@@ -183,7 +183,7 @@ def launch_release(
         "researcher",
         [
             "-m",
-            "researcher",
+            "secure_release.researcher",
             "serve",
             "--listen",
             "127.0.0.1:0",
@@ -207,9 +207,9 @@ def launch_release(
 
 
 def get_estimate(address: str, certs: Path, release_id: str, name: str = "analyst", timeout: float = 240.0) -> Any:
-    from protos.securerelease.v1 import securerelease_pb2 as pb
-    from protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
-    from secure_release.security import secure_channel
+    from secure_release.infra.tls import secure_channel
+    from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
+    from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
 
     with secure_channel(address, certs, name) as ch:
         return pb_grpc.ResearcherStub(ch).GetEstimate(
@@ -240,7 +240,7 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from secure_release.demo_data import write_demo_data
-    from secure_release.security import init_pki
+    from secure_release.infra.tls import init_pki
 
     if args.keep is not None:
         args.keep.mkdir(parents=True, exist_ok=True)

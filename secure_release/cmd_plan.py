@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from mechanism.plan import plan_release
+from secure_release.mechanism.plan import plan_release
 
 
 def _alphabet(text: str) -> list[int]:

@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from mechanism import accounting
-from mechanism.simulation import log_m_grid, simulate_point
+from secure_release.mechanism import accounting
+from secure_release.mechanism.simulation import log_m_grid, simulate_point
 from secure_release.tables import CountTable, adult, synthetic
 
 EPSILONS = (0.1, 0.5, 1.0)

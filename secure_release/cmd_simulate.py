@@ -10,9 +10,9 @@ from typing import Any
 
 import numpy as np
 
-from mechanism import accounting
-from mechanism.errors import InvalidSampleSizeError
-from mechanism.simulation import ESTIMATORS, SimulationPoint, sweep
+from secure_release.mechanism import accounting
+from secure_release.mechanism.errors import InvalidSampleSizeError
+from secure_release.mechanism.simulation import ESTIMATORS, SimulationPoint, sweep
 from secure_release.tables import CountTable, dataset, read_counts_csv, read_rows
 
 

@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from mechanism.datasets import synthetic_counts, two_curator_split
-from mechanism.errors import SecureReleaseError
-from mechanism.schema import Attribute, CuratorSchema, JointSchema
+from secure_release.mechanism.datasets import synthetic_counts, two_curator_split
+from secure_release.mechanism.errors import SecureReleaseError
+from secure_release.mechanism.schema import Attribute, CuratorSchema, JointSchema
 
 ADULT_CSV = Path(__file__).resolve().parent / "data" / "adult_counts.csv"
 ADULT_SPLIT = "education,marital:sex,salary"

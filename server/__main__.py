@@ -1,3 +1,3 @@
-from server.cli import main
+from secure_release.server.cli import main
 
 raise SystemExit(main())

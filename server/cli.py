@@ -22,12 +22,12 @@ from typing import Any
 
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from mechanism.errors import SecureReleaseError
-from mechanism.keys import PramKey
-from protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
-from secure_release import security
-from server.service import ReleaseService, make_notifier
-from server.store import Store
+from secure_release.infra import tls as security
+from secure_release.mechanism.errors import SecureReleaseError
+from secure_release.mechanism.keys import PramKey
+from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
+from secure_release.server.service import ReleaseService, make_notifier
+from secure_release.server.store import Store
 
 TEST_KEY_ENV = "SECURE_RELEASE_TESTING"
 _STD_ATTRS = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message"}

@@ -14,14 +14,14 @@ from typing import Any, NoReturn
 
 import grpc
 
-from mechanism.errors import SecureReleaseError, ShapeMismatchError, SymbolOutOfRangeError
-from mechanism.keys import PramKey
-from mechanism.packing import CHUNK_ROWS
-from protos.securerelease.v1 import securerelease_pb2 as pb
-from protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
-from secure_release import security
-from server import state as st
-from server.store import MAX_CHUNK_BYTES, Store
+from secure_release.infra import tls as security
+from secure_release.mechanism.errors import SecureReleaseError, ShapeMismatchError, SymbolOutOfRangeError
+from secure_release.mechanism.keys import PramKey
+from secure_release.mechanism.packing import CHUNK_ROWS
+from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
+from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
+from secure_release.server import state as st
+from secure_release.server.store import MAX_CHUNK_BYTES, Store
 
 log = logging.getLogger("secure_release.server")
 

@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
 
-from mechanism.accounting import gamma_from_epsilon
-from mechanism.errors import SecureReleaseError
-from mechanism.packing import CHUNK_ROWS, symbol_width
-from mechanism.pram import check_gamma
-from mechanism.schema import check_joint_alphabet
+from secure_release.mechanism.accounting import gamma_from_epsilon
+from secure_release.mechanism.errors import SecureReleaseError
+from secure_release.mechanism.packing import CHUNK_ROWS, symbol_width
+from secure_release.mechanism.pram import check_gamma
+from secure_release.mechanism.schema import check_joint_alphabet
 
 CIPHER_OTP = 1
 CIPHER_CHACHA20 = 2

@@ -23,11 +23,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from mechanism.errors import SecureReleaseError
-from mechanism.keys import PramKey
-from mechanism.packing import CHUNK_ROWS, pack_symbols, symbol_width, unpack_symbols
-from mechanism.pram import PRAM_BLOCK_ROWS, PramChannel, perturb
-from server.state import (
+from secure_release.mechanism.errors import SecureReleaseError
+from secure_release.mechanism.keys import PramKey
+from secure_release.mechanism.packing import CHUNK_ROWS, pack_symbols, symbol_width, unpack_symbols
+from secure_release.mechanism.pram import PRAM_BLOCK_ROWS, PramChannel, perturb
+from secure_release.server.state import (
     ChunkShapeError,
     Params,
     Part,

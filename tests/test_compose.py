@@ -27,19 +27,19 @@ def test_services_and_dependencies() -> None:
             assert vol.split(":")[0] in c["volumes"], (name, vol)
     for name in ("server", "alice", "bob", "researcher"):
         hc = services[name]["healthcheck"]["test"]
-        assert hc[:4] == ["CMD", "python", "-m", "researcher.healthcheck"]
+        assert hc[:4] == ["CMD", "python", "-m", "secure_release.researcher.healthcheck"]
     assert services["server"]["depends_on"]["pki"]["condition"] == "service_completed_successfully"
     assert "store:/store" in services["server"]["volumes"]
 
 
 def test_commands_parse_with_the_real_clis() -> None:
-    from curator.cli import build_parser as curator_parser
-    from researcher.cli import build_parser as researcher_parser
+    from secure_release.curator.cli import build_parser as curator_parser
+    from secure_release.researcher.cli import build_parser as researcher_parser
 
     services = _compose()["services"]
     for name in ("alice", "bob"):
         argv = shlex.split(services[name]["command"])
-        assert argv[:3] == ["python", "-m", "curator"]
+        assert argv[:3] == ["python", "-m", "secure_release.curator"]
         args = curator_parser().parse_args(argv[3:])
         assert args.name == name and args.grant == ["researcher"]
     for name in ("researcher", "result"):

@@ -14,17 +14,17 @@ import grpc
 import numpy as np
 import pytest
 
-from curator.common import JsonLog
-from curator.keystore import Keystore
-from curator.service import CuratorService, LeaderState, tag_chunks
-from curator.table import BadRowsError, load_schema, read_table
-from mechanism.alignment import TAG_DTYPE
-from mechanism.errors import BudgetExceededError
-from mechanism.pads import CipherMode, new_release_pad
-from protos.securerelease.v1 import securerelease_pb2 as pb
-from protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
-from secure_release import security
-from secure_release.fileio import atomic_write
+from secure_release.curator.keystore import Keystore
+from secure_release.curator.service import CuratorService, LeaderState, tag_chunks
+from secure_release.curator.table import BadRowsError, load_schema, read_table
+from secure_release.infra import tls as security
+from secure_release.infra.config import JsonLog
+from secure_release.infra.fileio import atomic_write
+from secure_release.mechanism.alignment import TAG_DTYPE
+from secure_release.mechanism.errors import BudgetExceededError
+from secure_release.mechanism.pads import CipherMode, new_release_pad
+from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
+from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = {"curator": "alice", "id_column": "id",
@@ -100,7 +100,7 @@ def test_release_past_budget_refused_before_upload(tmp_path: Path) -> None:
     (tmp_path / "k").write_text("00" * 32)
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.run(
-        [sys.executable, "-m", "curator", "run", "--data", str(data), "--schema", str(schema),
+        [sys.executable, "-m", "secure_release.curator", "run", "--data", str(data), "--schema", str(schema),
          "--release-id", "r1", "--epsilon", "0.5", "--budget", "0.3", "--server", "127.0.0.1:1",
          "--name", "alice", "--curators", "alice,bob", "--leader",
          "--insecure", "--alignment-key-file", str(tmp_path / "k"), "--keystore", str(tmp_path / "ks")],
@@ -116,7 +116,7 @@ def test_test_only_flags_need_testing_env(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "SECURE_RELEASE_TESTING"}
     env["PYTHONPATH"] = str(ROOT)
     proc = subprocess.run(
-        [sys.executable, "-m", "curator", "run", "--data", str(data), "--schema", str(schema),
+        [sys.executable, "-m", "secure_release.curator", "run", "--data", str(data), "--schema", str(schema),
          "--release-id", "r1", "--epsilon", "0.5", "--server", "127.0.0.1:1", "--name", "alice",
          "--curators", "alice,bob", "--insecure", "--insecure-test-seed", "00" * 32],
         capture_output=True, text=True, timeout=60, env=env)
@@ -124,8 +124,8 @@ def test_test_only_flags_need_testing_env(tmp_path: Path) -> None:
 
 
 def test_env_config(tmp_path: Path) -> None:
-    from curator.cli import build_parser
-    from curator.common import apply_env_and_config
+    from secure_release.curator.cli import build_parser
+    from secure_release.infra.config import apply_env_and_config
 
     (tmp_path / "c.json").write_text(json.dumps({"epsilon": 0.25, "release-id": "fromfile"}))
     parser = build_parser()

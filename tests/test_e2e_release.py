@@ -11,12 +11,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import mechanism.protocol as protocol
-from curator.table import load_schema, read_table
-from mechanism.keys import AlignmentKey, PadKey, PramKey, Seed
+import secure_release.mechanism.protocol as protocol
 from secure_release.cmd_demo import PARTIES, Cluster, get_estimate, launch_release
+from secure_release.curator.table import load_schema, read_table
 from secure_release.demo_data import write_demo_data
-from secure_release.security import init_pki
+from secure_release.infra.tls import init_pki
+from secure_release.mechanism.keys import AlignmentKey, PadKey, PramKey, Seed
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]

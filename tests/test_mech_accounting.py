@@ -10,16 +10,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mechanism import accounting as acc
-from mechanism.errors import (
+from secure_release.mechanism import accounting as acc
+from secure_release.mechanism.errors import (
     AlphabetOverflowError,
     InvalidEpsilonError,
     InvalidGammaError,
     InvalidSampleSizeError,
     NonFiniteInputError,
 )
-from mechanism.pram import PramChannel
-from mechanism.schema import MAX_JOINT_ALPHABET
+from secure_release.mechanism.pram import PramChannel
+from secure_release.mechanism.schema import MAX_JOINT_ALPHABET
 
 N_ADULT, K_ADULT = 45222, 24
 ADULT_CSV = Path(__file__).resolve().parent.parent / "secure_release" / "data" / "adult_counts.csv"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mechanism.alignment import DuplicateIdError, align, common_tags, id_tags, siphash24
-from mechanism.keys import AlignmentKey
+from secure_release.mechanism.alignment import DuplicateIdError, align, common_tags, id_tags, siphash24
+from secure_release.mechanism.keys import AlignmentKey
 
 # External reference vectors: Aumasson & Bernstein, SipHash paper / reference implementation,
 # key 00..0f, message 00..(len-1).

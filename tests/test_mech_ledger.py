@@ -7,14 +7,14 @@ import math
 
 import pytest
 
-from mechanism.accounting import epsilon_from_gamma
-from mechanism.errors import (
+from secure_release.mechanism.accounting import epsilon_from_gamma
+from secure_release.mechanism.errors import (
     BudgetExceededError,
     InvalidEpsilonError,
     NonFiniteInputError,
     SeedReuseError,
 )
-from mechanism.ledger import LedgerEntry, PrivacyLedger
+from secure_release.mechanism.ledger import LedgerEntry, PrivacyLedger
 
 
 def test_budget_exactly_reached_passes_just_above_fails() -> None:

@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from mechanism import estimators as est
-from mechanism.errors import NonFiniteInputError
-from mechanism.pram import PramChannel
+from secure_release.mechanism import estimators as est
+from secure_release.mechanism.errors import NonFiniteInputError
+from secure_release.mechanism.pram import PramChannel
 
 
 def _cases(seed: int, count: int) -> list[tuple[np.ndarray, float]]:

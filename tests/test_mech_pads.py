@@ -9,15 +9,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from mechanism import pads
-from mechanism.errors import (
+from secure_release.mechanism import pads
+from secure_release.mechanism.errors import (
     InvalidSeedError,
     PadReuseError,
     ShapeMismatchError,
     SymbolOutOfRangeError,
 )
-from mechanism.keys import PadKey
-from mechanism.pads import (
+from secure_release.mechanism.keys import PadKey
+from secure_release.mechanism.pads import (
     PAD_BLOCK_SYMBOLS,
     CipherMode,
     ReleasePad,
@@ -27,7 +27,7 @@ from mechanism.pads import (
     new_release_pad,
     otp_pad,
 )
-from mechanism.stream import (
+from secure_release.mechanism.stream import (
     KeyStream,
     chacha20_keystream,
     keystream_words,

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from mechanism.errors import InvalidGammaError, NonFiniteInputError, ShapeMismatchError
-from mechanism.keys import PadKey, PramKey
-from mechanism.pads import chacha20_pad, decrypt, encrypt
-from mechanism.pram import PRAM_BLOCK_ROWS, PramChannel, check_gamma, perturb, perturb_block
-from mechanism.schema import joint_codes
+from secure_release.mechanism.errors import InvalidGammaError, NonFiniteInputError, ShapeMismatchError
+from secure_release.mechanism.keys import PadKey, PramKey
+from secure_release.mechanism.pads import chacha20_pad, decrypt, encrypt
+from secure_release.mechanism.pram import PRAM_BLOCK_ROWS, PramChannel, check_gamma, perturb, perturb_block
+from secure_release.mechanism.schema import joint_codes
 
 Z_1E7 = float(stats.norm.isf(0.5e-7))  # two-sided alpha = 1e-7 -> z = 5.33
 CHI2_CRIT = lambda df: float(stats.chi2.ppf(1 - 1e-6, df))  # noqa: E731  alpha = 1e-6
@@ -139,7 +139,7 @@ def test_perturb_errors() -> None:
         perturb_block(_cols(PRAM_BLOCK_ROWS + 1, sizes), sizes, ch, key, 0)
     bad = [cols[0].copy(), cols[1].copy()]
     bad[1][0] = 4
-    from mechanism.errors import SymbolOutOfRangeError
+    from secure_release.mechanism.errors import SymbolOutOfRangeError
 
     with pytest.raises(SymbolOutOfRangeError):
         perturb(bad, sizes, ch, key)

@@ -8,12 +8,12 @@ import itertools
 import numpy as np
 import pytest
 
-from mechanism import keys as keys_module
-from mechanism.errors import PadReuseError, ShapeMismatchError
-from mechanism.keys import AlignmentKey, PadKey, PramKey, Seed
-from mechanism.protocol import CuratorTable, agree_alignment, curator_tags, run_release
-from mechanism.sampling import sample_positions
-from mechanism.schema import Attribute, CuratorSchema
+from secure_release.mechanism import keys as keys_module
+from secure_release.mechanism.errors import PadReuseError, ShapeMismatchError
+from secure_release.mechanism.keys import AlignmentKey, PadKey, PramKey, Seed
+from secure_release.mechanism.protocol import CuratorTable, agree_alignment, curator_tags, run_release
+from secure_release.mechanism.sampling import sample_positions
+from secure_release.mechanism.schema import Attribute, CuratorSchema
 
 ALICE = CuratorSchema("alice", (Attribute("edu", ("a", "b", "c")), Attribute("mar", ("m", "s"))))
 BOB = CuratorSchema("bob", (Attribute("sex", ("f", "m")), Attribute("sal", ("lo", "hi"))))

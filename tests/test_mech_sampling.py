@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from mechanism.errors import InvalidSampleSizeError
-from mechanism.keys import Seed
-from mechanism.sampling import (
+from secure_release.mechanism.errors import InvalidSampleSizeError
+from secure_release.mechanism.keys import Seed
+from secure_release.mechanism.sampling import (
     _ordered,
     _smallest,
     _streaming_smallest,

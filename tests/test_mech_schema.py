@@ -7,13 +7,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mechanism.errors import (
+from secure_release.mechanism.errors import (
     AlphabetOverflowError,
     EmptyDomainError,
     SymbolOutOfRangeError,
     UnknownCategoryError,
 )
-from mechanism.schema import (
+from secure_release.mechanism.schema import (
     MAX_CURATOR_ALPHABET,
     MAX_JOINT_ALPHABET,
     Attribute,

@@ -7,7 +7,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_generated_grpc_modules_are_fresh() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "protos.generate", "--check"],
+        [sys.executable, "-m", "secure_release.protos.generate", "--check"],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -10,11 +10,11 @@ import grpc
 import pytest
 from cryptography import x509
 
-from protos.securerelease.v1 import securerelease_pb2 as pb
-from protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
-from secure_release import security
-from server.service import ReleaseService
-from server.store import Store
+from secure_release.infra import tls as security
+from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
+from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
+from secure_release.server.service import ReleaseService
+from secure_release.server.store import Store
 
 PARTIES = [
     ("curator", "alice"),

@@ -17,14 +17,14 @@ import grpc
 import numpy as np
 import pytest
 
-from mechanism.keys import PramKey
-from mechanism.packing import CHUNK_ROWS, pack_symbols
-from mechanism.plan import plan_release
-from protos.securerelease.v1 import securerelease_pb2 as pb
-from protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
-from secure_release import security
-from server.service import ReleaseService, make_notifier, params_from_proto
-from server.store import Store
+from secure_release.infra import tls as security
+from secure_release.mechanism.keys import PramKey
+from secure_release.mechanism.packing import CHUNK_ROWS, pack_symbols
+from secure_release.mechanism.plan import plan_release
+from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
+from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
+from secure_release.server.service import ReleaseService, make_notifier, params_from_proto
+from secure_release.server.store import Store
 
 ROOT = Path(__file__).resolve().parents[1]
 KEY = PramKey(bytes(range(32)))
@@ -171,7 +171,7 @@ def test_notify_ready_from_server_process(
     env = dict(os.environ)
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     cmd = [
-        sys.executable, "-m", "server", "--store", str(tmp_path / "store"), "--certs", str(certs),
+        sys.executable, "-m", "secure_release.server", "--store", str(tmp_path / "store"), "--certs", str(certs),
         "--name", "server", "--port-file", str(port_file), "--researcher-address", res_address,
     ]  # fmt: skip
     log = (tmp_path / "server.log").open("w")

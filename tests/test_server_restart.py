@@ -11,13 +11,13 @@ from pathlib import Path
 
 import numpy as np
 
-from mechanism.keys import PramKey
-from mechanism.packing import CHUNK_ROWS, pack_symbols, unpack_symbols
-from mechanism.plan import plan_release
-from mechanism.pram import PramChannel, perturb
-from protos.securerelease.v1 import securerelease_pb2 as pb
-from protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
-from secure_release import security
+from secure_release.infra import tls as security
+from secure_release.mechanism.keys import PramKey
+from secure_release.mechanism.packing import CHUNK_ROWS, pack_symbols, unpack_symbols
+from secure_release.mechanism.plan import plan_release
+from secure_release.mechanism.pram import PramChannel, perturb
+from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
+from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
 
 ROOT = Path(__file__).resolve().parent.parent
 KEY_HEX = "11" * 32
@@ -31,7 +31,7 @@ def start(store: Path, certs: Path) -> tuple[subprocess.Popen[str], int]:
         [
             sys.executable,
             "-m",
-            "server",
+            "secure_release.server",
             "--listen",
             "127.0.0.1:0",
             "--store",
@@ -157,7 +157,7 @@ def test_test_pram_key_refused_without_testing_env(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "server",
+            "secure_release.server",
             "--store",
             str(tmp_path),
             "--insecure",

@@ -10,15 +10,15 @@ import grpc
 import numpy as np
 import pytest
 
-from mechanism.keys import PramKey
-from mechanism.packing import CHUNK_ROWS, pack_symbols, unpack_symbols
-from mechanism.plan import plan_release
-from mechanism.pram import PramChannel, perturb
-from protos.securerelease.v1 import securerelease_pb2 as pb
-from protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
-from secure_release import security
-from server.service import ReleaseService
-from server.store import Store
+from secure_release.infra import tls as security
+from secure_release.mechanism.keys import PramKey
+from secure_release.mechanism.packing import CHUNK_ROWS, pack_symbols, unpack_symbols
+from secure_release.mechanism.plan import plan_release
+from secure_release.mechanism.pram import PramChannel, perturb
+from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
+from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
+from secure_release.server.service import ReleaseService
+from secure_release.server.store import Store
 
 KEY = PramKey(bytes(range(32)))
 SIZES = (3, 4)

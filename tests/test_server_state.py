@@ -6,9 +6,9 @@ import dataclasses
 
 import pytest
 
-from mechanism.packing import CHUNK_ROWS
-from mechanism.plan import plan_release
-from server import state as st
+from secure_release.mechanism.packing import CHUNK_ROWS
+from secure_release.mechanism.plan import plan_release
+from secure_release.server import state as st
 
 
 def params(m: int = CHUNK_ROWS + 5, **kw: object) -> st.Params:

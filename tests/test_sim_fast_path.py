@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from mechanism import accounting
-from mechanism.datasets import synthetic_counts
-from mechanism.estimators import estimate_mle, project_to_simplex
-from mechanism.pram import PramChannel
-from mechanism.simulation import (
+from secure_release.mechanism import accounting
+from secure_release.mechanism.datasets import synthetic_counts
+from secure_release.mechanism.estimators import estimate_mle, project_to_simplex
+from secure_release.mechanism.pram import PramChannel
+from secure_release.mechanism.simulation import (
     estimate_mle_batch,
     fast_observed_counts,
     per_record_observed_counts,

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from protos.securerelease.v1 import securerelease_pb2 as protos_dot_securerelease_dot_v1_dot_securerelease__pb2
+from secure_release.protos.securerelease.v1 import securerelease_pb2 as secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in protos/securerelease/v1/securerelease_pb2_grpc.py depends on'
+        + ' but the generated code in secure_release/protos/securerelease/v1/securerelease_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -37,23 +37,23 @@ class ReleaseServerStub:
         """
         self.RegisterPart = channel.unary_unary(
                 '/securerelease.v1.ReleaseServer/RegisterPart',
-                request_serializer=protos_dot_securerelease_dot_v1_dot_securerelease__pb2.RegisterPartRequest.SerializeToString,
-                response_deserializer=protos_dot_securerelease_dot_v1_dot_securerelease__pb2.RegisterPartResponse.FromString,
+                request_serializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.RegisterPartRequest.SerializeToString,
+                response_deserializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.RegisterPartResponse.FromString,
                 _registered_method=True)
         self.UploadCiphertext = channel.stream_unary(
                 '/securerelease.v1.ReleaseServer/UploadCiphertext',
-                request_serializer=protos_dot_securerelease_dot_v1_dot_securerelease__pb2.UploadChunk.SerializeToString,
-                response_deserializer=protos_dot_securerelease_dot_v1_dot_securerelease__pb2.UploadResponse.FromString,
+                request_serializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.UploadChunk.SerializeToString,
+                response_deserializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.UploadResponse.FromString,
                 _registered_method=True)
         self.GetReleaseStatus = channel.unary_unary(
                 '/securerelease.v1.ReleaseServer/GetReleaseStatus',
-                request_serializer=protos_dot_securerelease_dot_v1_dot_securerelease__pb2.ReleaseStatusRequest.SerializeToString,
-                response_deserializer=protos_dot_securerelease_dot_v1_dot_securerelease__pb2.ReleaseStatus.FromString,
+                request_serializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.ReleaseStatusRequest.SerializeToString,
+                response_deserializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.ReleaseStatus.FromString,
                 _registered_method=True)
         self.FetchPerturbed = channel.unary_stream(
                 '/securerelease.v1.ReleaseServer/FetchPerturbed',
-                request_serializer=protos_dot_securerelease_dot_v1_dot_securerelease__pb2.FetchRequest.SerializeToString,
-                response_deserializer=protos_dot_securerelease_dot_v1_dot_securerelease__pb2.PerturbedChunk.FromString,
+                request_serializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.FetchRequest.SerializeToString,
+                response_deserializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.PerturbedChunk.FromString,
                 _registered_method=True)
 
 
@@ -94,23 +94,23 @@ def add_ReleaseServerServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'RegisterPart': grpc.unary_unary_rpc_method_handler(
                     servicer.RegisterPart,
-                    request_deserializer=protos_dot_securerelease_dot_v1_dot_securerelease__pb2.RegisterPartRequest.FromString,
-                    response_serializer=protos_dot_securerelease_dot_v1_dot_securerelease__pb2.RegisterPartResponse.SerializeToString,
+                    request_deserializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.RegisterPartRequest.FromString,
+                    response_serializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.RegisterPartResponse.SerializeToString,
             ),
             'UploadCiphertext': grpc.stream_unary_rpc_method_handler(
                     servicer.UploadCiphertext,
-                    request_deserializer=protos_dot_securerelease_dot_v1_dot_securerelease__pb2.UploadChunk.FromString,
-                    response_serializer=protos_dot_securerelease_dot_v1_dot_securerelease__pb2.UploadResponse.SerializeToString,
+                    request_deserializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.UploadChunk.FromString,
+                    response_serializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.UploadResponse.SerializeToString,
             ),
             'GetReleaseStatus': grpc.unary_unary_rpc_method_handler(
                     servicer.GetReleaseStatus,
-                    request_deserializer=protos_dot_securerelease_dot_v1_dot_securerelease__pb2.ReleaseStatusRequest.FromString,
-                    response_serializer=protos_dot_securerelease_dot_v1_dot_securerelease__pb2.ReleaseStatus.SerializeToString,
+                    request_deserializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.ReleaseStatusRequest.FromString,
+                    response_serializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.ReleaseStatus.SerializeToString,
             ),
             'FetchPerturbed': grpc.unary_stream_rpc_method_handler(
                     servicer.FetchPerturbed,
-                    request_deserializer=protos_dot_securerelease_dot_v1_dot_securerelease__pb2.FetchRequest.FromString,
-                    response_serializer=protos_dot_securerelease_dot_v1_dot_securerelease__pb2.PerturbedChunk.SerializeToString,
+                    request_deserializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.FetchRequest.FromString,
+                    response_serializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.PerturbedChunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -139,8 +139,8 @@ class ReleaseServer:
             request,
             target,
             '/securerelease.v1.ReleaseServer/RegisterPart',
-            protos_dot_securerelease_dot_v1_dot_securerelease__pb2.RegisterPartRequest.SerializeToString,
-            protos_dot_securerelease_dot_v1_dot_securerelease__pb2.RegisterPartResponse.FromString,
+            secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.RegisterPartRequest.SerializeToString,
+            secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.RegisterPartResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -166,8 +166,8 @@ class ReleaseServer:
             request_iterator,
             target,
             '/securerelease.v1.ReleaseServer/UploadCiphertext',
-            protos_dot_securerelease_dot_v1_dot_securerelease__pb2.UploadChunk.SerializeToString,
-            protos_dot_securerelease_dot_v1_dot_securerelease__pb2.UploadResponse.FromString,
+            secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.UploadChunk.SerializeToString,
+            secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.UploadResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -193,8 +193,8 @@ class ReleaseServer:
             request,
             target,
             '/securerelease.v1.ReleaseServer/GetReleaseStatus',
-            protos_dot_securerelease_dot_v1_dot_securerelease__pb2.ReleaseStatusRequest.SerializeToString,
-            protos_dot_securerelease_dot_v1_dot_securerelease__pb2.ReleaseStatus.FromString,
+            secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.ReleaseStatusRequest.SerializeToString,
+            secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.ReleaseStatus.FromString,
             options,
             channel_credentials,
             insecure,
@@ -220,8 +220,8 @@ class ReleaseServer:
             request,
             target,
             '/securerelease.v1.ReleaseServer/FetchPerturbed',
-            protos_dot_securerelease_dot_v1_dot_securerelease__pb2.FetchRequest.SerializeToString,
-            protos_dot_securerelease_dot_v1_dot_securerelease__pb2.PerturbedChunk.FromString,
+            secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.FetchRequest.SerializeToString,
+            secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.PerturbedChunk.FromString,
             options,
             channel_credentials,
             insecure,
@@ -245,18 +245,18 @@ class CuratorStub:
         """
         self.SubmitTags = channel.stream_unary(
                 '/securerelease.v1.Curator/SubmitTags',
-                request_serializer=protos_dot_securerelease_dot_v1_dot_securerelease__pb2.TagChunk.SerializeToString,
-                response_deserializer=protos_dot_securerelease_dot_v1_dot_securerelease__pb2.SubmitTagsResponse.FromString,
+                request_serializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.TagChunk.SerializeToString,
+                response_deserializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.SubmitTagsResponse.FromString,
                 _registered_method=True)
         self.GetAgreement = channel.unary_stream(
                 '/securerelease.v1.Curator/GetAgreement',
-                request_serializer=protos_dot_securerelease_dot_v1_dot_securerelease__pb2.AgreementRequest.SerializeToString,
-                response_deserializer=protos_dot_securerelease_dot_v1_dot_securerelease__pb2.AgreementChunk.FromString,
+                request_serializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.AgreementRequest.SerializeToString,
+                response_deserializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.AgreementChunk.FromString,
                 _registered_method=True)
         self.ReleaseKey = channel.unary_stream(
                 '/securerelease.v1.Curator/ReleaseKey',
-                request_serializer=protos_dot_securerelease_dot_v1_dot_securerelease__pb2.KeyRequest.SerializeToString,
-                response_deserializer=protos_dot_securerelease_dot_v1_dot_securerelease__pb2.KeyChunk.FromString,
+                request_serializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.KeyRequest.SerializeToString,
+                response_deserializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.KeyChunk.FromString,
                 _registered_method=True)
 
 
@@ -290,18 +290,18 @@ def add_CuratorServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'SubmitTags': grpc.stream_unary_rpc_method_handler(
                     servicer.SubmitTags,
-                    request_deserializer=protos_dot_securerelease_dot_v1_dot_securerelease__pb2.TagChunk.FromString,
-                    response_serializer=protos_dot_securerelease_dot_v1_dot_securerelease__pb2.SubmitTagsResponse.SerializeToString,
+                    request_deserializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.TagChunk.FromString,
+                    response_serializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.SubmitTagsResponse.SerializeToString,
             ),
             'GetAgreement': grpc.unary_stream_rpc_method_handler(
                     servicer.GetAgreement,
-                    request_deserializer=protos_dot_securerelease_dot_v1_dot_securerelease__pb2.AgreementRequest.FromString,
-                    response_serializer=protos_dot_securerelease_dot_v1_dot_securerelease__pb2.AgreementChunk.SerializeToString,
+                    request_deserializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.AgreementRequest.FromString,
+                    response_serializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.AgreementChunk.SerializeToString,
             ),
             'ReleaseKey': grpc.unary_stream_rpc_method_handler(
                     servicer.ReleaseKey,
-                    request_deserializer=protos_dot_securerelease_dot_v1_dot_securerelease__pb2.KeyRequest.FromString,
-                    response_serializer=protos_dot_securerelease_dot_v1_dot_securerelease__pb2.KeyChunk.SerializeToString,
+                    request_deserializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.KeyRequest.FromString,
+                    response_serializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.KeyChunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -330,8 +330,8 @@ class Curator:
             request_iterator,
             target,
             '/securerelease.v1.Curator/SubmitTags',
-            protos_dot_securerelease_dot_v1_dot_securerelease__pb2.TagChunk.SerializeToString,
-            protos_dot_securerelease_dot_v1_dot_securerelease__pb2.SubmitTagsResponse.FromString,
+            secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.TagChunk.SerializeToString,
+            secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.SubmitTagsResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -357,8 +357,8 @@ class Curator:
             request,
             target,
             '/securerelease.v1.Curator/GetAgreement',
-            protos_dot_securerelease_dot_v1_dot_securerelease__pb2.AgreementRequest.SerializeToString,
-            protos_dot_securerelease_dot_v1_dot_securerelease__pb2.AgreementChunk.FromString,
+            secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.AgreementRequest.SerializeToString,
+            secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.AgreementChunk.FromString,
             options,
             channel_credentials,
             insecure,
@@ -384,8 +384,8 @@ class Curator:
             request,
             target,
             '/securerelease.v1.Curator/ReleaseKey',
-            protos_dot_securerelease_dot_v1_dot_securerelease__pb2.KeyRequest.SerializeToString,
-            protos_dot_securerelease_dot_v1_dot_securerelease__pb2.KeyChunk.FromString,
+            secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.KeyRequest.SerializeToString,
+            secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.KeyChunk.FromString,
             options,
             channel_credentials,
             insecure,
@@ -409,18 +409,18 @@ class ResearcherStub:
         """
         self.NotifyReady = channel.unary_unary(
                 '/securerelease.v1.Researcher/NotifyReady',
-                request_serializer=protos_dot_securerelease_dot_v1_dot_securerelease__pb2.ReadyNotice.SerializeToString,
-                response_deserializer=protos_dot_securerelease_dot_v1_dot_securerelease__pb2.ReadyAck.FromString,
+                request_serializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.ReadyNotice.SerializeToString,
+                response_deserializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.ReadyAck.FromString,
                 _registered_method=True)
         self.GetEstimate = channel.unary_unary(
                 '/securerelease.v1.Researcher/GetEstimate',
-                request_serializer=protos_dot_securerelease_dot_v1_dot_securerelease__pb2.EstimateRequest.SerializeToString,
-                response_deserializer=protos_dot_securerelease_dot_v1_dot_securerelease__pb2.EstimateResponse.FromString,
+                request_serializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.EstimateRequest.SerializeToString,
+                response_deserializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.EstimateResponse.FromString,
                 _registered_method=True)
         self.ListReleases = channel.unary_unary(
                 '/securerelease.v1.Researcher/ListReleases',
-                request_serializer=protos_dot_securerelease_dot_v1_dot_securerelease__pb2.ListReleasesRequest.SerializeToString,
-                response_deserializer=protos_dot_securerelease_dot_v1_dot_securerelease__pb2.ListReleasesResponse.FromString,
+                request_serializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.ListReleasesRequest.SerializeToString,
+                response_deserializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.ListReleasesResponse.FromString,
                 _registered_method=True)
 
 
@@ -454,18 +454,18 @@ def add_ResearcherServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'NotifyReady': grpc.unary_unary_rpc_method_handler(
                     servicer.NotifyReady,
-                    request_deserializer=protos_dot_securerelease_dot_v1_dot_securerelease__pb2.ReadyNotice.FromString,
-                    response_serializer=protos_dot_securerelease_dot_v1_dot_securerelease__pb2.ReadyAck.SerializeToString,
+                    request_deserializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.ReadyNotice.FromString,
+                    response_serializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.ReadyAck.SerializeToString,
             ),
             'GetEstimate': grpc.unary_unary_rpc_method_handler(
                     servicer.GetEstimate,
-                    request_deserializer=protos_dot_securerelease_dot_v1_dot_securerelease__pb2.EstimateRequest.FromString,
-                    response_serializer=protos_dot_securerelease_dot_v1_dot_securerelease__pb2.EstimateResponse.SerializeToString,
+                    request_deserializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.EstimateRequest.FromString,
+                    response_serializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.EstimateResponse.SerializeToString,
             ),
             'ListReleases': grpc.unary_unary_rpc_method_handler(
                     servicer.ListReleases,
-                    request_deserializer=protos_dot_securerelease_dot_v1_dot_securerelease__pb2.ListReleasesRequest.FromString,
-                    response_serializer=protos_dot_securerelease_dot_v1_dot_securerelease__pb2.ListReleasesResponse.SerializeToString,
+                    request_deserializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.ListReleasesRequest.FromString,
+                    response_serializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.ListReleasesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -494,8 +494,8 @@ class Researcher:
             request,
             target,
             '/securerelease.v1.Researcher/NotifyReady',
-            protos_dot_securerelease_dot_v1_dot_securerelease__pb2.ReadyNotice.SerializeToString,
-            protos_dot_securerelease_dot_v1_dot_securerelease__pb2.ReadyAck.FromString,
+            secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.ReadyNotice.SerializeToString,
+            secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.ReadyAck.FromString,
             options,
             channel_credentials,
             insecure,
@@ -521,8 +521,8 @@ class Researcher:
             request,
             target,
             '/securerelease.v1.Researcher/GetEstimate',
-            protos_dot_securerelease_dot_v1_dot_securerelease__pb2.EstimateRequest.SerializeToString,
-            protos_dot_securerelease_dot_v1_dot_securerelease__pb2.EstimateResponse.FromString,
+            secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.EstimateRequest.SerializeToString,
+            secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.EstimateResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -548,8 +548,8 @@ class Researcher:
             request,
             target,
             '/securerelease.v1.Researcher/ListReleases',
-            protos_dot_securerelease_dot_v1_dot_securerelease__pb2.ListReleasesRequest.SerializeToString,
-            protos_dot_securerelease_dot_v1_dot_securerelease__pb2.ListReleasesResponse.FromString,
+            secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.ListReleasesRequest.SerializeToString,
+            secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.ListReleasesResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -11,7 +11,7 @@ No message the server receives has a field that can carry a pad, a key or a seed
 
 from collections import abc as _abc
 from grpc import aio as _aio
-from protos.securerelease.v1 import securerelease_pb2 as _securerelease_pb2
+from secure_release.protos.securerelease.v1 import securerelease_pb2 as _securerelease_pb2
 import abc as _abc_1
 import grpc as _grpc
 import sys

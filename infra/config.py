@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from mechanism.errors import SecureReleaseError
+from secure_release.mechanism.errors import SecureReleaseError
 
 T = TypeVar("T")
 ENV_PREFIX = "SECURE_RELEASE_"

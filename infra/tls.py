@@ -30,8 +30,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from mechanism.errors import SecureReleaseError
-from secure_release.fileio import atomic_write
+from secure_release.infra.fileio import atomic_write
+from secure_release.mechanism.errors import SecureReleaseError
 
 ROLES = ("curator", "server", "researcher", "analyst")
 URI_SCHEME = "secure-release://"
