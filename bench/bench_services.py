@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 from secure_release.cmd_demo import PARTIES, Cluster, get_estimate, launch_release  # noqa: E402
 from secure_release.curator.table import load_schema, read_table  # noqa: E402
 from secure_release.demo_data import write_demo_data  # noqa: E402
-from secure_release.infra.tls import init_pki  # noqa: E402
+from secure_release.infra.pki import init_pki  # noqa: E402
 from secure_release.mechanism import protocol  # noqa: E402
 
 ROLES = ("server", "alice", "bob", "researcher")

@@ -1,82 +1,22 @@
-"""Shared plumbing of the curator and researcher shells: JSON-line logs, config, retries."""
+"""Settings for every role's CLI: flags, then ``SECURE_RELEASE_<FLAG>`` environment, then
+``--config file.json`` (flags win); addresses, port files and the test-only switch."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
-
-import grpc
+from typing import Any
 
 from secure_release.mechanism.errors import SecureReleaseError
 
-T = TypeVar("T")
 ENV_PREFIX = "SECURE_RELEASE_"
 TESTING_ENV = "SECURE_RELEASE_TESTING"
-RETRYABLE = (
-    grpc.StatusCode.UNAVAILABLE,
-    grpc.StatusCode.DEADLINE_EXCEEDED,
-    grpc.StatusCode.RESOURCE_EXHAUSTED,
-    grpc.StatusCode.ABORTED,
-)
 
 
 class ConfigError(SecureReleaseError):
     """A required setting is missing or a test-only flag was used outside tests."""
-
-
-class JsonLog:
-    """Structured JSON-line logs on stderr. Callers pass counts and names only, never keys,
-    seeds, pads or plaintext (fields named like secrets are refused outright)."""
-
-    _FORBIDDEN = ("key", "seed", "pad", "secret", "plaintext", "symbols")
-
-    def __init__(self, component: str, name: str, stream: Any = None) -> None:
-        self.component, self.name = component, name
-        self.stream = stream or sys.stderr
-
-    def __call__(self, event: str, **fields: Any) -> None:
-        for f in fields:
-            if any(bad in f.lower() for bad in self._FORBIDDEN) and not f.endswith("_fingerprint"):
-                raise AssertionError(f"log field {f!r} looks secret; log a fingerprint instead")
-        record = {
-            "ts": round(time.time(), 3),
-            "component": self.component,
-            "party": self.name,
-            "event": event,
-            **fields,
-        }
-        self.stream.write(json.dumps(record, default=str) + "\n")
-        self.stream.flush()
-
-
-def with_retries(
-    fn: Callable[[], T],
-    what: str,
-    log: JsonLog | None = None,
-    attempts: int = 8,
-    first_delay: float = 0.2,
-    max_delay: float = 5.0,
-) -> T:
-    """Call ``fn`` retrying transient gRPC failures with exponential backoff."""
-    delay = first_delay
-    for attempt in range(1, attempts + 1):
-        try:
-            return fn()
-        except grpc.RpcError as exc:
-            code = exc.code() if hasattr(exc, "code") else None
-            if code not in RETRYABLE or attempt == attempts:
-                raise
-            if log:
-                log("retry", what=what, attempt=attempt, code=str(code), delay_s=round(delay, 2))
-            time.sleep(delay)
-            delay = min(delay * 2, max_delay)
-    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def split_address(text: str) -> tuple[str, int]:

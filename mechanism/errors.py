@@ -1,10 +1,59 @@
-"""Named errors. Every message says what was wrong and what is allowed."""
+"""Named errors, one hierarchy for the whole project. Every message says what was wrong and
+what is allowed.
+
+Each class names its :class:`ErrorKind`, a wire-neutral category; ``infra.errors`` holds the
+one table that maps kinds to gRPC status codes for every service (this package imports no grpc).
+"""
 
 from __future__ import annotations
+
+import enum
+
+
+class ErrorKind(enum.Enum):
+    """What kind of failure an error is, independent of any transport."""
+
+    INVALID_ARGUMENT = "invalid_argument"  # the request itself is malformed or out of range
+    NOT_FOUND = "not_found"  # it names something that does not exist (here)
+    ALREADY_EXISTS = "already_exists"  # it conflicts with something already stored
+    FAILED_PRECONDITION = "failed_precondition"  # valid, but not in the current state
+    PERMISSION_DENIED = "permission_denied"  # the caller may not do this
+    RESOURCE_EXHAUSTED = "resource_exhausted"  # a budget or a configured bound is used up
+    UNAVAILABLE = "unavailable"  # transient: try again later
 
 
 class SecureReleaseError(ValueError):
     """Base class of every error this project raises on bad input."""
+
+    kind: ErrorKind = ErrorKind.INVALID_ARGUMENT
+
+
+class InvalidNameError(SecureReleaseError):
+    """A release id or party name breaks the grammar [A-Za-z0-9][A-Za-z0-9._-]{0,127}."""
+
+
+class DuplicateNameError(SecureReleaseError):
+    """A list of names that must be distinct (curators, parties) repeats one."""
+
+
+class TooFewCuratorsError(SecureReleaseError):
+    """A release needs at least two curators."""
+
+
+class UnknownCipherError(SecureReleaseError):
+    """A cipher mode other than the supported ones (otp, chacha20)."""
+
+
+class EmptySampleError(SecureReleaseError):
+    """An estimate was asked of zero observed rows."""
+
+
+class UnknownDatasetError(SecureReleaseError):
+    """A named (bundled or synthetic) dataset that does not exist."""
+
+
+class InvalidCountsError(SecureReleaseError):
+    """A count table has negative, non-integer or no counts."""
 
 
 class UnknownCategoryError(SecureReleaseError):
@@ -46,13 +95,19 @@ class InvalidSeedError(SecureReleaseError):
 class PadReuseError(SecureReleaseError):
     """A pad (key) was asked to encrypt a second time."""
 
+    kind = ErrorKind.FAILED_PRECONDITION
+
 
 class BudgetExceededError(SecureReleaseError):
     """A release would take a dataset's privacy loss past its budget."""
 
+    kind = ErrorKind.RESOURCE_EXHAUSTED
+
 
 class SeedReuseError(SecureReleaseError):
     """A sampling seed was used for a second release; a reused sample gets no amplification."""
+
+    kind = ErrorKind.FAILED_PRECONDITION
 
 
 class ShapeMismatchError(SecureReleaseError):

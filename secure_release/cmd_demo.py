@@ -240,7 +240,7 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from secure_release.demo_data import write_demo_data
-    from secure_release.infra.tls import init_pki
+    from secure_release.infra.pki import init_pki
 
     if args.keep is not None:
         args.keep.mkdir(parents=True, exist_ok=True)

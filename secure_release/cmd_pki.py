@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from secure_release.infra.tls import init_pki
+from secure_release.infra.pki import init_pki
 
 
 def _names(text: str) -> list[str]:

@@ -27,7 +27,7 @@ def test_services_and_dependencies() -> None:
             assert vol.split(":")[0] in c["volumes"], (name, vol)
     for name in ("server", "alice", "bob", "researcher"):
         hc = services[name]["healthcheck"]["test"]
-        assert hc[:4] == ["CMD", "python", "-m", "secure_release.researcher.healthcheck"]
+        assert hc[:4] == ["CMD", "python", "-m", "secure_release.infra.health"]
     assert services["server"]["depends_on"]["pki"]["condition"] == "service_completed_successfully"
     assert "store:/store" in services["server"]["volumes"]
 

@@ -15,7 +15,7 @@ import secure_release.mechanism.protocol as protocol
 from secure_release.cmd_demo import PARTIES, Cluster, get_estimate, launch_release
 from secure_release.curator.table import load_schema, read_table
 from secure_release.demo_data import write_demo_data
-from secure_release.infra.tls import init_pki
+from secure_release.infra.pki import init_pki
 from secure_release.mechanism.keys import AlignmentKey, PadKey, PramKey, Seed
 
 pytestmark = pytest.mark.slow

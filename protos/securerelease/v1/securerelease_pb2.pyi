@@ -89,7 +89,7 @@ class ReleaseParams(_message.Message):
     CURATORS_FIELD_NUMBER: _builtins.int
     ALPHABET_SIZES_FIELD_NUMBER: _builtins.int
     CIPHER_FIELD_NUMBER: _builtins.int
-    RESEARCHER_FIELD_NUMBER: _builtins.int
+    RESEARCHERS_FIELD_NUMBER: _builtins.int
     release_id: _builtins.str
     n: _builtins.int
     """aligned records"""
@@ -99,8 +99,6 @@ class ReleaseParams(_message.Message):
     gamma: _builtins.float
     """Eq. (2)"""
     cipher: Global___CipherMode.ValueType
-    researcher: _builtins.str
-    """identity of the researcher to notify when ready"""
     @_builtins.property
     def curators(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """curator names, in joint-code order"""
@@ -108,6 +106,10 @@ class ReleaseParams(_message.Message):
     @_builtins.property
     def alphabet_sizes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """one per curator, same order"""
+
+    @_builtins.property
+    def researchers(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """granted researchers (certificate names); the first is notified when ready"""
 
     def __init__(
         self,
@@ -120,11 +122,11 @@ class ReleaseParams(_message.Message):
         curators: _abc.Iterable[_builtins.str] | None = ...,
         alphabet_sizes: _abc.Iterable[_builtins.int] | None = ...,
         cipher: Global___CipherMode.ValueType = ...,
-        researcher: _builtins.str = ...,
+        researchers: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["alphabet_sizes", b"alphabet_sizes", "cipher", b"cipher", "curators", b"curators", "epsilon", b"epsilon", "gamma", b"gamma", "m", b"m", "n", b"n", "release_id", b"release_id", "researcher", b"researcher"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["alphabet_sizes", b"alphabet_sizes", "cipher", b"cipher", "curators", b"curators", "epsilon", b"epsilon", "gamma", b"gamma", "m", b"m", "n", b"n", "release_id", b"release_id", "researchers", b"researchers"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -706,10 +708,10 @@ class Cell(_message.Message):
     projected: _builtins.float
     """projected onto the simplex"""
     mle: _builtins.float
-    """maximum likelihood (EM)"""
+    """exact maximum-likelihood estimate (closed form, KKT water filling)"""
     standard_error: _builtins.float
     ci_low: _builtins.float
-    """95% normal interval of the raw estimate"""
+    """95% interval (EstimateResponse.interval_method says how)"""
     ci_high: _builtins.float
     observed: _builtins.int
     """observed (perturbed, decrypted) count"""
@@ -788,10 +790,13 @@ class EstimateResponse(_message.Message):
     CELLS_FIELD_NUMBER: _builtins.int
     PRIVACY_FIELD_NUMBER: _builtins.int
     MLE_ITERATIONS_FIELD_NUMBER: _builtins.int
+    INTERVAL_METHOD_FIELD_NUMBER: _builtins.int
     release_id: _builtins.str
     marginal: _builtins.bool
     """true if keys of only some curators were granted"""
     mle_iterations: _builtins.int
+    interval_method: _builtins.str
+    """how every cell's ci_low / ci_high were computed"""
     @_builtins.property
     def curators(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """the curators whose attributes the cells cover"""
@@ -812,10 +817,11 @@ class EstimateResponse(_message.Message):
         cells: _abc.Iterable[Global___Cell] | None = ...,
         privacy: Global___PrivacyReport | None = ...,
         mle_iterations: _builtins.int = ...,
+        interval_method: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["privacy", b"privacy"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attributes", b"attributes", "cells", b"cells", "curators", b"curators", "marginal", b"marginal", "mle_iterations", b"mle_iterations", "privacy", b"privacy", "release_id", b"release_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attributes", b"attributes", "cells", b"cells", "curators", b"curators", "interval_method", b"interval_method", "marginal", b"marginal", "mle_iterations", b"mle_iterations", "privacy", b"privacy", "release_id", b"release_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

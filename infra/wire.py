@@ -1,0 +1,161 @@
+"""The wire: the only module where protobuf messages become domain values and back.
+
+Release parameters <-> :class:`~secure_release.mechanism.spec.ReleaseSpec`, cipher enum <->
+:class:`~secure_release.mechanism.pads.CipherMode`, curator schemas, id-tag chunks, and the
+researcher's :class:`~secure_release.mechanism.report.ReleaseReport` <-> ``EstimateResponse``.
+Decoding validates: a message that does not make a valid domain value raises a named error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+
+from secure_release.mechanism.alignment import TAG_DTYPE, TagArray
+from secure_release.mechanism.errors import ShapeMismatchError, UnknownCipherError
+from secure_release.mechanism.pads import CipherMode
+from secure_release.mechanism.plan import ReleasePlan
+from secure_release.mechanism.report import ReleaseReport
+from secure_release.mechanism.schema import Attribute, CuratorSchema
+from secure_release.mechanism.spec import ReleaseSpec
+from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
+
+TAG_BYTES = TAG_DTYPE.itemsize
+#: At most 1 MiB of tags a message.
+TAGS_PER_CHUNK = (1 << 20) // TAG_BYTES
+
+_PB_OF_CIPHER = {CipherMode.OTP: pb.CIPHER_MODE_OTP, CipherMode.CHACHA20: pb.CIPHER_MODE_CHACHA20}
+_CIPHER_OF_PB = {v: k for k, v in _PB_OF_CIPHER.items()}
+
+
+# ---------------------------------------------------------------------------------- cipher
+def cipher_to_pb(mode: CipherMode) -> pb.CipherMode.ValueType:
+    return _PB_OF_CIPHER[mode]
+
+
+def cipher_from_pb(value: int) -> CipherMode:
+    try:
+        return _CIPHER_OF_PB[value]  # type: ignore[index]
+    except KeyError:
+        raise UnknownCipherError(
+            f"unknown cipher mode {value}; allowed: CIPHER_MODE_OTP (1), CIPHER_MODE_CHACHA20 (2)"
+        ) from None
+
+
+# ---------------------------------------------------------------------------------- release
+def plan_from_pb(p: pb.ReleaseParams) -> ReleasePlan:
+    return ReleasePlan(
+        int(p.n),
+        int(p.m),
+        tuple(int(k) for k in p.alphabet_sizes),
+        float(p.epsilon),
+        float(p.gamma),
+    )
+
+
+def spec_to_pb(spec: ReleaseSpec) -> pb.ReleaseParams:
+    return pb.ReleaseParams(
+        release_id=spec.release_id,
+        n=spec.plan.n,
+        m=spec.plan.m,
+        epsilon=spec.plan.epsilon,
+        gamma=spec.plan.gamma,
+        curators=list(spec.curators),
+        alphabet_sizes=list(spec.plan.alphabet_sizes),
+        cipher=cipher_to_pb(spec.cipher),
+        researchers=list(spec.researchers),
+    )
+
+
+def spec_from_pb(p: pb.ReleaseParams) -> ReleaseSpec:
+    """A validated spec (named errors for anything malformed)."""
+    return ReleaseSpec(
+        release_id=p.release_id,
+        curators=tuple(p.curators),
+        cipher=cipher_from_pb(p.cipher),
+        plan=plan_from_pb(p),
+        researchers=tuple(p.researchers),
+    ).validate()
+
+
+# ---------------------------------------------------------------------------------- schemas
+def schema_to_pb(schema: CuratorSchema) -> pb.CuratorSchema:
+    return pb.CuratorSchema(
+        curator=schema.name,
+        attributes=[pb.Attribute(name=a.name, categories=list(a.categories)) for a in schema.attributes],
+    )
+
+
+def schema_from_pb(s: pb.CuratorSchema, curator: str) -> CuratorSchema:
+    return CuratorSchema(
+        s.curator or curator,
+        tuple(Attribute(a.name, tuple(a.categories)) for a in s.attributes),
+    )
+
+
+# ---------------------------------------------------------------------------------- tags
+def _pieces(raw: bytes) -> list[bytes]:
+    step = TAGS_PER_CHUNK * TAG_BYTES
+    return [raw[i : i + step] for i in range(0, len(raw), step)] or [b""]
+
+
+def tag_chunks(release_id: str, curator: str, tags: TagArray, alphabet_size: int) -> Iterator[pb.TagChunk]:
+    """A curator's id tags as TagChunk messages of at most 1 MiB."""
+    pieces = _pieces(np.ascontiguousarray(tags, dtype=TAG_DTYPE).tobytes())
+    for seq, piece in enumerate(pieces):
+        yield pb.TagChunk(
+            release_id=release_id,
+            curator=curator,
+            sequence=seq,
+            tags=piece,
+            last=seq == len(pieces) - 1,
+            alphabet_size=alphabet_size,
+        )
+
+
+def tag_pieces(tags: TagArray) -> list[bytes]:
+    """Tags as byte pieces of at most 1 MiB (for AgreementChunk.common_tags)."""
+    return _pieces(np.ascontiguousarray(tags, dtype=TAG_DTYPE).tobytes())
+
+
+def tags_from_bytes(raw: bytes) -> TagArray:
+    if len(raw) % TAG_BYTES:
+        raise ShapeMismatchError(f"{len(raw)} tag bytes is not a multiple of {TAG_BYTES}")
+    return np.frombuffer(raw, dtype=TAG_DTYPE).copy()
+
+
+# ---------------------------------------------------------------------------------- report
+def report_to_pb(report: ReleaseReport) -> pb.EstimateResponse:
+    privacy = report.privacy()
+    return pb.EstimateResponse(
+        release_id=report.release_id,
+        marginal=report.marginal,
+        curators=list(report.covered),
+        attributes=list(report.attributes),
+        cells=[
+            pb.Cell(
+                labels=list(row.labels),
+                estimate=row.estimate,
+                projected=row.projected,
+                mle=row.mle,
+                standard_error=row.standard_error,
+                ci_low=row.ci_low,
+                ci_high=row.ci_high,
+                observed=row.observed,
+            )
+            for row in report.cells()
+        ],
+        privacy=pb.PrivacyReport(
+            epsilon=privacy["epsilon"],
+            gamma=privacy["gamma"],
+            m=privacy["m"],
+            n=privacy["n"],
+            joint_size=privacy["K"],
+            predicted_rmse=privacy["predicted_rmse"],
+            bound=privacy["bound"],
+            bound_tight=privacy["bound_tight"],
+        ),
+        mle_iterations=report.mle_iterations,
+        interval_method=report.interval_method,
+    )

@@ -1,0 +1,181 @@
+"""The researcher's result as one typed value: :class:`ReleaseReport`.
+
+The JSON and CSV files, the ``EstimateResponse`` on the wire and the printed tables are all
+derived from it (``to_dict``/``from_dict`` for JSON; ``infra.wire`` for the proto).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from secure_release.mechanism.plan import ReleasePlan
+from secure_release.mechanism.protocol import ReleaseEstimate
+from secure_release.mechanism.schema import JointSchema
+
+#: The per-cell columns, in the order the CSV and the tables print them.
+CELL_COLUMNS = ("estimate", "projected", "mle", "standard_error", "ci_low", "ci_high", "observed")
+NORMAL_INTERVAL = "normal (raw estimate +- 1.96 SE)"
+
+
+@dataclass(frozen=True)
+class CellRow:
+    """One cell of a report, for printing and serialising."""
+
+    labels: tuple[str, ...]
+    estimate: float
+    projected: float
+    mle: float
+    standard_error: float
+    ci_low: float
+    ci_high: float
+    observed: int
+
+
+@dataclass(frozen=True)
+class ReleaseReport:
+    """A finished release: the cells of the joint (or marginal) estimate and the privacy plan.
+
+    ``covered`` are the curators whose attributes the cells span (all of them unless some
+    refused their keys, then ``marginal`` is True and ``refused`` says who and why).
+    """
+
+    release_id: str
+    plan: ReleasePlan
+    curators: tuple[str, ...]
+    covered: tuple[str, ...]
+    attributes: tuple[str, ...]
+    labels: tuple[tuple[str, ...], ...]
+    estimate: npt.NDArray[np.float64]
+    projected: npt.NDArray[np.float64]
+    mle: npt.NDArray[np.float64]
+    standard_error: npt.NDArray[np.float64]
+    ci_low: npt.NDArray[np.float64]
+    ci_high: npt.NDArray[np.float64]
+    observed: npt.NDArray[np.int64]
+    mle_iterations: int = 0
+    interval_method: str = NORMAL_INTERVAL
+    refused: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def marginal(self) -> bool:
+        return len(self.covered) < len(self.curators)
+
+    @property
+    def note(self) -> str:
+        if not self.marginal:
+            return "joint estimate over every curator"
+        return (
+            "MARGINAL ONLY: curators " + ", ".join(sorted(self.refused)) + " did not grant their "
+            "keys; the cells cover only " + ", ".join(self.covered)
+        )
+
+    def cells(self) -> Iterator[CellRow]:
+        """The cells in joint-code order."""
+        for c, labels in enumerate(self.labels):
+            yield CellRow(
+                labels,
+                float(self.estimate[c]),
+                float(self.projected[c]),
+                float(self.mle[c]),
+                float(self.standard_error[c]),
+                float(self.ci_low[c]),
+                float(self.ci_high[c]),
+                int(self.observed[c]),
+            )
+
+    def privacy(self) -> dict[str, Any]:
+        """The plan's privacy and utility figures (keys of ``secure-release plan --json``)."""
+        return self.plan.report()
+
+    # ------------------------------------------------------------------ JSON
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "release_id": self.release_id,
+            "marginal": self.marginal,
+            "note": self.note,
+            "refused": dict(self.refused),
+            "all_curators": list(self.curators),
+            "curators": list(self.covered),
+            "attributes": list(self.attributes),
+            "interval_method": self.interval_method,
+            "cells": [
+                {
+                    "labels": list(row.labels),
+                    **{col: getattr(row, col) for col in CELL_COLUMNS},
+                }
+                for row in self.cells()
+            ],
+            "plan": self.plan.to_dict(),
+            "privacy": self.privacy(),
+            "mle_iterations": self.mle_iterations,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ReleaseReport:
+        cells = d["cells"]
+
+        def column(name: str, dtype: type) -> npt.NDArray[Any]:
+            return np.array([c[name] for c in cells], dtype=dtype)
+
+        p = d["plan"]
+        plan = ReleasePlan(
+            int(p["n"]),
+            int(p["m"]),
+            tuple(int(k) for k in p["alphabet_sizes"]),
+            float(p["epsilon"]),
+            float(p["gamma"]),
+        )
+        return cls(
+            release_id=str(d["release_id"]),
+            plan=plan,
+            curators=tuple(d["all_curators"]),
+            covered=tuple(d["curators"]),
+            attributes=tuple(d["attributes"]),
+            labels=tuple(tuple(c["labels"]) for c in cells),
+            estimate=column("estimate", np.float64),
+            projected=column("projected", np.float64),
+            mle=column("mle", np.float64),
+            standard_error=column("standard_error", np.float64),
+            ci_low=column("ci_low", np.float64),
+            ci_high=column("ci_high", np.float64),
+            observed=column("observed", np.int64),
+            mle_iterations=int(d.get("mle_iterations", 0)),
+            interval_method=str(d.get("interval_method", NORMAL_INTERVAL)),
+            refused=dict(d.get("refused", {})),
+        )
+
+
+def build_report(
+    release_id: str,
+    plan: ReleasePlan,
+    curators: Sequence[str],
+    estimate: ReleaseEstimate,
+    schema: JointSchema,
+    refused: Mapping[str, str] | None = None,
+    interval_method: str = NORMAL_INTERVAL,
+) -> ReleaseReport:
+    """Label an estimate with the covered curators' schema (``schema`` spans exactly the
+    curators in ``estimate.curators``)."""
+    return ReleaseReport(
+        release_id=release_id,
+        plan=plan,
+        curators=tuple(curators),
+        covered=tuple(curators[j] for j in estimate.curators),
+        attributes=tuple(schema.attribute_names),
+        labels=tuple(schema.cell_labels()),
+        estimate=estimate.raw,
+        projected=estimate.projected,
+        mle=estimate.mle,
+        standard_error=estimate.standard_errors,
+        ci_low=estimate.ci_low,
+        ci_high=estimate.ci_high,
+        observed=estimate.counts,
+        mle_iterations=int(estimate.mle_iterations),
+        interval_method=interval_method,
+        refused=dict(refused or {}),
+    )
