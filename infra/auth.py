@@ -12,7 +12,7 @@ Per-release checks (membership, grants) stay in the servicers, which know the re
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import grpc
 
@@ -99,7 +99,14 @@ def check_call(
     return None
 
 
-class AuthInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
+# The interceptor base is generic only in grpc-stubs, not at runtime.
+if TYPE_CHECKING:
+    _ServerInterceptor = grpc.ServerInterceptor[Any, Any]
+else:
+    _ServerInterceptor = grpc.ServerInterceptor
+
+
+class AuthInterceptor(_ServerInterceptor):
     """Checks :data:`ACCESS` (or ``access``) before any servicer code runs."""
 
     def __init__(self, insecure: bool = False, access: Mapping[str, frozenset[str]] = ACCESS) -> None:

@@ -46,7 +46,16 @@ def apply_env_and_config(parser: argparse.ArgumentParser, argv: list[str] | None
             config = json.loads(Path(known.config).read_text())
         except (OSError, ValueError) as exc:
             raise ConfigError(f"--config {known.config}: {exc}") from exc
+        if not isinstance(config, dict):
+            raise ConfigError(f"--config {known.config}: a JSON object of settings is needed")
         config = {k.replace("-", "_"): v for k, v in config.items()}
+        known_dests = {a.dest for a in parser._actions if a.option_strings}
+        unknown = sorted(set(config) - known_dests)
+        if unknown:
+            raise ConfigError(
+                f"--config {known.config}: unknown setting(s) {unknown}; "
+                f"allowed: {sorted(known_dests - {'help', 'config'})}"
+            )
     defaults: dict[str, Any] = {}
     for action in parser._actions:
         dest = action.dest

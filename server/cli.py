@@ -1,4 +1,4 @@
-"""``python -m server`` / ``secure-release-server``: run the cloud server.
+"""``secure-release-server`` (``python -m secure_release.server``): run the cloud server.
 
 Configuration, lowest to highest precedence: ``--config file.json`` (keys named like the long
 options, e.g. ``{"listen": "0.0.0.0:7000", "store": "/data"}``), environment variables
@@ -9,69 +9,54 @@ options, e.g. ``{"listen": "0.0.0.0:7000", "store": "/data"}``), environment var
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-import os
+import math
 import signal
 import sys
 import threading
-import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-
-from secure_release.infra import tls as security
+from secure_release.infra import tls
+from secure_release.infra.config import (
+    ConfigError,
+    apply_env_and_config,
+    split_address,
+    testing_enabled,
+    write_port_file,
+)
+from secure_release.infra.health import add_health_and_reflection
+from secure_release.infra.logs import setup_logging
 from secure_release.mechanism.errors import SecureReleaseError
 from secure_release.mechanism.keys import PramKey
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
 from secure_release.server.service import ReleaseService, make_notifier
 from secure_release.server.store import Store
 
-TEST_KEY_ENV = "SECURE_RELEASE_TESTING"
-_STD_ATTRS = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message"}
+SERVICE_NAME = "securerelease.v1.ReleaseServer"
 
 
-class JsonFormatter(logging.Formatter):
-    """One JSON object a line: time, level, event, and the record's ``extra`` fields."""
+@dataclass(frozen=True)
+class ServerConfig:
+    """Every setting of one server process, checked once."""
 
-    def format(self, record: logging.LogRecord) -> str:
-        out: dict[str, Any] = {
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)),
-            "level": record.levelname.lower(),
-            "event": record.getMessage(),
-        }
-        for k, v in record.__dict__.items():
-            if k not in _STD_ATTRS and not k.startswith("_"):
-                out[k] = v if isinstance(v, str | int | float | bool | None) else str(v)
-        return json.dumps(out, sort_keys=True)
-
-
-def setup_logging(level: str = "INFO") -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter())
-    root = logging.getLogger("secure_release")
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
-    root.propagate = False
-
-
-OPTIONS = (
-    "listen",
-    "store",
-    "certs",
-    "name",
-    "insecure",
-    "researcher_address",
-    "port_file",
-    "log_level",
-    "grace",
-    "insecure_test_pram_key",
-)
+    host: str
+    port: int
+    store: Path
+    certs: Path | None
+    name: str
+    insecure: bool
+    researcher_address: str | None
+    port_file: str | None
+    log_level: str
+    grace: float
+    test_pram_key: PramKey | None
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The server's flags (each also settable by env or --config)."""
     p = argparse.ArgumentParser(
         prog="secure-release-server",
         description=(
@@ -81,124 +66,107 @@ def build_parser() -> argparse.ArgumentParser:
             "stores the result durably (SQLite, WAL, synchronous=FULL) and only then reports it "
             "PERTURBED; the researcher then fetches it. The server never sees a key or "
             "plaintext. Every RPC requires mutual TLS with a certificate from the project CA "
-            "('secure-release pki init') and checks the caller's role."
+            "('secure-release pki init') and passes the role table (infra/auth.py)."
         ),
         epilog=(
-            "Configuration: --config FILE.json < env SECURE_RELEASE_<OPTION> < command line. "
-            "Example: python -m server --listen 127.0.0.1:7000 --store ./store --certs ./certs "
-            "--name server --port-file server.port"
+            "Configuration: --config FILE.json < env SECURE_RELEASE_<OPTION> < command line.\n"
+            "Example:\n  secure-release-server --listen 127.0.0.1:7000 --store ./store --certs ./certs "
+            "--name server --port-file server.port --researcher-address 127.0.0.1:7200"
         ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--config", type=Path, help="JSON file of options (keys like 'listen', 'store')")
-    p.add_argument(
-        "--listen", help="HOST:PORT to serve on; port 0 picks a free port (default 127.0.0.1:0)"
-    )
-    p.add_argument("--store", type=Path, help="directory of the durable store (required)")
-    p.add_argument("--certs", type=Path, help="directory with ca.pem, NAME.pem and NAME.key")
-    p.add_argument("--name", help="this server's certificate name (default: server)")
+    p.add_argument("--config", help="JSON file of options (keys like 'listen', 'store')")
+    p.add_argument("--listen", default="127.0.0.1:0", help="HOST:PORT; port 0 picks a free port")
+    p.add_argument("--store", help="directory of the durable store (required)")
+    p.add_argument("--certs", help="directory with ca.pem, NAME.pem and NAME.key")
+    p.add_argument("--name", default="server", help="this server's certificate name")
     p.add_argument(
         "--insecure",
         action="store_true",
-        default=None,
         help="serve WITHOUT TLS; callers name themselves in metadata. Tests/demos only",
     )
     p.add_argument(
         "--researcher-address",
         help="HOST:PORT of the researcher to notify when a release is perturbed (best effort)",
     )
-    p.add_argument("--port-file", type=Path, help="write the bound port to this file")
-    p.add_argument("--log-level", help="DEBUG, INFO (default), WARNING")
-    p.add_argument("--grace", type=float, help="seconds to finish RPCs on SIGTERM (default 5)")
+    p.add_argument("--port-file", help="write the bound port to this file")
+    p.add_argument("--log-level", default="INFO", help="DEBUG, INFO (default), WARNING")
+    p.add_argument("--grace", type=float, default=5.0, help="seconds to finish RPCs on SIGTERM")
     p.add_argument(
         "--insecure-test-pram-key",
         metavar="HEX",
-        help="TESTS ONLY: use this 64-hex-digit PRAM key instead of a fresh one per "
-        f"release; refused unless {TEST_KEY_ENV}=1. Makes the noise predictable.",
+        help="TESTS ONLY: use this 64-hex-digit PRAM key instead of a fresh one per release; "
+        "refused unless SECURE_RELEASE_TESTING=1. Makes the noise predictable.",
     )
     return p
 
 
-def resolve(args: argparse.Namespace, env: dict[str, str]) -> dict[str, Any]:
-    conf: dict[str, Any] = {
-        "listen": "127.0.0.1:0",
-        "name": "server",
-        "insecure": False,
-        "log_level": "INFO",
-        "grace": 5.0,
-    }
-    if args.config:
-        data = json.loads(Path(args.config).read_text())
-        unknown = set(data) - set(OPTIONS) - {k.replace("_", "-") for k in OPTIONS}
-        if unknown:
-            raise SecureReleaseError(f"unknown keys in {args.config}: {sorted(unknown)}")
-        conf.update({k.replace("-", "_"): v for k, v in data.items()})
-    for opt in OPTIONS:
-        v = env.get("SECURE_RELEASE_" + opt.upper())
-        if v is not None:
-            conf[opt] = v.lower() in ("1", "true", "yes") if opt == "insecure" else v
-    for opt in OPTIONS:
-        v = getattr(args, opt)
-        if v is not None:
-            conf[opt] = v
-    if not conf.get("store"):
-        raise SecureReleaseError("--store DIR is required (or SECURE_RELEASE_STORE)")
-    if not conf["insecure"] and not conf.get("certs"):
-        raise SecureReleaseError("--certs DIR is required unless --insecure (tests only)")
-    return conf
+def config_from_args(args: argparse.Namespace) -> ServerConfig:
+    """Check the parsed settings and build the typed config (ConfigError on anything wrong)."""
+    if not args.store:
+        raise ConfigError("--store DIR is required (or SECURE_RELEASE_STORE)")
+    if not args.insecure and not args.certs:
+        raise ConfigError("--certs DIR is required unless --insecure (tests only)")
+    if not math.isfinite(args.grace) or args.grace < 0:
+        raise ConfigError(f"--grace must be a finite number of seconds >= 0, got {args.grace}")
+    key = None
+    if args.insecure_test_pram_key:
+        if not testing_enabled():
+            raise ConfigError("--insecure-test-pram-key is for tests only; set SECURE_RELEASE_TESTING=1")
+        key = PramKey.from_hex(str(args.insecure_test_pram_key))
+    host, port = split_address(str(args.listen))
+    return ServerConfig(
+        host=host or "127.0.0.1",
+        port=port,
+        store=Path(args.store),
+        certs=Path(args.certs) if args.certs else None,
+        name=str(args.name),
+        insecure=bool(args.insecure),
+        researcher_address=args.researcher_address or None,
+        port_file=args.port_file or None,
+        log_level=str(args.log_level),
+        grace=float(args.grace),
+        test_pram_key=key,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Parse, configure and serve until SIGTERM/SIGINT; 2 on a configuration error."""
+    parser = build_parser()
     try:
-        conf = resolve(args, dict(os.environ))
-        return serve(conf)
+        apply_env_and_config(parser, list(argv) if argv is not None else None)
+        config = config_from_args(parser.parse_args(argv))
+        return serve(config)
     except SecureReleaseError as exc:
         sys.stderr.write(f"secure-release-server: error: {type(exc).__name__}: {exc}\n")
         return 2
 
 
-def serve(conf: dict[str, Any]) -> int:
-    setup_logging(str(conf["log_level"]))
+def serve(config: ServerConfig) -> int:
+    """Open the store, finish any sealed release, serve, and stop gracefully on a signal."""
+    setup_logging(config.log_level)
     log = logging.getLogger("secure_release.server")
     key_factory = PramKey.generate
-    if conf.get("insecure_test_pram_key"):
-        if os.environ.get(TEST_KEY_ENV) != "1":
-            raise SecureReleaseError(
-                f"--insecure-test-pram-key is for tests only; set {TEST_KEY_ENV}=1 to allow it"
-            )
-        fixed = PramKey.from_hex(str(conf["insecure_test_pram_key"]))
+    if config.test_pram_key is not None:
+        fixed = config.test_pram_key
         key_factory = lambda: fixed  # noqa: E731
-        log.warning("using an injected PRAM key (tests only)", extra={"pram_key": repr(fixed)})
-    host, _, port = str(conf["listen"]).rpartition(":")
-    host = host.strip("[]") or "127.0.0.1"
-    certs = Path(conf["certs"]) if conf.get("certs") else None
-    insecure = bool(conf["insecure"])
-    store = Store(Path(conf["store"]))
+        log.warning("using an injected PRAM key (tests only)")
+    store = Store(config.store)
     notify = None
-    if conf.get("researcher_address"):
-        notify = make_notifier(str(conf["researcher_address"]), certs, str(conf["name"]), insecure)
+    if config.researcher_address:
+        notify = make_notifier(config.researcher_address, config.certs, config.name, config.insecure)
     service = ReleaseService(store, key_factory, notify)
     for rid in store.sealed_releases():  # crashed between sealing and PRAM: finish it first
         service.perturb_if_sealed(rid)
 
-    server = security.make_grpc_server()
+    server = tls.make_grpc_server(insecure=config.insecure)
     pb_grpc.add_ReleaseServerServicer_to_server(service, server)
-    health_servicer = health.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    bound = security.bind(server, host, int(port), certs, str(conf["name"]), insecure)
+    health = add_health_and_reflection(server, [SERVICE_NAME])
+    bound = tls.bind(server, config.host, config.port, config.certs, config.name, config.insecure)
     server.start()
-    health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
-    health_servicer.set("securerelease.v1.ReleaseServer", health_pb2.HealthCheckResponse.SERVING)
-    if conf.get("port_file"):
-        pf = Path(conf["port_file"])
-        tmp = pf.with_name(pf.name + ".tmp")
-        tmp.write_text(f"{bound}\n")
-        os.replace(tmp, pf)
-    print(f"secure-release server listening on {host}:{bound}", flush=True)
-    log.info(
-        "listening",
-        extra={"host": host, "port": bound, "tls": not insecure, "store": str(store.path)},
-    )
+    write_port_file(config.port_file, bound)
+    print(f"secure-release server listening on {config.host}:{bound}", flush=True)
+    log.info("listening", extra={"host": config.host, "port": bound, "tls": not config.insecure})
 
     stop = threading.Event()
 
@@ -209,9 +177,9 @@ def serve(conf: dict[str, Any]) -> int:
     signal.signal(signal.SIGINT, on_signal)
     while not stop.wait(0.5):
         pass
-    log.info("stopping", extra={"grace": float(conf["grace"])})
-    health_servicer.enter_graceful_shutdown()
-    server.stop(float(conf["grace"])).wait()
+    log.info("stopping", extra={"grace": config.grace})
+    health.enter_graceful_shutdown()
+    server.stop(config.grace).wait()
     store.close()
     return 0
 

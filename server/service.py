@@ -14,8 +14,11 @@ from typing import Any, NoReturn
 
 import grpc
 
-from secure_release.infra import tls as security
-from secure_release.mechanism.errors import SecureReleaseError, ShapeMismatchError, SymbolOutOfRangeError
+from secure_release.infra import wire
+from secure_release.infra.auth import caller
+from secure_release.infra.errors import abort_with
+from secure_release.infra.tls import secure_channel
+from secure_release.mechanism.errors import ErrorKind, SecureReleaseError
 from secure_release.mechanism.keys import PramKey
 from secure_release.mechanism.packing import CHUNK_ROWS
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
@@ -28,70 +31,24 @@ log = logging.getLogger("secure_release.server")
 #: An upload message may exceed its symbol payload by this much (ids, numbers, digest).
 MAX_UPLOAD_MESSAGE = MAX_CHUNK_BYTES + 64 + 512
 
-_CODES: list[tuple[type[Exception], grpc.StatusCode]] = [
-    (st.UnknownReleaseError, grpc.StatusCode.NOT_FOUND),
-    (st.NotACuratorError, grpc.StatusCode.PERMISSION_DENIED),
-    (st.ConflictingChunkError, grpc.StatusCode.ALREADY_EXISTS),
-    (st.ReleaseSealedError, grpc.StatusCode.FAILED_PRECONDITION),
-    (st.NotReadyError, grpc.StatusCode.FAILED_PRECONDITION),
-    (st.NotRegisteredError, grpc.StatusCode.FAILED_PRECONDITION),
-    (st.ParameterMismatchError, grpc.StatusCode.FAILED_PRECONDITION),
-    (st.IncompleteUploadError, grpc.StatusCode.FAILED_PRECONDITION),
-    (st.InvalidParamsError, grpc.StatusCode.INVALID_ARGUMENT),
-    (st.ChunkShapeError, grpc.StatusCode.INVALID_ARGUMENT),
-    (SymbolOutOfRangeError, grpc.StatusCode.INVALID_ARGUMENT),
-    (ShapeMismatchError, grpc.StatusCode.INVALID_ARGUMENT),
-    (SecureReleaseError, grpc.StatusCode.INVALID_ARGUMENT),
-]
 
+class NotGrantedError(SecureReleaseError):
+    """The researcher is not among the release's granted researchers."""
 
-def status_code_for(exc: Exception) -> grpc.StatusCode:
-    for cls, code in _CODES:
-        if isinstance(exc, cls):
-            return code
-    return grpc.StatusCode.INTERNAL
+    kind = ErrorKind.PERMISSION_DENIED
 
 
 def _fail(context: grpc.ServicerContext, exc: SecureReleaseError, rpc: str) -> NoReturn:
-    code = status_code_for(exc)
-    log.info("rejected", extra={"rpc": rpc, "error": type(exc).__name__, "code": code.name})
-    context.abort(code, f"{type(exc).__name__}: {exc}")
-    raise AssertionError("unreachable")  # pragma: no cover
-
-
-def params_from_proto(p: pb.ReleaseParams) -> st.Params:
-    return st.Params(
-        release_id=p.release_id,
-        n=int(p.n),
-        m=int(p.m),
-        epsilon=float(p.epsilon),
-        gamma=float(p.gamma),
-        curators=tuple(p.curators),
-        alphabet_sizes=tuple(int(k) for k in p.alphabet_sizes),
-        cipher=int(p.cipher),
-        researcher=p.researcher,
-    )
-
-
-def params_to_proto(p: st.Params) -> pb.ReleaseParams:
-    return pb.ReleaseParams(
-        release_id=p.release_id,
-        n=p.n,
-        m=p.m,
-        epsilon=p.epsilon,
-        gamma=p.gamma,
-        curators=list(p.curators),
-        alphabet_sizes=list(p.alphabet_sizes),
-        cipher=p.cipher,  # type: ignore[arg-type]
-        researcher=p.researcher,
-    )
+    log.info("rejected", extra={"rpc": rpc, "error": type(exc).__name__})
+    abort_with(context, exc)
 
 
 def status_to_proto(rel: st.Release) -> pb.ReleaseStatus:
+    """The release's state and per-curator progress as a ReleaseStatus message."""
     return pb.ReleaseStatus(
-        release_id=rel.params.release_id,
+        release_id=rel.spec.release_id,
         state=int(rel.state),  # type: ignore[arg-type]
-        params=params_to_proto(rel.params),
+        params=wire.spec_to_pb(rel.spec),
         curators=[
             pb.CuratorProgress(
                 curator=c,
@@ -131,7 +88,7 @@ class ReleaseService(pb_grpc.ReleaseServerServicer):
             rel = self.store.perturb(release_id, self.key_factory)
         log.info(
             "perturbed",
-            extra={"release": release_id, "m": rel.params.m, "digest": rel.perturbed_digest.hex()},
+            extra={"release": release_id, "m": rel.spec.m, "digest": rel.perturbed_digest.hex()},
         )
         if self.notify is not None:
             threading.Thread(target=self._notify, args=(rel,), daemon=True).start()
@@ -144,21 +101,19 @@ class ReleaseService(pb_grpc.ReleaseServerServicer):
         except Exception as exc:  # best effort
             log.warning(
                 "notify failed",
-                extra={"release": rel.params.release_id, "error": type(exc).__name__},
+                extra={"release": rel.spec.release_id, "error": type(exc).__name__},
             )
 
     # ------------------------------------------------------------------ RPCs
     def RegisterPart(  # noqa: N802
         self, request: pb.RegisterPartRequest, context: Any
     ) -> pb.RegisterPartResponse:
-        ident = security.require_role(context, "curator")
+        ident = caller(context)
         try:
-            rel = self.store.register(
-                params_from_proto(request.params), request.curator, ident.name
-            )
+            rel = self.store.register(wire.spec_from_pb(request.params), request.curator, ident.name)
         except SecureReleaseError as exc:
             _fail(context, exc, "RegisterPart")
-        log.info("registered", extra={"release": rel.params.release_id, "curator": ident.name})
+        log.info("registered", extra={"release": rel.spec.release_id, "curator": ident.name})
         return pb.RegisterPartResponse(status=status_to_proto(rel))
 
     def UploadCiphertext(  # noqa: N802
@@ -166,7 +121,7 @@ class ReleaseService(pb_grpc.ReleaseServerServicer):
         request_iterator: Iterator[pb.UploadChunk],
         context: Any,
     ) -> pb.UploadResponse:
-        ident = security.require_role(context, "curator")
+        ident = caller(context)
         stream: tuple[str, str] | None = None  # (release_id, curator) of the first message
         committed = False
         new = 0
@@ -227,22 +182,26 @@ class ReleaseService(pb_grpc.ReleaseServerServicer):
         )
 
     def GetReleaseStatus(self, request: pb.ReleaseStatusRequest, context: Any) -> pb.ReleaseStatus:  # noqa: N802
-        security.require_role(context, *security.ROLES)
         try:
             return status_to_proto(self.store.release(request.release_id))
         except SecureReleaseError as exc:
             _fail(context, exc, "GetReleaseStatus")
 
     def FetchPerturbed(self, request: pb.FetchRequest, context: Any) -> Iterator[pb.PerturbedChunk]:  # noqa: N802
-        ident = security.require_role(context, "researcher")
+        ident = caller(context)
         try:
             rel = self.store.release(request.release_id)
+            if ident.name not in rel.spec.researchers:
+                raise NotGrantedError(
+                    f"researcher {ident.name!r} is not granted release {request.release_id!r}; "
+                    f"granted: {list(rel.spec.researchers)}"
+                )
             rel.check_fetch()
             chunks = self.store.fetch(request.release_id)
         except SecureReleaseError as exc:
             _fail(context, exc, "FetchPerturbed")
         log.info("fetch", extra={"release": request.release_id, "researcher": ident.name})
-        num = rel.params.num_chunks
+        num = rel.spec.num_chunks
         for c in chunks:
             last = c.seq == num - 1
             yield pb.PerturbedChunk(
@@ -261,20 +220,20 @@ def make_notifier(
     """Best-effort Researcher.NotifyReady with the server's own certificate."""
 
     def notify(rel: st.Release) -> None:
-        if not rel.params.researcher:
+        if not rel.spec.researchers:
             return
-        with security.secure_channel(
+        with secure_channel(
             researcher_address, cert_dir, name, insecure=insecure, role="server"
         ) as channel:
             pb_grpc.ResearcherStub(channel).NotifyReady(
                 pb.ReadyNotice(
-                    release_id=rel.params.release_id, perturbed_digest=rel.perturbed_digest
+                    release_id=rel.spec.release_id, perturbed_digest=rel.perturbed_digest
                 ),
                 timeout=10,
             )
         log.info(
             "notified",
-            extra={"release": rel.params.release_id, "researcher": rel.params.researcher},
+            extra={"release": rel.spec.release_id, "researcher": rel.spec.researchers[0]},
         )
 
     return notify

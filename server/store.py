@@ -26,10 +26,10 @@ from pathlib import Path
 from secure_release.mechanism.errors import SecureReleaseError
 from secure_release.mechanism.keys import PramKey
 from secure_release.mechanism.packing import CHUNK_ROWS, pack_symbols, symbol_width, unpack_symbols
-from secure_release.mechanism.pram import PRAM_BLOCK_ROWS, PramChannel, perturb
+from secure_release.mechanism.pram import PRAM_BLOCK_ROWS, perturb
+from secure_release.mechanism.spec import ReleaseSpec
 from secure_release.server.state import (
     ChunkShapeError,
-    Params,
     Part,
     Release,
     ReleaseState,
@@ -104,10 +104,8 @@ class Store:
         for rid, params_json, state, pdigest in self._db.execute(
             "SELECT release_id, params, state, perturbed_digest FROM releases"
         ):
-            params = Params.from_dict(json.loads(params_json))
-            rel = Release(
-                params, ReleaseState(state), {c: Part() for c in params.curators}, bytes(pdigest)
-            )
+            spec = ReleaseSpec.from_dict(json.loads(params_json))
+            rel = Release(spec, ReleaseState(state), {c: Part() for c in spec.curators}, bytes(pdigest))
             self._releases[rid] = rel
         for rid, cur, reg, com, dig in self._db.execute(
             "SELECT release_id, curator, registered, committed, digest FROM parts"
@@ -131,32 +129,28 @@ class Store:
         with self._lock:
             return copy.deepcopy(self._get(release_id))
 
-    def release_ids(self) -> list[str]:
-        with self._lock:
-            return sorted(self._releases)
-
     def _tx(self) -> _Tx:
         return _Tx(self._db)
 
     # -------------------------------------------------------------------- events
-    def register(self, params: Params, curator: str, caller: str) -> Release:
+    def register(self, spec: ReleaseSpec, curator: str, caller: str) -> Release:
         with self._lock:
-            existing = self._releases.get(params.release_id)
-            rel = copy.deepcopy(existing) if existing else Release.create(params)
-            changed = rel.register(params, curator, caller)
+            existing = self._releases.get(spec.release_id)
+            rel = copy.deepcopy(existing) if existing else Release.create(spec)
+            changed = rel.register(spec, curator, caller)
             if changed:
                 with self._tx():
                     if existing is None:
                         self._db.execute(
                             "INSERT INTO releases (release_id, params, state) VALUES (?, ?, ?)",
-                            (params.release_id, json.dumps(params.to_dict()), int(rel.state)),
+                            (spec.release_id, json.dumps(spec.to_dict()), int(rel.state)),
                         )
                     self._db.execute(
                         "INSERT OR REPLACE INTO parts (release_id, curator, registered) "
                         "VALUES (?, ?, 1)",
-                        (params.release_id, curator),
+                        (spec.release_id, curator),
                     )
-                self._releases[params.release_id] = rel
+                self._releases[spec.release_id] = rel
             return copy.deepcopy(rel)
 
     def put_chunk(self, release_id: str, curator: str, caller: str, seq: int, data: bytes) -> bool:
@@ -166,7 +160,7 @@ class Store:
         with self._lock:
             rel = copy.deepcopy(self._get(release_id))
             rel._check_uploader(curator, caller)  # who may upload, before decoding anything
-            k = rel.params.alphabet_of(curator)
+            k = rel.spec.alphabet_of(curator)
             symbols = unpack_symbols(data, k)  # range and whole-symbol length
             sha = hashlib.sha256(data).digest()
             old_state = rel.state
@@ -235,8 +229,8 @@ class Store:
             rel = copy.deepcopy(self._get(release_id))
             if rel.state == ReleaseState.PERTURBED:
                 return rel
-            p = rel.params
-            channel = PramChannel(p.gamma, rel_joint(p))
+            p = rel.spec
+            sizes, channel = p.plan.alphabet_sizes, p.plan.channel
             key = key_factory()
             h = hashlib.sha256()
             with self._tx():
@@ -244,10 +238,10 @@ class Store:
                 for seq in range(p.num_chunks):
                     cols = [
                         unpack_symbols(self._chunk(release_id, c, seq), k)
-                        for c, k in zip(p.curators, p.alphabet_sizes, strict=True)
+                        for c, k in zip(p.curators, sizes, strict=True)
                     ]
-                    out = perturb(cols, p.alphabet_sizes, channel, key, first_row=seq * CHUNK_ROWS)
-                    for j, (col, k) in enumerate(zip(out, p.alphabet_sizes, strict=True)):
+                    out = perturb(cols, sizes, channel, key, first_row=seq * CHUNK_ROWS)
+                    for j, (col, k) in enumerate(zip(out, sizes, strict=True)):
                         packed = pack_symbols(col, k)
                         h.update(packed)
                         self._db.execute(
@@ -276,7 +270,7 @@ class Store:
         with self._lock:
             rel = self._get(release_id)
             rel.check_fetch()
-            num, ncols = rel.params.num_chunks, len(rel.params.curators)
+            num, ncols = rel.spec.num_chunks, len(rel.spec.curators)
         for seq in range(num):
             with self._lock:
                 rows = self._db.execute(
@@ -286,13 +280,6 @@ class Store:
             if len(rows) != ncols:  # pragma: no cover - written in one transaction
                 raise SecureReleaseError(f"perturbed chunk {seq} of {release_id!r} is incomplete")
             yield FetchedChunk(seq, seq * CHUNK_ROWS, [bytes(d) for _, d in rows])
-
-
-def rel_joint(p: Params) -> int:
-    out = 1
-    for k in p.alphabet_sizes:
-        out *= k
-    return out
 
 
 class _Tx:

@@ -11,25 +11,13 @@ import pytest
 from cryptography import x509
 
 from secure_release.infra import tls as security
+from secure_release.infra.auth import ACCESS
+from secure_release.infra.pki import init_pki
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
 from secure_release.server.service import ReleaseService
 from secure_release.server.store import Store
-
-PARTIES = [
-    ("curator", "alice"),
-    ("curator", "bob"),
-    ("server", "server"),
-    ("researcher", "res"),
-    ("analyst", "ana"),
-]
-
-
-@pytest.fixture(scope="module")
-def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d = tmp_path_factory.mktemp("certs")
-    security.init_pki(d, PARTIES)
-    return d
+from tests.conftest import PARTIES
 
 
 @pytest.fixture(scope="module")
@@ -61,16 +49,16 @@ def test_pki_files_modes_and_uri_san(certs: Path) -> None:
 
 def test_pki_refuses_unknown_role_and_existing_ca(tmp_path: Path, certs: Path) -> None:
     with pytest.raises(security.PkiError, match="unknown role"):
-        security.init_pki(tmp_path / "x", [("admin", "eve")])
+        init_pki(tmp_path / "x", [("admin", "eve")])
     with pytest.raises(security.PkiError, match="exists"):
-        security.init_pki(certs, [("curator", "carol")])
-    assert not (certs / "carol.pem").exists()
+        init_pki(certs, [("curator", "dave")])
+    assert not (certs / "dave.pem").exists()
 
 
 def test_foreign_ca_rejected_by_handshake(tmp_path: Path, server_port: int) -> None:
-    security.init_pki(tmp_path, [("researcher", "res")])  # same name and role, other CA
+    init_pki(tmp_path, [("researcher", "researcher")])  # same name and role, other CA
     with (
-        security.secure_channel(f"127.0.0.1:{server_port}", tmp_path, "res") as ch,
+        security.secure_channel(f"127.0.0.1:{server_port}", tmp_path, "researcher") as ch,
         pytest.raises(grpc.RpcError) as err,
     ):
         pb_grpc.ReleaseServerStub(ch).GetReleaseStatus(pb.ReleaseStatusRequest(release_id="r"), timeout=5)
@@ -83,7 +71,7 @@ def test_tls_ignores_metadata_identity(certs: Path, server_port: int) -> None:
         stream = pb_grpc.ReleaseServerStub(ch).FetchPerturbed(
             pb.FetchRequest(release_id="r"),
             timeout=5,
-            metadata=[(security.IDENTITY_METADATA_KEY, "researcher/res")],
+            metadata=[(security.IDENTITY_METADATA_KEY, "researcher/researcher")],
         )
         with pytest.raises(grpc.RpcError) as err:
             list(stream)
@@ -103,18 +91,13 @@ def _call(stub: pb_grpc.ReleaseServerStub, rpc: str) -> None:
         list(stub.FetchPerturbed(pb.FetchRequest(release_id="r"), timeout=5))
 
 
-ALLOWED = {
-    "RegisterPart": {"curator"},
-    "UploadCiphertext": {"curator"},
-    "GetReleaseStatus": {"curator", "server", "researcher", "analyst"},
-    "FetchPerturbed": {"researcher"},
-}
+ALLOWED = {m.rsplit("/", 1)[1]: roles for m, roles in ACCESS.items() if "/securerelease.v1.ReleaseServer/" in m}
 
 
 @pytest.mark.parametrize("rpc", sorted(ALLOWED))
 @pytest.mark.parametrize(
     "role,name",
-    [("curator", "alice"), ("server", "server"), ("researcher", "res"), ("analyst", "ana")],
+    [("curator", "alice"), ("server", "server"), ("researcher", "researcher"), ("analyst", "analyst")],
 )
 def test_role_rpc_matrix(certs: Path, server_port: int, rpc: str, role: str, name: str) -> None:
     with (

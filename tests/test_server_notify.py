@@ -18,13 +18,15 @@ import numpy as np
 import pytest
 
 from secure_release.infra import tls as security
+from secure_release.infra import wire
+from secure_release.infra.auth import caller
 from secure_release.mechanism.keys import PramKey
 from secure_release.mechanism.packing import CHUNK_ROWS, pack_symbols
-from secure_release.mechanism.plan import plan_release
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
-from secure_release.server.service import ReleaseService, make_notifier, params_from_proto
+from secure_release.server.service import ReleaseService, make_notifier
 from secure_release.server.store import Store
+from tests import support
 
 ROOT = Path(__file__).resolve().parents[1]
 KEY = PramKey(bytes(range(32)))
@@ -41,7 +43,7 @@ class RecordingResearcher(pb_grpc.ResearcherServicer):
         self.cond = threading.Condition()
 
     def NotifyReady(self, request: pb.ReadyNotice, context: grpc.ServicerContext) -> pb.ReadyAck:  # noqa: N802
-        ident = security.require_role(context, *security.ROLES)  # record any authenticated role
+        ident = caller(context)  # the interceptor admits only role server here
         with self.cond:
             self.notices.append((request, ident))
             self.cond.notify_all()
@@ -63,15 +65,6 @@ class RecordingResearcher(pb_grpc.ResearcherServicer):
             return list(self.notices)
 
 
-@pytest.fixture(scope="module")
-def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d = tmp_path_factory.mktemp("certs")
-    security.init_pki(
-        d, [("curator", "alice"), ("curator", "bob"), ("server", "server"), ("researcher", "researcher")]
-    )
-    return d
-
-
 @pytest.fixture
 def researcher(certs: Path) -> Iterator[tuple[RecordingResearcher, str]]:
     fake = RecordingResearcher()
@@ -84,18 +77,7 @@ def researcher(certs: Path) -> Iterator[tuple[RecordingResearcher, str]]:
 
 
 def make_params(rid: str) -> pb.ReleaseParams:
-    plan = plan_release(4 * CHUNK_ROWS, SIZES, 1.0, M)
-    return pb.ReleaseParams(
-        release_id=rid,
-        n=plan.n,
-        m=plan.m,
-        epsilon=plan.epsilon,
-        gamma=plan.gamma,
-        curators=list(CURATORS),
-        alphabet_sizes=list(SIZES),
-        cipher=pb.CIPHER_MODE_CHACHA20,
-        researcher="researcher",
-    )
+    return support.make_params(rid=rid, m=M)
 
 
 def run_release(address: str, certs: Path, rid: str) -> pb.ReleaseStatus:
@@ -197,10 +179,10 @@ def test_racing_seals_notify_once(certs: Path, tmp_path: Path) -> None:
     store = Store(tmp_path / "store")
     params = make_params("r-race")
     calls: list[str] = []
-    service = ReleaseService(store, lambda: KEY, lambda rel: calls.append(rel.params.release_id))
+    service = ReleaseService(store, lambda: KEY, lambda rel: calls.append(rel.spec.release_id))
     rng = np.random.default_rng(5)
     for curator, k in zip(CURATORS, SIZES, strict=True):
-        store.register(params_from_proto(params), curator, curator)
+        store.register(wire.spec_from_pb(params), curator, curator)
         col = rng.integers(0, k, M).astype(np.uint32)
         parts = [pack_symbols(col[i : i + CHUNK_ROWS], k) for i in range(0, M, CHUNK_ROWS)]
         for seq, data in enumerate(parts):

@@ -14,10 +14,10 @@ import numpy as np
 from secure_release.infra import tls as security
 from secure_release.mechanism.keys import PramKey
 from secure_release.mechanism.packing import CHUNK_ROWS, pack_symbols, unpack_symbols
-from secure_release.mechanism.plan import plan_release
 from secure_release.mechanism.pram import PramChannel, perturb
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
+from tests import support
 
 ROOT = Path(__file__).resolve().parent.parent
 KEY_HEX = "11" * 32
@@ -60,23 +60,8 @@ def kill9(proc: subprocess.Popen[str]) -> None:
     proc.wait(timeout=10)
 
 
-def test_kill9_mid_upload_and_after_pram(tmp_path: Path) -> None:
-    certs = tmp_path / "certs"
-    security.init_pki(
-        certs,
-        [("curator", "alice"), ("curator", "bob"), ("server", "server"), ("researcher", "res")],
-    )
-    plan = plan_release(3 * CHUNK_ROWS, SIZES, 1.0, M)
-    params = pb.ReleaseParams(
-        release_id="r",
-        n=plan.n,
-        m=plan.m,
-        epsilon=plan.epsilon,
-        gamma=plan.gamma,
-        curators=["alice", "bob"],
-        alphabet_sizes=list(SIZES),
-        cipher=pb.CIPHER_MODE_OTP,
-    )
+def test_kill9_mid_upload_and_after_pram(tmp_path: Path, certs: Path) -> None:
+    params = support.make_params(rid="r", m=M, n=3 * CHUNK_ROWS, sizes=SIZES)
     rng = np.random.default_rng(3)
     cols = [rng.integers(0, k, M).astype(np.uint32) for k in SIZES]
     chunks = {
@@ -87,7 +72,7 @@ def test_kill9_mid_upload_and_after_pram(tmp_path: Path) -> None:
     def stubs(port: int) -> dict[str, pb_grpc.ReleaseServerStub]:
         return {
             n: pb_grpc.ReleaseServerStub(security.secure_channel(f"127.0.0.1:{port}", certs, n))
-            for n in ("alice", "bob", "res")
+            for n in ("alice", "bob", "researcher")
         }
 
     def put(
@@ -124,7 +109,7 @@ def test_kill9_mid_upload_and_after_pram(tmp_path: Path) -> None:
     proc, port = start(store, certs)
     try:
         s = stubs(port)
-        status = s["res"].GetReleaseStatus(pb.ReleaseStatusRequest(release_id="r"), timeout=10)
+        status = s["researcher"].GetReleaseStatus(pb.ReleaseStatusRequest(release_id="r"), timeout=10)
         assert status.state == pb.RELEASE_STATE_UPLOADING
         assert [c.symbols_stored for c in status.curators] == [2 * CHUNK_ROWS, 123]
         # identical re-sends are no-ops (a changed byte would be ALREADY_EXISTS): chunks intact
@@ -132,19 +117,19 @@ def test_kill9_mid_upload_and_after_pram(tmp_path: Path) -> None:
         assert put(s["alice"], "alice", [2], commit=True).committed
         done = put(s["bob"], "bob", [0, 1], commit=True)
         assert done.status.state == pb.RELEASE_STATE_PERTURBED
-        before = list(s["res"].FetchPerturbed(pb.FetchRequest(release_id="r"), timeout=30))
+        before = list(s["researcher"].FetchPerturbed(pb.FetchRequest(release_id="r"), timeout=30))
     finally:
         kill9(proc)
 
     proc, port = start(store, certs)
     try:
         s = stubs(port)
-        after = list(s["res"].FetchPerturbed(pb.FetchRequest(release_id="r"), timeout=30))
+        after = list(s["researcher"].FetchPerturbed(pb.FetchRequest(release_id="r"), timeout=30))
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=20) == 0
     assert before == after
-    expected = perturb(cols, SIZES, PramChannel(plan.gamma, 10), PramKey.from_hex(KEY_HEX))
+    expected = perturb(cols, SIZES, PramChannel(params.gamma, 10), PramKey.from_hex(KEY_HEX))
     for j, k in enumerate(SIZES):
         got = np.concatenate([unpack_symbols(c.columns[j], k) for c in after])
         np.testing.assert_array_equal(got, expected[j])

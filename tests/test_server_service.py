@@ -10,42 +10,28 @@ import grpc
 import numpy as np
 import pytest
 
-from secure_release.infra import tls as security
+from secure_release.infra import tls
 from secure_release.mechanism.keys import PramKey
-from secure_release.mechanism.packing import CHUNK_ROWS, pack_symbols, unpack_symbols
-from secure_release.mechanism.plan import plan_release
+from secure_release.mechanism.packing import CHUNK_ROWS, unpack_symbols
 from secure_release.mechanism.pram import PramChannel, perturb
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
 from secure_release.server.service import ReleaseService
 from secure_release.server.store import Store
+from tests.support import SIZES, chunks_of, code_of, columns, make_params, register_all, upload
 
 KEY = PramKey(bytes(range(32)))
-SIZES = (3, 4)
 M = CHUNK_ROWS + 1000
 
 
-@pytest.fixture(scope="module")
-def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d = tmp_path_factory.mktemp("certs")
-    security.init_pki(
-        d, [("curator", "alice"), ("curator", "bob"), ("server", "server"), ("researcher", "res")]
-    )
-    return d
-
-
 @pytest.fixture
-def env(
-    certs: Path, tmp_path: Path
-) -> Iterator[tuple[Store, dict[str, pb_grpc.ReleaseServerStub]]]:
+def env(certs: Path, tmp_path: Path) -> Iterator[tuple[Store, dict[str, pb_grpc.ReleaseServerStub]]]:
     store = Store(tmp_path / "store")
-    server = security.make_grpc_server(max_workers=4)
+    server = tls.make_grpc_server(max_workers=4)
     pb_grpc.add_ReleaseServerServicer_to_server(ReleaseService(store, lambda: KEY), server)
-    port = security.bind(server, "127.0.0.1", 0, certs, "server")
+    port = tls.bind(server, "127.0.0.1", 0, certs, "server")
     server.start()
-    chans = {
-        n: security.secure_channel(f"127.0.0.1:{port}", certs, n) for n in ("alice", "bob", "res")
-    }
+    chans = {n: tls.secure_channel(f"127.0.0.1:{port}", certs, n) for n in ("alice", "bob", "researcher", "mallory")}
     yield store, {n: pb_grpc.ReleaseServerStub(c) for n, c in chans.items()}
     for c in chans.values():
         c.close()
@@ -53,69 +39,11 @@ def env(
     store.close()
 
 
-def make_params(rid: str = "r1", m: int = M, sizes: tuple[int, ...] = SIZES) -> pb.ReleaseParams:
-    plan = plan_release(4 * CHUNK_ROWS, sizes, 1.0, m)
-    return pb.ReleaseParams(
-        release_id=rid,
-        n=plan.n,
-        m=plan.m,
-        epsilon=plan.epsilon,
-        gamma=plan.gamma,
-        curators=["alice", "bob"],
-        alphabet_sizes=list(sizes),
-        cipher=pb.CIPHER_MODE_CHACHA20,
-    )
-
-
-def columns(m: int = M) -> list[np.ndarray]:
-    rng = np.random.default_rng(7)
-    return [rng.integers(0, k, m).astype(np.uint32) for k in SIZES]
-
-
-def chunks_of(col: np.ndarray, k: int) -> list[bytes]:
-    return [pack_symbols(col[i : i + CHUNK_ROWS], k) for i in range(0, len(col), CHUNK_ROWS)]
-
-
-def upload(
-    stub: pb_grpc.ReleaseServerStub,
-    curator: str,
-    parts: list[bytes],
-    commit: bool = True,
-    rid: str = "r1",
-) -> pb.UploadResponse:
-    msgs = [
-        pb.UploadChunk(release_id=rid, curator=curator, sequence=s, symbols=b)
-        for s, b in enumerate(parts)
-    ]
-    if commit:
-        msgs.append(
-            pb.UploadChunk(
-                release_id=rid,
-                curator=curator,
-                commit=True,
-                num_chunks=len(parts),
-                digest=hashlib.sha256(b"".join(parts)).digest(),
-            )
-        )
-    return stub.UploadCiphertext(iter(msgs), timeout=30)
-
-
-def register_both(stubs: dict[str, pb_grpc.ReleaseServerStub], p: pb.ReleaseParams) -> None:
-    for c in ("alice", "bob"):
-        stubs[c].RegisterPart(pb.RegisterPartRequest(params=p, curator=c), timeout=5)
-
-
-def code_of(fn: object) -> grpc.StatusCode:
-    with pytest.raises(grpc.RpcError) as err:
-        fn()  # type: ignore[operator]
-    return err.value.code()
-
-
 def test_pram_once_and_exact(env: tuple[Store, dict[str, pb_grpc.ReleaseServerStub]]) -> None:
     store, stubs = env
-    register_both(stubs, make_params())
-    cols = columns()
-    fetch = lambda: list(stubs["res"].FetchPerturbed(pb.FetchRequest(release_id="r1"), timeout=30))  # noqa: E731
+    register_all(stubs, make_params())
+    cols = columns(M)
+    fetch = lambda: list(stubs["researcher"].FetchPerturbed(pb.FetchRequest(release_id="r1"), timeout=30))  # noqa: E731
     a = upload(stubs["alice"], "alice", chunks_of(cols[0], 3))
     assert a.committed and a.status.state == pb.RELEASE_STATE_UPLOADING
     assert code_of(fetch) == grpc.StatusCode.FAILED_PRECONDITION
@@ -123,6 +51,9 @@ def test_pram_once_and_exact(env: tuple[Store, dict[str, pb_grpc.ReleaseServerSt
     assert b.status.state == pb.RELEASE_STATE_PERTURBED
     first, second = fetch(), fetch()
     assert first == second and len(first) == 2 and first[-1].last
+    # a researcher certificate without a grant for this release gets nothing
+    ungranted = lambda: list(stubs["mallory"].FetchPerturbed(pb.FetchRequest(release_id="r1"), timeout=30))  # noqa: E731
+    assert code_of(ungranted) == grpc.StatusCode.PERMISSION_DENIED
     expected = perturb(cols, SIZES, PramChannel(make_params().gamma, 12), KEY)
     got = [
         np.concatenate([unpack_symbols(c.columns[j], k) for c in first])
@@ -143,8 +74,8 @@ def test_pram_once_and_exact(env: tuple[Store, dict[str, pb_grpc.ReleaseServerSt
 
 def test_chunk_rules(env: tuple[Store, dict[str, pb_grpc.ReleaseServerStub]]) -> None:
     store, stubs = env
-    register_both(stubs, make_params())
-    c0 = chunks_of(columns()[0], 3)
+    register_all(stubs, make_params())
+    c0 = chunks_of(columns(M)[0], 3)
     r = upload(stubs["alice"], "alice", c0[:1], commit=False)
     assert r.chunks_stored == 1 and r.symbols_stored == CHUNK_ROWS
     r = upload(stubs["alice"], "alice", c0[:1], commit=False)  # identical repeat: no-op
@@ -198,7 +129,7 @@ def test_registration_errors(env: tuple[Store, dict[str, pb_grpc.ReleaseServerSt
     _, stubs = env
     p = make_params()
     stubs["alice"].RegisterPart(pb.RegisterPartRequest(params=p, curator="alice"), timeout=5)
-    for wrong in (make_params(m=M + 1), make_params(sizes=(3, 5))):
+    for wrong in (make_params(m=M + 1), make_params(sizes=(3, 5), m=M)):
         req = pb.RegisterPartRequest(params=wrong, curator="bob")
         assert (
             code_of(lambda r=req: stubs["bob"].RegisterPart(r, timeout=5))
@@ -217,11 +148,11 @@ def test_registration_errors(env: tuple[Store, dict[str, pb_grpc.ReleaseServerSt
         code_of(lambda: stubs["bob"].RegisterPart(req, timeout=5))
         == grpc.StatusCode.PERMISSION_DENIED
     )
-    st = stubs["res"].GetReleaseStatus(pb.ReleaseStatusRequest(release_id="r1"), timeout=5)
+    st = stubs["researcher"].GetReleaseStatus(pb.ReleaseStatusRequest(release_id="r1"), timeout=5)
     assert [c.registered for c in st.curators] == [True, False]
     assert (
         code_of(
-            lambda: stubs["res"].GetReleaseStatus(
+            lambda: stubs["researcher"].GetReleaseStatus(
                 pb.ReleaseStatusRequest(release_id="nope"), timeout=5
             )
         )
@@ -229,7 +160,7 @@ def test_registration_errors(env: tuple[Store, dict[str, pb_grpc.ReleaseServerSt
     )
     assert (
         code_of(
-            lambda: list(stubs["res"].FetchPerturbed(pb.FetchRequest(release_id="nope"), timeout=5))
+            lambda: list(stubs["researcher"].FetchPerturbed(pb.FetchRequest(release_id="nope"), timeout=5))
         )
         == grpc.StatusCode.NOT_FOUND
     )

@@ -6,15 +6,23 @@ import dataclasses
 
 import pytest
 
+from secure_release.mechanism.errors import InvalidGammaError, ShapeMismatchError, TooFewCuratorsError
 from secure_release.mechanism.packing import CHUNK_ROWS
+from secure_release.mechanism.pads import CipherMode
 from secure_release.mechanism.plan import plan_release
+from secure_release.mechanism.spec import ReleaseSpec
 from secure_release.server import state as st
 
 
-def params(m: int = CHUNK_ROWS + 5, **kw: object) -> st.Params:
-    plan = plan_release(10 * CHUNK_ROWS, (3, 4), 1.0, m)
-    p = st.Params("r1", plan.n, plan.m, plan.epsilon, plan.gamma, ("alice", "bob"), (3, 4), 2)
-    return dataclasses.replace(p, **kw)  # type: ignore[arg-type]
+def params(
+    m: int = CHUNK_ROWS + 5, n: int = 10 * CHUNK_ROWS, sizes: tuple[int, ...] = (3, 4), **kw: object
+) -> ReleaseSpec:
+    """A valid spec; ``kw`` replaces spec fields, ``gamma`` replaces the plan's gamma."""
+    plan = plan_release(n, sizes, 1.0, m)
+    if "gamma" in kw:
+        plan = dataclasses.replace(plan, gamma=kw.pop("gamma"))  # type: ignore[arg-type]
+    spec = ReleaseSpec("r1", ("alice", "bob"), CipherMode.CHACHA20, plan)
+    return dataclasses.replace(spec, **kw)  # type: ignore[arg-type]
 
 
 def test_full_lifecycle() -> None:
@@ -43,28 +51,27 @@ def test_full_lifecycle() -> None:
     [
         dict(n=10 * CHUNK_ROWS + 1),
         dict(m=7),
-        dict(alphabet_sizes=(4, 3)),
-        dict(cipher=1),
+        dict(sizes=(4, 3)),
+        dict(cipher=CipherMode.OTP),
         dict(curators=("bob", "alice")),
     ],
 )
 def test_mismatched_parameters(change: dict[str, object]) -> None:
     rel = st.Release.create(params())
     rel.register(params(), "alice", "alice")
-    other = dataclasses.replace(params(), **change)  # type: ignore[arg-type]
-    if "n" in change or "m" in change:  # keep gamma consistent so only the mismatch is tested
-        plan = plan_release(other.n, (3, 4), 1.0, other.m)
-        other = dataclasses.replace(other, gamma=plan.gamma)
+    other = params(**change)  # gamma stays consistent: only the mismatch is tested
     with pytest.raises(st.ParameterMismatchError):
         rel.register(other, "bob", "bob")
     assert not rel.parts["bob"].registered
 
 
 def test_invalid_params_and_identity() -> None:
-    with pytest.raises(st.InvalidParamsError, match="gamma"):
+    with pytest.raises(InvalidGammaError, match="gamma"):
         st.Release.create(params(gamma=3.0))
-    with pytest.raises(st.InvalidParamsError):
-        st.Release.create(params(curators=("alice",), alphabet_sizes=(3,)))
+    with pytest.raises(TooFewCuratorsError):
+        st.Release.create(params(curators=("alice",), sizes=(3,)))
+    with pytest.raises(ShapeMismatchError):
+        st.Release.create(params(curators=("alice", "bob", "carol")))
     rel = st.Release.create(params())
     with pytest.raises(st.NotACuratorError):
         rel.register(params(), "alice", "bob")

@@ -1,0 +1,81 @@
+"""Helpers the server and end-to-end tests share: release parameters, columns, uploads."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+
+import grpc
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+from secure_release.infra import wire
+from secure_release.mechanism.packing import CHUNK_ROWS, pack_symbols
+from secure_release.mechanism.pads import CipherMode
+from secure_release.mechanism.plan import plan_release
+from secure_release.mechanism.spec import ReleaseSpec
+from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
+from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
+
+SIZES = (3, 4)
+CURATORS = ("alice", "bob")
+
+
+def make_spec(
+    rid: str = "r1",
+    m: int = CHUNK_ROWS + 1000,
+    sizes: tuple[int, ...] = SIZES,
+    n: int = 4 * CHUNK_ROWS,
+    researchers: tuple[str, ...] = ("researcher",),
+) -> ReleaseSpec:
+    """A valid two-curator ChaCha20 release spec at epsilon = 1."""
+    plan = plan_release(n, sizes, 1.0, m)
+    return ReleaseSpec(rid, CURATORS, CipherMode.CHACHA20, plan, researchers)
+
+
+def make_params(**kw: object) -> pb.ReleaseParams:
+    """:func:`make_spec` as its wire message."""
+    return wire.spec_to_pb(make_spec(**kw))  # type: ignore[arg-type]
+
+
+def columns(m: int, sizes: Sequence[int] = SIZES, seed: int = 7) -> list[npt.NDArray[np.uint32]]:
+    """Random symbol columns, one per curator."""
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, k, m).astype(np.uint32) for k in sizes]
+
+
+def chunks_of(col: npt.NDArray[np.uint32], k: int) -> list[bytes]:
+    """A column packed into upload chunks of CHUNK_ROWS symbols."""
+    return [pack_symbols(col[i : i + CHUNK_ROWS], k) for i in range(0, len(col), CHUNK_ROWS)]
+
+
+def upload(
+    stub: pb_grpc.ReleaseServerStub, curator: str, parts: list[bytes], commit: bool = True, rid: str = "r1"
+) -> pb.UploadResponse:
+    """Stream ``parts`` (and, with ``commit``, the committing message) as ``curator``."""
+    msgs = [pb.UploadChunk(release_id=rid, curator=curator, sequence=s, symbols=b) for s, b in enumerate(parts)]
+    if commit:
+        msgs.append(
+            pb.UploadChunk(
+                release_id=rid,
+                curator=curator,
+                commit=True,
+                num_chunks=len(parts),
+                digest=hashlib.sha256(b"".join(parts)).digest(),
+            )
+        )
+    return stub.UploadCiphertext(iter(msgs), timeout=30)
+
+
+def register_all(stubs: dict[str, pb_grpc.ReleaseServerStub], params: pb.ReleaseParams) -> None:
+    """RegisterPart for every curator of ``params``."""
+    for c in params.curators:
+        stubs[c].RegisterPart(pb.RegisterPartRequest(params=params, curator=c), timeout=5)
+
+
+def code_of(fn: Callable[[], object]) -> grpc.StatusCode:
+    """The status code ``fn`` fails with (it must fail)."""
+    with pytest.raises(grpc.RpcError) as err:
+        fn()
+    return err.value.code()  # type: ignore[no-any-return]
