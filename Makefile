@@ -1,10 +1,11 @@
 # Every target builds its own virtual environment, so a fresh clone needs only python3 >= 3.11.
+# Nothing is taken from PATH but python3: the tests run the venv's own tools.
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint bench plan protos clean
+.PHONY: demo test test-unit lint bench plan protos clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,8 +19,13 @@ demo: $(STAMP)
 plan: $(STAMP)
 	$(VENV)/bin/secure-release plan --n 45222 --alphabet 6,4 --epsilon 0.5
 
+# The whole suite: the unit tier and the integration tier (servers and processes on 127.0.0.1).
 test: $(STAMP)
-	$(PY) -m pytest
+	PATH="$(CURDIR)/$(VENV)/bin:/usr/bin:/bin" $(PY) -m pytest
+
+# The fast unit tier only (no servers, no subprocesses).
+test-unit: $(STAMP)
+	$(PY) -m pytest -m "not integration"
 
 lint: $(STAMP)
 	$(PY) -m ruff check .

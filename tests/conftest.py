@@ -21,6 +21,31 @@ PARTIES = [
 ]
 
 
+#: Test files that start gRPC servers or processes: the integration tier (``make test`` runs
+#: both tiers; ``make test-unit`` only the fast unit tier).
+INTEGRATION_PREFIXES = (
+    "test_server_service",
+    "test_server_notify",
+    "test_server_restart",
+    "test_security",
+    "test_access",
+    "test_e2e",
+    "test_compose_local",
+    "test_curator_shell",
+    "test_researcher_service",
+    "test_researcher_pipeline",
+    "test_smoke_cli",
+    "test_sim_cli",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark the integration tier by file name."""
+    for item in items:
+        if item.path.name.startswith(INTEGRATION_PREFIXES):
+            item.add_marker(pytest.mark.integration)
+
+
 @pytest.fixture(scope="session")
 def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A project CA and a certificate + key for each of :data:`PARTIES`."""
