@@ -21,7 +21,7 @@ plan: $(STAMP)
 
 # The whole suite: the unit tier and the integration tier (servers and processes on 127.0.0.1).
 test: $(STAMP)
-	PATH="$(CURDIR)/$(VENV)/bin:/usr/bin:/bin" $(PY) -m pytest
+	$(PY) -m pytest
 
 # The fast unit tier only (no servers, no subprocesses).
 test-unit: $(STAMP)

@@ -25,7 +25,20 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
+def _version() -> str:
+    """The installed distribution's version (the package's own when not installed)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("secure-release")
+    except metadata.PackageNotFoundError:
+        from secure_release import __version__
+
+        return __version__
+
+
 def build_parser() -> argparse.ArgumentParser:
+    """The ``secure-release`` parser with every subcommand registered."""
     parser = _Parser(
         prog="secure-release",
         description=(
@@ -36,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
         ),
         epilog="Run 'secure-release COMMAND --help' for each command's options.",
     )
+    parser.add_argument("--version", action="version", version=f"secure-release {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name in COMMANDS:
         module_name = f"secure_release.cmd_{name}"
@@ -46,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one subcommand; 2 on bad arguments or bad input."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
