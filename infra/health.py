@@ -44,11 +44,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--certs", help="directory with ca.pem, NAME.pem, NAME.key")
     p.add_argument("--name", default="analyst", help="certificate name to present (default analyst)")
     p.add_argument("--service", default="", help="service name to ask about ('' = the whole server)")
+    p.add_argument(
+        "--peer-role",
+        choices=("server", "curator", "researcher"),
+        help="the role the service's certificate must carry (required with --certs)",
+    )
     p.add_argument("--insecure", action="store_true", help="plaintext (tests only)")
     p.add_argument("--timeout", type=float, default=3.0)
     args = p.parse_args(argv)
     channel = secure_channel(
-        args.address, args.certs, args.name, args.insecure, role="analyst" if args.insecure else None
+        args.address,
+        args.certs,
+        args.name,
+        args.insecure,
+        role="analyst" if args.insecure else None,
+        peer_role=args.peer_role,
     )
     try:
         status = check(channel, args.service, args.timeout)

@@ -17,7 +17,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from secure_release.infra.fileio import atomic_write
-from secure_release.infra.tls import CERT_VALIDITY_DAYS, Identity, PkiError, check_party
+from secure_release.infra.tls import CERT_VALIDITY_DAYS, Identity, PkiError, check_party, peer_dns_name
 
 
 def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
@@ -96,6 +96,8 @@ def init_pki(
         key = ec.generate_private_key(ec.SECP256R1())
         sans: list[x509.GeneralName] = [
             *_san_hosts(hosts),
+            x509.DNSName(peer_dns_name(role)),
+            x509.DNSName(peer_dns_name(role, name)),
             x509.UniformResourceIdentifier(Identity(role, name).uri),
         ]
         cert = (

@@ -25,10 +25,14 @@ import grpc
 from cryptography import x509
 
 from secure_release.mechanism.errors import InvalidNameError, SecureReleaseError
-from secure_release.mechanism.spec import NAME_GRAMMAR, check_name
+from secure_release.mechanism.spec import PARTY_GRAMMAR, check_party_name
 
 ROLES = ("curator", "server", "researcher", "analyst")
 URI_SCHEME = "secure-release://"
+#: Certificates also carry ``<role>.<PEER_DOMAIN>`` and ``<name>.<role>.<PEER_DOMAIN>`` as DNS
+#: names; a client pins the one it expects, so the TLS handshake itself fails against a peer of
+#: another role or identity (``.invalid`` is reserved: these names never resolve).
+PEER_DOMAIN = "secure-release.invalid"
 IDENTITY_METADATA_KEY = "x-secure-release-identity"
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024
 CERT_VALIDITY_DAYS = 30
@@ -70,9 +74,9 @@ def check_party(role: str, name: str) -> None:
     if role not in ROLES:
         raise PkiError(f"unknown role {role!r}; roles are {', '.join(ROLES)}")
     try:
-        check_name(name, "party name")
+        check_party_name(name)
     except InvalidNameError:
-        raise PkiError(f"party name {name!r} must match {NAME_GRAMMAR}") from None
+        raise PkiError(f"party name {name!r} must match {PARTY_GRAMMAR} (a lowercase DNS label)") from None
     if name == "ca":
         raise PkiError("party name 'ca' is reserved for the project CA")
 
@@ -181,18 +185,31 @@ class _Details(grpc.ClientCallDetails):
         self.compression = getattr(d, "compression", None)
 
 
+def peer_dns_name(role: str, name: str | None = None) -> str:
+    """The DNS name a client pins for a peer of ``role`` (and, if given, of that ``name``)."""
+    if name is None:
+        return f"{role}.{PEER_DOMAIN}"
+    return f"{name}.{role}.{PEER_DOMAIN}"
+
+
 def secure_channel(
     address: str,
     cert_dir: Path | None,
     name: str,
     insecure: bool = False,
     role: str | None = None,
+    *,
+    peer_role: str | None = None,
+    peer_name: str | None = None,
 ) -> grpc.Channel:
-    """A channel to ``address`` as party ``name`` (mutual TLS with ``cert_dir``).
+    """A channel to ``address`` as party ``name`` (mutual TLS with ``cert_dir``) that only talks
+    to a peer whose certificate carries ``peer_role`` (and ``peer_name`` where the deployment
+    names it): the handshake fails, before a byte of data is sent, against any other peer.
 
     ``insecure=True``: a plaintext channel that claims the identity ``role/name`` in metadata
     (role from ``role``, else from ``name`` if it is ``role/name``, else from
-    ``<cert_dir>/<name>.pem``). Only an insecure server accepts such a claim.
+    ``<cert_dir>/<name>.pem``). Only an insecure server accepts such a claim, and nothing checks
+    the peer: a warning says so.
     """
     if insecure:
         if role is not None:
@@ -207,11 +224,15 @@ def secure_channel(
                 "an insecure channel needs the caller's role: pass role=..., name='role/name' "
                 "or a cert_dir holding <name>.pem"
             )
+        sys.stderr.write(INSECURE_CLIENT_WARNING.format(address=address))
         channel = grpc.insecure_channel(address, options=list(GRPC_OPTIONS))
         return grpc.intercept_channel(channel, _IdentityMetadata(ident))
     if cert_dir is None:
         raise PkiError("a secure channel needs cert_dir (the directory of ca.pem and <name>.pem)")
-    return grpc.secure_channel(address, channel_credentials(cert_dir, name), options=list(GRPC_OPTIONS))
+    if peer_role not in ROLES:
+        raise PkiError(f"a client must name the role it expects of {address}: one of {', '.join(ROLES)}")
+    options = [*GRPC_OPTIONS, ("grpc.ssl_target_name_override", peer_dns_name(peer_role, peer_name))]
+    return grpc.secure_channel(address, channel_credentials(cert_dir, name), options=options)
 
 
 # ------------------------------------------------------------------------------ server side
@@ -232,6 +253,10 @@ def make_grpc_server(max_workers: int = 8, interceptors: Sequence[Any] = (), ins
     )
 
 
+INSECURE_CLIENT_WARNING = (
+    "WARNING: secure-release is connecting WITHOUT TLS to {address}: the peer's role and "
+    "identity are not checked. Tests and local demos only.\n"
+)
 INSECURE_WARNING = (
     "\n" + "!" * 78 + "\n"
     "!! WARNING: secure-release is serving WITHOUT TLS on {address}.\n"

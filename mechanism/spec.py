@@ -26,9 +26,13 @@ from secure_release.mechanism.pram import check_gamma
 from secure_release.mechanism.sampling import check_sample_size
 from secure_release.mechanism.schema import check_joint_alphabet
 
-#: Release ids and party names: a letter or digit, then up to 127 letters, digits, '.', '_', '-'.
+#: Release ids: a letter or digit, then up to 127 letters, digits, '.', '_', '-'.
 NAME_GRAMMAR = "[A-Za-z0-9][A-Za-z0-9._-]{0,127}"
+#: Party names (curators, researchers, the server, analysts) are DNS labels, because every
+#: certificate carries its holder's name as a DNS name that clients pin (infra/tls.py).
+PARTY_GRAMMAR = "[a-z0-9][a-z0-9-]{0,62}"
 _NAME_RE = re.compile(NAME_GRAMMAR)
+_PARTY_RE = re.compile(PARTY_GRAMMAR)
 
 
 def check_name(name: str, what: str = "name") -> str:
@@ -39,9 +43,16 @@ def check_name(name: str, what: str = "name") -> str:
     return name
 
 
+def check_party_name(name: str, what: str = "party name") -> str:
+    """``name`` if it is a lowercase DNS label (:data:`PARTY_GRAMMAR`), else InvalidNameError."""
+    if not isinstance(name, str) or _PARTY_RE.fullmatch(name) is None:
+        raise InvalidNameError(f"{what} {name!r} must match {PARTY_GRAMMAR} (a lowercase DNS label)")
+    return name
+
+
 def check_names(names: Sequence[str], what: str, minimum: int = 0) -> tuple[str, ...]:
-    """Distinct names, each following the grammar, at least ``minimum`` of them."""
-    out = tuple(check_name(n, what) for n in names)
+    """Distinct party names, each a DNS label, at least ``minimum`` of them."""
+    out = tuple(check_party_name(n, what) for n in names)
     if len(set(out)) != len(out):
         raise DuplicateNameError(f"{what}s must be distinct, got {list(out)}")
     if len(out) < minimum:

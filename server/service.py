@@ -142,25 +142,19 @@ class ReleaseService(pb_grpc.ReleaseServerServicer):
             release_id, curator = stream
             try:
                 if chunk.commit:
-                    rel = self.store.commit(
-                        release_id, curator, ident.name, int(chunk.num_chunks), bytes(chunk.digest)
-                    )
+                    rel = self.store.commit(release_id, curator, ident.name, int(chunk.num_chunks), bytes(chunk.digest))
                     committed = True
                     log.info(
                         "committed",
                         extra={"release": release_id, "curator": curator, "state": rel.state.name},
                     )
                 else:
-                    if self.store.put_chunk(
-                        release_id, curator, ident.name, int(chunk.sequence), bytes(chunk.symbols)
-                    ):
+                    if self.store.put_chunk(release_id, curator, ident.name, int(chunk.sequence), bytes(chunk.symbols)):
                         new += 1
             except SecureReleaseError as exc:
                 _fail(context, exc, "UploadCiphertext")
         if stream is None:
-            context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT, "an upload stream needs at least one message"
-            )
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "an upload stream needs at least one message")
             raise AssertionError("context.abort returned")  # pragma: no cover
         release_id, curator = stream
         log.info("upload", extra={"release": release_id, "curator": curator, "new_chunks": new})
@@ -223,12 +217,10 @@ def make_notifier(
         if not rel.spec.researchers:
             return
         with secure_channel(
-            researcher_address, cert_dir, name, insecure=insecure, role="server"
+            researcher_address, cert_dir, name, insecure=insecure, role="server", peer_role="researcher"
         ) as channel:
             pb_grpc.ResearcherStub(channel).NotifyReady(
-                pb.ReadyNotice(
-                    release_id=rel.spec.release_id, perturbed_digest=rel.perturbed_digest
-                ),
+                pb.ReadyNotice(release_id=rel.spec.release_id, perturbed_digest=rel.perturbed_digest),
                 timeout=10,
             )
         log.info(

@@ -115,9 +115,7 @@ class Release:
         if curator != caller:
             raise NotACuratorError(f"caller {caller!r} may not register for curator {curator!r}")
         if curator not in spec.curators:
-            raise NotACuratorError(
-                f"curator {curator!r} is not in the release's curator list {list(spec.curators)}"
-            )
+            raise NotACuratorError(f"curator {curator!r} is not in the release's curator list {list(spec.curators)}")
         diff = self.spec.differences(spec)
         if diff:
             raise ParameterMismatchError(
@@ -134,16 +132,12 @@ class Release:
         if curator != caller:
             raise NotACuratorError(f"caller {caller!r} may not upload for curator {curator!r}")
         if curator not in self.parts:
-            raise NotACuratorError(
-                f"{curator!r} is not a curator of release {self.spec.release_id!r}"
-            )
+            raise NotACuratorError(f"{curator!r} is not a curator of release {self.spec.release_id!r}")
         part = self.parts[curator]
         if not part.registered:
             raise NotRegisteredError(f"curator {curator!r} must RegisterPart before uploading")
         if self.state >= ReleaseState.SEALED:
-            raise ReleaseSealedError(
-                f"release {self.spec.release_id!r} is {self.state.name.lower()}; no more uploads"
-            )
+            raise ReleaseSealedError(f"release {self.spec.release_id!r} is {self.state.name.lower()}; no more uploads")
         return part
 
     def accept_chunk(self, curator: str, caller: str, seq: int, rows: int, sha: bytes) -> bool:
@@ -152,15 +146,12 @@ class Release:
         if seq in part.chunks:
             if part.chunks[seq] == sha:
                 return False
-            raise ConflictingChunkError(
-                f"chunk {seq} of {curator!r} is already stored with different bytes"
-            )
+            raise ConflictingChunkError(f"chunk {seq} of {curator!r} is already stored with different bytes")
         if part.committed:
             raise ReleaseSealedError(f"curator {curator!r} has committed; no more chunks")
         if not 0 <= seq < self.spec.num_chunks:
             raise ChunkShapeError(
-                f"chunk {seq} is out of range: m = {self.spec.m} gives chunks "
-                f"0..{self.spec.num_chunks - 1}"
+                f"chunk {seq} is out of range: m = {self.spec.m} gives chunks 0..{self.spec.num_chunks - 1}"
             )
         want = self.spec.rows_in_chunk(seq)
         if rows != want:
@@ -177,20 +168,16 @@ class Release:
         part = self._check_uploader(curator, caller)
         if num_chunks != self.spec.num_chunks:
             raise IncompleteUploadError(
-                f"commit says {num_chunks} chunks; m = {self.spec.m} needs "
-                f"{self.spec.num_chunks}"
+                f"commit says {num_chunks} chunks; m = {self.spec.m} needs {self.spec.num_chunks}"
             )
         missing = [s for s in range(self.spec.num_chunks) if s not in part.chunks]
         if missing:
             raise IncompleteUploadError(
-                f"curator {curator!r} commits with {len(missing)} chunk(s) missing, "
-                f"first {missing[0]}"
+                f"curator {curator!r} commits with {len(missing)} chunk(s) missing, first {missing[0]}"
             )
         return True
 
-    def commit(
-        self, curator: str, caller: str, num_chunks: int, digest: bytes, computed: bytes
-    ) -> bool:
+    def commit(self, curator: str, caller: str, num_chunks: int, digest: bytes, computed: bytes) -> bool:
         """Commit a curator's part; ``computed`` is the digest over the stored chunks.
         Returns True if the release became SEALED."""
         if not self.check_commit(curator, caller, num_chunks):
@@ -198,9 +185,7 @@ class Release:
                 raise IncompleteUploadError("a repeated commit carries a different digest")
             return False
         if digest != computed:
-            raise IncompleteUploadError(
-                f"digest mismatch for {curator!r}: the stored chunks hash to {computed.hex()}"
-            )
+            raise IncompleteUploadError(f"digest mismatch for {curator!r}: the stored chunks hash to {computed.hex()}")
         part = self.parts[curator]
         part.committed, part.digest = True, digest
         if all(p.committed for p in self.parts.values()):

@@ -112,9 +112,7 @@ class Store:
         ):
             part = self._releases[rid].parts[cur]
             part.registered, part.committed, part.digest = bool(reg), bool(com), bytes(dig)
-        for rid, cur, seq, sha in self._db.execute(
-            "SELECT release_id, curator, seq, sha256 FROM chunks"
-        ):
+        for rid, cur, seq, sha in self._db.execute("SELECT release_id, curator, seq, sha256 FROM chunks"):
             self._releases[rid].parts[cur].chunks[int(seq)] = bytes(sha)
 
     # -------------------------------------------------------------------- helpers
@@ -146,8 +144,7 @@ class Store:
                             (spec.release_id, json.dumps(spec.to_dict()), int(rel.state)),
                         )
                     self._db.execute(
-                        "INSERT OR REPLACE INTO parts (release_id, curator, registered) "
-                        "VALUES (?, ?, 1)",
+                        "INSERT OR REPLACE INTO parts (release_id, curator, registered) VALUES (?, ?, 1)",
                         (spec.release_id, curator),
                     )
                 self._releases[spec.release_id] = rel
@@ -168,8 +165,7 @@ class Store:
                 return False
             with self._tx():
                 self._db.execute(
-                    "INSERT INTO chunks (release_id, curator, seq, data, sha256) "
-                    "VALUES (?, ?, ?, ?, ?)",
+                    "INSERT INTO chunks (release_id, curator, seq, data, sha256) VALUES (?, ?, ?, ?, ?)",
                     (release_id, curator, seq, data, sha),
                 )
                 if rel.state != old_state:
@@ -177,9 +173,7 @@ class Store:
             self._releases[release_id] = rel
             return True
 
-    def commit(
-        self, release_id: str, curator: str, caller: str, num_chunks: int, digest: bytes
-    ) -> Release:
+    def commit(self, release_id: str, curator: str, caller: str, num_chunks: int, digest: bytes) -> Release:
         with self._lock:
             rel = copy.deepcopy(self._get(release_id))
             computed = b""
@@ -191,8 +185,7 @@ class Store:
             if rel.commit(curator, caller, num_chunks, digest, computed) or computed:
                 with self._tx():
                     self._db.execute(
-                        "UPDATE parts SET committed = 1, digest = ? "
-                        "WHERE release_id = ? AND curator = ?",
+                        "UPDATE parts SET committed = 1, digest = ? WHERE release_id = ? AND curator = ?",
                         (digest, release_id, curator),
                     )
                     self._set_state(release_id, rel.state)
@@ -200,9 +193,7 @@ class Store:
             return copy.deepcopy(rel)
 
     def _set_state(self, release_id: str, state: ReleaseState) -> None:
-        self._db.execute(
-            "UPDATE releases SET state = ? WHERE release_id = ?", (int(state), release_id)
-        )
+        self._db.execute("UPDATE releases SET state = ? WHERE release_id = ?", (int(state), release_id))
 
     def _chunk(self, release_id: str, curator: str, seq: int) -> bytes:
         row = self._db.execute(
@@ -245,8 +236,7 @@ class Store:
                         packed = pack_symbols(col, k)
                         h.update(packed)
                         self._db.execute(
-                            "INSERT INTO perturbed (release_id, seq, col, data) "
-                            "VALUES (?, ?, ?, ?)",
+                            "INSERT INTO perturbed (release_id, seq, col, data) VALUES (?, ?, ?, ?)",
                             (release_id, seq, j, packed),
                         )
                 rel.perturbed(h.digest())
@@ -260,9 +250,7 @@ class Store:
 
     def sealed_releases(self) -> list[str]:
         with self._lock:
-            return sorted(
-                r for r, rel in self._releases.items() if rel.state == ReleaseState.SEALED
-            )
+            return sorted(r for r, rel in self._releases.items() if rel.state == ReleaseState.SEALED)
 
     # -------------------------------------------------------------------- fetch
     def fetch(self, release_id: str) -> Iterator[FetchedChunk]:

@@ -86,7 +86,7 @@ def run_release(address: str, certs: Path, rid: str) -> pb.ReleaseStatus:
     rng = np.random.default_rng(11)
     last: pb.UploadResponse | None = None
     for curator, k in zip(CURATORS, SIZES, strict=True):
-        with security.secure_channel(address, certs, curator) as channel:
+        with security.secure_channel(address, certs, curator, peer_role="server") as channel:
             stub = pb_grpc.ReleaseServerStub(channel)
             stub.RegisterPart(pb.RegisterPartRequest(params=params, curator=curator), timeout=10)
             col = rng.integers(0, k, M).astype(np.uint32)
@@ -107,7 +107,7 @@ def run_release(address: str, certs: Path, rid: str) -> pb.ReleaseStatus:
             last = stub.UploadCiphertext(iter(msgs), timeout=30)
             assert last.committed
     assert last is not None and last.status.state == pb.RELEASE_STATE_PERTURBED
-    with security.secure_channel(address, certs, "researcher") as channel:
+    with security.secure_channel(address, certs, "researcher", peer_role="server") as channel:
         status: pb.ReleaseStatus = pb_grpc.ReleaseServerStub(channel).GetReleaseStatus(
             pb.ReleaseStatusRequest(release_id=rid), timeout=10
         )

@@ -31,7 +31,7 @@ def env(certs: Path, tmp_path: Path) -> Iterator[tuple[Store, dict[str, pb_grpc.
     pb_grpc.add_ReleaseServerServicer_to_server(ReleaseService(store, lambda: KEY), server)
     port = tls.bind(server, "127.0.0.1", 0, certs, "server")
     server.start()
-    chans = {n: tls.secure_channel(f"127.0.0.1:{port}", certs, n) for n in ("alice", "bob", "researcher", "mallory")}
+    chans = {n: tls.secure_channel(f"127.0.0.1:{port}", certs, n, peer_role="server") for n in ("alice", "bob", "researcher", "mallory")}
     yield store, {n: pb_grpc.ReleaseServerStub(c) for n, c in chans.items()}
     for c in chans.values():
         c.close()
