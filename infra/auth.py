@@ -11,7 +11,10 @@ Per-release checks (membership, grants) stay in the servicers, which know the re
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 import grpc
@@ -106,11 +109,92 @@ else:
     _ServerInterceptor = grpc.ServerInterceptor
 
 
-class AuthInterceptor(_ServerInterceptor):
-    """Checks :data:`ACCESS` (or ``access``) before any servicer code runs."""
+@dataclass(frozen=True)
+class CallLimits:
+    """Per-peer bounds: calls in flight at once, and how long a request stream may sit idle."""
 
-    def __init__(self, insecure: bool = False, access: Mapping[str, frozenset[str]] = ACCESS) -> None:
-        self.insecure, self.access = insecure, access
+    calls_per_peer: int = 4
+    stream_idle_seconds: float = 30.0
+
+
+class _Slots:
+    """Counts each peer's calls in flight."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.lock, self.held = limit, threading.Lock(), dict[str, int]()
+
+    def acquire(self, peer: str) -> bool:
+        with self.lock:
+            if self.held.get(peer, 0) >= self.limit:
+                return False
+            self.held[peer] = self.held.get(peer, 0) + 1
+            return True
+
+    def release(self, peer: str) -> None:
+        with self.lock:
+            self.held[peer] -= 1
+            if not self.held[peer]:
+                del self.held[peer]
+
+
+class _IdleWatch:
+    """One thread per server that cancels request streams idle for too long."""
+
+    def __init__(self, idle_seconds: float) -> None:
+        self.idle_seconds = idle_seconds
+        self.lock = threading.Lock()
+        self.waiting: dict[int, tuple[float, grpc.ServicerContext]] = {}
+        self.thread: threading.Thread | None = None
+
+    def guard(self, requests: Iterator[Any], context: grpc.ServicerContext) -> Iterator[Any]:
+        """``requests``, with the wait for each next message watched."""
+        key = id(context)
+        self._start()
+        try:
+            while True:
+                with self.lock:
+                    self.waiting[key] = (time.monotonic(), context)
+                try:
+                    item = next(requests)
+                except StopIteration:
+                    return
+                finally:
+                    with self.lock:
+                        self.waiting.pop(key, None)
+                yield item
+        finally:
+            with self.lock:
+                self.waiting.pop(key, None)
+
+    def _start(self) -> None:
+        with self.lock:
+            if self.thread is None:
+                self.thread = threading.Thread(target=self._run, name="idle-streams", daemon=True)
+                self.thread.start()
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(min(1.0, self.idle_seconds / 4))
+            now = time.monotonic()
+            with self.lock:
+                idle = [ctx for since, ctx in self.waiting.values() if now - since > self.idle_seconds]
+            for ctx in idle:
+                ctx.cancel()  # type: ignore[no-untyped-call]
+
+
+class AuthInterceptor(_ServerInterceptor):
+    """Checks :data:`ACCESS` (or ``access``) before any servicer code runs, and with ``limits``
+    bounds each peer's calls in flight (RESOURCE_EXHAUSTED beyond) and cancels idle streams."""
+
+    def __init__(
+        self,
+        insecure: bool = False,
+        access: Mapping[str, frozenset[str]] = ACCESS,
+        limits: CallLimits | None = None,
+    ) -> None:
+        self.insecure, self.access, self.limits = insecure, access, limits
+        self.slots = _Slots(limits.calls_per_peer) if limits else None
+        self.idle = _IdleWatch(limits.stream_idle_seconds) if limits else None
 
     def intercept_service(self, continuation: Callable[[Any], Any], details: Any) -> Any:
         handler = continuation(details)
@@ -118,29 +202,58 @@ class AuthInterceptor(_ServerInterceptor):
             return None
         method: str = details.method
 
-        def guard(behavior: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+        def guard(
+            behavior: Callable[[Any, Any], Any], streams_in: bool, streams_out: bool
+        ) -> Callable[[Any, Any], Any]:
             def checked(request: Any, context: grpc.ServicerContext) -> Any:
                 identity = identity_from_context(context, self.insecure)
                 refusal = check_call(method, identity, self.access)
                 if refusal is not None:
                     context.abort(*refusal)
                 assert identity is not None
-                return behavior(request, AuthedContext(context, identity))
+                authed = AuthedContext(context, identity)
+                if self.slots is None or self.idle is None:
+                    return behavior(request, authed)
+                peer = str(identity)
+                if not self.slots.acquire(peer):
+                    context.abort(
+                        grpc.StatusCode.RESOURCE_EXHAUSTED,
+                        f"{peer} already has {self.slots.limit} calls in flight here; wait for one to finish",
+                    )
+                if streams_in:
+                    request = self.idle.guard(request, context)
+                try:
+                    result = behavior(request, authed)
+                except BaseException:
+                    self.slots.release(peer)
+                    raise
+                if not streams_out:
+                    self.slots.release(peer)
+                    return result
+                return self._released_after(result, peer)
 
             return checked
 
-        if handler.unary_unary:
-            return grpc.unary_unary_rpc_method_handler(
-                guard(handler.unary_unary), handler.request_deserializer, handler.response_serializer
-            )
-        if handler.unary_stream:
-            return grpc.unary_stream_rpc_method_handler(
-                guard(handler.unary_stream), handler.request_deserializer, handler.response_serializer
-            )
-        if handler.stream_unary:
-            return grpc.stream_unary_rpc_method_handler(
-                guard(handler.stream_unary), handler.request_deserializer, handler.response_serializer
-            )
-        return grpc.stream_stream_rpc_method_handler(
-            guard(handler.stream_stream), handler.request_deserializer, handler.response_serializer
+        kinds = (
+            ("unary_unary", False, False, grpc.unary_unary_rpc_method_handler),
+            ("unary_stream", False, True, grpc.unary_stream_rpc_method_handler),
+            ("stream_unary", True, False, grpc.stream_unary_rpc_method_handler),
+            ("stream_stream", True, True, grpc.stream_stream_rpc_method_handler),
         )
+        for attr, streams_in, streams_out, make in kinds:
+            behavior = getattr(handler, attr)
+            if behavior:
+                return make(
+                    guard(behavior, streams_in, streams_out),
+                    handler.request_deserializer,
+                    handler.response_serializer,
+                )
+        return handler  # pragma: no cover - every handler has one behavior
+
+    def _released_after(self, responses: Iterator[Any], peer: str) -> Iterator[Any]:
+        """Yield a streaming response; the peer's slot is freed when it ends or is abandoned."""
+        assert self.slots is not None
+        try:
+            yield from responses
+        finally:
+            self.slots.release(peer)

@@ -20,10 +20,30 @@ class ConfigError(SecureReleaseError):
 
 
 def split_address(text: str) -> tuple[str, int]:
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ConfigError(f"address must be HOST:PORT, got {text!r}")
+    """``HOST:PORT`` (``[v6]:PORT`` too) with a port in 0..65535 (0: the OS picks one)."""
+    host, sep, port = str(text).rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ConfigError(f"an address is HOST:PORT with a port in 0..65535, got {text!r}")
     return host.strip("[]"), int(port)
+
+
+def finite_float(text: str) -> float:
+    """argparse type: a finite number (NaN and infinities are refused)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a finite number > 0 (seconds, budgets)."""
+    value = finite_float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be > 0")
+    return value
 
 
 def write_port_file(path: str | None, port: int) -> None:

@@ -40,6 +40,8 @@ GRPC_OPTIONS: tuple[tuple[str, Any], ...] = (
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
 )
+#: Servers also refuse to share a port: a second process binding a port in use fails.
+SERVER_OPTIONS: tuple[tuple[str, Any], ...] = (*GRPC_OPTIONS, ("grpc.so_reuseport", 0))
 
 
 class PkiError(SecureReleaseError):
@@ -238,18 +240,31 @@ def secure_channel(
 # ------------------------------------------------------------------------------ server side
 
 
-def make_grpc_server(max_workers: int = 8, interceptors: Sequence[Any] = (), insecure: bool = False) -> grpc.Server:
+class BindError(SecureReleaseError):
+    """A listening address could not be opened (in use, out of range, not local)."""
+
+
+def make_grpc_server(
+    max_workers: int = 32,
+    interceptors: Sequence[Any] = (),
+    insecure: bool = False,
+    calls_per_peer: int = 4,
+    stream_idle_seconds: float = 30.0,
+) -> grpc.Server:
     """A gRPC server with the project's message size limits (8 MiB) whose every RPC passes the
     access table (:class:`~secure_release.infra.auth.AuthInterceptor`) before its servicer runs.
+    One peer holds at most ``calls_per_peer`` calls at once and a request stream idle for
+    ``stream_idle_seconds`` is cancelled, so a flood from one peer cannot starve the others.
     ``insecure`` lets that interceptor accept metadata identities (plaintext tests only)."""
     from concurrent import futures
 
-    from secure_release.infra.auth import AuthInterceptor
+    from secure_release.infra.auth import AuthInterceptor, CallLimits
 
+    limits = CallLimits(calls_per_peer, stream_idle_seconds)
     return grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc"),
-        options=list(GRPC_OPTIONS),
-        interceptors=[AuthInterceptor(insecure=insecure), *interceptors],
+        options=list(SERVER_OPTIONS),
+        interceptors=[AuthInterceptor(insecure=insecure, limits=limits), *interceptors],
     )
 
 
@@ -279,17 +294,25 @@ def bind(
     server must then be built with ``make_grpc_server(insecure=True)`` for its interceptor to
     accept metadata identities (a per-server setting, never process-wide).
     """
+    if not 0 <= int(port) <= 65535:
+        raise BindError(f"port {port} is outside 0..65535 (0 lets the OS pick a free port)")
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    if not insecure and cert_dir is None:
+        raise PkiError("a TLS server needs --certs DIR (or pass --insecure for tests only)")
+    try:
+        if insecure:
+            bound = server.add_insecure_port(address)
+        else:
+            assert cert_dir is not None
+            bound = server.add_secure_port(address, server_credentials(cert_dir, name))
+    except RuntimeError:
+        bound = 0
+    if bound == 0:
+        raise BindError(
+            f"could not listen on {address}: the port is in use or the host is not local; "
+            "choose another --listen (port 0 picks a free one)"
+        )
     if insecure:
-        bound = server.add_insecure_port(address)
-        if bound == 0:
-            raise PkiError(f"could not bind {address}")
         sys.stderr.write(INSECURE_WARNING.format(address=f"{host}:{bound}"))
         sys.stderr.flush()
-        return bound
-    if cert_dir is None:
-        raise PkiError("a TLS server needs --certs DIR (or pass --insecure for tests only)")
-    bound = server.add_secure_port(address, server_credentials(cert_dir, name))
-    if bound == 0:
-        raise PkiError(f"could not bind {address}")
     return bound

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
+import os
 import signal
 import sys
 import threading
@@ -23,6 +23,8 @@ from secure_release.infra import tls
 from secure_release.infra.config import (
     ConfigError,
     apply_env_and_config,
+    finite_float,
+    positive_float,
     split_address,
     testing_enabled,
     write_port_file,
@@ -33,6 +35,7 @@ from secure_release.mechanism.errors import SecureReleaseError
 from secure_release.mechanism.keys import PramKey
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
 from secure_release.server.service import ReleaseService, make_notifier
+from secure_release.server.state import ServerLimits
 from secure_release.server.store import Store
 
 SERVICE_NAME = "securerelease.v1.ReleaseServer"
@@ -53,6 +56,9 @@ class ServerConfig:
     log_level: str
     grace: float
     test_pram_key: PramKey | None
+    limits: ServerLimits
+    calls_per_peer: int
+    stream_idle_seconds: float
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -91,7 +97,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--port-file", help="write the bound port to this file")
     p.add_argument("--log-level", default="INFO", help="DEBUG, INFO (default), WARNING")
-    p.add_argument("--grace", type=float, default=5.0, help="seconds to finish RPCs on SIGTERM")
+    p.add_argument("--grace", type=finite_float, default=5.0, help="seconds to finish RPCs on SIGTERM")
+    bounds = ServerLimits()
+    p.add_argument("--max-n", type=int, default=bounds.max_n, help="largest n (records) accepted")
+    p.add_argument("--max-m", type=int, default=bounds.max_m, help="largest m (rows) accepted")
+    p.add_argument("--max-curators", type=int, default=bounds.max_curators, help="curators per release")
+    p.add_argument("--max-releases", type=int, default=bounds.max_releases_in_flight, help="releases in flight at once")
+    p.add_argument("--calls-per-peer", type=int, default=4, help="calls one peer may have in flight")
+    p.add_argument(
+        "--stream-idle-seconds",
+        type=positive_float,
+        default=30.0,
+        help="cancel an upload stream that sends nothing for this long",
+    )
     p.add_argument(
         "--insecure-test-pram-key",
         metavar="HEX",
@@ -107,14 +125,17 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         raise ConfigError("--store DIR is required (or SECURE_RELEASE_STORE)")
     if not args.insecure and not args.certs:
         raise ConfigError("--certs DIR is required unless --insecure (tests only)")
-    if not math.isfinite(args.grace) or args.grace < 0:
-        raise ConfigError(f"--grace must be a finite number of seconds >= 0, got {args.grace}")
+    if args.grace < 0:
+        raise ConfigError(f"--grace must be >= 0 seconds, got {args.grace}")
     key = None
     if args.insecure_test_pram_key:
         if not testing_enabled():
             raise ConfigError("--insecure-test-pram-key is for tests only; set SECURE_RELEASE_TESTING=1")
         key = PramKey.from_hex(str(args.insecure_test_pram_key))
     host, port = split_address(str(args.listen))
+    for flag in ("max_n", "max_m", "max_curators", "max_releases", "calls_per_peer"):
+        if getattr(args, flag) < 1:
+            raise ConfigError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
     return ServerConfig(
         host=host or "127.0.0.1",
         port=port,
@@ -127,6 +148,9 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         log_level=str(args.log_level),
         grace=float(args.grace),
         test_pram_key=key,
+        limits=ServerLimits(args.max_n, args.max_m, args.max_curators, args.max_releases),
+        calls_per_peer=int(args.calls_per_peer),
+        stream_idle_seconds=float(args.stream_idle_seconds),
     )
 
 
@@ -144,6 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def serve(config: ServerConfig) -> int:
     """Open the store, finish any sealed release, serve, and stop gracefully on a signal."""
+    os.umask(0o077)  # every file this process creates: 0600, every directory: 0700
     setup_logging(config.log_level)
     log = logging.getLogger("secure_release.server")
     key_factory = PramKey.generate
@@ -151,7 +176,7 @@ def serve(config: ServerConfig) -> int:
         fixed = config.test_pram_key
         key_factory = lambda: fixed  # noqa: E731
         log.warning("using an injected PRAM key (tests only)")
-    store = Store(config.store)
+    store = Store(config.store, config.limits)
     notify = None
     if config.researcher_address:
         notify = make_notifier(config.researcher_address, config.certs, config.name, config.insecure)
@@ -159,7 +184,11 @@ def serve(config: ServerConfig) -> int:
     for rid in store.sealed_releases():  # crashed between sealing and PRAM: finish it first
         service.perturb_if_sealed(rid)
 
-    server = tls.make_grpc_server(insecure=config.insecure)
+    server = tls.make_grpc_server(
+        insecure=config.insecure,
+        calls_per_peer=config.calls_per_peer,
+        stream_idle_seconds=config.stream_idle_seconds,
+    )
     pb_grpc.add_ReleaseServerServicer_to_server(service, server)
     health = add_health_and_reflection(server, [SERVICE_NAME])
     bound = tls.bind(server, config.host, config.port, config.certs, config.name, config.insecure)

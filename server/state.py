@@ -15,6 +15,25 @@ from secure_release.mechanism.errors import ErrorKind, SecureReleaseError
 from secure_release.mechanism.spec import ReleaseSpec
 
 
+@dataclass(frozen=True)
+class ServerLimits:
+    """What one server accepts, checked before anything is allocated (all configurable)."""
+
+    max_n: int = 1 << 40
+    max_m: int = 100_000_000
+    max_curators: int = 16
+    max_releases_in_flight: int = 64
+
+    def check(self, spec: ReleaseSpec) -> None:
+        """Refuse a spec beyond these bounds (LimitExceededError says which and the limit)."""
+        if spec.plan.n > self.max_n:
+            raise LimitExceededError(f"n = {spec.plan.n} exceeds this server's limit of {self.max_n} records")
+        if spec.plan.m > self.max_m:
+            raise LimitExceededError(f"m = {spec.plan.m} exceeds this server's limit of {self.max_m} rows")
+        if len(spec.curators) > self.max_curators:
+            raise LimitExceededError(f"{len(spec.curators)} curators exceed this server's limit of {self.max_curators}")
+
+
 class ReleaseState(IntEnum):
     """Same numbers as securerelease.v1.ReleaseState."""
 
@@ -26,6 +45,12 @@ class ReleaseState(IntEnum):
 
 class ServerStateError(SecureReleaseError):
     """Base of the server's release-state errors."""
+
+
+class LimitExceededError(ServerStateError):
+    """A release beyond one of the server's configured bounds (n, m, curators, in flight)."""
+
+    kind = ErrorKind.RESOURCE_EXHAUSTED
 
 
 class ParameterMismatchError(ServerStateError):

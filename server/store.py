@@ -1,14 +1,15 @@
 """The server's durable store: SQLite in WAL mode with synchronous=FULL.
 
-Tables: ``releases`` (params JSON, state, perturbed digest), ``parts`` (per curator:
-registered, committed, digest), ``chunks`` (release, curator, seq, bytes, sha256) and
-``perturbed`` (release, seq, curator index, bytes). A call returns only after its transaction
+The store is created 0600 in a 0700 directory. Tables: ``releases`` (spec JSON, state,
+perturbed digest), ``parts`` (per curator: registered, committed, digest), ``chunks`` (release,
+curator, seq, bytes, sha256) and ``perturbed`` (release, seq, curator index, bytes). A call returns only after its transaction
 committed, so whatever it acknowledges survives a crash. Every check runs on a copy of the
 in-memory release state (server/state.py) before anything is written, so a rejected call stores
 nothing. Memory does not depend on m: upload, PRAM and fetch go one chunk at a time.
 
 PRAM runs once per release: all perturbed chunks and the state change to PERTURBED are written
-in one transaction; the PRAM key lives only in memory during that call. A perturbed release
+in one transaction, which also erases the pre-PRAM ciphertext (only its SHA-256 stays); the
+PRAM key lives only in memory during that call. A perturbed release
 is never perturbed again.
 """
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import os
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator
@@ -30,15 +32,23 @@ from secure_release.mechanism.pram import PRAM_BLOCK_ROWS, perturb
 from secure_release.mechanism.spec import ReleaseSpec
 from secure_release.server.state import (
     ChunkShapeError,
+    LimitExceededError,
     Part,
     Release,
     ReleaseState,
+    ServerLimits,
+    ServerStateError,
     UnknownReleaseError,
 )
 
 assert CHUNK_ROWS == PRAM_BLOCK_ROWS, "upload chunk s must be PRAM block s"
 
 MAX_CHUNK_BYTES = 4 * CHUNK_ROWS  # 1 MiB
+
+
+class StoreError(ServerStateError):
+    """The store directory or database cannot be used (not a directory, corrupt, unreadable)."""
+
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS releases (
@@ -83,17 +93,30 @@ class FetchedChunk:
 class Store:
     """Durable release store. Thread-safe (one connection behind a lock)."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, limits: ServerLimits | None = None) -> None:
         directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
+        self.limits = limits or ServerLimits()
         self.path = directory / "releases.sqlite3"
-        self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.executescript(_SCHEMA)
-        self._lock = threading.RLock()
-        self._releases: dict[str, Release] = {}
-        self._load()
+        try:
+            directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            os.chmod(directory, 0o700)
+            # Created 0600 before SQLite opens it; the -wal and -shm files inherit the mode.
+            os.close(os.open(self.path, os.O_CREAT | os.O_RDWR, 0o600))
+            os.chmod(self.path, 0o600)
+            self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            self._db.execute("PRAGMA auto_vacuum=INCREMENTAL")  # takes effect on a new file
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.executescript(_SCHEMA)
+            self._lock = threading.RLock()
+            self._releases: dict[str, Release] = {}
+            self._load()
+        except (OSError, sqlite3.DatabaseError, KeyError, ValueError) as exc:
+            raise StoreError(
+                f"cannot use {directory} as the server's store ({type(exc).__name__}: {exc}); "
+                "--store must name a directory this user owns, holding a releases.sqlite3 "
+                "written by this server (or nothing)"
+            ) from exc
 
     def close(self) -> None:
         with self._lock:
@@ -132,8 +155,16 @@ class Store:
 
     # -------------------------------------------------------------------- events
     def register(self, spec: ReleaseSpec, curator: str, caller: str) -> Release:
+        """A curator's part of ``spec``: creates the release (within the limits) or joins it."""
+        self.limits.check(spec)
         with self._lock:
             existing = self._releases.get(spec.release_id)
+            in_flight = sum(r.state != ReleaseState.PERTURBED for r in self._releases.values())
+            if existing is None and in_flight >= self.limits.max_releases_in_flight:
+                raise LimitExceededError(
+                    f"{in_flight} releases are in flight; this server takes at most "
+                    f"{self.limits.max_releases_in_flight} at once"
+                )
             rel = copy.deepcopy(existing) if existing else Release.create(spec)
             changed = rel.register(spec, curator, caller)
             if changed:
@@ -244,6 +275,10 @@ class Store:
                     "UPDATE releases SET state = ?, perturbed_digest = ? WHERE release_id = ?",
                     (int(rel.state), rel.perturbed_digest, release_id),
                 )
+                # Data minimisation: the pre-PRAM ciphertext goes in the same transaction (its
+                # SHA-256 stays, so replays of identical chunks remain idempotent).
+                self._db.execute("UPDATE chunks SET data = x'' WHERE release_id = ?", (release_id,))
+            self._db.execute("PRAGMA incremental_vacuum")
             del key
             self._releases[release_id] = rel
             return copy.deepcopy(rel)
