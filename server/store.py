@@ -2,8 +2,9 @@
 
 The store is created 0600 in a 0700 directory. Tables: ``releases`` (spec JSON, state,
 perturbed digest), ``parts`` (per curator: registered, committed, digest), ``chunks`` (release,
-curator, seq, bytes, sha256) and ``perturbed`` (release, seq, curator index, bytes). A call returns only after its transaction
-committed, so whatever it acknowledges survives a crash. Every check runs on a copy of the
+curator, seq, bytes, sha256) and ``perturbed`` (release, seq, curator index, bytes). A call
+returns only after its transaction committed, so whatever it acknowledges survives a crash.
+Every check runs on a copy of the
 in-memory release state (server/state.py) before anything is written, so a rejected call stores
 nothing. Memory does not depend on m: upload, PRAM and fetch go one chunk at a time.
 
