@@ -111,13 +111,13 @@ def _identity_of_pem(pem: bytes) -> Identity | None:
         san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     except (ValueError, x509.ExtensionNotFound):
         return None
-    for uri in san.get_values_for_type(x509.UniformResourceIdentifier):
-        if uri.startswith(URI_SCHEME):
-            try:
-                return Identity.parse(uri)
-            except PkiError:
-                return None
-    return None
+    uris = [u for u in san.get_values_for_type(x509.UniformResourceIdentifier) if u.startswith(URI_SCHEME)]
+    if len(uris) != 1:
+        return None  # no identity, or an ambiguous one (two roles): refused as unauthenticated
+    try:
+        return Identity.parse(uris[0])
+    except PkiError:
+        return None
 
 
 def identity_of_file(cert_dir: Path, name: str) -> Identity:
