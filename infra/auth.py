@@ -32,6 +32,7 @@ ACCESS: Mapping[str, frozenset[str]] = {
     _RS + "UploadCiphertext": frozenset({"curator"}),
     _RS + "GetReleaseStatus": _ANY,
     _RS + "FetchPerturbed": frozenset({"researcher"}),
+    _RS + "AbortRelease": frozenset({"curator"}),
     _CU + "SubmitTags": frozenset({"curator"}),
     _CU + "GetAgreement": frozenset({"curator"}),
     _CU + "ReleaseKey": frozenset({"researcher"}),

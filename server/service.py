@@ -55,11 +55,13 @@ def status_to_proto(rel: st.Release) -> pb.ReleaseStatus:
                 registered=part.registered,
                 symbols_stored=rel.symbols_stored(c),
                 committed=part.committed,
+                chunks_held=sorted(part.chunks),
             )
             for c, part in rel.parts.items()
         ],
         perturbed_digest=rel.perturbed_digest,
         chunk_rows=CHUNK_ROWS,
+        abort_reason=rel.abort_reason,
     )
 
 
@@ -206,6 +208,16 @@ class ReleaseService(pb_grpc.ReleaseServerServicer):
                 last=last,
                 digest=rel.perturbed_digest if last else b"",
             )
+
+    def AbortRelease(self, request: pb.AbortRequest, context: Any) -> pb.ReleaseStatus:  # noqa: N802
+        """A curator of the release stops it before sealing; every party then sees ABORTED."""
+        ident = caller(context)
+        try:
+            rel = self.store.abort(request.release_id, request.curator, ident.name, request.reason)
+        except SecureReleaseError as exc:
+            _fail(context, exc, "AbortRelease")
+        log.info("aborted", extra={"release": request.release_id, "curator": ident.name})
+        return status_to_proto(rel)
 
 
 def make_notifier(

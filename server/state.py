@@ -1,6 +1,13 @@
 """The release state machine of the server: pure (no I/O, no clock, no randomness).
 
     REGISTERED --first chunk--> UPLOADING --every curator committed--> SEALED --PRAM--> PERTURBED
+         |                          |
+         +------------+-------------+
+                      | a curator aborts (before sealing)
+                      v
+                   ABORTED (reason recorded; nothing more accepted or served)
+
+Replays of an identical chunk or commit succeed in every state (a restarted curator resumes).
 
 Every method validates completely before it changes anything, so a method that raises leaves
 the release exactly as it was. The store (server/store.py) persists what the machine accepts.
@@ -41,6 +48,7 @@ class ReleaseState(IntEnum):
     UPLOADING = 2
     SEALED = 3
     PERTURBED = 4
+    ABORTED = 5
 
 
 class ServerStateError(SecureReleaseError):
@@ -89,6 +97,12 @@ class ConflictingChunkError(ServerStateError):
     kind = ErrorKind.ALREADY_EXISTS
 
 
+class ReleaseAbortedError(ServerStateError):
+    """The release was aborted; nothing more is accepted or served for it."""
+
+    kind = ErrorKind.FAILED_PRECONDITION
+
+
 class ReleaseSealedError(ServerStateError):
     """The release (or this curator's part) is committed; no more uploads."""
 
@@ -123,6 +137,7 @@ class Release:
     state: ReleaseState = ReleaseState.REGISTERED
     parts: dict[str, Part] = field(default_factory=dict)
     perturbed_digest: bytes = b""
+    abort_reason: str = ""
 
     @classmethod
     def create(cls, spec: ReleaseSpec) -> Release:
@@ -141,6 +156,8 @@ class Release:
             raise NotACuratorError(f"caller {caller!r} may not register for curator {curator!r}")
         if curator not in spec.curators:
             raise NotACuratorError(f"curator {curator!r} is not in the release's curator list {list(spec.curators)}")
+        if self.state == ReleaseState.ABORTED:
+            raise ReleaseAbortedError(f"release {self.spec.release_id!r} was aborted: {self.abort_reason}")
         diff = self.spec.differences(spec)
         if diff:
             raise ParameterMismatchError(
@@ -153,24 +170,36 @@ class Release:
         self.parts[curator].registered = True
         return True
 
-    def _check_uploader(self, curator: str, caller: str) -> Part:
+    def check_member(self, curator: str, caller: str, registered: bool = True) -> Part:
+        """The caller's part: it acts for itself, is a curator of the release (and registered)."""
         if curator != caller:
-            raise NotACuratorError(f"caller {caller!r} may not upload for curator {curator!r}")
+            raise NotACuratorError(f"caller {caller!r} may not act for curator {curator!r}")
         if curator not in self.parts:
             raise NotACuratorError(f"{curator!r} is not a curator of release {self.spec.release_id!r}")
         part = self.parts[curator]
-        if not part.registered:
+        if registered and not part.registered:
             raise NotRegisteredError(f"curator {curator!r} must RegisterPart before uploading")
+        return part
+
+    def check_open(self) -> None:
+        """Refuse anything new once the release is aborted, sealed or perturbed."""
+        if self.state == ReleaseState.ABORTED:
+            raise ReleaseAbortedError(f"release {self.spec.release_id!r} was aborted: {self.abort_reason}")
         if self.state >= ReleaseState.SEALED:
             raise ReleaseSealedError(f"release {self.spec.release_id!r} is {self.state.name.lower()}; no more uploads")
-        return part
+
+    def is_replay(self, curator: str, seq: int, sha: bytes) -> bool:
+        """True if this exact chunk is already stored: a replay succeeds in every state."""
+        part = self.parts.get(curator)
+        return part is not None and part.chunks.get(seq) == sha
 
     def accept_chunk(self, curator: str, caller: str, seq: int, rows: int, sha: bytes) -> bool:
         """A validated chunk of ``rows`` symbols. True if new, False if an identical repeat."""
-        part = self._check_uploader(curator, caller)
+        part = self.check_member(curator, caller)
+        if self.is_replay(curator, seq, sha):
+            return False
+        self.check_open()
         if seq in part.chunks:
-            if part.chunks[seq] == sha:
-                return False
             raise ConflictingChunkError(f"chunk {seq} of {curator!r} is already stored with different bytes")
         if part.committed:
             raise ReleaseSealedError(f"curator {curator!r} has committed; no more chunks")
@@ -188,9 +217,10 @@ class Release:
 
     def check_commit(self, curator: str, caller: str, num_chunks: int) -> bool:
         """Checks before the store computes the digest. False if already committed (no-op)."""
-        if curator == caller and curator in self.parts and self.parts[curator].committed:
+        part = self.check_member(curator, caller)
+        if part.committed:
             return False
-        part = self._check_uploader(curator, caller)
+        self.check_open()
         if num_chunks != self.spec.num_chunks:
             raise IncompleteUploadError(
                 f"commit says {num_chunks} chunks; m = {self.spec.m} needs {self.spec.num_chunks}"
@@ -217,6 +247,21 @@ class Release:
             self.state = ReleaseState.SEALED
             return True
         return False
+
+    def abort(self, curator: str, caller: str, reason: str) -> bool:
+        """A curator of the release stops it before sealing. True if this changed anything
+        (a repeated abort is a no-op); a sealed release can no longer be aborted."""
+        self.check_member(curator, caller, registered=False)
+        if self.state == ReleaseState.ABORTED:
+            return False
+        if self.state >= ReleaseState.SEALED:
+            raise ReleaseSealedError(
+                f"release {self.spec.release_id!r} is {self.state.name.lower()}: it will be released, "
+                "it can no longer be aborted"
+            )
+        self.state = ReleaseState.ABORTED
+        self.abort_reason = f"{curator}: {reason.strip()[:1000] or 'no reason given'}"
+        return True
 
     def perturbed(self, digest: bytes) -> None:
         if self.state != ReleaseState.SEALED:

@@ -56,7 +56,8 @@ CREATE TABLE IF NOT EXISTS releases (
     release_id TEXT PRIMARY KEY,
     params TEXT NOT NULL,
     state INTEGER NOT NULL,
-    perturbed_digest BLOB NOT NULL DEFAULT x''
+    perturbed_digest BLOB NOT NULL DEFAULT x'',
+    abort_reason TEXT NOT NULL DEFAULT ''
 );
 CREATE TABLE IF NOT EXISTS parts (
     release_id TEXT NOT NULL,
@@ -125,11 +126,12 @@ class Store:
 
     # -------------------------------------------------------------------- loading
     def _load(self) -> None:
-        for rid, params_json, state, pdigest in self._db.execute(
-            "SELECT release_id, params, state, perturbed_digest FROM releases"
+        for rid, params_json, state, pdigest, reason in self._db.execute(
+            "SELECT release_id, params, state, perturbed_digest, abort_reason FROM releases"
         ):
             spec = ReleaseSpec.from_dict(json.loads(params_json))
-            rel = Release(spec, ReleaseState(state), {c: Part() for c in spec.curators}, bytes(pdigest))
+            parts = {c: Part() for c in spec.curators}
+            rel = Release(spec, ReleaseState(state), parts, bytes(pdigest), str(reason))
             self._releases[rid] = rel
         for rid, cur, reg, com, dig in self._db.execute(
             "SELECT release_id, curator, registered, committed, digest FROM parts"
@@ -160,7 +162,8 @@ class Store:
         self.limits.check(spec)
         with self._lock:
             existing = self._releases.get(spec.release_id)
-            in_flight = sum(r.state != ReleaseState.PERTURBED for r in self._releases.values())
+            done = (ReleaseState.PERTURBED, ReleaseState.ABORTED)
+            in_flight = sum(r.state not in done for r in self._releases.values())
             if existing is None and in_flight >= self.limits.max_releases_in_flight:
                 raise LimitExceededError(
                     f"{in_flight} releases are in flight; this server takes at most "
@@ -186,12 +189,15 @@ class Store:
         """Validate and durably store one chunk. True if new, False if an identical repeat."""
         if len(data) > MAX_CHUNK_BYTES:
             raise ChunkShapeError(f"a chunk holds at most {MAX_CHUNK_BYTES} bytes, got {len(data)}")
+        sha = hashlib.sha256(data).digest()
         with self._lock:
             rel = copy.deepcopy(self._get(release_id))
-            rel._check_uploader(curator, caller)  # who may upload, before decoding anything
+            rel.check_member(curator, caller)  # who may upload, before decoding anything
+            if rel.is_replay(curator, seq, sha):
+                return False  # an identical replay succeeds in every state
+            rel.check_open()
             k = rel.spec.alphabet_of(curator)
             symbols = unpack_symbols(data, k)  # range and whole-symbol length
-            sha = hashlib.sha256(data).digest()
             old_state = rel.state
             if not rel.accept_chunk(curator, caller, seq, len(symbols), sha):
                 return False
@@ -221,6 +227,21 @@ class Store:
                         (digest, release_id, curator),
                     )
                     self._set_state(release_id, rel.state)
+                self._releases[release_id] = rel
+            return copy.deepcopy(rel)
+
+    def abort(self, release_id: str, curator: str, caller: str, reason: str) -> Release:
+        """Abort a release before sealing (idempotent); its ciphertext is erased at once."""
+        with self._lock:
+            rel = copy.deepcopy(self._get(release_id))
+            if rel.abort(curator, caller, reason):
+                with self._tx():
+                    self._db.execute(
+                        "UPDATE releases SET state = ?, abort_reason = ? WHERE release_id = ?",
+                        (int(rel.state), rel.abort_reason, release_id),
+                    )
+                    self._db.execute("UPDATE chunks SET data = x'' WHERE release_id = ?", (release_id,))
+                self._db.execute("PRAGMA incremental_vacuum")
                 self._releases[release_id] = rel
             return copy.deepcopy(rel)
 

@@ -83,6 +83,8 @@ def _call(stub: pb_grpc.ReleaseServerStub, rpc: str) -> None:
         stub.UploadCiphertext(iter([pb.UploadChunk(release_id="r", curator="x")]), timeout=5)
     elif rpc == "GetReleaseStatus":
         stub.GetReleaseStatus(pb.ReleaseStatusRequest(release_id="r"), timeout=5)
+    elif rpc == "AbortRelease":
+        stub.AbortRelease(pb.AbortRequest(release_id="r", curator="alice"), timeout=5)
     else:
         list(stub.FetchPerturbed(pb.FetchRequest(release_id="r"), timeout=5))
 
@@ -136,9 +138,9 @@ def test_client_refuses_a_peer_of_another_role(certs: Path, impostor: str) -> No
     port = security.bind(server, "127.0.0.1", 0, certs, impostor)
     server.start()
     try:
-        with security.secure_channel(f"127.0.0.1:{port}", certs, "bob", peer_role="server") as ch:
-            with pytest.raises(grpc.RpcError) as err:
-                pb_grpc.ReleaseServerStub(ch).RegisterPart(pb.RegisterPartRequest(curator="bob"), timeout=5)
+        ch = security.secure_channel(f"127.0.0.1:{port}", certs, "bob", peer_role="server")
+        with ch, pytest.raises(grpc.RpcError) as err:
+            pb_grpc.ReleaseServerStub(ch).RegisterPart(pb.RegisterPartRequest(curator="bob"), timeout=5)
         assert err.value.code() == grpc.StatusCode.UNAVAILABLE
         assert fake.received == []
         # the same client reaches the same impostor when it expects that role: the pin is the cause

@@ -49,9 +49,9 @@ def rogue_dir(certs: Path, tmp_path: Path, sans: list[x509.GeneralName], validit
 
 
 def fetch_code(port: int, directory: Path) -> grpc.StatusCode:
-    with tls.secure_channel(f"127.0.0.1:{port}", directory, "rogue", peer_role="server") as ch:
-        with pytest.raises(grpc.RpcError) as err:
-            list(pb_grpc.ReleaseServerStub(ch).FetchPerturbed(pb.FetchRequest(release_id="r"), timeout=5))
+    ch = tls.secure_channel(f"127.0.0.1:{port}", directory, "rogue", peer_role="server")
+    with ch, pytest.raises(grpc.RpcError) as err:
+        list(pb_grpc.ReleaseServerStub(ch).FetchPerturbed(pb.FetchRequest(release_id="r"), timeout=5))
     return err.value.code()  # type: ignore[no-any-return]
 
 

@@ -31,7 +31,8 @@ def env(certs: Path, tmp_path: Path) -> Iterator[tuple[Store, dict[str, pb_grpc.
     pb_grpc.add_ReleaseServerServicer_to_server(ReleaseService(store, lambda: KEY), server)
     port = tls.bind(server, "127.0.0.1", 0, certs, "server")
     server.start()
-    chans = {n: tls.secure_channel(f"127.0.0.1:{port}", certs, n, peer_role="server") for n in ("alice", "bob", "researcher", "mallory")}
+    names = ("alice", "bob", "researcher", "mallory")
+    chans = {n: tls.secure_channel(f"127.0.0.1:{port}", certs, n, peer_role="server") for n in names}
     yield store, {n: pb_grpc.ReleaseServerStub(c) for n, c in chans.items()}
     for c in chans.values():
         c.close()
@@ -63,11 +64,12 @@ def test_pram_once_and_exact(env: tuple[Store, dict[str, pb_grpc.ReleaseServerSt
         np.testing.assert_array_equal(e, g)
     digest = hashlib.sha256(b"".join(col for c in first for col in c.columns)).digest()
     assert first[-1].digest == digest == b.status.perturbed_digest
-    # uploads after sealing are refused; the analyst-free status is still readable
-    assert (
-        code_of(lambda: upload(stubs["alice"], "alice", chunks_of(cols[0], 3)[:1], False))
-        == grpc.StatusCode.FAILED_PRECONDITION
-    )
+    # after sealing (and PRAM, which erased the pre-PRAM bytes) an identical replay of a chunk
+    # or of the whole upload with its commit still succeeds; different bytes are refused
+    assert upload(stubs["alice"], "alice", chunks_of(cols[0], 3)).committed
+    changed = chunks_of((cols[0] + 1) % 3, 3)[:1]
+    assert code_of(lambda: upload(stubs["alice"], "alice", changed, False)) == grpc.StatusCode.FAILED_PRECONDITION
+    assert store.chunk_bytes("r1", "alice", 0) == b""  # data minimisation: pre-PRAM bytes erased
     # a second PRAM request never re-perturbs
     assert store.perturb("r1", PramKey.generate).perturbed_digest == digest
 

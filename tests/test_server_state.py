@@ -102,3 +102,49 @@ def test_chunk_rules() -> None:
     rel.commit("alice", "alice", 2, b"d", b"d")
     with pytest.raises(st.ReleaseSealedError):
         rel.accept_chunk("alice", "alice", 2, 5, b"c")
+
+
+def test_abort_before_sealing_and_never_after() -> None:
+    rel = st.Release.create(params())
+    rel.register(params(), "alice", "alice")
+    rel.accept_chunk("alice", "alice", 0, CHUNK_ROWS, b"a" * 32)
+    with pytest.raises(st.NotACuratorError):
+        rel.abort("bob", "alice", "not yours")
+    with pytest.raises(st.NotACuratorError):
+        rel.abort("mallory", "mallory", "not a member")
+    assert rel.abort("bob", "bob", "epsilon differs") and rel.state == st.ReleaseState.ABORTED
+    assert not rel.abort("alice", "alice", "again")  # idempotent
+    assert rel.abort_reason == "bob: epsilon differs"
+    # an identical replay still succeeds; anything new is refused with the reason
+    assert not rel.accept_chunk("alice", "alice", 0, CHUNK_ROWS, b"a" * 32)
+    with pytest.raises(st.ReleaseAbortedError, match="epsilon differs"):
+        rel.accept_chunk("alice", "alice", 1, 5, b"b" * 32)
+    with pytest.raises(st.ReleaseAbortedError):
+        rel.register(params(), "bob", "bob")
+    with pytest.raises(st.NotReadyError):
+        rel.check_fetch()
+
+    sealed = st.Release.create(params())
+    for c in ("alice", "bob"):
+        sealed.register(params(), c, c)
+        sealed.accept_chunk(c, c, 0, CHUNK_ROWS, b"a" * 32)
+        sealed.accept_chunk(c, c, 1, 5, b"b" * 32)
+        sealed.commit(c, c, 2, b"d", b"d")
+    with pytest.raises(st.ReleaseSealedError, match="can no longer be aborted"):
+        sealed.abort("alice", "alice", "too late")
+
+
+def test_replays_succeed_in_every_state() -> None:
+    rel = st.Release.create(params())
+    for c in ("alice", "bob"):
+        rel.register(params(), c, c)
+        rel.accept_chunk(c, c, 0, CHUNK_ROWS, b"a" * 32)
+        rel.accept_chunk(c, c, 1, 5, b"b" * 32)
+        rel.commit(c, c, 2, b"d", b"d")
+    for state_change in (None, b"p"):
+        if state_change:
+            rel.perturbed(state_change)
+        assert not rel.accept_chunk("alice", "alice", 1, 5, b"b" * 32)
+        assert not rel.commit("alice", "alice", 2, b"d", b"")
+        with pytest.raises(st.ReleaseSealedError):
+            rel.accept_chunk("alice", "alice", 1, 5, b"c" * 32)

@@ -61,6 +61,8 @@ class _ReleaseStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ReleaseS
     """every curator committed; no more uploads; PRAM pending"""
     RELEASE_STATE_PERTURBED: _ReleaseState.ValueType  # 4
     """PRAM applied once and persisted; ready to fetch"""
+    RELEASE_STATE_ABORTED: _ReleaseState.ValueType  # 5
+    """stopped before sealing; abort_reason says why; nothing served"""
 
 class ReleaseState(_ReleaseState, metaclass=_ReleaseStateEnumTypeWrapper): ...
 
@@ -73,6 +75,8 @@ RELEASE_STATE_SEALED: ReleaseState.ValueType  # 3
 """every curator committed; no more uploads; PRAM pending"""
 RELEASE_STATE_PERTURBED: ReleaseState.ValueType  # 4
 """PRAM applied once and persisted; ready to fetch"""
+RELEASE_STATE_ABORTED: ReleaseState.ValueType  # 5
+"""stopped before sealing; abort_reason says why; nothing served"""
 Global___ReleaseState: _TypeAlias = ReleaseState  # noqa: Y015
 
 @_typing.final
@@ -326,10 +330,15 @@ class CuratorProgress(_message.Message):
     REGISTERED_FIELD_NUMBER: _builtins.int
     SYMBOLS_STORED_FIELD_NUMBER: _builtins.int
     COMMITTED_FIELD_NUMBER: _builtins.int
+    CHUNKS_HELD_FIELD_NUMBER: _builtins.int
     curator: _builtins.str
     registered: _builtins.bool
     symbols_stored: _builtins.int
     committed: _builtins.bool
+    @_builtins.property
+    def chunks_held(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """sequence numbers stored, so a restarted curator resumes"""
+
     def __init__(
         self,
         *,
@@ -337,14 +346,42 @@ class CuratorProgress(_message.Message):
         registered: _builtins.bool = ...,
         symbols_stored: _builtins.int = ...,
         committed: _builtins.bool = ...,
+        chunks_held: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["committed", b"committed", "curator", b"curator", "registered", b"registered", "symbols_stored", b"symbols_stored"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunks_held", b"chunks_held", "committed", b"committed", "curator", b"curator", "registered", b"registered", "symbols_stored", b"symbols_stored"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CuratorProgress: _TypeAlias = CuratorProgress  # noqa: Y015
+
+@_typing.final
+class AbortRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RELEASE_ID_FIELD_NUMBER: _builtins.int
+    CURATOR_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    release_id: _builtins.str
+    curator: _builtins.str
+    """the calling curator (must match its certificate)"""
+    reason: _builtins.str
+    """shown to every party; at most 1000 characters"""
+    def __init__(
+        self,
+        *,
+        release_id: _builtins.str = ...,
+        curator: _builtins.str = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["curator", b"curator", "reason", b"reason", "release_id", b"release_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AbortRequest: _TypeAlias = AbortRequest  # noqa: Y015
 
 @_typing.final
 class ReleaseStatus(_message.Message):
@@ -356,12 +393,15 @@ class ReleaseStatus(_message.Message):
     CURATORS_FIELD_NUMBER: _builtins.int
     PERTURBED_DIGEST_FIELD_NUMBER: _builtins.int
     CHUNK_ROWS_FIELD_NUMBER: _builtins.int
+    ABORT_REASON_FIELD_NUMBER: _builtins.int
     release_id: _builtins.str
     state: Global___ReleaseState.ValueType
     perturbed_digest: _builtins.bytes
     """SHA-256 of the perturbed rows, once PERTURBED"""
     chunk_rows: _builtins.int
     """rows per upload/fetch chunk"""
+    abort_reason: _builtins.str
+    """why, once ABORTED (and which curator aborted)"""
     @_builtins.property
     def params(self) -> Global___ReleaseParams: ...
     @_builtins.property
@@ -375,10 +415,11 @@ class ReleaseStatus(_message.Message):
         curators: _abc.Iterable[Global___CuratorProgress] | None = ...,
         perturbed_digest: _builtins.bytes = ...,
         chunk_rows: _builtins.int = ...,
+        abort_reason: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["params", b"params"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunk_rows", b"chunk_rows", "curators", b"curators", "params", b"params", "perturbed_digest", b"perturbed_digest", "release_id", b"release_id", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["abort_reason", b"abort_reason", "chunk_rows", b"chunk_rows", "curators", b"curators", "params", b"params", "perturbed_digest", b"perturbed_digest", "release_id", b"release_id", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

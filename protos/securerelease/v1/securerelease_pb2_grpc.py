@@ -55,6 +55,11 @@ class ReleaseServerStub:
                 request_serializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.FetchRequest.SerializeToString,
                 response_deserializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.PerturbedChunk.FromString,
                 _registered_method=True)
+        self.AbortRelease = channel.unary_unary(
+                '/securerelease.v1.ReleaseServer/AbortRelease',
+                request_serializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.AbortRequest.SerializeToString,
+                response_deserializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.ReleaseStatus.FromString,
+                _registered_method=True)
 
 
 class ReleaseServerServicer:
@@ -89,6 +94,13 @@ class ReleaseServerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AbortRelease(self, request, context):
+        """curator of the release: stop it before it is sealed (idempotent); every party sees ABORTED.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ReleaseServerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -111,6 +123,11 @@ def add_ReleaseServerServicer_to_server(servicer, server):
                     servicer.FetchPerturbed,
                     request_deserializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.FetchRequest.FromString,
                     response_serializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.PerturbedChunk.SerializeToString,
+            ),
+            'AbortRelease': grpc.unary_unary_rpc_method_handler(
+                    servicer.AbortRelease,
+                    request_deserializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.AbortRequest.FromString,
+                    response_serializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.ReleaseStatus.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -222,6 +239,33 @@ class ReleaseServer:
             '/securerelease.v1.ReleaseServer/FetchPerturbed',
             secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.FetchRequest.SerializeToString,
             secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.PerturbedChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AbortRelease(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/securerelease.v1.ReleaseServer/AbortRelease',
+            secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.AbortRequest.SerializeToString,
+            secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.ReleaseStatus.FromString,
             options,
             channel_credentials,
             insecure,

@@ -47,6 +47,8 @@ class ReleaseServerStub:
     """any role: where the release stands."""
     FetchPerturbed: _grpc.UnaryStreamMultiCallable[_securerelease_pb2.FetchRequest, _securerelease_pb2.PerturbedChunk]
     """researcher: the perturbed joint rows, chunk by chunk (only once PERTURBED)."""
+    AbortRelease: _grpc.UnaryUnaryMultiCallable[_securerelease_pb2.AbortRequest, _securerelease_pb2.ReleaseStatus]
+    """curator of the release: stop it before it is sealed (idempotent); every party sees ABORTED."""
 
 @_typing.type_check_only
 class ReleaseServerAsyncStub(ReleaseServerStub):
@@ -61,6 +63,8 @@ class ReleaseServerAsyncStub(ReleaseServerStub):
     """any role: where the release stands."""
     FetchPerturbed: _aio.UnaryStreamMultiCallable[_securerelease_pb2.FetchRequest, _securerelease_pb2.PerturbedChunk]  # type: ignore[assignment]
     """researcher: the perturbed joint rows, chunk by chunk (only once PERTURBED)."""
+    AbortRelease: _aio.UnaryUnaryMultiCallable[_securerelease_pb2.AbortRequest, _securerelease_pb2.ReleaseStatus]  # type: ignore[assignment]
+    """curator of the release: stop it before it is sealed (idempotent); every party sees ABORTED."""
 
 class ReleaseServerServicer(metaclass=_abc_1.ABCMeta):
     """---------------------------------------------------------------- server"""
@@ -96,6 +100,14 @@ class ReleaseServerServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_securerelease_pb2.PerturbedChunk], _abc.AsyncIterator[_securerelease_pb2.PerturbedChunk]]:
         """researcher: the perturbed joint rows, chunk by chunk (only once PERTURBED)."""
+
+    @_abc_1.abstractmethod
+    def AbortRelease(
+        self,
+        request: _securerelease_pb2.AbortRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_securerelease_pb2.ReleaseStatus, _abc.Awaitable[_securerelease_pb2.ReleaseStatus]]:
+        """curator of the release: stop it before it is sealed (idempotent); every party sees ABORTED."""
 
 def add_ReleaseServerServicer_to_server(servicer: ReleaseServerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 
