@@ -130,9 +130,8 @@ def test_idle_streams_from_one_peer_do_not_starve_others(certs: Path, server: tu
     elapsed = time.monotonic() - started
     hold.set()
     worst = probe.finish()
-    print(
-        f"12 idle streams: ended after {elapsed:.1f} s, codes {sorted(c.name for c in codes)}, worst status latency {worst * 1000:.0f} ms"
-    )
+    names = sorted(c.name for c in codes)
+    print(f"12 idle streams: ended after {elapsed:.1f} s, codes {names}, worst latency {worst * 1000:.0f} ms")
     assert len(codes) == 12
     assert codes.count(grpc.StatusCode.RESOURCE_EXHAUSTED) >= 8  # beyond the 4 slots: refused at once
     assert codes.count(grpc.StatusCode.CANCELLED) == 4  # the 4 admitted ones: cancelled when idle
