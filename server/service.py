@@ -166,7 +166,7 @@ class ReleaseService(pb_grpc.ReleaseServerServicer):
             except Exception as exc:
                 # The commit is durable; a sealed release is perturbed again at restart.
                 log.error("PRAM failed", extra={"release": release_id, "error": type(exc).__name__})
-        rel = self.store.release(release_id)
+        rel = self.store.release(release_id, curator)
         part = rel.parts[curator]
         return pb.UploadResponse(
             release_id=release_id,
@@ -178,8 +178,10 @@ class ReleaseService(pb_grpc.ReleaseServerServicer):
         )
 
     def GetReleaseStatus(self, request: pb.ReleaseStatusRequest, context: Any) -> pb.ReleaseStatus:  # noqa: N802
+        ident = caller(context)
+        as_curator = ident.name if ident.role == "curator" else None
         try:
-            return status_to_proto(self.store.release(request.release_id))
+            return status_to_proto(self.store.release(request.release_id, as_curator))
         except SecureReleaseError as exc:
             _fail(context, exc, "GetReleaseStatus")
 

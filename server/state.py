@@ -145,6 +145,11 @@ class Release:
         return cls(spec, parts={c: Part() for c in spec.curators})
 
     # ------------------------------------------------------------------ queries
+    @property
+    def is_bound(self) -> bool:
+        """Every curator of the spec registered it: the release id is this spec's for good."""
+        return all(p.registered for p in self.parts.values())
+
     def symbols_stored(self, curator: str) -> int:
         return sum(self.spec.rows_in_chunk(s) for s in self.parts[curator].chunks)
 

@@ -53,15 +53,18 @@ class StoreError(ServerStateError):
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS releases (
-    release_id TEXT PRIMARY KEY,
+    release_id TEXT NOT NULL,
+    spec_key TEXT NOT NULL,
     params TEXT NOT NULL,
     state INTEGER NOT NULL,
     perturbed_digest BLOB NOT NULL DEFAULT x'',
-    abort_reason TEXT NOT NULL DEFAULT ''
+    abort_reason TEXT NOT NULL DEFAULT '',
+    PRIMARY KEY (release_id, spec_key)
 );
 CREATE TABLE IF NOT EXISTS parts (
     release_id TEXT NOT NULL,
     curator TEXT NOT NULL,
+    spec_key TEXT NOT NULL,
     registered INTEGER NOT NULL DEFAULT 0,
     committed INTEGER NOT NULL DEFAULT 0,
     digest BLOB NOT NULL DEFAULT x'',
@@ -83,6 +86,15 @@ CREATE TABLE IF NOT EXISTS perturbed (
     PRIMARY KEY (release_id, seq, col)
 );
 """
+
+#: A release id holds at most this many competing specs before every curator of one registered.
+MAX_CANDIDATES_PER_ID = 4
+
+
+def spec_key(spec: ReleaseSpec) -> str:
+    """What identifies a spec among the candidates of one release id (granted researchers aside)."""
+    fields = {k: v for k, v in spec.to_dict().items() if k != "researchers"}
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:32]
 
 
 @dataclass(frozen=True)
@@ -111,7 +123,9 @@ class Store:
             self._db.execute("PRAGMA synchronous=FULL")
             self._db.executescript(_SCHEMA)
             self._lock = threading.RLock()
-            self._releases: dict[str, Release] = {}
+            # Per release id, its candidate specs; once every curator of one has registered,
+            # that one is bound and the others are discarded (nobody can squat an id).
+            self._releases: dict[str, list[Release]] = {}
             self._load()
         except (OSError, sqlite3.DatabaseError, KeyError, ValueError) as exc:
             raise StoreError(
@@ -126,64 +140,129 @@ class Store:
 
     # -------------------------------------------------------------------- loading
     def _load(self) -> None:
-        for rid, params_json, state, pdigest, reason in self._db.execute(
-            "SELECT release_id, params, state, perturbed_digest, abort_reason FROM releases"
+        by_key: dict[tuple[str, str], Release] = {}
+        for rid, key, params_json, state, pdigest, reason in self._db.execute(
+            "SELECT release_id, spec_key, params, state, perturbed_digest, abort_reason FROM releases"
         ):
             spec = ReleaseSpec.from_dict(json.loads(params_json))
             parts = {c: Part() for c in spec.curators}
             rel = Release(spec, ReleaseState(state), parts, bytes(pdigest), str(reason))
-            self._releases[rid] = rel
-        for rid, cur, reg, com, dig in self._db.execute(
-            "SELECT release_id, curator, registered, committed, digest FROM parts"
+            by_key[(rid, key)] = rel
+            self._releases.setdefault(rid, []).append(rel)
+        for rid, cur, key, reg, com, dig in self._db.execute(
+            "SELECT release_id, curator, spec_key, registered, committed, digest FROM parts"
         ):
-            part = self._releases[rid].parts[cur]
+            part = by_key[(rid, key)].parts[cur]
             part.registered, part.committed, part.digest = bool(reg), bool(com), bytes(dig)
         for rid, cur, seq, sha in self._db.execute("SELECT release_id, curator, seq, sha256 FROM chunks"):
-            self._releases[rid].parts[cur].chunks[int(seq)] = bytes(sha)
+            self._find(rid, cur).parts[cur].chunks[int(seq)] = bytes(sha)
 
-    # -------------------------------------------------------------------- helpers
-    def _get(self, release_id: str) -> Release:
-        rel = self._releases.get(release_id)
-        if rel is None:
+    # -------------------------------------------------------------------- lookup
+    def _find(self, release_id: str, curator: str | None = None) -> Release:
+        """The release a call means: for a curator, the candidate it registered in (else the
+        bound one, else one naming it); for anyone else, the bound release only."""
+        candidates = self._releases.get(release_id)
+        if not candidates:
             raise UnknownReleaseError(f"no release {release_id!r} is registered")
-        return rel
+        if curator is not None:
+            for rel in candidates:
+                if curator in rel.parts and rel.parts[curator].registered:
+                    return rel
+        for rel in candidates:
+            if rel.is_bound:
+                return rel
+        if curator is None:
+            raise UnknownReleaseError(f"no release {release_id!r} is registered by all its curators yet")
+        for rel in candidates:
+            if curator in rel.parts:
+                return rel
+        return candidates[0]
 
-    def release(self, release_id: str) -> Release:
-        """A snapshot copy of the release state."""
+    def release(self, release_id: str, curator: str | None = None) -> Release:
+        """A snapshot copy of the release a call means (see :meth:`_find`)."""
         with self._lock:
-            return copy.deepcopy(self._get(release_id))
+            return copy.deepcopy(self._find(release_id, curator))
+
+    def _keep(self, rel: Release) -> None:
+        """Put the updated copy ``rel`` in place of its candidate."""
+        candidates = self._releases.setdefault(rel.spec.release_id, [])
+        key = spec_key(rel.spec)
+        for i, old in enumerate(candidates):
+            if spec_key(old.spec) == key:
+                candidates[i] = rel
+                return
+        candidates.append(rel)
 
     def _tx(self) -> _Tx:
         return _Tx(self._db)
 
     # -------------------------------------------------------------------- events
+    def _target_for_registration(self, spec: ReleaseSpec, curator: str) -> Release | None:
+        """The candidate this registration joins (None: a new one)."""
+        candidates = self._releases.get(spec.release_id, [])
+        for rel in candidates:  # already registered somewhere: that one decides
+            if curator in rel.parts and rel.parts[curator].registered:
+                return rel
+        for rel in candidates:
+            if rel.is_bound:
+                return rel
+        for rel in candidates:
+            if spec_key(rel.spec) == spec_key(spec):
+                return rel
+        return None
+
+    def _check_new_candidate(self, spec: ReleaseSpec) -> None:
+        done = (ReleaseState.PERTURBED, ReleaseState.ABORTED)
+        in_flight = sum(r.state not in done for rels in self._releases.values() for r in rels)
+        if in_flight >= self.limits.max_releases_in_flight:
+            raise LimitExceededError(
+                f"{in_flight} releases are in flight; this server takes at most "
+                f"{self.limits.max_releases_in_flight} at once"
+            )
+        if len(self._releases.get(spec.release_id, [])) >= MAX_CANDIDATES_PER_ID:
+            raise LimitExceededError(
+                f"release {spec.release_id!r} already has {MAX_CANDIDATES_PER_ID} competing specs; "
+                "agree on one, or use another release id"
+            )
+
     def register(self, spec: ReleaseSpec, curator: str, caller: str) -> Release:
-        """A curator's part of ``spec``: creates the release (within the limits) or joins it."""
+        """A curator's part of ``spec``: joins the candidate with the same spec or starts one
+        (within the limits). When every curator of a candidate has registered it is bound and
+        the id's other candidates, which nobody else agreed to, are discarded."""
         self.limits.check(spec)
         with self._lock:
-            existing = self._releases.get(spec.release_id)
-            done = (ReleaseState.PERTURBED, ReleaseState.ABORTED)
-            in_flight = sum(r.state not in done for r in self._releases.values())
-            if existing is None and in_flight >= self.limits.max_releases_in_flight:
-                raise LimitExceededError(
-                    f"{in_flight} releases are in flight; this server takes at most "
-                    f"{self.limits.max_releases_in_flight} at once"
-                )
+            existing = self._target_for_registration(spec, curator)
+            if existing is None:
+                self._check_new_candidate(spec)
             rel = copy.deepcopy(existing) if existing else Release.create(spec)
-            changed = rel.register(spec, curator, caller)
-            if changed:
-                with self._tx():
-                    if existing is None:
-                        self._db.execute(
-                            "INSERT INTO releases (release_id, params, state) VALUES (?, ?, ?)",
-                            (spec.release_id, json.dumps(spec.to_dict()), int(rel.state)),
-                        )
+            if not rel.register(spec, curator, caller):
+                return copy.deepcopy(rel)
+            key = spec_key(rel.spec)
+            losers = [r for r in self._releases.get(spec.release_id, []) if rel.is_bound and spec_key(r.spec) != key]
+            with self._tx():
+                if existing is None:
                     self._db.execute(
-                        "INSERT OR REPLACE INTO parts (release_id, curator, registered) VALUES (?, ?, 1)",
-                        (spec.release_id, curator),
+                        "INSERT INTO releases (release_id, spec_key, params, state) VALUES (?, ?, ?, ?)",
+                        (spec.release_id, key, json.dumps(rel.spec.to_dict()), int(rel.state)),
                     )
-                self._releases[spec.release_id] = rel
+                self._db.execute(
+                    "INSERT OR REPLACE INTO parts (release_id, curator, spec_key, registered) VALUES (?, ?, ?, 1)",
+                    (spec.release_id, curator, key),
+                )
+                for loser in losers:
+                    self._discard(loser)
+            self._keep(rel)
+            if losers:
+                self._releases[spec.release_id] = [rel]
             return copy.deepcopy(rel)
+
+    def _discard(self, rel: Release) -> None:
+        """Delete a candidate that lost its id to a bound spec (inside a transaction)."""
+        rid, key = rel.spec.release_id, spec_key(rel.spec)
+        mine = [c for c, p in rel.parts.items() if p.registered]
+        self._db.execute("DELETE FROM releases WHERE release_id = ? AND spec_key = ?", (rid, key))
+        self._db.execute("DELETE FROM parts WHERE release_id = ? AND spec_key = ?", (rid, key))
+        self._db.executemany("DELETE FROM chunks WHERE release_id = ? AND curator = ?", [(rid, c) for c in mine])
 
     def put_chunk(self, release_id: str, curator: str, caller: str, seq: int, data: bytes) -> bool:
         """Validate and durably store one chunk. True if new, False if an identical repeat."""
@@ -191,7 +270,7 @@ class Store:
             raise ChunkShapeError(f"a chunk holds at most {MAX_CHUNK_BYTES} bytes, got {len(data)}")
         sha = hashlib.sha256(data).digest()
         with self._lock:
-            rel = copy.deepcopy(self._get(release_id))
+            rel = copy.deepcopy(self._find(release_id, curator))
             rel.check_member(curator, caller)  # who may upload, before decoding anything
             if rel.is_replay(curator, seq, sha):
                 return False  # an identical replay succeeds in every state
@@ -207,13 +286,14 @@ class Store:
                     (release_id, curator, seq, data, sha),
                 )
                 if rel.state != old_state:
-                    self._set_state(release_id, rel.state)
-            self._releases[release_id] = rel
+                    self._set_state(rel)
+            self._keep(rel)
             return True
 
     def commit(self, release_id: str, curator: str, caller: str, num_chunks: int, digest: bytes) -> Release:
+        """Commit a curator's part (the digest over its stored chunks must match)."""
         with self._lock:
-            rel = copy.deepcopy(self._get(release_id))
+            rel = copy.deepcopy(self._find(release_id, curator))
             computed = b""
             if rel.check_commit(curator, caller, num_chunks):
                 h = hashlib.sha256()
@@ -226,27 +306,31 @@ class Store:
                         "UPDATE parts SET committed = 1, digest = ? WHERE release_id = ? AND curator = ?",
                         (digest, release_id, curator),
                     )
-                    self._set_state(release_id, rel.state)
-                self._releases[release_id] = rel
+                    self._set_state(rel)
+                self._keep(rel)
             return copy.deepcopy(rel)
 
     def abort(self, release_id: str, curator: str, caller: str, reason: str) -> Release:
         """Abort a release before sealing (idempotent); its ciphertext is erased at once."""
         with self._lock:
-            rel = copy.deepcopy(self._get(release_id))
+            rel = copy.deepcopy(self._find(release_id, curator))
             if rel.abort(curator, caller, reason):
+                mine = [(release_id, c) for c in rel.parts]
                 with self._tx():
                     self._db.execute(
-                        "UPDATE releases SET state = ?, abort_reason = ? WHERE release_id = ?",
-                        (int(rel.state), rel.abort_reason, release_id),
+                        "UPDATE releases SET state = ?, abort_reason = ? WHERE release_id = ? AND spec_key = ?",
+                        (int(rel.state), rel.abort_reason, release_id, spec_key(rel.spec)),
                     )
-                    self._db.execute("UPDATE chunks SET data = x'' WHERE release_id = ?", (release_id,))
+                    self._db.executemany("UPDATE chunks SET data = x'' WHERE release_id = ? AND curator = ?", mine)
                 self._db.execute("PRAGMA incremental_vacuum")
-                self._releases[release_id] = rel
+                self._keep(rel)
             return copy.deepcopy(rel)
 
-    def _set_state(self, release_id: str, state: ReleaseState) -> None:
-        self._db.execute("UPDATE releases SET state = ? WHERE release_id = ?", (int(state), release_id))
+    def _set_state(self, rel: Release) -> None:
+        self._db.execute(
+            "UPDATE releases SET state = ? WHERE release_id = ? AND spec_key = ?",
+            (int(rel.state), rel.spec.release_id, spec_key(rel.spec)),
+        )
 
     def _chunk(self, release_id: str, curator: str, seq: int) -> bytes:
         row = self._db.execute(
@@ -258,8 +342,9 @@ class Store:
         return bytes(row[0])
 
     def chunk_bytes(self, release_id: str, curator: str, seq: int) -> bytes:
+        """The stored bytes of one chunk (empty once PRAM or an abort erased them)."""
         with self._lock:
-            self._get(release_id)
+            self._find(release_id, curator)
             return self._chunk(release_id, curator, seq)
 
     # -------------------------------------------------------------------- PRAM
@@ -270,7 +355,7 @@ class Store:
         ``key_factory`` and is dropped when this call returns.
         """
         with self._lock:
-            rel = copy.deepcopy(self._get(release_id))
+            rel = copy.deepcopy(self._find(release_id))
             if rel.state == ReleaseState.PERTURBED:
                 return rel
             p = rel.spec
@@ -294,26 +379,26 @@ class Store:
                         )
                 rel.perturbed(h.digest())
                 self._db.execute(
-                    "UPDATE releases SET state = ?, perturbed_digest = ? WHERE release_id = ?",
-                    (int(rel.state), rel.perturbed_digest, release_id),
+                    "UPDATE releases SET state = ?, perturbed_digest = ? WHERE release_id = ? AND spec_key = ?",
+                    (int(rel.state), rel.perturbed_digest, release_id, spec_key(rel.spec)),
                 )
                 # Data minimisation: the pre-PRAM ciphertext goes in the same transaction (its
                 # SHA-256 stays, so replays of identical chunks remain idempotent).
                 self._db.execute("UPDATE chunks SET data = x'' WHERE release_id = ?", (release_id,))
             self._db.execute("PRAGMA incremental_vacuum")
             del key
-            self._releases[release_id] = rel
+            self._keep(rel)
             return copy.deepcopy(rel)
 
     def sealed_releases(self) -> list[str]:
         with self._lock:
-            return sorted(r for r, rel in self._releases.items() if rel.state == ReleaseState.SEALED)
+            return sorted(r for r, rels in self._releases.items() for rel in rels if rel.state == ReleaseState.SEALED)
 
     # -------------------------------------------------------------------- fetch
     def fetch(self, release_id: str) -> Iterator[FetchedChunk]:
         """The perturbed rows, one chunk at a time (raises NotReadyError unless perturbed)."""
         with self._lock:
-            rel = self._get(release_id)
+            rel = self._find(release_id)
             rel.check_fetch()
             num, ncols = rel.spec.num_chunks, len(rel.spec.curators)
         for seq in range(num):

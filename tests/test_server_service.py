@@ -31,7 +31,7 @@ def env(certs: Path, tmp_path: Path) -> Iterator[tuple[Store, dict[str, pb_grpc.
     pb_grpc.add_ReleaseServerServicer_to_server(ReleaseService(store, lambda: KEY), server)
     port = tls.bind(server, "127.0.0.1", 0, certs, "server")
     server.start()
-    names = ("alice", "bob", "researcher", "mallory")
+    names = ("alice", "bob", "carol", "researcher", "mallory")
     chans = {n: tls.secure_channel(f"127.0.0.1:{port}", certs, n, peer_role="server") for n in names}
     yield store, {n: pb_grpc.ReleaseServerStub(c) for n, c in chans.items()}
     for c in chans.values():
@@ -56,10 +56,7 @@ def test_pram_once_and_exact(env: tuple[Store, dict[str, pb_grpc.ReleaseServerSt
     ungranted = lambda: list(stubs["mallory"].FetchPerturbed(pb.FetchRequest(release_id="r1"), timeout=30))  # noqa: E731
     assert code_of(ungranted) == grpc.StatusCode.PERMISSION_DENIED
     expected = perturb(cols, SIZES, PramChannel(make_params().gamma, 12), KEY)
-    got = [
-        np.concatenate([unpack_symbols(c.columns[j], k) for c in first])
-        for j, k in enumerate(SIZES)
-    ]
+    got = [np.concatenate([unpack_symbols(c.columns[j], k) for c in first]) for j, k in enumerate(SIZES)]
     for e, g in zip(expected, got, strict=True):
         np.testing.assert_array_equal(e, g)
     digest = hashlib.sha256(b"".join(col for c in first for col in c.columns)).digest()
@@ -84,10 +81,7 @@ def test_chunk_rules(env: tuple[Store, dict[str, pb_grpc.ReleaseServerStub]]) ->
     assert r.chunks_stored == 1
     other = bytearray(c0[0])
     other[0] = (other[0] + 1) % 3
-    assert (
-        code_of(lambda: upload(stubs["alice"], "alice", [bytes(other)], False))
-        == grpc.StatusCode.ALREADY_EXISTS
-    )
+    assert code_of(lambda: upload(stubs["alice"], "alice", [bytes(other)], False)) == grpc.StatusCode.ALREADY_EXISTS
     assert store.chunk_bytes("r1", "alice", 0) == c0[0]
     # bad chunks leave nothing behind
     bad_range = bytearray(c0[1])
@@ -99,30 +93,19 @@ def test_chunk_rules(env: tuple[Store, dict[str, pb_grpc.ReleaseServerStub]]) ->
             == grpc.StatusCode.INVALID_ARGUMENT
         )
         assert 1 not in store.release("r1").parts["alice"].chunks
-    oversized = [
-        pb.UploadChunk(
-            release_id="r1", curator="alice", sequence=1, symbols=b"\0" * ((1 << 20) + 65)
-        )
-    ]
+    oversized = [pb.UploadChunk(release_id="r1", curator="alice", sequence=1, symbols=b"\0" * ((1 << 20) + 65))]
     assert (
-        code_of(lambda: stubs["alice"].UploadCiphertext(iter(oversized), timeout=5))
-        == grpc.StatusCode.INVALID_ARGUMENT
+        code_of(lambda: stubs["alice"].UploadCiphertext(iter(oversized), timeout=5)) == grpc.StatusCode.INVALID_ARGUMENT
     )
     # a curator cannot upload for another curator
-    assert (
-        code_of(lambda: upload(stubs["bob"], "alice", c0[1:], False))
-        == grpc.StatusCode.PERMISSION_DENIED
-    )
+    assert code_of(lambda: upload(stubs["bob"], "alice", c0[1:], False)) == grpc.StatusCode.PERMISSION_DENIED
     # commit with a wrong digest is refused and the part stays open
     msgs = [
         pb.UploadChunk(release_id="r1", curator="alice", sequence=1, symbols=c0[1]),
-        pb.UploadChunk(
-            release_id="r1", curator="alice", commit=True, num_chunks=2, digest=b"\0" * 32
-        ),
+        pb.UploadChunk(release_id="r1", curator="alice", commit=True, num_chunks=2, digest=b"\0" * 32),
     ]
     assert (
-        code_of(lambda: stubs["alice"].UploadCiphertext(iter(msgs), timeout=5))
-        == grpc.StatusCode.FAILED_PRECONDITION
+        code_of(lambda: stubs["alice"].UploadCiphertext(iter(msgs), timeout=5)) == grpc.StatusCode.FAILED_PRECONDITION
     )
     assert not store.release("r1").parts["alice"].committed
 
@@ -131,38 +114,51 @@ def test_registration_errors(env: tuple[Store, dict[str, pb_grpc.ReleaseServerSt
     _, stubs = env
     p = make_params()
     stubs["alice"].RegisterPart(pb.RegisterPartRequest(params=p, curator="alice"), timeout=5)
-    for wrong in (make_params(m=M + 1), make_params(sizes=(3, 5), m=M)):
+    # bob's different spec does not lock alice out: it is a competing candidate that nobody
+    # else agreed to; bob, having registered it, cannot register another spec for this id
+    stubs["bob"].RegisterPart(pb.RegisterPartRequest(params=make_params(m=M + 1), curator="bob"), timeout=5)
+    for wrong in (p, make_params(sizes=(3, 5), m=M)):
         req = pb.RegisterPartRequest(params=wrong, curator="bob")
-        assert (
-            code_of(lambda r=req: stubs["bob"].RegisterPart(r, timeout=5))
-            == grpc.StatusCode.FAILED_PRECONDITION
-        )
+        assert code_of(lambda r=req: stubs["bob"].RegisterPart(r, timeout=5)) == grpc.StatusCode.FAILED_PRECONDITION
+    mine = stubs["alice"].GetReleaseStatus(pb.ReleaseStatusRequest(release_id="r1"), timeout=5)
+    assert mine.params.m == M and [c.registered for c in mine.curators] == [True, False]
     wrong_n = pb.ReleaseParams()
     wrong_n.CopyFrom(p)
     wrong_n.n = p.n + 1  # gamma no longer follows from epsilon: invalid outright
     req = pb.RegisterPartRequest(params=wrong_n, curator="bob")
-    assert (
-        code_of(lambda: stubs["bob"].RegisterPart(req, timeout=5))
-        == grpc.StatusCode.INVALID_ARGUMENT
-    )
+    assert code_of(lambda: stubs["bob"].RegisterPart(req, timeout=5)) == grpc.StatusCode.INVALID_ARGUMENT
     req = pb.RegisterPartRequest(params=p, curator="alice")  # bob registering as alice
+    assert code_of(lambda: stubs["bob"].RegisterPart(req, timeout=5)) == grpc.StatusCode.PERMISSION_DENIED
+    # nothing is bound yet, so a researcher sees no release r1
+    status_r1 = lambda: stubs["researcher"].GetReleaseStatus(pb.ReleaseStatusRequest(release_id="r1"), timeout=5)  # noqa: E731
+    assert code_of(status_r1) == grpc.StatusCode.NOT_FOUND
     assert (
-        code_of(lambda: stubs["bob"].RegisterPart(req, timeout=5))
-        == grpc.StatusCode.PERMISSION_DENIED
-    )
-    st = stubs["researcher"].GetReleaseStatus(pb.ReleaseStatusRequest(release_id="r1"), timeout=5)
-    assert [c.registered for c in st.curators] == [True, False]
-    assert (
-        code_of(
-            lambda: stubs["researcher"].GetReleaseStatus(
-                pb.ReleaseStatusRequest(release_id="nope"), timeout=5
-            )
-        )
+        code_of(lambda: stubs["researcher"].GetReleaseStatus(pb.ReleaseStatusRequest(release_id="nope"), timeout=5))
         == grpc.StatusCode.NOT_FOUND
     )
     assert (
-        code_of(
-            lambda: list(stubs["researcher"].FetchPerturbed(pb.FetchRequest(release_id="nope"), timeout=5))
-        )
+        code_of(lambda: list(stubs["researcher"].FetchPerturbed(pb.FetchRequest(release_id="nope"), timeout=5)))
         == grpc.StatusCode.NOT_FOUND
     )
+
+
+def test_a_squatter_cannot_lock_out_the_agreed_curators(
+    env: tuple[Store, dict[str, pb_grpc.ReleaseServerStub]],
+) -> None:
+    """carol (a curator certificate) registers release r1 first, naming herself and bob, and
+    uploads; alice and bob then register the spec they agreed on: theirs binds, carol's is gone."""
+    store, stubs = env
+    carol = stubs["carol"]
+    squat = pb.ReleaseParams()
+    squat.CopyFrom(make_params(m=M))
+    squat.curators[:] = ["carol", "bob"]
+    carol.RegisterPart(pb.RegisterPartRequest(params=squat, curator="carol"), timeout=5)
+    carol_chunk = chunks_of(columns(M)[0], 3)[:1]
+    upload(carol, "carol", carol_chunk, commit=False)
+    register_all(stubs, make_params(m=M))  # alice and bob: bound
+    status = stubs["researcher"].GetReleaseStatus(pb.ReleaseStatusRequest(release_id="r1"), timeout=5)
+    assert list(status.params.curators) == ["alice", "bob"] and all(c.registered for c in status.curators)
+    assert code_of(lambda: upload(carol, "carol", carol_chunk, commit=False)) == grpc.StatusCode.PERMISSION_DENIED
+    for c, col, k in zip(("alice", "bob"), columns(M), SIZES, strict=True):
+        assert upload(stubs[c], c, chunks_of(col, k)).committed
+    assert store.release("r1").state.name == "PERTURBED"

@@ -1,0 +1,54 @@
+"""The durable store on its own: competing specs for one id survive a restart, and binding one
+discards the others on disk too."""
+
+from __future__ import annotations
+
+import dataclasses
+import sqlite3
+import stat
+from pathlib import Path
+
+import pytest
+
+from secure_release.server.state import NotACuratorError, ReleaseState, UnknownReleaseError
+from secure_release.server.store import Store, StoreError
+from tests import support
+
+
+def test_candidates_survive_restart_and_binding_discards_the_rest(tmp_path: Path) -> None:
+    agreed = support.make_spec(rid="r1")
+    squat = dataclasses.replace(agreed, curators=("carol", "bob"))
+    store = Store(tmp_path)
+    store.register(squat, "carol", "carol")
+    store.register(agreed, "alice", "alice")
+    store.close()
+
+    store = Store(tmp_path)  # restart: both candidates are back, neither bound
+    with pytest.raises(UnknownReleaseError, match="all its curators"):
+        store.release("r1")
+    assert store.release("r1", "carol").spec.curators == ("carol", "bob")
+    store.register(agreed, "bob", "bob")
+    assert store.release("r1").spec.curators == ("alice", "bob")
+    store.close()
+
+    store = Store(tmp_path)
+    rows = sqlite3.connect(tmp_path / "releases.sqlite3").execute("SELECT COUNT(*) FROM releases").fetchone()
+    assert rows == (1,)
+    with pytest.raises(NotACuratorError):
+        store.put_chunk("r1", "carol", "carol", 0, b"\0")
+    assert store.release("r1", "carol").state == ReleaseState.REGISTERED
+    store.close()
+
+
+def test_store_files_are_private_and_a_bad_store_is_a_named_error(tmp_path: Path) -> None:
+    Store(tmp_path / "s").close()
+    assert stat.S_IMODE((tmp_path / "s").stat().st_mode) == 0o700
+    for f in (tmp_path / "s").iterdir():
+        assert stat.S_IMODE(f.stat().st_mode) == 0o600, f
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(StoreError, match="directory"):
+        Store(tmp_path / "file")
+    (tmp_path / "corrupt").mkdir()
+    (tmp_path / "corrupt" / "releases.sqlite3").write_bytes(b"not a database" * 100)
+    with pytest.raises(StoreError, match="cannot use"):
+        Store(tmp_path / "corrupt")
