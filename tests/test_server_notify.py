@@ -83,28 +83,12 @@ def make_params(rid: str) -> pb.ReleaseParams:
 def run_release(address: str, certs: Path, rid: str) -> pb.ReleaseStatus:
     """Register, upload and commit every curator's part; the status seen after the last commit."""
     params = make_params(rid)
-    rng = np.random.default_rng(11)
     last: pb.UploadResponse | None = None
-    for curator, k in zip(CURATORS, SIZES, strict=True):
+    for curator, k, col in zip(CURATORS, SIZES, support.columns(M, SIZES, seed=11), strict=True):
         with security.secure_channel(address, certs, curator, peer_role="server") as channel:
             stub = pb_grpc.ReleaseServerStub(channel)
             stub.RegisterPart(pb.RegisterPartRequest(params=params, curator=curator), timeout=10)
-            col = rng.integers(0, k, M).astype(np.uint32)
-            parts = [pack_symbols(col[i : i + CHUNK_ROWS], k) for i in range(0, M, CHUNK_ROWS)]
-            msgs = [
-                pb.UploadChunk(release_id=rid, curator=curator, sequence=s, symbols=b)
-                for s, b in enumerate(parts)
-            ]
-            msgs.append(
-                pb.UploadChunk(
-                    release_id=rid,
-                    curator=curator,
-                    commit=True,
-                    num_chunks=len(parts),
-                    digest=hashlib.sha256(b"".join(parts)).digest(),
-                )
-            )
-            last = stub.UploadCiphertext(iter(msgs), timeout=30)
+            last = support.upload(stub, curator, support.chunks_of(col, k), rid=rid)
             assert last.committed
     assert last is not None and last.status.state == pb.RELEASE_STATE_PERTURBED
     with security.secure_channel(address, certs, "researcher", peer_role="server") as channel:
