@@ -101,7 +101,10 @@ class FakeServer(pb_grpc.ReleaseServerServicer):
     def _chunks(self) -> list[list[bytes]]:
         sizes, m = self.release.spec.plan.alphabet_sizes, self.release.spec.m
         return [
-            [pack_symbols(col[start : start + self.chunk_rows], k) for col, k in zip(self.release.perturbed, sizes)]
+            [
+                pack_symbols(col[start : start + self.chunk_rows], k)
+                for col, k in zip(self.release.perturbed, sizes, strict=True)
+            ]
             for start in range(0, m, self.chunk_rows)
         ]
 
@@ -192,7 +195,9 @@ def running(server: FakeServer, curators: Sequence[FakeCurator]) -> Iterator[End
     started += [_serve(pb_grpc.add_CuratorServicer_to_server, c) for c in curators]
     try:
         names = [server.release.spec.curators[c.index] for c in curators]
-        yield Endpoints(None, RESEARCHER, True, started[0][1], {n: a for n, (_, a) in zip(names, started[1:])})
+        yield Endpoints(
+            None, RESEARCHER, True, started[0][1], {n: a for n, (_, a) in zip(names, started[1:], strict=True)}
+        )
     finally:
         for grpc_server, _ in started:
             grpc_server.stop(None)
