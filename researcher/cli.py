@@ -107,7 +107,10 @@ def parse_curators(items: Sequence[str]) -> dict[str, str]:
         name, sep, address = (part.strip() for part in item.partition("="))
         if not sep or not name:
             raise ConfigError(f"--curator takes NAME=HOST:PORT, got {item!r}")
-        split_address(address)
+        try:
+            split_address(address)
+        except ConfigError as exc:
+            raise ConfigError(f"--curator {item!r}: {exc}") from None
         if name in curators:
             raise ConfigError(f"--curator {name} given twice ({curators[name]} and {address}); give each once")
         curators[name] = address
