@@ -109,9 +109,9 @@ def test_roles_unknown_releases_and_bad_ids_are_refused(release: FakeRelease, tm
 
 
 def test_a_failed_release_is_reported_with_its_error_kind(release: FakeRelease, tmp_path: Path) -> None:
-    with running(FakeServer(release, tamper=True), [FakeCurator(release, 0), FakeCurator(release, 1)]) as endpoints:
-        with researcher_service(tracker_for(endpoints, tmp_path)) as address:
-            failed = _call(stub(address, "analyst").GetEstimate, pb.EstimateRequest(release_id="r1", wait=True))
+    fakes = running(FakeServer(release, tamper=True), [FakeCurator(release, 0), FakeCurator(release, 1)])
+    with fakes as endpoints, researcher_service(tracker_for(endpoints, tmp_path)) as address:
+        failed = _call(stub(address, "analyst").GetEstimate, pb.EstimateRequest(release_id="r1", wait=True))
     code, details = _code(failed)
     assert code == grpc.StatusCode.FAILED_PRECONDITION and details.startswith("DigestMismatchError")
     assert list(tmp_path.iterdir()) == []
