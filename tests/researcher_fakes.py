@@ -9,6 +9,7 @@ import hashlib
 import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -180,24 +181,28 @@ class FakeCurator(pb_grpc.CuratorServicer):
         yield pb.KeyChunk(sequence=1, otp_pad=pack_symbols(symbols[half:], pad.alphabet_size), last=True)
 
 
-def _serve(add: Any, servicer: Any) -> tuple[grpc.Server, str]:
-    server = make_grpc_server(max_workers=4, insecure=True)
+def _serve(add: Any, servicer: Any, certs: Path | None, name: str) -> tuple[grpc.Server, str]:
+    server = make_grpc_server(max_workers=4, insecure=certs is None)
     add(servicer, server)
-    port = bind(server, "127.0.0.1", 0, None, "fake", insecure=True)
+    port = bind(server, "127.0.0.1", 0, certs, name, insecure=certs is None)
     server.start()
     return server, f"127.0.0.1:{port}"
 
 
 @contextlib.contextmanager
-def running(server: FakeServer, curators: Sequence[FakeCurator]) -> Iterator[Endpoints]:
-    """Start the fakes; yield the researcher's endpoints to them (insecure, role researcher)."""
-    started = [_serve(pb_grpc.add_ReleaseServerServicer_to_server, server)]
-    started += [_serve(pb_grpc.add_CuratorServicer_to_server, c) for c in curators]
+def running(
+    server: FakeServer, curators: Sequence[FakeCurator], certs: Path | None = None, as_name: str = RESEARCHER
+) -> Iterator[Endpoints]:
+    """Start the fakes; yield the researcher's endpoints to them: mutual TLS with the PKI in
+    ``certs`` (parties ``server``, ``alice``, ``bob``, ``as_name``), else insecure."""
+    names = [server.release.spec.curators[c.index] for c in curators]
+    started = [_serve(pb_grpc.add_ReleaseServerServicer_to_server, server, certs, "server")]
+    started += [
+        _serve(pb_grpc.add_CuratorServicer_to_server, c, certs, n) for c, n in zip(curators, names, strict=True)
+    ]
     try:
-        names = [server.release.spec.curators[c.index] for c in curators]
-        yield Endpoints(
-            None, RESEARCHER, True, started[0][1], {n: a for n, (_, a) in zip(names, started[1:], strict=True)}
-        )
+        addresses = {n: a for n, (_, a) in zip(names, started[1:], strict=True)}
+        yield Endpoints(certs, as_name, certs is None, started[0][1], addresses)
     finally:
         for grpc_server, _ in started:
             grpc_server.stop(None)

@@ -14,6 +14,7 @@ import pytest
 from researcher_fakes import FakeCurator, FakeRelease, FakeServer, make_release, reports_equal, running
 
 from secure_release.infra.logs import ROOT_LOGGER, EventLog
+from secure_release.infra.pki import init_pki
 from secure_release.infra.tls import bind, make_grpc_server, secure_channel
 from secure_release.infra.wire import report_to_pb
 from secure_release.mechanism.pads import CipherMode
@@ -115,6 +116,19 @@ def test_a_failed_release_is_reported_with_its_error_kind(release: FakeRelease, 
     code, details = _code(failed)
     assert code == grpc.StatusCode.FAILED_PRECONDITION and details.startswith("DigestMismatchError")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_over_mutual_tls_the_certificate_is_the_identity(release: FakeRelease, tmp_path: Path) -> None:
+    parties = [("server", "server"), ("curator", "alice"), ("curator", "bob")]
+    init_pki(tmp_path, [*parties, ("researcher", "researcher"), ("analyst", "carol")])
+    curators = [FakeCurator(release, 0), FakeCurator(release, 1)]
+    with running(FakeServer(release), curators, certs=tmp_path) as endpoints:
+        report = process_release(endpoints, "r1", None, LOG, 5.0)
+    assert report.estimate.tolist() == release.expected().raw.tolist()
+    with running(FakeServer(release), curators, certs=tmp_path, as_name="carol") as endpoints:
+        refused = _call(lambda request, timeout: process_release(endpoints, "r1", None, LOG, timeout), "r1")
+    code, details = _code(refused)
+    assert code == grpc.StatusCode.PERMISSION_DENIED and "role analyst may not call FetchPerturbed" in details
 
 
 # ---------------------------------------------------------------------------------- CLI
