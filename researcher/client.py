@@ -101,14 +101,14 @@ class KeyResults:
 
 
 # ---------------------------------------------------------------------------------- release
-def _status_or_none(stub: pb_grpc.ReleaseServerStub, release_id: str) -> pb.ReleaseStatus | None:
-    """The release's status; None while the server does not know it or is unreachable."""
+def _status_or_none(stub: pb_grpc.ReleaseServerStub, release_id: str, seconds: float) -> pb.ReleaseStatus | None:
+    """The release's status; None while the server does not know it, is unreachable or slow."""
     try:
         status: pb.ReleaseStatus = stub.GetReleaseStatus(
-            pb.ReleaseStatusRequest(release_id=release_id), timeout=STATUS_RPC_SECONDS
+            pb.ReleaseStatusRequest(release_id=release_id), timeout=max(POLL_SECONDS, seconds)
         )
     except grpc.RpcError as exc:
-        if exc.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNAVAILABLE):
+        if exc.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
             return None
         raise
     return status
@@ -120,7 +120,7 @@ def wait_perturbed(endpoints: Endpoints, release_id: str, timeout: float) -> Per
     with endpoints.channel(endpoints.server) as channel:
         stub = pb_grpc.ReleaseServerStub(channel)
         while True:
-            status = _status_or_none(stub, release_id)
+            status = _status_or_none(stub, release_id, min(STATUS_RPC_SECONDS, deadline - time.monotonic()))
             if status is not None and status.state == pb.RELEASE_STATE_PERTURBED:
                 return _perturbed_release(status, release_id)
             if time.monotonic() > deadline:

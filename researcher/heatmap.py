@@ -68,8 +68,8 @@ def heatmap_png(report: ReleaseReport) -> bytes | None:
     ax.set_xlabel(" / ".join(report.attributes[1:]) if len(col_names) > 1 else "")
     if values.size <= MAX_ANNOTATED_CELLS:
         _annotate(ax, values)
-    kind = "marginal" if report.marginal else "joint"
-    ax.set_title(f"{report.release_id}: {kind} estimate, epsilon = {report.plan.epsilon:.3g}", fontsize=9)
+    kind = f"marginal of {', '.join(report.covered)}" if report.marginal else "joint estimate"
+    ax.set_title(f"{report.release_id}: {kind}, epsilon = {report.plan.epsilon:.3g}", fontsize=9)
     fig.tight_layout()
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=DPI)
