@@ -29,6 +29,7 @@ from secure_release.infra.wire import report_to_pb
 from secure_release.mechanism.errors import ErrorKind
 from secure_release.mechanism.pads import CipherMode
 from secure_release.mechanism.report import CELL_COLUMNS, ReleaseReport
+from secure_release.researcher.client import Endpoints
 from secure_release.researcher.errors import (
     DigestMismatchError,
     KeyMismatchError,
@@ -116,6 +117,13 @@ def test_a_release_never_perturbed_is_a_named_timeout(chacha: FakeRelease, tmp_p
     with running(FakeServer(chacha, pending_polls=10**6), []) as endpoints, pytest.raises(ReleaseNotReadyError) as err:
         process_release(endpoints, "r1", tmp_path / "out", LOG, timeout=0.5)
     assert "not PERTURBED" in str(err.value) and err.value.kind is ErrorKind.UNAVAILABLE
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_unreachable_server_is_the_same_named_timeout(tmp_path: Path) -> None:
+    nowhere = Endpoints(None, "researcher", True, "127.0.0.1:1")
+    with pytest.raises(ReleaseNotReadyError, match=r"127\.0\.0\.1:1"):
+        process_release(nowhere, "r1", tmp_path / "out", LOG, timeout=0.5)
     assert not (tmp_path / "out").exists()
 
 
