@@ -90,7 +90,9 @@ class ReleaseTracker:
     def outcome(self, release_id: str) -> ReleaseReport | SecureReleaseError | None:
         """The release's report, else its failure, else None (unknown or still running)."""
         with self.changed:
-            return self.reports.get(release_id) or self.failures.get(release_id)
+            if release_id in self.reports:
+                return self.reports[release_id]
+            return self.failures.get(release_id)
 
     def finished(self) -> list[str]:
         """The release ids with a report, sorted."""
