@@ -24,7 +24,7 @@ from researcher_fakes import (
     running,
 )
 
-from secure_release.infra.logs import EventLog
+from secure_release.infra.logs import EventLog, JsonFormatter, looks_secret
 from secure_release.infra.wire import report_to_pb
 from secure_release.mechanism.errors import ErrorKind
 from secure_release.mechanism.pads import CipherMode
@@ -241,3 +241,15 @@ def test_heat_map_folds_the_first_attribute_into_rows(joint_report: ReleaseRepor
     pytest.importorskip("matplotlib")
     png = heatmap_png(joint_report)
     assert png is not None and png.startswith(b"\x89PNG\r\n\x1a\n")
+
+
+def test_logs_carry_no_key_or_row_bytes(chacha: FakeRelease, recorder: EventRecorder) -> None:
+    with running(FakeServer(chacha), [FakeCurator(chacha, 0), FakeCurator(chacha, 1)]) as endpoints:
+        process_release(endpoints, "r1", None, LOG, timeout=5)
+    lines = [JsonFormatter().format(r) for r in recorder.records]
+    assert {"fetched", "key_received", "estimated"} <= {json.loads(line)["event"] for line in lines}
+    secrets = [pad.key.reveal() for pad in chacha.pads if pad.key is not None]
+    assert len(secrets) == 2
+    for line in lines:
+        assert not any(s.hex() in line or repr(s) in line for s in secrets)
+        assert not [name for name in json.loads(line) if looks_secret(name)]  # nothing even named like one
