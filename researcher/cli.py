@@ -1,4 +1,4 @@
-"""``python -m researcher``: decrypt and estimate secure releases.
+"""``python -m secure_release.researcher``: decrypt and estimate secure releases.
 
   serve   run the Researcher service: the server notifies it when a release is perturbed; it
           fetches the perturbed rows, asks each curator for its key, estimates and writes
@@ -14,35 +14,48 @@ Config: flags, SECURE_RELEASE_<FLAG> env, or --config file.json.
 from __future__ import annotations
 
 import argparse
-import json
 import signal
 import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
 
+import grpc
+
 from secure_release.infra.config import (
     ConfigError,
-    JsonLog,
     apply_env_and_config,
     require,
     split_address,
     subcommand_parser,
     write_port_file,
 )
+from secure_release.infra.health import add_health_and_reflection
+from secure_release.infra.logs import EventLog, setup_logging
+from secure_release.infra.tls import bind, make_grpc_server
 from secure_release.mechanism.errors import SecureReleaseError
+from secure_release.mechanism.report import ReleaseReport
+from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
+from secure_release.researcher.client import Endpoints, check_seconds
+from secure_release.researcher.pipeline import process_release
+from secure_release.researcher.service import ReleaseTracker, ResearcherService
+from secure_release.researcher.storage import load_reports, report_json
+
+COMMANDS = ("serve", "fetch")
+SERVICE_NAME = "securerelease.v1.Researcher"
 
 _CURATORS = "--curator alice=127.0.0.1:7101 --curator bob=127.0.0.1:7102"
 EXAMPLE = (
     "Examples:\n"
-    "  python -m researcher serve --listen 127.0.0.1:7200 --certs certs --name researcher \\\n"
+    "  python -m secure_release.researcher serve --listen 127.0.0.1:7200 --certs certs --name researcher \\\n"
     f"      --server 127.0.0.1:7000 {_CURATORS} --out results\n"
-    "  python -m researcher fetch --release-id r1 --certs certs --name researcher \\\n"
+    "  python -m secure_release.researcher fetch --release-id r1 --certs certs --name researcher \\\n"
     f"      --server 127.0.0.1:7000 {_CURATORS} --out results\n"
 )
 
 
 def _common(p: argparse.ArgumentParser) -> None:
+    """The flags both subcommands take."""
     p.add_argument("--config", help="JSON file of settings (keys: flag names)")
     p.add_argument("--certs", help="directory with ca.pem, NAME.pem, NAME.key")
     p.add_argument("--name", default="researcher", help="this researcher's certificate name")
@@ -55,12 +68,13 @@ def _common(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--out", default="results", help="directory for <release>.json/.csv/.png")
     p.add_argument("--insecure", action="store_true", help="plaintext gRPC (tests/demos only!)")
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for a release")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for a release (finite, > 0)")
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``serve`` and ``fetch`` parsers (their flags are part of the compose file's contract)."""
     parser = argparse.ArgumentParser(
-        prog="python -m researcher",
+        prog="python -m secure_release.researcher",
         description=__doc__,
         epilog=EXAMPLE,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -86,80 +100,99 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _curators(items: Sequence[str]) -> dict[str, str]:
-    out = {}
+def parse_curators(items: Sequence[str]) -> dict[str, str]:
+    """``NAME=HOST:PORT`` flags -> {name: address}; a malformed or repeated one is a ConfigError."""
+    curators: dict[str, str] = {}
     for item in items:
-        name, sep, addr = item.partition("=")
-        if not sep:
+        name, sep, address = (part.strip() for part in item.partition("="))
+        if not sep or not name:
             raise ConfigError(f"--curator takes NAME=HOST:PORT, got {item!r}")
-        split_address(addr)
-        out[name.strip()] = addr.strip()
-    return out
+        try:
+            split_address(address)
+        except ConfigError as exc:
+            raise ConfigError(f"--curator {item!r}: {exc}") from None
+        if name in curators:
+            raise ConfigError(f"--curator {name} given twice ({curators[name]} and {address}); give each once")
+        curators[name] = address
+    return curators
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace | None:
+    """Flags over env over --config; None when no subcommand was given (help printed)."""
+    parser = build_parser()
+    if argv and argv[0] in COMMANDS:
+        apply_env_and_config(subcommand_parser(parser, argv[0]), argv[1:])
+    args = parser.parse_args(argv)
+    if args.command not in COMMANDS:
+        parser.print_help()
+        return None
+    require(args, "server", "name")
+    if not args.insecure:
+        require(args, "certs")
+    if args.command == "fetch":
+        require(args, "release_id")
+    check_seconds(args.timeout, "--timeout")
+    return args
+
+
+def endpoints_of(args: argparse.Namespace) -> Endpoints:
+    """Where to connect and as whom, from the parsed flags."""
+    certs = Path(args.certs) if args.certs else None
+    return Endpoints(certs, args.name, args.insecure, args.server, parse_curators(args.curator))
+
+
+def fetch(args: argparse.Namespace, log: EventLog) -> int:
+    """``fetch``: estimate one release, write its files and print its JSON."""
+    report = process_release(endpoints_of(args), args.release_id, _out(args), log, args.timeout)
+    sys.stdout.write(report_json(report).decode())
+    return 0
+
+
+def serve(args: argparse.Namespace, log: EventLog) -> int:
+    """``serve``: run the Researcher service until SIGTERM or Ctrl-C."""
+    endpoints, out = endpoints_of(args), _out(args)
+
+    def process(release_id: str, notified_digest: bytes) -> ReleaseReport:
+        return process_release(endpoints, release_id, out, log, args.timeout, notified_digest)
+
+    tracker = ReleaseTracker(process, log, load_reports(out, log) if out is not None else {})
+    server = make_grpc_server(insecure=args.insecure)
+    pb_grpc.add_ResearcherServicer_to_server(ResearcherService(tracker, log, args.timeout), server)
+    health = add_health_and_reflection(server, [SERVICE_NAME])
+    host, port = split_address(args.listen)
+    bound = bind(server, host, port, endpoints.certs, args.name, args.insecure)
+    server.start()
+    write_port_file(args.port_file, bound)
+    log("listening", address=f"{host}:{bound}", reloaded=len(tracker.finished()))
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        while not stop.wait(0.5):
+            pass
+    finally:
+        health.enter_graceful_shutdown()
+        server.stop(grace=1.0).wait()
+    return 0
+
+
+def _out(args: argparse.Namespace) -> Path | None:
+    return Path(args.out) if args.out else None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
+    """Run ``serve`` or ``fetch``; exit 2 on a bad setting or input, 3 on a failed RPC."""
     try:
-        if argv and argv[0] in ("serve", "fetch"):
-            apply_env_and_config(subcommand_parser(parser, argv[0]), argv[1:])
-        args = parser.parse_args(argv)
-        if args.command not in ("serve", "fetch"):
-            parser.print_help()
+        args = parse_args(list(sys.argv[1:] if argv is None else argv))
+        if args is None:
             return 2
-        require(args, "server", "name")
-        if not args.insecure:
-            require(args, "certs")
-        from secure_release.researcher.pipeline import Connection, process_release
-
-        log = JsonLog("researcher", args.name)
-        conn = Connection(args.certs, args.name, args.insecure, args.server, _curators(args.curator))
-        out = Path(args.out) if args.out else None
-        if args.command == "fetch":
-            require(args, "release_id")
-            result = process_release(conn, args.release_id, out, log, args.timeout)
-            print(json.dumps(result, indent=1))
-            return 0
-        from secure_release.infra.tls import bind, make_grpc_server
-        from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
-        from secure_release.researcher.service import ResearcherService
-
-        service = ResearcherService(conn, out, log, args.timeout)
-        server = make_grpc_server()
-        pb_grpc.add_ResearcherServicer_to_server(service, server)
-        _add_health(server)
-        host, port = split_address(args.listen)
-        bound = bind(server, host, port, args.certs, args.name, args.insecure)
-        server.start()
-        write_port_file(args.port_file, bound)
-        log("listening", address=f"{host}:{bound}")
-        stop = threading.Event()
-        signal.signal(signal.SIGTERM, lambda *_: stop.set())
-        try:
-            while not stop.wait(0.5):
-                pass
-        finally:
-            server.stop(grace=1.0)
-        return 0
+        setup_logging()
+        log = EventLog("researcher", args.name)
+        return fetch(args, log) if args.command == "fetch" else serve(args, log)
     except KeyboardInterrupt:
         return 130
-    except (SecureReleaseError, ConfigError, OSError) as exc:
+    except (SecureReleaseError, OSError) as exc:
         sys.stderr.write(f"researcher: error: {type(exc).__name__}: {exc}\n")
         return 2
-    except Exception as exc:
-        import grpc
-
-        if isinstance(exc, grpc.RpcError):
-            sys.stderr.write(f"researcher: error: RPC failed: {exc.code()}: {exc.details()}\n")
-            return 3
-        raise
-
-
-def _add_health(server: object) -> None:
-    try:
-        from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-    except ImportError:
-        return
-    h = health.HealthServicer()
-    h.set("", health_pb2.HealthCheckResponse.SERVING)
-    health_pb2_grpc.add_HealthServicer_to_server(h, server)
+    except grpc.RpcError as exc:
+        sys.stderr.write(f"researcher: error: RPC failed: {exc.code().name}: {exc.details()}\n")
+        return 3

@@ -1,133 +1,154 @@
-"""The Researcher gRPC service.
+"""The Researcher gRPC service (behind ``infra.auth.AuthInterceptor``, which checks each RPC's
+roles in ``infra.auth.ACCESS`` before these methods run).
 
-- ``NotifyReady`` (server role only): the release is perturbed; start processing it.
-- ``GetEstimate`` (analyst or researcher role): the finished estimate (cells labelled from the
-  curators' schemas, raw / projected / MLE / SE / CI, privacy report, marginal flag). With
-  ``wait`` it blocks until the estimate exists (and starts processing if nobody notified us).
-- ``ListReleases``: the releases estimated so far.
+- ``NotifyReady`` (server): the release is perturbed; start processing it in the background.
+- ``GetEstimate`` (analyst, researcher): the finished :class:`ReleaseReport` as an
+  ``EstimateResponse`` (``infra.wire.report_to_pb``). With ``wait`` it blocks until the estimate
+  exists, starting the processing if nobody notified us, within the call's deadline.
+- ``ListReleases`` (analyst, researcher): the releases estimated so far.
 """
 
 from __future__ import annotations
 
-import json
 import threading
-from pathlib import Path
-from typing import Any
+from collections.abc import Callable, Mapping
 
 import grpc
 
-from secure_release.infra.config import JsonLog
-from secure_release.infra.tls import require_role
+from secure_release.infra.auth import caller
+from secure_release.infra.errors import abort_with
+from secure_release.infra.logs import EventLog
+from secure_release.infra.wire import report_to_pb
+from secure_release.mechanism.errors import SecureReleaseError
+from secure_release.mechanism.report import ReleaseReport
+from secure_release.mechanism.spec import check_name
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
-from secure_release.researcher.pipeline import Connection, process_release
+from secure_release.researcher.errors import EstimateNotFoundError, ReleaseFailedError
+
+#: ``process(release_id, notified_digest)``: estimate one release (and write its files).
+Processor = Callable[[str, bytes], ReleaseReport]
+#: The longest a GetEstimate(wait) without a deadline blocks.
+MAX_WAIT_SECONDS = 3600.0
 
 
-def response_of(result: dict[str, Any]) -> pb.EstimateResponse:
-    p = result["privacy"]
-    return pb.EstimateResponse(
-        release_id=result["release_id"],
-        marginal=result["marginal"],
-        curators=result["curators"],
-        attributes=result["attributes"],
-        cells=[
-            pb.Cell(
-                labels=c["labels"],
-                estimate=c["estimate"],
-                projected=c["projected"],
-                mle=c["mle"],
-                standard_error=c["standard_error"],
-                ci_low=c["ci_low"],
-                ci_high=c["ci_high"],
-                observed=c["observed"],
+def as_project_error(exc: Exception) -> SecureReleaseError:
+    """``exc`` if it is a project error (it names its kind), else a ReleaseFailedError."""
+    if isinstance(exc, SecureReleaseError):
+        return exc
+    if isinstance(exc, grpc.RpcError):
+        return ReleaseFailedError(f"an RPC failed: {exc.code().name}: {exc.details()}")
+    return ReleaseFailedError(f"{type(exc).__name__}: {exc}")
+
+
+class ReleaseTracker:
+    """Which releases are being processed, finished (their reports) or failed (their errors),
+    and the background threads that process them; thread safe."""
+
+    def __init__(self, process: Processor, log: EventLog, reports: Mapping[str, ReleaseReport]) -> None:
+        self.process, self.log = process, log
+        self.reports: dict[str, ReleaseReport] = dict(reports)
+        self.failures: dict[str, SecureReleaseError] = {}
+        self.running: set[str] = set()
+        self.changed = threading.Condition()
+
+    def start(self, release_id: str, notified_digest: bytes = b"") -> bool:
+        """Process ``release_id`` in a background thread unless it is done or running."""
+        with self.changed:
+            if release_id in self.running or release_id in self.reports:
+                return False
+            self.running.add(release_id)
+            self.failures.pop(release_id, None)
+        threading.Thread(target=self._run, args=(release_id, notified_digest), daemon=True).start()
+        return True
+
+    def _run(self, release_id: str, notified_digest: bytes) -> None:
+        """Process one release; record its report or its error (never crash the service)."""
+        report: ReleaseReport | None = None
+        failure: SecureReleaseError | None = None
+        try:
+            report = self.process(release_id, notified_digest)
+        except Exception as exc:
+            failure = as_project_error(exc)
+            self.log.error("process_failed", release_id=release_id, error=f"{type(failure).__name__}: {failure}")
+        with self.changed:
+            if report is not None:
+                self.reports[release_id] = report
+            if failure is not None:
+                self.failures[release_id] = failure
+            self.running.discard(release_id)
+            self.changed.notify_all()
+
+    def wait(self, release_id: str, timeout: float) -> None:
+        """Block until ``release_id`` has a report or has failed (at most ``timeout`` seconds)."""
+        with self.changed:
+            self.changed.wait_for(
+                lambda: release_id in self.reports or (release_id in self.failures and release_id not in self.running),
+                timeout,
             )
-            for c in result["cells"]
-        ],
-        privacy=pb.PrivacyReport(
-            epsilon=p["epsilon"],
-            gamma=p["gamma"],
-            m=p["m"],
-            n=p["n"],
-            joint_size=p["K"],
-            predicted_rmse=p["predicted_rmse"],
-            bound=p["bound"],
-            bound_tight=p["bound_tight"],
-        ),
-        mle_iterations=result["mle_iterations"],
-    )
+
+    def outcome(self, release_id: str) -> ReleaseReport | SecureReleaseError | None:
+        """The release's report, else its failure, else None (unknown or still running)."""
+        with self.changed:
+            if release_id in self.reports:
+                return self.reports[release_id]
+            return self.failures.get(release_id)
+
+    def finished(self) -> list[str]:
+        """The release ids with a report, sorted."""
+        with self.changed:
+            return sorted(self.reports)
 
 
 class ResearcherService(pb_grpc.ResearcherServicer):
-    def __init__(self, conn: Connection, out: Path | None, log: JsonLog, timeout: float = 300.0) -> None:
-        self.conn, self.out, self.log, self.timeout = conn, out, log, timeout
-        self.results: dict[str, dict[str, Any]] = {}
-        self.errors: dict[str, str] = {}
-        self.running: set[str] = set()
-        self.cond = threading.Condition()
-        if out is not None and out.is_dir():
-            for path in out.glob("*.json"):
-                try:
-                    data = json.loads(path.read_text())
-                    self.results[data["release_id"]] = data
-                except (ValueError, KeyError):
-                    continue
+    """Serves the reports of a :class:`ReleaseTracker` to analysts."""
 
-    def start(self, release_id: str) -> None:
-        with self.cond:
-            if release_id in self.running or release_id in self.results:
-                return
-            self.running.add(release_id)
-            self.errors.pop(release_id, None)
-        threading.Thread(target=self._process, args=(release_id,), daemon=True).start()
-
-    def _process(self, release_id: str) -> None:
-        try:
-            result = process_release(self.conn, release_id, self.out, self.log, self.timeout)
-            with self.cond:
-                self.results[release_id] = result
-        except Exception as exc:  # report, never crash the service
-            self.log("process_failed", release_id=release_id, error=f"{type(exc).__name__}: {exc}")
-            with self.cond:
-                self.errors[release_id] = f"{type(exc).__name__}: {exc}"
-        finally:
-            with self.cond:
-                self.running.discard(release_id)
-                self.cond.notify_all()
+    def __init__(self, tracker: ReleaseTracker, log: EventLog, default_wait: float) -> None:
+        self.tracker, self.log, self.default_wait = tracker, log, default_wait
 
     def NotifyReady(self, request: pb.ReadyNotice, context: grpc.ServicerContext) -> pb.ReadyAck:  # noqa: N802
-        ident = require_role(context, "server")
-        self.log("notified", release_id=request.release_id, by=str(ident))
-        self.start(request.release_id)
+        """The server says a release is perturbed: start estimating it."""
+        release_id = self._release_id(request.release_id, context)
+        started = self.tracker.start(release_id, bytes(request.perturbed_digest))
+        self.log("notified", release_id=release_id, by=str(caller(context)), started=started)
         return pb.ReadyAck(accepted=True)
 
     def GetEstimate(  # noqa: N802
         self, request: pb.EstimateRequest, context: grpc.ServicerContext
     ) -> pb.EstimateResponse:
-        require_role(context, "analyst", "researcher")
-        rid = request.release_id
+        """The finished estimate of a release (waiting for it if ``request.wait``)."""
+        release_id = self._release_id(request.release_id, context)
         if request.wait:
-            self.start(rid)
-            remaining = context.time_remaining()
-            timeout = min(remaining, 3600.0) if remaining is not None else self.timeout
-            with self.cond:
-                self.cond.wait_for(
-                    lambda: rid in self.results or (rid in self.errors and rid not in self.running),
-                    timeout,
-                )
-        with self.cond:
-            result, error = self.results.get(rid), self.errors.get(rid)
-        if result is None:
-            if error:
-                context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"release {rid!r} failed: {error}")
-            context.abort(
-                grpc.StatusCode.NOT_FOUND if not request.wait else grpc.StatusCode.DEADLINE_EXCEEDED,
-                f"no estimate for release {rid!r} yet",
-            )
-        return response_of(result)
+            self.tracker.start(release_id)
+            self.tracker.wait(release_id, self._wait_seconds(context))
+        outcome = self.tracker.outcome(release_id)
+        if isinstance(outcome, ReleaseReport):
+            self.log("estimate_served", release_id=release_id, to=str(caller(context)))
+            return report_to_pb(outcome)
+        if isinstance(outcome, SecureReleaseError):
+            abort_with(context, outcome)
+        if request.wait:
+            context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, f"release {release_id!r} is still being estimated")
+        abort_with(
+            context,
+            EstimateNotFoundError(f"no estimate of release {release_id!r} yet; ask with wait=true to start one"),
+        )
 
     def ListReleases(  # noqa: N802
         self, request: pb.ListReleasesRequest, context: grpc.ServicerContext
     ) -> pb.ListReleasesResponse:
-        require_role(context, "analyst", "researcher")
-        with self.cond:
-            return pb.ListReleasesResponse(release_ids=sorted(self.results))
+        """The ids of the releases estimated so far."""
+        return pb.ListReleasesResponse(release_ids=self.tracker.finished())
+
+    def _wait_seconds(self, context: grpc.ServicerContext) -> float:
+        """How long a waiting GetEstimate may block: the call's deadline, capped."""
+        remaining = context.time_remaining()
+        return self.default_wait if remaining is None else min(float(remaining), MAX_WAIT_SECONDS)
+
+    @staticmethod
+    def _release_id(release_id: str, context: grpc.ServicerContext) -> str:
+        """The asked release id if it follows the name grammar; else INVALID_ARGUMENT."""
+        try:
+            return check_name(release_id, "release id")
+        except SecureReleaseError as exc:
+            abort_with(context, exc)

@@ -1,0 +1,265 @@
+"""The researcher's calls to the other parties: wait for a release, fetch its perturbed rows
+(digest checked), and ask each curator for its key (a refusal is recorded, never fatal).
+
+Every message is decoded through ``infra.wire``; every value that reaches the estimate is
+checked against the release's validated :class:`~secure_release.mechanism.spec.ReleaseSpec`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+
+from secure_release.infra.config import ConfigError
+from secure_release.infra.logs import EventLog
+from secure_release.infra.retry import with_retries
+from secure_release.infra.tls import secure_channel
+from secure_release.infra.wire import cipher_from_pb, schema_from_pb, spec_from_pb
+from secure_release.mechanism.keys import PadKey
+from secure_release.mechanism.packing import unpack_symbols
+from secure_release.mechanism.pads import CipherMode, ReleasePad
+from secure_release.mechanism.schema import CuratorSchema, SymbolArray
+from secure_release.mechanism.spec import ReleaseSpec
+from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
+from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
+from secure_release.researcher.errors import (
+    DigestMismatchError,
+    FetchError,
+    KeyMismatchError,
+    ReleaseNotReadyError,
+)
+
+ROLE = "researcher"
+POLL_SECONDS = 0.3
+STATUS_RPC_SECONDS = 10.0
+FETCH_RPC_SECONDS = 300.0
+KEY_RPC_SECONDS = 60.0
+KEY_ATTEMPTS = 5
+#: A curator answering with one of these has not granted its key (the release goes marginal).
+REFUSAL_CODES = frozenset(
+    {
+        grpc.StatusCode.PERMISSION_DENIED,
+        grpc.StatusCode.UNAUTHENTICATED,
+        grpc.StatusCode.NOT_FOUND,
+        grpc.StatusCode.UNAVAILABLE,
+    }
+)
+
+
+def check_seconds(value: float, what: str) -> float:
+    """``value`` if it is a finite number of seconds > 0; else :class:`ConfigError`."""
+    if not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+        raise ConfigError(f"{what} must be a finite number of seconds > 0, got {value!r}")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    """Where the researcher connects and as whom (``curators``: name -> HOST:PORT)."""
+
+    certs: Path | None
+    name: str
+    insecure: bool
+    server: str
+    curators: Mapping[str, str] = field(default_factory=dict)
+
+    def channel(self, address: str) -> grpc.Channel:
+        """A mutual-TLS channel to ``address`` as this researcher (plaintext if ``insecure``)."""
+        return secure_channel(address, self.certs, self.name, self.insecure, role=ROLE)
+
+
+@dataclass(frozen=True)
+class PerturbedRelease:
+    """A release the server reports PERTURBED: its validated spec and the published digest."""
+
+    spec: ReleaseSpec
+    digest: bytes
+
+
+@dataclass(frozen=True)
+class CuratorKey:
+    """A granted key: the curator's pad for the release and the schema that labels its symbols."""
+
+    curator: str
+    pad: ReleasePad
+    schema: CuratorSchema
+
+
+@dataclass(frozen=True)
+class KeyResults:
+    """Every curator's answer: ``granted`` keys by curator, ``refused`` reasons by curator."""
+
+    granted: Mapping[str, CuratorKey]
+    refused: Mapping[str, str]
+
+
+# ---------------------------------------------------------------------------------- release
+def _status_or_none(stub: pb_grpc.ReleaseServerStub, release_id: str, seconds: float) -> pb.ReleaseStatus | None:
+    """The release's status; None while the server does not know it, is unreachable or slow."""
+    try:
+        status: pb.ReleaseStatus = stub.GetReleaseStatus(
+            pb.ReleaseStatusRequest(release_id=release_id), timeout=max(POLL_SECONDS, seconds)
+        )
+    except grpc.RpcError as exc:
+        if exc.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+            return None
+        raise
+    return status
+
+
+def wait_perturbed(endpoints: Endpoints, release_id: str, timeout: float) -> PerturbedRelease:
+    """Poll the server until ``release_id`` is PERTURBED (at most ``timeout`` seconds)."""
+    deadline = time.monotonic() + check_seconds(timeout, "the wait for a release")
+    with endpoints.channel(endpoints.server) as channel:
+        stub = pb_grpc.ReleaseServerStub(channel)
+        while True:
+            status = _status_or_none(stub, release_id, min(STATUS_RPC_SECONDS, deadline - time.monotonic()))
+            if status is not None and status.state == pb.RELEASE_STATE_PERTURBED:
+                return _perturbed_release(status, release_id)
+            if time.monotonic() > deadline:
+                raise ReleaseNotReadyError(
+                    f"release {release_id!r} is not PERTURBED on {endpoints.server} after {timeout:g}s; "
+                    "wait longer (--timeout) or check that every curator uploaded"
+                )
+            time.sleep(POLL_SECONDS)
+
+
+def _perturbed_release(status: pb.ReleaseStatus, release_id: str) -> PerturbedRelease:
+    """The validated spec of a PERTURBED status (it must describe the asked release)."""
+    spec = spec_from_pb(status.params)
+    if spec.release_id != release_id:
+        raise FetchError(f"asked the status of {release_id!r}, the server answered for {spec.release_id!r}")
+    if not status.perturbed_digest:
+        raise DigestMismatchError(f"the server published no digest of release {release_id!r}'s perturbed rows")
+    return PerturbedRelease(spec, bytes(status.perturbed_digest))
+
+
+# ---------------------------------------------------------------------------------- rows
+def _collect_columns(chunks: Iterable[pb.PerturbedChunk], spec: ReleaseSpec) -> tuple[list[bytes], bytes, bytes]:
+    """Join the streamed columns; return them, the SHA-256 over every column chunk by chunk
+    (the server's digest) and the digest the last chunk carries."""
+    parts: list[list[bytes]] = [[] for _ in spec.curators]
+    hasher = hashlib.sha256()
+    for expected_seq, chunk in enumerate(chunks):
+        if chunk.sequence != expected_seq or len(chunk.columns) != len(spec.curators):
+            raise FetchError(
+                f"perturbed chunk {chunk.sequence} (expected {expected_seq}) has {len(chunk.columns)} columns; "
+                f"the release has {len(spec.curators)} curators"
+            )
+        for column_parts, column in zip(parts, chunk.columns, strict=True):
+            column_parts.append(column)
+            hasher.update(column)
+        if chunk.last:
+            return [b"".join(p) for p in parts], hasher.digest(), bytes(chunk.digest)
+    raise FetchError(f"the perturbed stream of {spec.release_id!r} ended before its last chunk")
+
+
+def _check_digest(computed: bytes, published: Iterable[bytes], release_id: str) -> None:
+    """Every non-empty published digest must equal the digest of the rows received."""
+    for digest in published:
+        if digest and digest != computed:
+            raise DigestMismatchError(
+                f"the perturbed rows of {release_id!r} hash to {computed.hex()[:16]}..., the server "
+                f"published {digest.hex()[:16]}...; refusing to estimate from altered rows"
+            )
+
+
+def fetch_perturbed(
+    endpoints: Endpoints, release: PerturbedRelease, log: EventLog, notified_digest: bytes = b""
+) -> list[SymbolArray]:
+    """The perturbed column of every curator (m symbols each), digest-checked against the
+    status, the stream's last chunk and (if given) the ready notice."""
+    spec = release.spec
+
+    def once() -> tuple[list[bytes], bytes, bytes]:
+        with endpoints.channel(endpoints.server) as channel:
+            stream = pb_grpc.ReleaseServerStub(channel).FetchPerturbed(
+                pb.FetchRequest(release_id=spec.release_id), timeout=FETCH_RPC_SECONDS
+            )
+            return _collect_columns(stream, spec)
+
+    packed, computed, streamed = with_retries(once, "fetch_perturbed", log)
+    _check_digest(computed, (release.digest, streamed, notified_digest), spec.release_id)
+    columns = [unpack_symbols(raw, k) for raw, k in zip(packed, spec.plan.alphabet_sizes, strict=True)]
+    if any(c.size != spec.m for c in columns):
+        raise FetchError(f"expected m = {spec.m} perturbed rows per curator, got {[c.size for c in columns]}")
+    log("fetched", release_id=spec.release_id, rows=spec.m, digest=computed.hex())
+    return columns
+
+
+# ---------------------------------------------------------------------------------- keys
+def _key_chunks(endpoints: Endpoints, address: str, release_id: str) -> tuple[pb.KeyChunk, bytes]:
+    """The first KeyChunk (key, schema, sizes) and the joined OTP pad bytes of all chunks."""
+    head: pb.KeyChunk | None = None
+    otp: list[bytes] = []
+    with endpoints.channel(address) as channel:
+        stream = pb_grpc.CuratorStub(channel).ReleaseKey(pb.KeyRequest(release_id=release_id), timeout=KEY_RPC_SECONDS)
+        for chunk in stream:
+            head = head or chunk
+            otp.append(chunk.otp_pad)
+    if head is None:
+        raise KeyMismatchError(f"the curator at {address} sent an empty key stream for {release_id!r}")
+    return head, b"".join(otp)
+
+
+def _check_key_head(head: pb.KeyChunk, spec: ReleaseSpec, curator: str) -> None:
+    """The key's curator, release, cipher, alphabet size and m must be the release's."""
+    expected = (curator, spec.release_id, spec.cipher, spec.alphabet_of(curator), spec.m)
+    got = (head.curator, head.release_id, cipher_from_pb(head.cipher), int(head.alphabet_size), int(head.m))
+    if got != expected:
+        raise KeyMismatchError(
+            f"{curator}'s key is for (curator, release, cipher, k, m) = {got}; the release needs {expected}"
+        )
+
+
+def _curator_key(head: pb.KeyChunk, otp: bytes, spec: ReleaseSpec, curator: str) -> CuratorKey:
+    """The checked pad and schema of one curator."""
+    _check_key_head(head, spec, curator)
+    k = spec.alphabet_of(curator)
+    if spec.cipher is CipherMode.CHACHA20:
+        pad = ReleasePad(spec.cipher, k, spec.m, key=PadKey(bytes(head.chacha20_key)))
+    else:
+        pad = ReleasePad(spec.cipher, k, spec.m, pad_symbols=unpack_symbols(otp, k))
+    # The cells are labelled under the release's curator name, whatever the schema file calls it.
+    schema = dataclasses.replace(schema_from_pb(head.schema, curator), name=curator)
+    if schema.alphabet_size != k:
+        raise KeyMismatchError(
+            f"{curator}'s schema has {schema.alphabet_size} symbols; the release gives {curator} k = {k}"
+        )
+    return CuratorKey(curator, pad, schema)
+
+
+def fetch_key(endpoints: Endpoints, spec: ReleaseSpec, curator: str, log: EventLog) -> CuratorKey | str:
+    """``curator``'s checked key, or the reason it was not granted (a refusal, no address)."""
+    address = endpoints.curators.get(curator)
+    if address is None:
+        log.warning("key_refused", release_id=spec.release_id, curator=curator, code="NO_ADDRESS")
+        return f"no address for curator {curator!r}; pass --curator {curator}=HOST:PORT"
+    try:
+        head, otp = with_retries(
+            lambda: _key_chunks(endpoints, address, spec.release_id), f"key_{curator}", log, attempts=KEY_ATTEMPTS
+        )
+    except grpc.RpcError as exc:
+        if exc.code() not in REFUSAL_CODES:
+            raise
+        log.warning("key_refused", release_id=spec.release_id, curator=curator, code=exc.code().name)
+        return f"{exc.code().name}: {exc.details()}"
+    key = _curator_key(head, otp, spec, curator)
+    log("key_received", release_id=spec.release_id, curator=curator, cipher=spec.cipher.value)
+    return key
+
+
+def fetch_keys(endpoints: Endpoints, spec: ReleaseSpec, log: EventLog) -> KeyResults:
+    """Ask every curator of the release for its key."""
+    answers = {curator: fetch_key(endpoints, spec, curator, log) for curator in spec.curators}
+    return KeyResults(
+        granted={c: a for c, a in answers.items() if isinstance(a, CuratorKey)},
+        refused={c: a for c, a in answers.items() if isinstance(a, str)},
+    )

@@ -1,0 +1,44 @@
+"""The researcher's named errors. Each says what was wrong and what is allowed, and names the
+:class:`~secure_release.mechanism.errors.ErrorKind` it travels as (``infra.errors``)."""
+
+from __future__ import annotations
+
+from secure_release.mechanism.errors import ErrorKind, SecureReleaseError
+
+
+class FetchError(SecureReleaseError):
+    """The perturbed rows or a curator's key did not arrive in the form the release promises."""
+
+    kind = ErrorKind.FAILED_PRECONDITION
+
+
+class ReleaseNotReadyError(FetchError):
+    """The release was not PERTURBED on the server within the allowed wait."""
+
+    kind = ErrorKind.UNAVAILABLE
+
+
+class DigestMismatchError(FetchError):
+    """The perturbed rows do not hash to the digest the server published for them."""
+
+
+class KeyMismatchError(FetchError):
+    """A curator's key does not fit the release (curator, cipher, alphabet size, m or schema)."""
+
+
+class NoKeysError(SecureReleaseError):
+    """No curator granted its key: there is nothing the researcher may estimate."""
+
+    kind = ErrorKind.PERMISSION_DENIED
+
+
+class EstimateNotFoundError(SecureReleaseError):
+    """No estimate of the asked release exists here (yet)."""
+
+    kind = ErrorKind.NOT_FOUND
+
+
+class ReleaseFailedError(SecureReleaseError):
+    """Processing a release failed for a reason outside the project's own errors (an RPC)."""
+
+    kind = ErrorKind.FAILED_PRECONDITION

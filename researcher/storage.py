@@ -1,0 +1,70 @@
+"""The researcher's result files, all derived from one :class:`ReleaseReport`:
+``<release>.json`` (``to_dict``), ``<release>.csv`` (``cells()``) and the best-effort heat map
+``<release>.png``. Each is written atomically with mode 0600 in a directory created 0700;
+:func:`load_reports` reads the JSON files back (skipping, and logging, unreadable ones).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+from secure_release.infra.fileio import atomic_write
+from secure_release.infra.logs import EventLog
+from secure_release.mechanism.report import CELL_COLUMNS, ReleaseReport
+from secure_release.researcher.heatmap import heatmap_png
+
+FILE_MODE = 0o600
+DIR_MODE = 0o700
+
+
+def report_json(report: ReleaseReport) -> bytes:
+    """The report as indented JSON (``ReleaseReport.to_dict``)."""
+    return (json.dumps(report.to_dict(), indent=1) + "\n").encode()
+
+
+def report_csv(report: ReleaseReport) -> bytes:
+    """One CSV row per cell: the attribute labels, then :data:`CELL_COLUMNS`."""
+    text = io.StringIO()
+    writer = csv.writer(text, lineterminator="\n")
+    writer.writerow([*report.attributes, *CELL_COLUMNS])
+    writer.writerows([*row.labels, *(getattr(row, col) for col in CELL_COLUMNS)] for row in report.cells())
+    return text.getvalue().encode()
+
+
+def write_report(out: Path, report: ReleaseReport) -> list[Path]:
+    """Write the JSON, CSV and (if matplotlib is installed) PNG of ``report`` into ``out``."""
+    out = Path(out)
+    out.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+    files = {f"{report.release_id}.json": report_json(report), f"{report.release_id}.csv": report_csv(report)}
+    png = heatmap_png(report)
+    if png is not None:
+        files[f"{report.release_id}.png"] = png
+    for name, data in files.items():
+        atomic_write(out / name, data, FILE_MODE)
+    return [out / name for name in files]
+
+
+def read_report(path: Path) -> ReleaseReport:
+    """The report in a JSON file written by :func:`write_report`."""
+    report = ReleaseReport.from_dict(json.loads(Path(path).read_bytes()))
+    if report.release_id != Path(path).stem:
+        raise ValueError(f"{path.name} holds release {report.release_id!r}")
+    return report
+
+
+def load_reports(out: Path, log: EventLog) -> dict[str, ReleaseReport]:
+    """Every readable report in ``out`` by release id; unreadable files are logged and skipped."""
+    reports: dict[str, ReleaseReport] = {}
+    if not Path(out).is_dir():
+        return reports
+    for path in sorted(Path(out).glob("*.json")):
+        try:
+            report = read_report(path)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.warning("unreadable_result", file=path.name, error=f"{type(exc).__name__}: {exc}"[:300])
+            continue
+        reports[report.release_id] = report
+    return reports
