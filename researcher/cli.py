@@ -89,6 +89,12 @@ def build_parser() -> argparse.ArgumentParser:
     _common(s)
     s.add_argument("--listen", default="127.0.0.1:0", help="where the Researcher service listens")
     s.add_argument("--port-file", help="write the bound port here")
+    s.add_argument(
+        "--analyst",
+        action="append",
+        default=[],
+        help="certificate name of an analyst who may read the estimates (repeat; this researcher always may)",
+    )
     f = sub.add_parser(
         "fetch",
         help="estimate one release and print it",
@@ -157,7 +163,8 @@ def serve(args: argparse.Namespace, log: EventLog) -> int:
 
     tracker = ReleaseTracker(process, log, load_reports(out, log) if out is not None else {})
     server = make_grpc_server(insecure=args.insecure)
-    pb_grpc.add_ResearcherServicer_to_server(ResearcherService(tracker, log, args.timeout), server)
+    readers = frozenset({f"researcher/{args.name}", *(f"analyst/{a}" for a in args.analyst if a)})
+    pb_grpc.add_ResearcherServicer_to_server(ResearcherService(tracker, log, args.timeout, readers), server)
     health = add_health_and_reflection(server, [SERVICE_NAME])
     host, port = split_address(args.listen)
     bound = bind(server, host, port, endpoints.certs, args.name, args.insecure)

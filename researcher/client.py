@@ -70,9 +70,15 @@ class Endpoints:
     server: str
     curators: Mapping[str, str] = field(default_factory=dict)
 
-    def channel(self, address: str) -> grpc.Channel:
-        """A mutual-TLS channel to ``address`` as this researcher (plaintext if ``insecure``)."""
-        return secure_channel(address, self.certs, self.name, self.insecure, role=ROLE)
+    def server_channel(self) -> grpc.Channel:
+        """A mutual-TLS channel to the release server, which must present role ``server``."""
+        return secure_channel(self.server, self.certs, self.name, self.insecure, role=ROLE, peer_role="server")
+
+    def curator_channel(self, curator: str, address: str) -> grpc.Channel:
+        """A mutual-TLS channel to ``curator``'s key service: the peer must be that curator."""
+        return secure_channel(
+            address, self.certs, self.name, self.insecure, role=ROLE, peer_role="curator", peer_name=curator
+        )
 
 
 @dataclass(frozen=True)
@@ -117,7 +123,7 @@ def _status_or_none(stub: pb_grpc.ReleaseServerStub, release_id: str, seconds: f
 def wait_perturbed(endpoints: Endpoints, release_id: str, timeout: float) -> PerturbedRelease:
     """Poll the server until ``release_id`` is PERTURBED (at most ``timeout`` seconds)."""
     deadline = time.monotonic() + check_seconds(timeout, "the wait for a release")
-    with endpoints.channel(endpoints.server) as channel:
+    with endpoints.server_channel() as channel:
         stub = pb_grpc.ReleaseServerStub(channel)
         while True:
             status = _status_or_none(stub, release_id, min(STATUS_RPC_SECONDS, deadline - time.monotonic()))
@@ -179,7 +185,7 @@ def fetch_perturbed(
     spec = release.spec
 
     def once() -> tuple[list[bytes], bytes, bytes]:
-        with endpoints.channel(endpoints.server) as channel:
+        with endpoints.server_channel() as channel:
             stream = pb_grpc.ReleaseServerStub(channel).FetchPerturbed(
                 pb.FetchRequest(release_id=spec.release_id), timeout=FETCH_RPC_SECONDS
             )
@@ -195,11 +201,11 @@ def fetch_perturbed(
 
 
 # ---------------------------------------------------------------------------------- keys
-def _key_chunks(endpoints: Endpoints, address: str, release_id: str) -> tuple[pb.KeyChunk, bytes]:
+def _key_chunks(endpoints: Endpoints, curator: str, address: str, release_id: str) -> tuple[pb.KeyChunk, bytes]:
     """The first KeyChunk (key, schema, sizes) and the joined OTP pad bytes of all chunks."""
     head: pb.KeyChunk | None = None
     otp: list[bytes] = []
-    with endpoints.channel(address) as channel:
+    with endpoints.curator_channel(curator, address) as channel:
         stream = pb_grpc.CuratorStub(channel).ReleaseKey(pb.KeyRequest(release_id=release_id), timeout=KEY_RPC_SECONDS)
         for chunk in stream:
             head = head or chunk
@@ -244,7 +250,10 @@ def fetch_key(endpoints: Endpoints, spec: ReleaseSpec, curator: str, log: EventL
         return f"no address for curator {curator!r}; pass --curator {curator}=HOST:PORT"
     try:
         head, otp = with_retries(
-            lambda: _key_chunks(endpoints, address, spec.release_id), f"key_{curator}", log, attempts=KEY_ATTEMPTS
+            lambda: _key_chunks(endpoints, curator, address, spec.release_id),
+            f"key_{curator}",
+            log,
+            attempts=KEY_ATTEMPTS,
         )
     except grpc.RpcError as exc:
         if exc.code() not in REFUSAL_CODES:

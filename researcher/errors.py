@@ -42,3 +42,9 @@ class ReleaseFailedError(SecureReleaseError):
     """Processing a release failed for a reason outside the project's own errors (an RPC)."""
 
     kind = ErrorKind.FAILED_PRECONDITION
+
+
+class NotAReaderError(SecureReleaseError):
+    """The caller is not among the identities allowed to read this researcher's estimates."""
+
+    kind = ErrorKind.PERMISSION_DENIED

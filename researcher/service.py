@@ -103,8 +103,18 @@ class ReleaseTracker:
 class ResearcherService(pb_grpc.ResearcherServicer):
     """Serves the reports of a :class:`ReleaseTracker` to analysts."""
 
-    def __init__(self, tracker: ReleaseTracker, log: EventLog, default_wait: float) -> None:
-        self.tracker, self.log, self.default_wait = tracker, log, default_wait
+    def __init__(
+        self, tracker: ReleaseTracker, log: EventLog, default_wait: float, readers: frozenset[str] = frozenset()
+    ) -> None:
+        """``readers``: the identities (``role/name``) that may read this researcher's estimates."""
+        self.tracker, self.log, self.default_wait, self.readers = tracker, log, default_wait, readers
+
+    def _check_reader(self, context: grpc.ServicerContext, release_id: str = "") -> None:
+        """PERMISSION_DENIED unless the caller is one of this researcher's readers."""
+        who = str(caller(context))
+        if who not in self.readers:
+            self.log("estimate_refused", release_id=release_id, caller=who)
+            abort_with(context, NotAReaderError(f"{who} may not read this researcher's estimates"))
 
     def NotifyReady(self, request: pb.ReadyNotice, context: grpc.ServicerContext) -> pb.ReadyAck:  # noqa: N802
         """The server says a release is perturbed: start estimating it."""
@@ -118,6 +128,7 @@ class ResearcherService(pb_grpc.ResearcherServicer):
     ) -> pb.EstimateResponse:
         """The finished estimate of a release (waiting for it if ``request.wait``)."""
         release_id = self._release_id(request.release_id, context)
+        self._check_reader(context, release_id)
         if request.wait:
             self.tracker.start(release_id)
             self.tracker.wait(release_id, self._wait_seconds(context))
@@ -138,6 +149,7 @@ class ResearcherService(pb_grpc.ResearcherServicer):
         self, request: pb.ListReleasesRequest, context: grpc.ServicerContext
     ) -> pb.ListReleasesResponse:
         """The ids of the releases estimated so far."""
+        self._check_reader(context)
         return pb.ListReleasesResponse(release_ids=self.tracker.finished())
 
     def _wait_seconds(self, context: grpc.ServicerContext) -> float:

@@ -38,7 +38,8 @@ def release() -> FakeRelease:
 @contextlib.contextmanager
 def researcher_service(tracker: ReleaseTracker) -> Iterator[str]:
     server = make_grpc_server(max_workers=4, insecure=True)
-    pb_grpc.add_ResearcherServicer_to_server(ResearcherService(tracker, LOG, 5.0), server)
+    readers = frozenset({"researcher/researcher-1", "analyst/analyst-1"})
+    pb_grpc.add_ResearcherServicer_to_server(ResearcherService(tracker, LOG, 5.0, readers), server)
     port = bind(server, "127.0.0.1", 0, None, "researcher", insecure=True)
     server.start()
     try:
@@ -102,7 +103,13 @@ def test_roles_unknown_releases_and_bad_ids_are_refused(release: FakeRelease, tm
         unknown = _call(stub(address, "analyst").GetEstimate, pb.EstimateRequest(release_id="r9"))
         bad_id = _call(stub(address, "analyst").GetEstimate, pb.EstimateRequest(release_id="../etc", wait=True))
         curator = _call(stub(address, "curator").ListReleases, pb.ListReleasesRequest())
+        other = pb_grpc.ResearcherStub(secure_channel(address, None, "analyst-2", insecure=True, role="analyst"))
+        stranger = _call(other.GetEstimate, pb.EstimateRequest(release_id="r1"))
+        stranger_list = _call(other.ListReleases, pb.ListReleasesRequest())
     assert _code(notify)[0] == grpc.StatusCode.PERMISSION_DENIED
+    # an analyst this researcher did not name may read nothing, not even the list of releases
+    assert _code(stranger) == (grpc.StatusCode.PERMISSION_DENIED, _code(stranger)[1])
+    assert "NotAReaderError" in _code(stranger)[1] and _code(stranger_list)[0] == grpc.StatusCode.PERMISSION_DENIED
     assert _code(unknown) == (grpc.StatusCode.NOT_FOUND, _code(unknown)[1])
     assert "EstimateNotFoundError" in _code(unknown)[1] and "wait=true" in _code(unknown)[1]
     assert _code(bad_id)[0] == grpc.StatusCode.INVALID_ARGUMENT and "release id" in _code(bad_id)[1]
