@@ -38,6 +38,7 @@ class Keystore:
     """Directory of ``ledger.json`` and ``release-<id>.json`` files, all 0600."""
 
     def __init__(self, directory: str | Path, budget: float = 1.0) -> None:
+        """Open (or create, mode 0700) ``directory``; ``budget`` is a new ledger's budget."""
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         os.chmod(self.directory, 0o700)

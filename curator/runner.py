@@ -46,6 +46,7 @@ class OwnData:
 
     @property
     def alphabet_size(self) -> int:
+        """Number of symbols of this curator's joint attribute code."""
         return self.table.schema.alphabet_size
 
 

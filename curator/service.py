@@ -127,6 +127,7 @@ class CuratorService(pb_grpc.CuratorServicer):
     """One curator's gRPC endpoint; the run thread adds leader states and keys."""
 
     def __init__(self, name: str, schema: CuratorSchema, log: EventLog) -> None:
+        """Curator ``name`` whose keys carry ``schema``; every grant and refusal goes to ``log``."""
         self.name, self.schema, self.log = name, schema, log
         self.leading: dict[str, LeaderState] = {}
         self.keys: dict[str, KeyRecord] = {}
