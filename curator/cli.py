@@ -1,4 +1,4 @@
-"""``python -m curator run``: one curator's side of a secure release.
+"""``python -m secure_release.curator run``: one curator's side of a secure release.
 
 Config: flags, ``SECURE_RELEASE_<FLAG>`` environment variables (e.g. SECURE_RELEASE_EPSILON=0.5)
 or ``--config file.json`` (keys are flag names); flags win over env, env over the file.
@@ -10,7 +10,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from secure_release.infra.config import ConfigError, apply_env_and_config, require, subcommand_parser
+from secure_release.infra.config import ConfigError, apply_env_and_config, subcommand_parser
+from secure_release.infra.logs import setup_logging
 from secure_release.mechanism.errors import SecureReleaseError
 
 EPILOG = """\
@@ -23,18 +24,19 @@ How a release runs:
   4. the curator then serves its pad key to the researchers it granted (--grant), until SIGTERM.
 
 Example (two terminals; the certificates come from 'secure-release pki init'):
-  python -m curator run --data alice.csv --schema alice.json --release-id r1 --epsilon 0.5 \\
+  python -m secure_release.curator run --data alice.csv --schema alice.json --release-id r1 --epsilon 0.5 \\
       --server 127.0.0.1:7000 --certs certs --name alice --curators alice,bob --leader \\
       --listen 127.0.0.1:7101 --alignment-key-file align.key --grant researcher
-  python -m curator run --data bob.csv --schema bob.json --release-id r1 --epsilon 0.5 \\
+  python -m secure_release.curator run --data bob.csv --schema bob.json --release-id r1 --epsilon 0.5 \\
       --server 127.0.0.1:7000 --certs certs --name bob --curators alice,bob \\
       --leader-address 127.0.0.1:7101 --alignment-key-file align.key --grant researcher
 """
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The curator's command line (one sub-command, ``run``)."""
     parser = argparse.ArgumentParser(
-        prog="python -m curator",
+        prog="python -m secure_release.curator",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -101,6 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the curator CLI; returns the exit code (2: bad setting or input, 3: an RPC failed)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     try:
@@ -110,12 +113,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command != "run":
             parser.print_help()
             return 2
-        require(args, "data", "schema", "release_id", "epsilon", "curators", "server", "name")
-        if not args.insecure:
-            require(args, "certs")
+        setup_logging()
+        from secure_release.curator.config import config_from_args
         from secure_release.curator.runner import run
 
-        return run(args)
+        return run(config_from_args(args))
     except KeyboardInterrupt:
         return 130
     except (SecureReleaseError, ConfigError, OSError) as exc:

@@ -1,8 +1,9 @@
 """A curator's secrets on disk: release pads/keys and the privacy ledger.
 
 Every file is written atomically (temporary file in the same directory, fsync, rename, fsync
-of the directory) with mode 0600; the directory itself is 0700. A release past the budget is
-refused by :meth:`Keystore.check_release` before anything leaves the curator.
+of the directory) with mode 0600; the directory itself is 0700. The ledger is a pure value
+(:class:`~secure_release.mechanism.ledger.PrivacyLedger`): a run loads it once, checks and
+charges it in memory and saves it back.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ class Keystore:
     """Directory of ``ledger.json`` and ``release-<id>.json`` files, all 0600."""
 
     def __init__(self, directory: str | Path, budget: float = 1.0) -> None:
+        """Open (or create, mode 0700) ``directory``; ``budget`` is a new ledger's budget."""
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         os.chmod(self.directory, 0o700)
@@ -44,6 +46,7 @@ class Keystore:
 
     # ------------------------------------------------------------ ledger
     def load_ledger(self) -> PrivacyLedger:
+        """The stored ledger (an empty one at the default budget if none is stored yet)."""
         path = self.directory / LEDGER_FILE
         if not path.exists():
             return PrivacyLedger(self.default_budget)
@@ -53,19 +56,12 @@ class Keystore:
             raise KeystoreError(f"{path}: unreadable ledger ({exc})") from exc
 
     def save_ledger(self, ledger: PrivacyLedger) -> None:
+        """Persist ``ledger`` atomically (0600)."""
         atomic_write(self.directory / LEDGER_FILE, json.dumps(ledger.to_dict(), indent=1).encode())
-
-    def check_release(self, dataset: str, release_id: str, epsilon: float, seed_fp: str) -> None:
-        """Raise BudgetExceededError / SeedReuseError if the release would be refused."""
-        self.load_ledger().check(dataset, release_id, epsilon, seed_fp)
-
-    def charge_release(self, dataset: str, release_id: str, epsilon: float, seed_fp: str) -> None:
-        ledger = self.load_ledger()
-        ledger.charge(dataset, release_id, epsilon, seed_fp)
-        self.save_ledger(ledger)
 
     # ------------------------------------------------------------ pads
     def save_pad(self, release_id: str, pad: ReleasePad, extra: dict[str, Any] | None = None) -> None:
+        """Persist a release's pad key (chacha20) or pad symbols (otp) before its upload."""
         record: dict[str, Any] = {
             "release_id": release_id,
             "mode": pad.mode.value,
@@ -81,6 +77,7 @@ class Keystore:
         atomic_write(self.directory / f"release-{_safe(release_id)}.json", json.dumps(record).encode())
 
     def load_pad(self, release_id: str) -> tuple[ReleasePad, dict[str, Any]]:
+        """A stored pad and its record (for a restart that resumes a release)."""
         path = self.directory / f"release-{_safe(release_id)}.json"
         if not path.exists():
             raise KeystoreError(f"no pad stored for release {release_id!r}")

@@ -40,11 +40,14 @@ class BadRowsError(SecureReleaseError):
 
 @dataclass(frozen=True)
 class TableSpec:
+    """A schema file: the curator's schema and the name of its id column."""
+
     schema: CuratorSchema
     id_column: str
 
 
 def load_schema(path: str | Path) -> TableSpec:
+    """Read a schema JSON file; :class:`SchemaFileError` says what is missing or malformed."""
     try:
         data: Any = json.loads(Path(path).read_text(encoding="utf-8"))
         name = str(data["curator"])
@@ -56,14 +59,6 @@ def load_schema(path: str | Path) -> TableSpec:
             '"attributes": [{"name": ..., "categories": [...]}]}'
         ) from exc
     return TableSpec(CuratorSchema(name, attrs), str(data.get("id_column", "id")))
-
-
-def schema_to_dict(spec: TableSpec) -> dict[str, Any]:
-    return {
-        "curator": spec.schema.name,
-        "id_column": spec.id_column,
-        "attributes": [{"name": a.name, "categories": list(a.categories)} for a in spec.schema.attributes],
-    }
 
 
 def _read_columns(path: Path) -> tuple[list[str], list[npt.NDArray[np.str_]], npt.NDArray[np.bool_]]:

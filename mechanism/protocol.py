@@ -3,6 +3,7 @@
 Steps, each a named function the services reuse unchanged:
 
 1. :func:`curator_tags`, :func:`agree_alignment`      keyed id tags, common ids, canonical order
+   :func:`leader_agree`                                the leading curator's agreement (spec, seed)
 2. :func:`~mechanism.sampling.sample_positions`        the shared ordered m-tuple
 3. :func:`curator_encrypt`                             sample + fresh pad + encrypt
 4. :func:`server_perturb`                              PRAM once on the joint ciphertext rows
@@ -15,13 +16,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 
 from secure_release.mechanism import estimators
-from secure_release.mechanism.alignment import Alignment, TagArray, align, common_tags, id_tags
+from secure_release.mechanism.alignment import TAG_DTYPE, Alignment, TagArray, align, common_tags, id_tags
 from secure_release.mechanism.errors import ShapeMismatchError
 from secure_release.mechanism.keys import AlignmentKey, PadKey, PramKey, Seed
 from secure_release.mechanism.pads import CipherMode, ReleasePad, new_release_pad
@@ -35,6 +36,7 @@ from secure_release.mechanism.schema import (
     joint_codes,
     mixed_radix_encode,
 )
+from secure_release.mechanism.spec import ReleaseSpec
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,43 @@ def agree_alignment(tag_lists: Sequence[TagArray]) -> list[Alignment]:
     """Step 1b: every curator's row order over the ids all of them hold."""
     agreed = common_tags(tag_lists)
     return [align(tags, agreed) for tags in tag_lists]
+
+
+class Agreement(NamedTuple):
+    """What the leading curator fixes for one release and sends to every curator."""
+
+    spec: ReleaseSpec
+    seed: Seed
+    common: TagArray  # the tags every curator holds, ascending: the canonical row order
+
+
+def leader_agree(
+    release_id: str,
+    curators: Sequence[str],
+    tags_by_curator: Mapping[str, TagArray],
+    sizes_by_curator: Mapping[str, int],
+    epsilon: float,
+    m: int | None,
+    cipher: CipherMode,
+    researchers: Sequence[str] = (),
+    seed: Seed | None = None,
+) -> Agreement:
+    """Step 1c, the leading curator: from every curator's tags and alphabet size, the common
+    tags (ascending: the canonical order), n = their number, the plan (m defaults to m*) and a
+    fresh sampling seed (``seed``: reproducible tests only), as a validated :class:`ReleaseSpec`.
+
+    ``curators`` is the joint-code order; the spec's alphabet sizes follow it.
+    """
+    missing = [c for c in curators if c not in tags_by_curator or c not in sizes_by_curator]
+    if missing:
+        raise ShapeMismatchError(
+            f"the agreement needs the tags and alphabet size of every curator in {list(curators)}; "
+            f"missing {missing}"
+        )
+    common = np.ascontiguousarray(common_tags([tags_by_curator[c] for c in curators]).astype(TAG_DTYPE))
+    plan = plan_release(int(common.size), [sizes_by_curator[c] for c in curators], epsilon, m)
+    spec = ReleaseSpec(release_id, tuple(curators), cipher, plan, tuple(researchers)).validate()
+    return Agreement(spec, seed or Seed.generate(), common)
 
 
 def curator_encrypt(

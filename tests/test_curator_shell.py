@@ -1,8 +1,8 @@
-"""Curator shell: table reading, bad rows, keystore files, ledger refusal before upload."""
+"""Curator shell: table reading, bad rows, keystore files, the CLI's refusals before anything
+leaves the curator."""
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import stat
@@ -10,21 +10,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-import grpc
 import numpy as np
 import pytest
 
 from secure_release.curator.keystore import Keystore
-from secure_release.curator.service import CuratorService, LeaderState, tag_chunks
 from secure_release.curator.table import BadRowsError, load_schema, read_table
-from secure_release.infra import tls as security
-from secure_release.infra.config import JsonLog
 from secure_release.infra.fileio import atomic_write
-from secure_release.mechanism.alignment import TAG_DTYPE
 from secure_release.mechanism.errors import BudgetExceededError
-from secure_release.mechanism.pads import CipherMode, new_release_pad
-from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
-from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
+from secure_release.mechanism.pads import new_release_pad
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = {"curator": "alice", "id_column": "id",
@@ -73,11 +66,13 @@ def test_keystore_files_are_0600_and_roundtrip(tmp_path: Path) -> None:
         back, _ = ks.load_pad(f"r-{mode}")
         assert np.array_equal(back.pad(), pad.pad())
         assert stat.S_IMODE(os.stat(tmp_path / "ks" / f"release-r-{mode}.json").st_mode) == 0o600
-    ks.charge_release("d", "r1", 0.4, "fp1")
+    ledger = ks.load_ledger()
+    ledger.charge("d", "r1", 0.4, "fp1")
+    ks.save_ledger(ledger)
     assert stat.S_IMODE(os.stat(tmp_path / "ks" / "ledger.json").st_mode) == 0o600
     assert stat.S_IMODE(os.stat(tmp_path / "ks").st_mode) == 0o700
     with pytest.raises(BudgetExceededError):
-        ks.check_release("d", "r2", 0.7, "fp2")
+        ks.load_ledger().check("d", "r2", 0.7, "fp2")
     assert ks.load_ledger().spent("d") == pytest.approx(0.4)
 
 
@@ -139,60 +134,23 @@ def test_env_config(tmp_path: Path) -> None:
     assert args.epsilon == 0.75 and args.release_id == "fromfile"
 
 
-def _lead_and_submit(
-    tmp_path: Path, expected: tuple[int, ...] | None, bob_size: int
-) -> tuple[LeaderState, pb.SubmitTagsResponse | grpc.RpcError]:
-    """alice leads over mutual TLS; bob submits 3 tags announcing alphabet size ``bob_size``."""
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    certs = tmp_path / "certs"
-    security.init_pki(certs, [("curator", "alice"), ("curator", "bob")])
-    tags = np.frombuffer(bytes(range(48)), dtype=TAG_DTYPE).copy()
-    state = LeaderState("r1", ("alice", "bob"), expected, 1.0, None, CipherMode.CHACHA20, "res")
-    schema = load_schema(_files(tmp_path, "")[1]).schema
-    service = CuratorService("alice", schema, JsonLog("curator", "alice", io.StringIO()))
-    service.lead(state)
-    server = security.make_grpc_server(max_workers=2)
-    pb_grpc.add_CuratorServicer_to_server(service, server)
-    port = security.bind(server, "127.0.0.1", 0, certs, "alice")
-    server.start()
-    resp: pb.SubmitTagsResponse | grpc.RpcError
-    try:
-        state.add_tags("alice", tags, 6)
-        with security.secure_channel(f"127.0.0.1:{port}", certs, "bob") as channel:
-            try:
-                resp = pb_grpc.CuratorStub(channel).SubmitTags(
-                    tag_chunks("r1", "bob", tags, bob_size), timeout=10
-                )
-            except grpc.RpcError as exc:
-                resp = exc
-    finally:
-        server.stop(0).wait()
-    return state, resp
+def test_run_help_lists_the_flags() -> None:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-m", "secure_release.curator", "run", "--help"],
+                          capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 0, proc.stderr
+    for flag in ("--leader-address", "--alphabet-sizes", "--grant", "--exit-after-keys", "--config"):
+        assert flag in proc.stdout
 
 
-@pytest.mark.parametrize("expected", [None, (6, 4)])
-def test_leader_learns_alphabet_sizes_from_tags(
-    tmp_path: Path, expected: tuple[int, ...] | None
-) -> None:
-    state, resp = _lead_and_submit(tmp_path, expected, 4)
-    assert isinstance(resp, pb.SubmitTagsResponse) and resp.tags_received == 3
-    assert state.wait_all_tags(1.0)
-    params, _, common = state.agree()
-    assert list(params.alphabet_sizes) == [6, 4] and common.size == 3
-
-
-def test_leader_alphabet_cross_check_mismatch(tmp_path: Path) -> None:
-    state, resp = _lead_and_submit(tmp_path, (6, 5), 4)
-    assert isinstance(resp, grpc.RpcError) and resp.code() == grpc.StatusCode.FAILED_PRECONDITION
-    assert "'bob' has alphabet size 4, but --alphabet-sizes at the leader says 5" in (resp.details() or "")
-    assert not state.wait_all_tags(1.0)  # fails at once, no waiting for the timeout
-    assert state.error is not None and "alphabet size 4" in state.error
-
-
-def test_leader_without_cross_check_needs_sizes_from_tags(tmp_path: Path) -> None:
-    _, resp = _lead_and_submit(tmp_path / "a", None, 0)  # a curator that sends no size
-    assert isinstance(resp, grpc.RpcError) and resp.code() == grpc.StatusCode.FAILED_PRECONDITION
-    assert "sent no alphabet size" in (resp.details() or "")
-    state, resp = _lead_and_submit(tmp_path / "b", (6, 4), 0)  # --alphabet-sizes fills it in
-    assert isinstance(resp, pb.SubmitTagsResponse) and resp.tags_received == 3
-    assert list(state.agree()[0].alphabet_sizes) == [6, 4]
+def test_unknown_cipher_is_refused_by_name(tmp_path: Path) -> None:
+    data, schema = _files(tmp_path, "x1,a,m\n")
+    (tmp_path / "c.json").write_text(json.dumps({"cipher": "rot13"}))  # bypasses argparse choices
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.run(
+        [sys.executable, "-m", "secure_release.curator", "run", "--config", str(tmp_path / "c.json"),
+         "--data", str(data), "--schema", str(schema), "--release-id", "r1", "--epsilon", "0.5",
+         "--server", "127.0.0.1:1", "--name", "alice", "--curators", "alice,bob", "--leader", "--insecure"],
+        capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 2
+    assert "UnknownCipherError" in proc.stderr and "allowed: otp, chacha20" in proc.stderr

@@ -1,0 +1,197 @@
+"""The curator's settings as one typed value, built once from flags, ``SECURE_RELEASE_<FLAG>``
+environment variables and ``--config file.json`` (flags win over env, env over the file).
+
+Secrets never sit in a config file: the alignment key comes from ``--alignment-key-file`` (or
+the flag/env ``--alignment-key-hex``), and a config file holding a secret setting is refused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from secure_release.infra.config import ConfigError, require, split_address, testing_enabled
+from secure_release.mechanism.accounting import check_epsilon
+from secure_release.mechanism.errors import UnknownCipherError
+from secure_release.mechanism.keys import AlignmentKey, PadKey, Seed
+from secure_release.mechanism.pads import CipherMode
+from secure_release.mechanism.spec import check_name, check_names
+
+#: Settings that hold secrets: allowed as flags or environment, never in a --config file.
+SECRET_SETTINGS = frozenset({"alignment_key_hex", "insecure_test_seed", "insecure_test_pad_key"})
+REQUIRED = ("data", "schema", "release_id", "epsilon", "curators", "server", "name")
+
+
+@dataclass(frozen=True)
+class CuratorConfig:
+    """Everything one curator run needs; secrets are held as redacting key types."""
+
+    name: str
+    release_id: str
+    epsilon: float
+    m: int | None
+    cipher: CipherMode
+    curators: tuple[str, ...]  # joint-code order
+    leader: bool
+    leader_address: str | None  # followers only
+    expected_sizes: tuple[int, ...] | None  # leader only: --alphabet-sizes cross-check
+    notify: str  # the researcher the server notifies (--researcher)
+    grants: tuple[str, ...]  # researchers allowed to fetch this curator's key
+    budget: float
+    data: Path
+    schema: Path
+    dataset: str  # ledger name of the data set
+    keystore: Path
+    server: str
+    certs: Path | None
+    listen_host: str
+    listen_port: int
+    port_file: str | None
+    insecure: bool
+    timeout: float
+    exit_after_keys: bool
+    alignment_key: AlignmentKey
+    test_seed: Seed | None = None
+    test_pad_key: PadKey | None = None
+
+    @property
+    def researchers(self) -> tuple[str, ...]:
+        """The spec's researchers: the one the server notifies first, then the grants."""
+        return tuple(dict.fromkeys((self.notify, *self.grants)))
+
+
+def parse_cipher(text: str) -> CipherMode:
+    """``otp`` or ``chacha20`` (any case); else :class:`UnknownCipherError`."""
+    try:
+        return CipherMode(str(text).lower())
+    except ValueError:
+        allowed = ", ".join(mode.value for mode in CipherMode)
+        raise UnknownCipherError(f"unknown cipher {text!r}; allowed: {allowed}") from None
+
+
+def parse_names(text: str, what: str, minimum: int = 0) -> tuple[str, ...]:
+    """A comma-separated list of distinct names following the name grammar."""
+    return check_names([part.strip() for part in str(text).split(",") if part.strip()], what, minimum)
+
+
+def parse_sizes(text: str | None, curators: tuple[str, ...]) -> tuple[int, ...] | None:
+    """``--alphabet-sizes``: one integer >= 2 per curator, comma separated (None if unset)."""
+    if not text:
+        return None
+    try:
+        sizes = tuple(int(s) for s in str(text).split(","))
+    except ValueError:
+        raise ConfigError(f"--alphabet-sizes must be comma-separated integers, got {text!r}") from None
+    if len(sizes) != len(curators) or min(sizes) < 2:
+        raise ConfigError(
+            f"--alphabet-sizes needs one integer >= 2 for each of the {len(curators)} curators "
+            f"{list(curators)}, got {list(sizes)}"
+        )
+    return sizes
+
+
+def check_config_file(path: str | None) -> None:
+    """Refuse a --config file that holds a secret setting (its value is never echoed)."""
+    if not path:
+        return
+    try:
+        data: Any = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"--config {path}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"--config {path}: expected a JSON object of flag names, got {type(data).__name__}")
+    secrets = sorted(k for k in data if str(k).replace("-", "_") in SECRET_SETTINGS)
+    if secrets:
+        raise ConfigError(
+            f"--config {path} holds secret setting(s) {secrets}; a config file is no place for "
+            "secrets: use --alignment-key-file FILE (0600) or the SECURE_RELEASE_<FLAG> environment"
+        )
+
+
+def _alignment_key(args: argparse.Namespace) -> AlignmentKey:
+    if args.alignment_key_hex:
+        return AlignmentKey.from_hex(str(args.alignment_key_hex).strip())
+    if args.alignment_key_file:
+        return AlignmentKey.from_hex(Path(args.alignment_key_file).read_text().strip())
+    raise ConfigError(
+        "the curators must share an alignment key: pass --alignment-key-file FILE (64 hex digits, "
+        "same file content at every curator; never give it to the server or researcher)"
+    )
+
+
+def _test_secrets(args: argparse.Namespace) -> tuple[Seed | None, PadKey | None]:
+    if not (args.insecure_test_seed or args.insecure_test_pad_key):
+        return None, None
+    if not testing_enabled():
+        raise ConfigError("--insecure-test-* flags are allowed only with SECURE_RELEASE_TESTING=1")
+    seed = Seed.from_hex(args.insecure_test_seed) if args.insecure_test_seed else None
+    pad_key = PadKey.from_hex(args.insecure_test_pad_key) if args.insecure_test_pad_key else None
+    return seed, pad_key
+
+
+def _role_settings(args: argparse.Namespace, name: str) -> tuple[bool, str | None]:
+    leader, address = bool(args.leader), args.leader_address or None
+    if leader and address:
+        raise ConfigError("--leader and --leader-address exclude each other: the leader listens, followers call it")
+    if not leader and not address:
+        raise ConfigError(f"{name} does not lead (--leader), so it needs --leader-address HOST:PORT")
+    return leader, address
+
+
+def _positive(value: float, flag: str) -> float:
+    if not math.isfinite(value) or value <= 0:
+        raise ConfigError(f"{flag} must be a finite number > 0, got {value!r}")
+    return float(value)
+
+
+def config_from_args(args: argparse.Namespace) -> CuratorConfig:
+    """The one typed config of a run (``args``: the ``run`` sub-command's parsed flags, env and
+    config-file defaults already applied). Raises a named error for any bad setting."""
+    require(args, *REQUIRED)
+    if not args.insecure:
+        require(args, "certs")
+    check_config_file(args.config)
+    test_seed, test_pad_key = _test_secrets(args)
+    name = check_name(args.name, "curator name")
+    leader, leader_address = _role_settings(args, name)
+    if test_seed is not None and not leader:
+        raise ConfigError("--insecure-test-seed is for the leading curator only (the leader picks the seed)")
+    curators = parse_names(args.curators, "curator", minimum=2)
+    if name not in curators:
+        raise ConfigError(f"--curators must include this curator {name!r}, got {list(curators)}")
+    if args.m is not None and args.m < 1:
+        raise ConfigError(f"--m must be an integer >= 1 (or unset for m*), got {args.m}")
+    host, port = split_address(args.listen)
+    return CuratorConfig(
+        name=name,
+        release_id=check_name(args.release_id, "release id"),
+        epsilon=check_epsilon(args.epsilon),
+        m=args.m,
+        cipher=parse_cipher(args.cipher),
+        curators=curators,
+        leader=leader,
+        leader_address=leader_address,
+        expected_sizes=parse_sizes(args.alphabet_sizes, curators) if leader else None,
+        notify=check_name(args.researcher, "researcher"),
+        grants=tuple(dict.fromkeys(check_name(g, "researcher") for g in args.grant if g)),
+        budget=_positive(args.budget, "--budget"),
+        data=Path(args.data),
+        schema=Path(args.schema),
+        dataset=args.dataset or Path(args.data).name,
+        keystore=Path(args.keystore or f"keystore-{name}"),
+        server=args.server,
+        certs=Path(args.certs) if args.certs else None,
+        listen_host=host,
+        listen_port=port,
+        port_file=args.port_file,
+        insecure=bool(args.insecure),
+        timeout=_positive(args.timeout, "--timeout"),
+        exit_after_keys=bool(args.exit_after_keys),
+        alignment_key=_alignment_key(args),
+        test_seed=test_seed,
+        test_pad_key=test_pad_key,
+    )

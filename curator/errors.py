@@ -1,0 +1,49 @@
+"""The curator's named errors; each names its kind, so ``infra.errors.abort_with`` sends it with
+the right gRPC status."""
+
+from __future__ import annotations
+
+from secure_release.mechanism.errors import ErrorKind, SecureReleaseError
+
+
+class AgreementError(SecureReleaseError):
+    """The agreement failed, or the leader's spec contradicts this curator's own settings."""
+
+    kind = ErrorKind.FAILED_PRECONDITION
+
+
+class AlphabetSizeMismatchError(AgreementError):
+    """A curator's alphabet size contradicts the leader's --alphabet-sizes (or is missing)."""
+
+
+class AgreementFixedError(AgreementError):
+    """Tags arrived that differ from the ones the fixed agreement was computed from."""
+
+
+class AgreementNotReadyError(SecureReleaseError):
+    """The leader is still waiting for tags; ask again later."""
+
+    kind = ErrorKind.UNAVAILABLE
+
+
+class NotLeadingError(SecureReleaseError):
+    """The curator asked does not lead the named release."""
+
+    kind = ErrorKind.NOT_FOUND
+
+
+class UnknownReleaseError(SecureReleaseError):
+    """The curator holds no key for the named release."""
+
+    kind = ErrorKind.NOT_FOUND
+
+
+class CallerNotAllowedError(SecureReleaseError):
+    """The caller's certificate name may not do this for this release (impersonation, not a
+    member, or no grant)."""
+
+    kind = ErrorKind.PERMISSION_DENIED
+
+
+class TagStreamError(SecureReleaseError):
+    """A tag stream is malformed: chunks out of order, or more than one release."""

@@ -1,0 +1,193 @@
+"""The Curator service: its RPC methods called directly behind a checked identity (no
+network), then the real server (auth interceptor, health) with a follower over loopback."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, NoReturn
+
+import grpc
+import numpy as np
+import pytest
+
+from secure_release.curator.agreement import follow_leader
+from secure_release.curator.config import CuratorConfig
+from secure_release.curator.leader import LeaderState
+from secure_release.curator.runner import start_server
+from secure_release.curator.service import SERVICE_NAME, CuratorService
+from secure_release.infra.auth import AuthedContext
+from secure_release.infra.health import check
+from secure_release.infra.logs import EventLog
+from secure_release.infra.tls import Identity, secure_channel
+from secure_release.infra.wire import TAGS_PER_CHUNK, cipher_from_pb, spec_from_pb, tag_chunks, tags_from_bytes
+from secure_release.mechanism.alignment import TAG_DTYPE, TagArray
+from secure_release.mechanism.keys import AlignmentKey, Seed
+from secure_release.mechanism.packing import CHUNK_ROWS, unpack_symbols
+from secure_release.mechanism.pads import CipherMode, new_release_pad
+from secure_release.mechanism.schema import Attribute, CuratorSchema
+from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
+from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
+
+SCHEMA = CuratorSchema("alice", (Attribute("edu", ("a", "b", "c")), Attribute("mar", ("m", "s"))))
+SEED = Seed(bytes([9]) * 32)
+
+
+class AbortedError(Exception):
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(details)
+        self.code, self.details = code, details
+
+
+class FakeContext:
+    """Just what the servicer uses of a grpc.ServicerContext."""
+
+    def __init__(self, remaining: float = 5.0) -> None:
+        self.remaining = remaining
+
+    def abort(self, code: grpc.StatusCode, details: str) -> NoReturn:
+        raise AbortedError(code, details)
+
+    def time_remaining(self) -> float:
+        return self.remaining
+
+
+def _as(role: str, name: str, remaining: float = 5.0) -> Any:
+    return AuthedContext(FakeContext(remaining), Identity(role, name))  # type: ignore[arg-type]
+
+
+def _tags(count: int, offset: int = 0) -> TagArray:
+    tags = np.zeros(count, dtype=TAG_DTYPE)
+    tags["hi"] = np.arange(offset, offset + count, dtype=np.uint64)
+    tags["lo"] = 7
+    return tags
+
+
+def _leading() -> tuple[CuratorService, LeaderState]:
+    service = CuratorService("alice", SCHEMA, EventLog("curator", "alice"))
+    state = LeaderState("r1", ("alice", "bob"), None, 1.0, None, CipherMode.OTP, ("res",), SEED)
+    service.lead(state)
+    return service, state
+
+
+def _aborted(call: Any) -> AbortedError:
+    with pytest.raises(AbortedError) as info:
+        result = call()
+        if isinstance(result, Iterable):
+            list(result)
+    return info.value
+
+
+def test_submit_tags_and_serve_a_multi_chunk_agreement() -> None:
+    service, state = _leading()
+    n = TAGS_PER_CHUNK + 10  # common tags need two AgreementChunks
+    state.add_tags("alice", _tags(n + 5), 6)
+    resp = service.SubmitTags(tag_chunks("r1", "bob", _tags(n + 3, offset=2), 4), _as("curator", "bob"))
+    assert resp.tags_received == n + 3 and state.sizes == {"alice": 6, "bob": 4}
+    agreement = state.collect(1.0)
+    chunks = list(service.GetAgreement(pb.AgreementRequest(release_id="r1", curator="bob"), _as("curator", "bob")))
+    assert [c.sequence for c in chunks] == [0, 1] and chunks[-1].last and not chunks[0].last
+    assert spec_from_pb(chunks[0].params) == agreement.spec and agreement.spec.n == n + 3
+    assert chunks[0].sampling_seed == SEED.reveal() and not chunks[1].sampling_seed
+    assert np.array_equal(tags_from_bytes(b"".join(c.common_tags for c in chunks)), agreement.common)
+
+
+@pytest.mark.parametrize(
+    ("chunks", "who", "code", "error"),
+    [
+        (lambda: tag_chunks("r1", "carol", _tags(3), 4), "bob", grpc.StatusCode.PERMISSION_DENIED, "as 'carol'"),
+        (lambda: tag_chunks("r9", "bob", _tags(3), 4), "bob", grpc.StatusCode.NOT_FOUND, "does not lead"),
+        (lambda: tag_chunks("r1", "carol", _tags(3), 4), "carol", grpc.StatusCode.PERMISSION_DENIED, "not a curator"),
+        (lambda: tag_chunks("r1", "alice", _tags(3), 6), "alice", grpc.StatusCode.PERMISSION_DENIED, "own tags"),
+        (lambda: tag_chunks("r1", "bob", _tags(3), 0), "bob", grpc.StatusCode.FAILED_PRECONDITION, "no alphabet"),
+        (
+            lambda: [pb.TagChunk(release_id="r1", curator="bob", sequence=1, last=True)],
+            "bob",
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "out of order",
+        ),
+    ],
+)
+def test_submit_tags_refusals(chunks: Any, who: str, code: grpc.StatusCode, error: str) -> None:
+    service, state = _leading()
+    got = _aborted(lambda: service.SubmitTags(chunks(), _as("curator", who)))
+    assert got.code == code and error in got.details, got.details
+    assert "bob" not in state.tags
+
+
+def test_get_agreement_refusals() -> None:
+    service, state = _leading()
+    not_ready = _aborted(
+        lambda: service.GetAgreement(pb.AgreementRequest(release_id="r1", curator="bob"), _as("curator", "bob", 0.01))
+    )
+    assert not_ready.code == grpc.StatusCode.UNAVAILABLE and "AgreementNotReadyError" in not_ready.details
+    impostor = _aborted(
+        lambda: service.GetAgreement(pb.AgreementRequest(release_id="r1", curator="bob"), _as("curator", "carol"))
+    )
+    assert impostor.code == grpc.StatusCode.PERMISSION_DENIED
+    state.fail("the leader gave up")
+    failed = _aborted(
+        lambda: service.GetAgreement(pb.AgreementRequest(release_id="r1", curator="bob"), _as("curator", "bob"))
+    )
+    assert failed.code == grpc.StatusCode.FAILED_PRECONDITION and "the leader gave up" in failed.details
+
+
+def test_release_key_only_to_granted_researchers() -> None:
+    service = CuratorService("alice", SCHEMA, EventLog("curator", "alice"))
+    pad = new_release_pad(CipherMode.OTP, 6, CHUNK_ROWS + 5)  # two KeyChunks
+    service.add_release("r1", pad, ["res"])
+    unknown = _aborted(lambda: service.ReleaseKey(pb.KeyRequest(release_id="r2"), _as("researcher", "res")))
+    assert unknown.code == grpc.StatusCode.NOT_FOUND
+    intruder = _aborted(lambda: service.ReleaseKey(pb.KeyRequest(release_id="r1"), _as("researcher", "eve")))
+    assert intruder.code == grpc.StatusCode.PERMISSION_DENIED and "not granted 'eve'" in intruder.details
+    assert not service.wait_keys_served("r1", timeout=0.01)
+    chunks = list(service.ReleaseKey(pb.KeyRequest(release_id="r1"), _as("researcher", "res")))
+    assert cipher_from_pb(chunks[0].cipher) is CipherMode.OTP and chunks[0].schema.curator == "alice"
+    assert [c.sequence for c in chunks] == [0, 1] and chunks[1].last
+    symbols = np.concatenate([unpack_symbols(c.otp_pad, 6) for c in chunks])
+    assert np.array_equal(symbols, pad.pad())
+    assert service.wait_keys_served("r1", timeout=0.01)
+
+
+def test_release_key_chacha20_is_one_chunk() -> None:
+    service = CuratorService("alice", SCHEMA, EventLog("curator", "alice"))
+    pad = new_release_pad(CipherMode.CHACHA20, 6, 10)
+    service.add_release("r1", pad, ["res"])
+    (chunk,) = service.ReleaseKey(pb.KeyRequest(release_id="r1"), _as("researcher", "res"))
+    assert pad.key is not None and chunk.chacha20_key == pad.key.reveal() and chunk.last and chunk.m == 10
+
+
+def _config(name: str, **kw: Any) -> CuratorConfig:
+    base: dict[str, Any] = dict(
+        name=name, release_id="r1", epsilon=1.0, m=None, cipher=CipherMode.OTP, curators=("alice", "bob"),
+        leader=name == "alice", leader_address=None, expected_sizes=None, notify="res", grants=(),
+        budget=1.0, data=Path("x.csv"), schema=Path("x.json"), dataset="d", keystore=Path("ks"),
+        server="127.0.0.1:1", certs=None, listen_host="127.0.0.1", listen_port=0, port_file=None,
+        insecure=True, timeout=10.0, exit_after_keys=True, alignment_key=AlignmentKey(bytes(32)),
+    )  # fmt: skip
+    return CuratorConfig(**{**base, **kw})
+
+
+def test_follower_gets_the_leaders_agreement_over_grpc(tmp_path: Path) -> None:
+    service, state = _leading()
+    port_file = tmp_path / "port"
+    server = start_server(_config("alice", port_file=str(port_file)), service, EventLog("curator", "alice"))
+    port = int(port_file.read_text())
+    try:
+        state.add_tags("alice", _tags(50), 6)
+        leader = threading.Thread(target=state.collect, args=(10.0,))  # the leader's run thread
+        leader.start()
+        bob = _config("bob", leader=False, leader_address=f"127.0.0.1:{port}", timeout=5.0)
+        got = follow_leader(bob, _tags(40, offset=20), 4, EventLog("curator", "bob"))
+        leader.join(5.0)
+        assert state.agreement is not None and got.spec == state.agreement.spec and got.spec.n == 30
+        assert got.seed.reveal() == SEED.reveal() and np.array_equal(got.common, state.agreement.common)
+        address = f"127.0.0.1:{port}"
+        with secure_channel(address, None, "res", insecure=True, role="researcher") as channel:
+            with pytest.raises(grpc.RpcError) as info:  # the access table: researchers may not send tags
+                pb_grpc.CuratorStub(channel).SubmitTags(tag_chunks("r1", "res", _tags(1), 4), timeout=5)
+            assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+            assert check(channel, SERVICE_NAME) == "SERVING"
+    finally:
+        server.stop(0).wait()
