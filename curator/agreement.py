@@ -94,7 +94,16 @@ def follow_leader(config: CuratorConfig, tags: TagArray, own_size: int, log: Eve
     """Send this curator's tags and alphabet size to the leader, then fetch the agreement
     (both retried while the leader is unreachable or not ready)."""
     assert config.leader_address is not None
-    channel = secure_channel(config.leader_address, config.certs, config.name, config.insecure, role="curator")
+    leader = config.curators[0]  # the leader comes first: the handshake fails against any other peer
+    channel = secure_channel(
+        config.leader_address,
+        config.certs,
+        config.name,
+        config.insecure,
+        role="curator",
+        peer_role="curator",
+        peer_name=leader,
+    )
     try:
         stub = pb_grpc.CuratorStub(channel)
         resp = with_retries(

@@ -19,7 +19,7 @@ from secure_release.mechanism.accounting import check_epsilon
 from secure_release.mechanism.errors import UnknownCipherError
 from secure_release.mechanism.keys import AlignmentKey, PadKey, Seed
 from secure_release.mechanism.pads import CipherMode
-from secure_release.mechanism.spec import check_name, check_names
+from secure_release.mechanism.spec import check_name, check_names, check_party_name
 
 #: Settings that hold secrets: allowed as flags or environment, never in a --config file.
 SECRET_SETTINGS = frozenset({"alignment_key_hex", "insecure_test_seed", "insecure_test_pad_key"})
@@ -156,13 +156,15 @@ def config_from_args(args: argparse.Namespace) -> CuratorConfig:
         require(args, "certs")
     check_config_file(args.config)
     test_seed, test_pad_key = _test_secrets(args)
-    name = check_name(args.name, "curator name")
+    name = check_party_name(args.name, "curator name")
     leader, leader_address = _role_settings(args, name)
     if test_seed is not None and not leader:
         raise ConfigError("--insecure-test-seed is for the leading curator only (the leader picks the seed)")
     curators = parse_names(args.curators, "curator", minimum=2)
     if name not in curators:
         raise ConfigError(f"--curators must include this curator {name!r}, got {list(curators)}")
+    if leader and curators[0] != name:
+        raise ConfigError(f"the leader comes first in --curators (followers pin it by name), got {list(curators)}")
     if args.m is not None and args.m < 1:
         raise ConfigError(f"--m must be an integer >= 1 (or unset for m*), got {args.m}")
     host, port = split_address(args.listen)
@@ -176,8 +178,8 @@ def config_from_args(args: argparse.Namespace) -> CuratorConfig:
         leader=leader,
         leader_address=leader_address,
         expected_sizes=parse_sizes(args.alphabet_sizes, curators) if leader else None,
-        notify=check_name(args.researcher, "researcher"),
-        grants=tuple(dict.fromkeys(check_name(g, "researcher") for g in args.grant if g)),
+        notify=check_party_name(args.researcher, "researcher"),
+        grants=tuple(dict.fromkeys(check_party_name(g, "researcher") for g in args.grant if g)),
         budget=_positive(args.budget, "--budget"),
         data=Path(args.data),
         schema=Path(args.schema),

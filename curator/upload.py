@@ -59,7 +59,9 @@ def upload(config: CuratorConfig, spec: ReleaseSpec, ciphertext: SymbolArray, lo
     if int(ciphertext.size) != spec.m:
         raise ShapeMismatchError(f"{config.name} has {ciphertext.size} ciphertext symbols, the spec says m = {spec.m}")
     chunks = pack_chunks(ciphertext, spec.alphabet_of(config.name))
-    channel = secure_channel(config.server, config.certs, config.name, config.insecure, role="curator")
+    channel = secure_channel(
+        config.server, config.certs, config.name, config.insecure, role="curator", peer_role="server"
+    )
     try:
         stub = pb_grpc.ReleaseServerStub(channel)
         register = pb.RegisterPartRequest(params=spec_to_pb(spec), curator=config.name)

@@ -24,7 +24,7 @@ from secure_release.mechanism.report import ReleaseReport
 from secure_release.mechanism.spec import check_name
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
-from secure_release.researcher.errors import EstimateNotFoundError, ReleaseFailedError
+from secure_release.researcher.errors import EstimateNotFoundError, NotAReaderError, ReleaseFailedError
 
 #: ``process(release_id, notified_digest)``: estimate one release (and write its files).
 Processor = Callable[[str, bytes], ReleaseReport]

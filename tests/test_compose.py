@@ -51,3 +51,26 @@ def test_commands_parse_with_the_real_clis() -> None:
 def test_dockerfile() -> None:
     text = (ROOT / "Dockerfile").read_text()
     assert text.startswith("FROM python:3.11-slim") and "pip install" in text
+
+
+def test_each_container_mounts_only_its_own_secrets() -> None:
+    """Own key + certificate + CA certificate only; the CA key and the other keys stay in the
+    one-shot's "pki" volume; a curator mounts only its own table and keystore."""
+    services = _compose()["services"]
+    for name, svc in services.items():
+        sources = {v.split(":")[0] for v in svc.get("volumes", [])}
+        if name == "pki":
+            assert "pki" in sources
+            continue
+        assert "pki" not in sources, name
+        party = "researcher" if name == "result" else name
+        assert {s for s in sources if s.startswith("certs-")} == {f"certs-{party}"}, name
+        assert all(v.endswith(":ro") for v in svc["volumes"] if v.startswith("certs-")), name
+        assert {s for s in sources if s.startswith(("data-", "keystore-"))} <= {f"data-{party}", f"keystore-{party}"}
+    assert "store" not in {v.split(":")[0] for n, s in services.items() if n != "server" for v in s.get("volumes", [])}
+
+
+def test_dockerignore_keeps_secrets_out_of_the_build_context() -> None:
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    for pattern in ("**/*.pem", "**/*.key", "**/keystore*", "**/store", "**/results", "**/*.sqlite3*", "**/data"):
+        assert pattern in ignored

@@ -120,8 +120,8 @@ def _env(svc: dict[str, Any], rewrite: Any, name: str) -> dict[str, str]:
 
 def _argv(command: str | list[str], rewrite: Any, name: str) -> list[str]:
     if isinstance(command, list):
-        return [rewrite(name, a) for a in command]
-    return shlex.split(rewrite(name, command))
+        return [rewrite(name, a.replace("$$", "$")) for a in command]
+    return shlex.split(rewrite(name, command.replace("$$", "$")))  # compose's escape for a literal $
 
 
 def _tail(path: Path, n: int = 30) -> str:
