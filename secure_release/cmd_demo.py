@@ -199,6 +199,8 @@ def launch_release(
             f"bob={addrs['bob']}",
             "--out",
             str(root / "results"),
+            "--analyst",
+            "analyst",
         ],
     )
     addrs["researcher"] = f"127.0.0.1:{rport}"
@@ -211,7 +213,7 @@ def get_estimate(address: str, certs: Path, release_id: str, name: str = "analys
     from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
     from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
 
-    with secure_channel(address, certs, name) as ch:
+    with secure_channel(address, certs, name, peer_role="researcher") as ch:
         return pb_grpc.ResearcherStub(ch).GetEstimate(
             pb.EstimateRequest(release_id=release_id, wait=True), timeout=timeout
         )
