@@ -42,7 +42,6 @@ ACCESS: Mapping[str, frozenset[str]] = {
     "/grpc.health.v1.Health/Check": _ANY,
     "/grpc.health.v1.Health/Watch": _ANY,
     "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo": _ANY,
-    "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo": _ANY,
 }
 
 
