@@ -23,7 +23,7 @@ import numpy.typing as npt
 
 from secure_release.mechanism import estimators
 from secure_release.mechanism.alignment import TAG_DTYPE, Alignment, TagArray, align, common_tags, id_tags
-from secure_release.mechanism.errors import ShapeMismatchError
+from secure_release.mechanism.errors import ShapeMismatchError, TooFewCuratorsError
 from secure_release.mechanism.keys import AlignmentKey, PadKey, PramKey, Seed
 from secure_release.mechanism.pads import CipherMode, ReleasePad, new_release_pad
 from secure_release.mechanism.plan import ReleasePlan, plan_release
@@ -225,7 +225,7 @@ def run_release(
     receives (default: all).
     """
     if len(tables) < 2:
-        raise ShapeMismatchError(f"a release needs N >= 2 curators, got {len(tables)}")
+        raise TooFewCuratorsError(f"a release needs N >= 2 curators, got {len(tables)}")
     schema = JointSchema(tuple(t.schema for t in tables))
     alignment_key = alignment_key or AlignmentKey.generate()
     alignments = agree_alignment([curator_tags(t, alignment_key) for t in tables])

@@ -18,6 +18,7 @@ import numpy.typing as npt
 
 from secure_release.mechanism.errors import (
     AlphabetOverflowError,
+    DuplicateNameError,
     EmptyDomainError,
     ShapeMismatchError,
     SymbolOutOfRangeError,
@@ -138,7 +139,7 @@ class JointSchema:
             raise EmptyDomainError("a joint schema needs at least one curator")
         names = [c.name for c in self.curators]
         if len(set(names)) != len(names):
-            raise ShapeMismatchError(f"curator names must be distinct, got {names}")
+            raise DuplicateNameError(f"curator names must be distinct, got {names}")
         check_joint_alphabet(self.alphabet_sizes)
 
     @property

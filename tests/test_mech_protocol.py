@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from secure_release.mechanism import keys as keys_module
-from secure_release.mechanism.errors import PadReuseError, ShapeMismatchError
+from secure_release.mechanism.errors import PadReuseError, TooFewCuratorsError
 from secure_release.mechanism.keys import AlignmentKey, PadKey, PramKey, Seed
 from secure_release.mechanism.protocol import CuratorTable, agree_alignment, curator_tags, run_release
 from secure_release.mechanism.sampling import sample_positions
@@ -147,5 +147,5 @@ def test_pads_used_once_and_errors() -> None:
     with pytest.raises(PadReuseError):
         pad.encrypt(np.zeros(100, dtype=np.uint32))
     alice, _bob = _tables()
-    with pytest.raises(ShapeMismatchError):
+    with pytest.raises(TooFewCuratorsError):
         run_release([alice], 1.0)

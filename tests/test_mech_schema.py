@@ -159,3 +159,12 @@ def test_symbol_out_of_range() -> None:
     schema = CuratorSchema("c", (_attr("x", 3),))
     with pytest.raises(SymbolOutOfRangeError):
         schema.decode(np.array([3]))
+
+
+def test_duplicate_curator_names_are_a_named_error() -> None:
+    from secure_release.mechanism.errors import DuplicateNameError
+    from secure_release.mechanism.schema import Attribute, CuratorSchema, JointSchema
+
+    a = CuratorSchema("alice", (Attribute("x", ("0", "1")),))
+    with pytest.raises(DuplicateNameError, match="distinct"):
+        JointSchema((a, a))
