@@ -29,6 +29,7 @@ from secure_release.infra.config import (
     testing_enabled,
     write_port_file,
 )
+from secure_release.infra.exitcodes import exit_code_for
 from secure_release.infra.health import add_health_and_reflection
 from secure_release.infra.logs import setup_logging
 from secure_release.mechanism.errors import SecureReleaseError
@@ -155,7 +156,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Parse, configure and serve until SIGTERM/SIGINT; 2 on a configuration error."""
+    """Parse, configure and serve until SIGTERM/SIGINT; exit codes per infra/exitcodes.py."""
     parser = build_parser()
     try:
         apply_env_and_config(parser, list(argv) if argv is not None else None)
@@ -163,7 +164,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return serve(config)
     except SecureReleaseError as exc:
         sys.stderr.write(f"secure-release-server: error: {type(exc).__name__}: {exc}\n")
-        return 2
+        return exit_code_for(exc)
 
 
 def serve(config: ServerConfig) -> int:
