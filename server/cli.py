@@ -14,6 +14,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,6 +59,7 @@ class ServerConfig:
     grace: float
     test_pram_key: PramKey | None
     limits: ServerLimits
+    retention_seconds: float
     calls_per_peer: int
     stream_idle_seconds: float
 
@@ -106,6 +108,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-releases", type=int, default=bounds.max_releases_in_flight, help="releases in flight at once")
     p.add_argument("--calls-per-peer", type=int, default=4, help="calls one peer may have in flight")
     p.add_argument(
+        "--retention-days",
+        type=positive_float,
+        default=30.0,
+        help="delete a release's perturbed rows and records this long after it was released or aborted",
+    )
+    p.add_argument(
         "--stream-idle-seconds",
         type=positive_float,
         default=30.0,
@@ -150,6 +158,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         grace=float(args.grace),
         test_pram_key=key,
         limits=ServerLimits(args.max_n, args.max_m, args.max_curators, args.max_releases),
+        retention_seconds=float(args.retention_days) * 86400.0,
         calls_per_peer=int(args.calls_per_peer),
         stream_idle_seconds=float(args.stream_idle_seconds),
     )
@@ -205,8 +214,13 @@ def serve(config: ServerConfig) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    next_sweep = 0.0
     while not stop.wait(0.5):
-        pass
+        if time.monotonic() >= next_sweep:
+            expired = store.expire(time.time() - config.retention_seconds)
+            if expired:
+                log.info("expired", extra={"releases": len(expired)})
+            next_sweep = time.monotonic() + 60.0
     log.info("stopping", extra={"grace": config.grace})
     health.enter_graceful_shutdown()
     server.stop(config.grace).wait()

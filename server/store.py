@@ -22,6 +22,7 @@ import json
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,6 +60,7 @@ CREATE TABLE IF NOT EXISTS releases (
     state INTEGER NOT NULL,
     perturbed_digest BLOB NOT NULL DEFAULT x'',
     abort_reason TEXT NOT NULL DEFAULT '',
+    finished_at REAL NOT NULL DEFAULT 0,
     PRIMARY KEY (release_id, spec_key)
 );
 CREATE TABLE IF NOT EXISTS parts (
@@ -318,8 +320,9 @@ class Store:
                 mine = [(release_id, c) for c in rel.parts]
                 with self._tx():
                     self._db.execute(
-                        "UPDATE releases SET state = ?, abort_reason = ? WHERE release_id = ? AND spec_key = ?",
-                        (int(rel.state), rel.abort_reason, release_id, spec_key(rel.spec)),
+                        "UPDATE releases SET state = ?, abort_reason = ?, finished_at = ? "
+                        "WHERE release_id = ? AND spec_key = ?",
+                        (int(rel.state), rel.abort_reason, time.time(), release_id, spec_key(rel.spec)),
                     )
                     self._db.executemany("UPDATE chunks SET data = x'' WHERE release_id = ? AND curator = ?", mine)
                 self._db.execute("PRAGMA incremental_vacuum")
@@ -379,8 +382,9 @@ class Store:
                         )
                 rel.perturbed(h.digest())
                 self._db.execute(
-                    "UPDATE releases SET state = ?, perturbed_digest = ? WHERE release_id = ? AND spec_key = ?",
-                    (int(rel.state), rel.perturbed_digest, release_id, spec_key(rel.spec)),
+                    "UPDATE releases SET state = ?, perturbed_digest = ?, finished_at = ? "
+                    "WHERE release_id = ? AND spec_key = ?",
+                    (int(rel.state), rel.perturbed_digest, time.time(), release_id, spec_key(rel.spec)),
                 )
                 # Data minimisation: the pre-PRAM ciphertext goes in the same transaction (its
                 # SHA-256 stays, so replays of identical chunks remain idempotent).
@@ -389,6 +393,26 @@ class Store:
             del key
             self._keep(rel)
             return copy.deepcopy(rel)
+
+    def expire(self, finished_before: float) -> list[str]:
+        """Delete every release that was perturbed or aborted before ``finished_before`` (a
+        time.time() value): spec, parts, chunk digests and perturbed rows. Returns their ids."""
+        with self._lock:
+            gone = [
+                rid
+                for (rid,) in self._db.execute(
+                    "SELECT release_id FROM releases WHERE finished_at > 0 AND finished_at < ?", (finished_before,)
+                )
+            ]
+            if not gone:
+                return []
+            with self._tx():
+                for table in ("releases", "parts", "chunks", "perturbed"):
+                    self._db.executemany(f"DELETE FROM {table} WHERE release_id = ?", [(r,) for r in gone])
+            self._db.execute("PRAGMA incremental_vacuum")
+            for rid in gone:
+                self._releases.pop(rid, None)
+            return sorted(set(gone))
 
     def sealed_releases(self) -> list[str]:
         with self._lock:

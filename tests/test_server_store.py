@@ -4,12 +4,15 @@ discards the others on disk too."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import sqlite3
 import stat
+import time
 from pathlib import Path
 
 import pytest
 
+from secure_release.mechanism.keys import PramKey
 from secure_release.server.state import NotACuratorError, ReleaseState, UnknownReleaseError
 from secure_release.server.store import Store, StoreError
 from tests import support
@@ -52,3 +55,25 @@ def test_store_files_are_private_and_a_bad_store_is_a_named_error(tmp_path: Path
     (tmp_path / "corrupt" / "releases.sqlite3").write_bytes(b"not a database" * 100)
     with pytest.raises(StoreError, match="cannot use"):
         Store(tmp_path / "corrupt")
+
+
+def test_retention_deletes_finished_releases_only(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    spec = support.make_spec(rid="old", m=10, n=100)
+    for c, col, k in zip(support.CURATORS, support.columns(10), support.SIZES, strict=True):
+        store.register(spec, c, c)
+        data = support.chunks_of(col, k)[0]
+        store.put_chunk("old", c, c, 0, data)
+        store.commit("old", c, c, 1, hashlib.sha256(data).digest())
+    store.perturb("old", PramKey.generate)
+    open_spec = support.make_spec(rid="open", m=10, n=100)
+    store.register(open_spec, "alice", "alice")
+    assert store.expire(time.time() - 3600) == []  # finished just now: kept
+    assert store.expire(time.time() + 1) == ["old"]  # a retention of zero: gone
+    with pytest.raises(UnknownReleaseError):
+        store.release("old")
+    assert store.release("open", "alice").state == ReleaseState.REGISTERED  # never finished: kept
+    store.close()
+    assert [
+        r[0] for r in sqlite3.connect(tmp_path / "releases.sqlite3").execute("SELECT release_id FROM perturbed")
+    ] == []
