@@ -78,7 +78,7 @@ def sample_positions(
     fraction = (m + 8.0 * m**0.5 + 64.0) / n
     if fraction >= 0.5 and n <= _FULL_SORT_MAX:  # m close to n: one keystream, one numeric sort
         keys = position_keys(key, 0, n)
-        return _sorted_by_key(keys, np.arange(n, dtype=np.int64))[:m]
+        return sorted_by_key(keys, np.arange(n, dtype=np.int64))[:m]
     if fraction < 0.5:
         cut = np.uint64(int(fraction * 2.0**64))
         kept_keys: list[npt.NDArray[np.uint64]] = []
@@ -115,11 +115,12 @@ def _streaming_smallest(
 
 def _ordered(keys: npt.NDArray[np.uint64], idx: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
     """Positions in ascending (r_i, i)."""
-    return _sorted_by_key(keys, idx)
+    return sorted_by_key(keys, idx)
 
 
-def _sorted_by_key(keys: npt.NDArray[np.uint64], idx: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-    """``idx`` (distinct, non-negative) in ascending (key, idx) order, by one numeric sort.
+def sorted_by_key(keys: npt.NDArray[np.uint64], idx: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """``idx`` (distinct, non-negative) in ascending (key, idx) order, by one numeric sort
+    (also the tag order of :mod:`mechanism.alignment`).
 
     Each entry is packed into one int64: the top 64 - b bits of its key above its b-bit index
     (b = bits of max idx), with the sign bit flipped so signed order is unsigned order. Sorting
