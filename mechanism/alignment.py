@@ -50,7 +50,7 @@ def _ecb(key: bytes, blocks: ByteMatrix) -> ByteMatrix:
     """AES-ECB of every 16-byte row of ``blocks`` (one call, no Python loop over rows)."""
     enc = Cipher(algorithms.AES(key), modes.ECB()).encryptor()
     out = np.empty(blocks.size + _BLOCK, dtype=np.uint8)
-    written = enc.update_into(np.ascontiguousarray(blocks).reshape(-1), out)
+    written = enc.update_into(memoryview(np.ascontiguousarray(blocks).reshape(-1)), memoryview(out))
     return out[:written].reshape(-1, _BLOCK)
 
 
@@ -72,18 +72,18 @@ def aes_cmac(key: bytes, messages: ByteMatrix, lengths: npt.NDArray[np.integer])
     """AES-CMAC tag (16 bytes) of each message: row i of ``messages`` holds message i in its
     first ``lengths[i]`` bytes and zeros after them. Key of 16, 24 or 32 bytes. Column-wise:
     one AES-ECB call per block position per group of messages with the same block count."""
-    lengths = np.asarray(lengths, dtype=np.int64)
-    if lengths.size == 0:
+    lengths64: npt.NDArray[np.int64] = np.asarray(lengths, dtype=np.int64)
+    if lengths64.size == 0:
         return np.zeros((0, _BLOCK), dtype=np.uint8)
     k1, k2 = (np.frombuffer(k, dtype=np.uint8) for k in cmac_subkeys(key))
-    num_blocks = np.maximum(1, -(-lengths // _BLOCK))
+    num_blocks = np.maximum(1, -(-lengths64 // _BLOCK))
     counts = np.flatnonzero(np.bincount(num_blocks))
     if counts.size == 1:  # the common case: no gather, no scatter
-        return _cmac_group(key, messages, lengths, int(counts[0]), k1, k2)
-    tags = np.zeros((lengths.size, _BLOCK), dtype=np.uint8)
+        return _cmac_group(key, messages, lengths64, int(counts[0]), k1, k2)
+    tags = np.zeros((lengths64.size, _BLOCK), dtype=np.uint8)
     for count in counts:
         rows = np.flatnonzero(num_blocks == count)
-        tags[rows] = _cmac_group(key, messages[rows], lengths[rows], int(count), k1, k2)
+        tags[rows] = _cmac_group(key, messages[rows], lengths64[rows], int(count), k1, k2)
     return tags
 
 
