@@ -50,7 +50,7 @@ def _ecb(key: bytes, blocks: ByteMatrix) -> ByteMatrix:
     """AES-ECB of every 16-byte row of ``blocks`` (one call, no Python loop over rows)."""
     enc = Cipher(algorithms.AES(key), modes.ECB()).encryptor()
     out = np.empty(blocks.size + _BLOCK, dtype=np.uint8)
-    written = enc.update_into(memoryview(np.ascontiguousarray(blocks).reshape(-1)), memoryview(out))
+    written = enc.update_into(np.ascontiguousarray(blocks).reshape(-1).data, out.data)
     return out[:written].reshape(-1, _BLOCK)
 
 

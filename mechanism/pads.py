@@ -37,7 +37,8 @@ from secure_release.mechanism.stream import (
 )
 
 PAD_BLOCK_SYMBOLS = 1 << 20
-_SCAN_SYMBOLS = 1 << 18  # rejection counting reads the keystream in pieces of this many words
+_SCAN_SYMBOLS = 1 << 18
+_SMALL_PAD_SYMBOLS = 1 << 16  # a ReleasePad keeps a pad this short after its first use  # rejection counting reads the keystream in pieces of this many words
 _PAD_NONCE_DOMAIN = 1
 
 
@@ -73,11 +74,16 @@ def _pad_range(stream_key: bytes, alphabet_size: int, block: int, lo: int, hi: i
     if rejected.size == 0:
         return out
     before = _rejections(stream_key, alphabet_size, nonce, 0, lo)
-    after = _rejections(stream_key, alphabet_size, nonce, hi, PAD_BLOCK_SYMBOLS)
-    total = before + rejected.size + after
-    refill_source = KeyStream(stream_key, nonce, PAD_BLOCK_SYMBOLS * width // CHACHA_BLOCK_BYTES)
-    refill = uniform_below(alphabet_size, total, refill_source.take)
-    out[rejected] = refill[before : before + rejected.size]
+    # refill word j (j = rank among the block's rejections) sits right after the block's words;
+    # only if one of those is rejected too does the refill's own refill need the block's total
+    refill_raw = keystream_at(stream_key, nonce, (PAD_BLOCK_SYMBOLS + before) * width, rejected.size * width)
+    refill, rejected_again = candidates(alphabet_size, refill_raw)
+    if rejected_again.size:
+        after = _rejections(stream_key, alphabet_size, nonce, hi, PAD_BLOCK_SYMBOLS)
+        total = before + rejected.size + after
+        refill_source = KeyStream(stream_key, nonce, PAD_BLOCK_SYMBOLS * width // CHACHA_BLOCK_BYTES)
+        refill = uniform_below(alphabet_size, total, refill_source.take)[before : before + rejected.size]
+    out[rejected] = refill
     return out
 
 
@@ -103,7 +109,13 @@ def chacha20_pad(key: PadKey, alphabet_size: int, start: int, count: int) -> Sym
         raise ShapeMismatchError(f"pad range must be non-negative, got start={start} count={count}")
     if count == 0:
         return np.zeros(0, dtype=np.uint32)
-    stream_key = key.derive("pad")
+    return _chacha20_pad(key.derive("pad"), alphabet_size, start, count)
+
+
+def _chacha20_pad(stream_key: bytes, alphabet_size: int, start: int, count: int) -> SymbolArray:
+    """:func:`chacha20_pad` given the derived stream key."""
+    if count == 0:
+        return np.zeros(0, dtype=np.uint32)
     first, last = start // PAD_BLOCK_SYMBOLS, (start + count - 1) // PAD_BLOCK_SYMBOLS
     if first == last:
         base = first * PAD_BLOCK_SYMBOLS
@@ -183,7 +195,7 @@ class ReleasePad:
     ``otp`` (the researcher receives the whole pad). :meth:`pad` recomputes any range.
     """
 
-    __slots__ = ("_used", "alphabet_size", "key", "length", "mode", "pad_symbols")
+    __slots__ = ("_small_pad", "_stream_key", "_used", "alphabet_size", "key", "length", "mode", "pad_symbols")
 
     def __init__(
         self,
@@ -199,6 +211,8 @@ class ReleasePad:
             raise ShapeMismatchError(f"an otp pad needs exactly {length} pad symbols")
         self.mode, self.alphabet_size, self.length = mode, alphabet_size, length
         self.key, self.pad_symbols = key, pad_symbols
+        self._stream_key = key.derive("pad") if key is not None else b""  # derived once per pad
+        self._small_pad: SymbolArray | None = None  # a short chacha20 pad, computed once
         self._used = False
 
     def pad(self, start: int = 0, count: int | None = None) -> SymbolArray:
@@ -210,8 +224,11 @@ class ReleasePad:
             )
         if self.pad_symbols is not None:
             return self.pad_symbols[start : start + count]
-        assert self.key is not None
-        return chacha20_pad(self.key, self.alphabet_size, start, count)
+        if self.length <= _SMALL_PAD_SYMBOLS:  # short releases: compute the pad once, then slice
+            if self._small_pad is None:
+                self._small_pad = _chacha20_pad(self._stream_key, self.alphabet_size, 0, self.length)
+            return self._small_pad[start : start + count]
+        return _chacha20_pad(self._stream_key, self.alphabet_size, start, count)
 
     def encrypt(self, symbols: npt.ArrayLike) -> SymbolArray:
         """Encrypt the release's ``length`` symbols; a second call raises PadReuseError."""
