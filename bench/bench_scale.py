@@ -168,7 +168,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for n in sizes:
             ingest, ids = ingest_and_hash(n, args.reps, Path(tmp))
-            rows += ingest + [alignment_stage(n, args.reps, ids)] + crypto_stages(n, args.reps)
+            rows += [*ingest, alignment_stage(n, args.reps, ids), *crypto_stages(n, args.reps)]
     tiny = tiny_release_ratio()
     if args.json:
         print(json.dumps({"stages": rows, "two_row_release": tiny}, indent=2))

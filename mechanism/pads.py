@@ -37,8 +37,8 @@ from secure_release.mechanism.stream import (
 )
 
 PAD_BLOCK_SYMBOLS = 1 << 20
-_SCAN_SYMBOLS = 1 << 18
-_SMALL_PAD_SYMBOLS = 1 << 16  # a ReleasePad keeps a pad this short after its first use  # rejection counting reads the keystream in pieces of this many words
+_SCAN_SYMBOLS = 1 << 18  # rejection counting reads the keystream in pieces of this many words
+_SMALL_PAD_SYMBOLS = 1 << 16  # a ReleasePad keeps a pad this short after its first use
 _PAD_NONCE_DOMAIN = 1
 
 
