@@ -204,9 +204,9 @@ def _numpy_text(arr: pa.Array) -> npt.NDArray[np.str_]:
         return np.full(len(arr), "", dtype="U1")
     if data.size and int(data.max()) >= 0x80:
         return np.asarray(arr.to_numpy(zero_copy_only=False).astype(str))
-    matrix = np.zeros(len(arr) * width, dtype=np.uint8)
-    row_shift = np.repeat(np.arange(len(arr), dtype=np.int64) * width - (offsets[:-1] - offsets[0]), lengths)
-    matrix[np.arange(data.size, dtype=np.int64) + row_shift] = data
+    padded = pc.utf8_rpad(arr, width=width, padding="\0")  # ASCII: every row now width bytes
+    start = int(np.frombuffer(padded.buffers()[1], dtype=np.int32)[padded.offset])
+    matrix = np.frombuffer(padded.buffers()[2], dtype=np.uint8)[start : start + len(arr) * width]
     return matrix.astype(np.uint32).view(f"U{width}")
 
 
