@@ -25,9 +25,20 @@ import numpy.typing as npt
 from secure_release.mechanism.errors import PadReuseError, ShapeMismatchError, SymbolOutOfRangeError
 from secure_release.mechanism.keys import PadKey
 from secure_release.mechanism.schema import SymbolArray, check_joint_alphabet, check_symbols
-from secure_release.mechanism.stream import KeyStream, nonce_for, os_bytes, uniform_below
+from secure_release.mechanism.stream import (
+    CHACHA_BLOCK_BYTES,
+    KeyStream,
+    candidates,
+    keystream_at,
+    nonce_for,
+    os_bytes,
+    symbol_word_bytes,
+    uniform_below,
+)
 
 PAD_BLOCK_SYMBOLS = 1 << 20
+_SCAN_SYMBOLS = 1 << 18  # rejection counting reads the keystream in pieces of this many words
+_SMALL_PAD_SYMBOLS = 1 << 16  # a ReleasePad keeps a pad this short after its first use
 _PAD_NONCE_DOMAIN = 1
 
 
@@ -46,29 +57,74 @@ class CipherMode(enum.StrEnum):
             raise SymbolOutOfRangeError(f"unknown cipher {text!r}; allowed: {allowed}") from exc
 
 
-def _pad_block(stream_key: bytes, alphabet_size: int, block: int) -> SymbolArray:
-    """All PAD_BLOCK_SYMBOLS pad symbols of block ``block`` (its own keystream, nonce = block)."""
-    stream = KeyStream(stream_key, nonce_for(block, _PAD_NONCE_DOMAIN))
-    return uniform_below(alphabet_size, PAD_BLOCK_SYMBOLS, stream.take)
+def _pad_range(stream_key: bytes, alphabet_size: int, block: int, lo: int, hi: int) -> SymbolArray:
+    """Pad symbols [lo, hi) of block ``block`` (block-local positions), computing only the
+    keystream they need.
+
+    The rule is that of :func:`uniform_below` over the block's own keystream (nonce = block):
+    symbol i is the candidate of word i unless that word is rejected; the rejected symbols of
+    the whole block are refilled, in order, from the keystream after the block's
+    PAD_BLOCK_SYMBOLS words. Only when a word in [lo, hi) is rejected (probability below
+    (hi - lo) k / 2^w) does this read the rest of the block, to rank the rejection among all
+    of the block's rejections. The output equals ``uniform_below(k, PAD_BLOCK_SYMBOLS)[lo:hi]``.
+    """
+    nonce = nonce_for(block, _PAD_NONCE_DOMAIN)
+    width = symbol_word_bytes(alphabet_size)
+    out, rejected = candidates(alphabet_size, keystream_at(stream_key, nonce, lo * width, (hi - lo) * width))
+    if rejected.size == 0:
+        return out
+    before = _rejections(stream_key, alphabet_size, nonce, 0, lo)
+    # refill word j (j = rank among the block's rejections) sits right after the block's words;
+    # only if one of those is rejected too does the refill's own refill need the block's total
+    refill_raw = keystream_at(stream_key, nonce, (PAD_BLOCK_SYMBOLS + before) * width, rejected.size * width)
+    refill, rejected_again = candidates(alphabet_size, refill_raw)
+    if rejected_again.size:
+        after = _rejections(stream_key, alphabet_size, nonce, hi, PAD_BLOCK_SYMBOLS)
+        total = before + rejected.size + after
+        refill_source = KeyStream(stream_key, nonce, PAD_BLOCK_SYMBOLS * width // CHACHA_BLOCK_BYTES)
+        refill = uniform_below(alphabet_size, total, refill_source.take)[before : before + rejected.size]
+    out[rejected] = refill
+    return out
+
+
+def _rejections(stream_key: bytes, alphabet_size: int, nonce: bytes, lo: int, hi: int) -> int:
+    """How many first-level words in [lo, hi) of a pad block are rejected."""
+    width = symbol_word_bytes(alphabet_size)
+    count = 0
+    for start in range(lo, hi, _SCAN_SYMBOLS):
+        stop = min(hi, start + _SCAN_SYMBOLS)
+        raw = keystream_at(stream_key, nonce, start * width, (stop - start) * width)
+        count += candidates(alphabet_size, raw)[1].size
+    return count
 
 
 def chacha20_pad(key: PadKey, alphabet_size: int, start: int, count: int) -> SymbolArray:
-    """Pad symbols at positions [start, start + count) of the ChaCha20 pad of ``key``."""
+    """Pad symbols at positions [start, start + count) of the ChaCha20 pad of ``key``.
+
+    Cost is proportional to ``count`` (only the keystream bytes these positions use), except
+    when one of them needs a rejection refill: then its whole 2^20-symbol block is scanned.
+    """
     check_joint_alphabet([alphabet_size])
     if start < 0 or count < 0:
         raise ShapeMismatchError(f"pad range must be non-negative, got start={start} count={count}")
     if count == 0:
         return np.zeros(0, dtype=np.uint32)
-    stream_key = key.derive("pad")
+    return _chacha20_pad(key.derive("pad"), alphabet_size, start, count)
+
+
+def _chacha20_pad(stream_key: bytes, alphabet_size: int, start: int, count: int) -> SymbolArray:
+    """:func:`chacha20_pad` given the derived stream key."""
+    if count == 0:
+        return np.zeros(0, dtype=np.uint32)
     first, last = start // PAD_BLOCK_SYMBOLS, (start + count - 1) // PAD_BLOCK_SYMBOLS
+    if first == last:
+        base = first * PAD_BLOCK_SYMBOLS
+        return _pad_range(stream_key, alphabet_size, first, start - base, start + count - base)
     out = np.empty(count, dtype=np.uint32)
     for block in range(first, last + 1):
-        lo = max(start, block * PAD_BLOCK_SYMBOLS)
-        hi = min(start + count, (block + 1) * PAD_BLOCK_SYMBOLS)
-        symbols = _pad_block(stream_key, alphabet_size, block)
-        out[lo - start : hi - start] = symbols[
-            lo - block * PAD_BLOCK_SYMBOLS : hi - block * PAD_BLOCK_SYMBOLS
-        ]
+        base = block * PAD_BLOCK_SYMBOLS
+        lo, hi = max(start, base), min(start + count, base + PAD_BLOCK_SYMBOLS)
+        out[lo - start : hi - start] = _pad_range(stream_key, alphabet_size, block, lo - base, hi - base)
     return out
 
 
@@ -81,9 +137,14 @@ def otp_pad(alphabet_size: int, count: int) -> SymbolArray:
 def encrypt(symbols: npt.ArrayLike, pad: npt.ArrayLike, alphabet_size: int) -> SymbolArray:
     """c = (x + v) mod k, elementwise (raw primitive; prefer :func:`new_release_pad`)."""
     x, v = _aligned(symbols, pad, alphabet_size)
-    if alphabet_size <= 2**31:  # x + v < 2^32: one conditional subtraction, no division
-        c = x + v
-        np.subtract(c, np.uint32(alphabet_size), out=c, where=c >= np.uint32(alphabet_size))
+    return _add_mod(x, v, alphabet_size)
+
+
+def _add_mod(x: SymbolArray, v: SymbolArray, alphabet_size: int) -> SymbolArray:
+    """(x + v) mod k for symbols already in Z_k."""
+    if alphabet_size <= 2**31:  # x + v < 2^32: c - k wraps above c exactly when c < k
+        c = np.add(x, v, dtype=np.uint32)
+        np.minimum(c, np.subtract(c, np.uint32(alphabet_size)), out=c)
         return c
     wide = x.astype(np.uint64) + v
     return (wide % np.uint64(alphabet_size)).astype(np.uint32)
@@ -92,16 +153,36 @@ def encrypt(symbols: npt.ArrayLike, pad: npt.ArrayLike, alphabet_size: int) -> S
 def decrypt(ciphertext: npt.ArrayLike, pad: npt.ArrayLike, alphabet_size: int) -> SymbolArray:
     """x = (c - v) mod k, elementwise."""
     c, v = _aligned(ciphertext, pad, alphabet_size)
-    x = c - v  # wraps modulo 2^32 where c < v
-    np.add(x, np.uint32(alphabet_size % 2**32), out=x, where=c < v)
+    return _sub_mod(c, v, alphabet_size)
+
+
+def _sub_mod(c: SymbolArray, v: SymbolArray, alphabet_size: int) -> SymbolArray:
+    """(c - v) mod k for symbols already in Z_k."""
+    x = np.subtract(c, v, dtype=np.uint32)  # wraps modulo 2^32 where c < v
+    if alphabet_size > 2**31:  # x + k may wrap for a correct x: add k only where c < v
+        np.add(x, np.uint32(alphabet_size % 2**32), out=x, where=c < v)
+        return x
+    # where c < v the wrapped difference is >= 2^32 - k + 1 > c, and adding k fixes it: take the
+    # smaller of x and x + k (mod 2^32), which is x exactly when c >= v
+    np.minimum(x, np.add(x, np.uint32(alphabet_size)), out=x)
     return x
+
+
+def _checked(symbols: npt.ArrayLike, alphabet_size: int) -> SymbolArray:
+    """``symbols`` as uint32 in Z_k (one max pass for unsigned input)."""
+    arr = np.asarray(symbols)
+    if arr.ndim == 1 and arr.dtype.kind == "u" and arr.dtype.itemsize <= 4:
+        if arr.size and int(arr.max()) >= alphabet_size:
+            return check_symbols(arr, alphabet_size)  # raises with the full message
+        return arr.astype(np.uint32, copy=False)
+    return check_symbols(arr, alphabet_size)
 
 
 def _aligned(
     a: npt.ArrayLike, b: npt.ArrayLike, alphabet_size: int
 ) -> tuple[SymbolArray, SymbolArray]:
-    x = check_symbols(a, alphabet_size)
-    v = check_symbols(b, alphabet_size)
+    x = _checked(a, alphabet_size)
+    v = _checked(b, alphabet_size)
     if x.shape != v.shape:
         raise ShapeMismatchError(f"{x.size} symbols but a pad of {v.size}; they must match")
     return x, v
@@ -114,7 +195,7 @@ class ReleasePad:
     ``otp`` (the researcher receives the whole pad). :meth:`pad` recomputes any range.
     """
 
-    __slots__ = ("_used", "alphabet_size", "key", "length", "mode", "pad_symbols")
+    __slots__ = ("_small_pad", "_stream_key", "_used", "alphabet_size", "key", "length", "mode", "pad_symbols")
 
     def __init__(
         self,
@@ -130,6 +211,8 @@ class ReleasePad:
             raise ShapeMismatchError(f"an otp pad needs exactly {length} pad symbols")
         self.mode, self.alphabet_size, self.length = mode, alphabet_size, length
         self.key, self.pad_symbols = key, pad_symbols
+        self._stream_key = key.derive("pad") if key is not None else b""  # derived once per pad
+        self._small_pad: SymbolArray | None = None  # a short chacha20 pad, computed once
         self._used = False
 
     def pad(self, start: int = 0, count: int | None = None) -> SymbolArray:
@@ -141,8 +224,11 @@ class ReleasePad:
             )
         if self.pad_symbols is not None:
             return self.pad_symbols[start : start + count]
-        assert self.key is not None
-        return chacha20_pad(self.key, self.alphabet_size, start, count)
+        if self.length <= _SMALL_PAD_SYMBOLS:  # short releases: compute the pad once, then slice
+            if self._small_pad is None:
+                self._small_pad = _chacha20_pad(self._stream_key, self.alphabet_size, 0, self.length)
+            return self._small_pad[start : start + count]
+        return _chacha20_pad(self._stream_key, self.alphabet_size, start, count)
 
     def encrypt(self, symbols: npt.ArrayLike) -> SymbolArray:
         """Encrypt the release's ``length`` symbols; a second call raises PadReuseError."""
@@ -150,16 +236,16 @@ class ReleasePad:
             raise PadReuseError(
                 "this release pad has already encrypted; draw a fresh one with new_release_pad()"
             )
-        x = check_symbols(symbols, self.alphabet_size)
+        x = _checked(symbols, self.alphabet_size)
         if x.size != self.length:
             raise ShapeMismatchError(f"pad is for {self.length} symbols, got {x.size}")
         self._used = True
-        return encrypt(x, self.pad(), self.alphabet_size)
+        return _add_mod(x, self.pad(), self.alphabet_size)
 
     def decrypt(self, ciphertext: npt.ArrayLike, start: int = 0) -> SymbolArray:
         """Decrypt symbols that sit at positions [start, start + len) of the release."""
-        c = check_symbols(ciphertext, self.alphabet_size)
-        return decrypt(c, self.pad(start, c.size), self.alphabet_size)
+        c = _checked(ciphertext, self.alphabet_size)
+        return _sub_mod(c, self.pad(start, c.size), self.alphabet_size)
 
     def __repr__(self) -> str:
         return f"ReleasePad(mode={self.mode.value}, k={self.alphabet_size}, length={self.length})"

@@ -24,6 +24,7 @@ from secure_release.mechanism.keys import Seed
 from secure_release.mechanism.stream import CHACHA_BLOCK_BYTES, keystream_words, nonce_for
 
 DEFAULT_CHUNK = 1 << 20
+_FULL_SORT_MAX = 1 << 28  # n up to this sorts all n keys at once when m is close to n (8n bytes)
 _WORDS_PER_BLOCK = CHACHA_BLOCK_BYTES // 8
 MAX_POSITIONS = (2**32) * _WORDS_PER_BLOCK
 
@@ -75,6 +76,9 @@ def sample_positions(
     chunk = max(_WORDS_PER_BLOCK, chunk - chunk % _WORDS_PER_BLOCK)
     key = seed.derive("sampling", release_id)
     fraction = (m + 8.0 * m**0.5 + 64.0) / n
+    if fraction >= 0.5 and n <= _FULL_SORT_MAX:  # m close to n: one keystream, one numeric sort
+        keys = position_keys(key, 0, n)
+        return sorted_by_key(keys, np.arange(n, dtype=np.int64))[:m]
     if fraction < 0.5:
         cut = np.uint64(int(fraction * 2.0**64))
         kept_keys: list[npt.NDArray[np.uint64]] = []
@@ -111,8 +115,50 @@ def _streaming_smallest(
 
 def _ordered(keys: npt.NDArray[np.uint64], idx: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
     """Positions in ascending (r_i, i)."""
-    order = np.argsort(keys, kind="stable")
-    keys, idx = keys[order], idx[order]
-    if keys.size > 1 and np.any(keys[1:] == keys[:-1]):  # ties: order by index
-        idx = idx[np.lexsort((idx, keys))]
-    return idx
+    return sorted_by_key(keys, idx)
+
+
+def sorted_by_key(keys: npt.NDArray[np.uint64], idx: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """``idx`` (distinct, non-negative) in ascending (key, idx) order, by one numeric sort
+    (also the tag order of :mod:`mechanism.alignment`).
+
+    Each entry is packed into one int64: the top 64 - b bits of its key above its b-bit index
+    (b = bits of max idx), with the sign bit flipped so signed order is unsigned order. Sorting
+    the packs orders by (top key bits, idx); only entries whose top key bits tie can be out of
+    (key, idx) order, and those runs (rare: about size^2 / 2^(65 - b) pairs) are re-sorted by the
+    full key.
+    """
+    if idx.size == 0:
+        return idx.astype(np.int64)
+    bits = max(1, int(idx.max()).bit_length())
+    if bits > 40:  # too few key bits left to make ties rare; exact lexsort instead
+        return idx[np.lexsort((idx, keys))]
+    low_mask = np.uint64((1 << bits) - 1)
+    packed = keys & ~low_mask
+    packed |= idx.astype(np.uint64)
+    packed ^= np.uint64(1 << 63)
+    ordered = np.sort(packed.view(np.int64))  # int64 sorts use the SIMD kernels; uint64 does not
+    ordered_u = ordered.view(np.uint64)
+    out = (ordered_u & low_mask).astype(np.int64)
+    top = ordered_u >> np.uint64(bits)
+    tied = np.flatnonzero(top[1:] == top[:-1])
+    if tied.size:
+        _fix_ties(out, keys, idx, tied)
+    return out
+
+
+def _fix_ties(out: npt.NDArray[np.int64], keys: npt.NDArray[np.uint64], idx: npt.NDArray[np.int64],
+              tied: npt.NDArray[np.intp]) -> None:
+    """Re-sort, in place, the runs of ``out`` whose packed top key bits tie, by (full key, idx)."""
+    member = np.zeros(out.size, dtype=bool)
+    member[tied] = True
+    member[tied + 1] = True
+    at = np.flatnonzero(member)
+    run_start = np.ones(at.size, dtype=bool)
+    run_start[1:] = ~np.isin(at[1:] - 1, tied)  # a new run unless tied to its predecessor
+    run = np.cumsum(run_start)
+    tied_idx = out[at]
+    holders = np.flatnonzero(np.isin(idx, tied_idx))  # where the tied indices sit in idx
+    by_idx = np.argsort(idx[holders])
+    full_key = keys[holders[by_idx]][np.searchsorted(idx[holders][by_idx], tied_idx)]
+    out[at] = tied_idx[np.lexsort((tied_idx, full_key, run))]

@@ -11,7 +11,10 @@ keystream of one (key, 12-byte nonce) pair, seekable to any 64-byte block.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -21,6 +24,7 @@ from secure_release.mechanism.errors import InvalidSeedError, SymbolOutOfRangeEr
 
 CHACHA_BLOCK_BYTES = 64
 _MAX_COUNTER = 2**32
+_LOW_HALF = 0 if sys.byteorder == "little" else 1  # index of a word's low half in a view
 
 
 def chacha20_keystream(key: bytes, nonce: bytes, first_block: int, num_bytes: int) -> bytes:
@@ -51,6 +55,18 @@ def keystream_words(
     counter = first_block.to_bytes(4, "little")
     enc = Cipher(algorithms.ChaCha20(key, counter + nonce), mode=None).encryptor()
     return _update(enc, 8 * count).view("<u8").view(np.uint64)
+
+
+def keystream_at(key: bytes, nonce: bytes, byte_offset: int, num_bytes: int) -> npt.NDArray[np.uint8]:
+    """Keystream bytes [byte_offset, byte_offset + num_bytes) of (key, nonce): seeks to the
+    64-byte block holding ``byte_offset`` and computes only the blocks the range touches."""
+    first_block, skip = divmod(byte_offset, CHACHA_BLOCK_BYTES)
+    if len(key) != 32 or len(nonce) != 12:
+        raise InvalidSeedError("ChaCha20 needs a 32-byte key and a 12-byte nonce")
+    if first_block + -(-(skip + num_bytes) // CHACHA_BLOCK_BYTES) > _MAX_COUNTER:
+        raise InvalidSeedError("keystream range exceeds the 2^32 block counter")
+    enc = Cipher(algorithms.ChaCha20(key, first_block.to_bytes(4, "little") + nonce), mode=None).encryptor()
+    return _update(enc, skip + num_bytes)[skip:]
 
 
 _zeros = bytes(0)
@@ -94,6 +110,17 @@ class KeyStream:
         return _update(self._enc, num_bytes)
 
 
+_POOL: ThreadPoolExecutor | None = None
+
+
+def worker_pool() -> ThreadPoolExecutor:
+    """A process-wide pool of min(4, cpu count) threads for block-parallel numpy work."""
+    global _POOL
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1), thread_name_prefix="secure-release")
+    return _POOL
+
+
 ByteSource = Callable[[int], npt.NDArray[np.uint8]]
 
 
@@ -118,25 +145,47 @@ def uniform_below(k: int, count: int, source: ByteSource) -> npt.NDArray[np.uint
     threshold = rejection_threshold(k, 16 if k <= 2**16 else 32)
     if count == 0:
         return np.zeros(0, dtype=np.uint32)
-    if k == 2**32:
-        return source(4 * count).view("<u4").astype(np.uint32)
-    if k <= 2**16:
-        words16 = source(2 * count).view("<u2")
-        product = words16.astype(np.uint32)
-        product *= np.uint32(k)
-        out = product >> np.uint32(16)
-        low = product.astype(np.uint16)
-    else:
-        words32 = source(4 * count).view("<u4")
-        wide = words32.astype(np.uint64)
-        wide *= np.uint64(k)
-        out = (wide >> np.uint64(32)).astype(np.uint32)
-        low = wide.astype(np.uint32)
-    if threshold:
-        rejected = np.flatnonzero(low < threshold)
-        if rejected.size:
-            out[rejected] = uniform_below(k, rejected.size, source)
+    width = symbol_word_bytes(k)
+    out, rejected = candidates(k, source(width * count))
+    if threshold and rejected.size:
+        out[rejected] = uniform_below(k, rejected.size, source)
     return out
+
+
+def symbol_word_bytes(k: int) -> int:
+    """Bytes of keystream per candidate symbol in Z_k: 2 if k <= 2^16, else 4."""
+    return 2 if k <= 2**16 else 4
+
+
+def candidates(k: int, raw: npt.NDArray[np.uint8]) -> tuple[npt.NDArray[np.uint32], npt.NDArray[np.intp]]:
+    """First-level candidates of :func:`uniform_below` for the words in ``raw``, and the
+    indices of the rejected ones (whose candidate values are meaningless).
+
+    One multiply into a uint32/uint64 product, one compare on its low half (a strided view, no
+    copy) and one in-place shift: the rejection test is skipped when 2^w mod k = 0.
+    """
+    threshold = rejection_threshold(k, 16 if k <= 2**16 else 32)
+    if k == 2**32:
+        return raw.view("<u4").astype(np.uint32), np.zeros(0, dtype=np.intp)
+    if k <= 2**16:
+        product = np.multiply(raw.view("<u2"), np.uint32(k), dtype=np.uint32)
+        out = product
+        low_half: npt.NDArray[np.unsignedinteger[Any]] = product.view(np.uint16)[_LOW_HALF::2]
+        shift = np.uint32(16)
+    else:
+        wide = np.multiply(raw.view("<u4"), np.uint64(k), dtype=np.uint64)
+        low_half = wide.view(np.uint32)[_LOW_HALF::2]
+        out = np.empty(wide.size, dtype=np.uint32)
+        out[:] = wide >> np.uint64(32)
+        shift = np.uint32(0)
+    rejected = np.zeros(0, dtype=np.intp)
+    if threshold:
+        below = low_half < threshold
+        if below.any():
+            rejected = np.flatnonzero(below)
+    if shift:
+        np.right_shift(out, shift, out=out)
+    return out, rejected
 
 
 def os_bytes(count: int) -> npt.NDArray[np.uint8]:

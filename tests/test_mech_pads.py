@@ -405,3 +405,38 @@ def test_release_pad_construction_errors() -> None:
     with pytest.raises(SymbolOutOfRangeError):
         CipherMode.parse("aes")
     assert CipherMode.parse("ChaCha20") is CipherMode.CHACHA20
+
+
+@pytest.mark.parametrize("k", [2, 24, 2**31 - 1, 2**31, 2**31 + 1, 2**32 - 1, 2**32])
+def test_add_sub_mod_exact_at_extremes(k: int) -> None:
+    vals = sorted({0, 1, k // 2, k - 2, k - 1, min(k - 1, 2**31 - 1), min(k - 1, 2**31)} - {-1})
+    x = np.repeat(np.array(vals, dtype=np.uint64), len(vals)).astype(np.uint32)
+    v = np.tile(np.array(vals, dtype=np.uint64), len(vals)).astype(np.uint32)
+    c = encrypt(x, v, k)
+    assert c.astype(object).tolist() == [(int(a) + int(b)) % k for a, b in zip(x, v, strict=True)]
+    assert decrypt(c, v, k).tolist() == x.tolist()
+    assert decrypt(x, v, k).astype(object).tolist() == [(int(a) - int(b)) % k for a, b in zip(x, v, strict=True)]
+
+
+@pytest.mark.parametrize("k", [6, 40_000, 2**31 + 1])
+def test_pad_ranges_equal_block_slices(k: int) -> None:
+    # k = 40000 rejects ~39% of words, so many ranges need refills (ranked within the block)
+    key = PadKey(bytes(range(32)))
+    stream_key = key.derive("pad")
+    full = uniform_below(k, PAD_BLOCK_SYMBOLS, KeyStream(stream_key, nonce_for(0, 1)).take)
+    for start, count in [(0, 2), (0, 5000), (123_457, 3), (700_001, 20_000), (PAD_BLOCK_SYMBOLS - 7, 7)]:
+        assert np.array_equal(chacha20_pad(key, k, start, count), full[start : start + count])
+
+
+def test_small_chacha_pad_reads_only_its_keystream(monkeypatch: pytest.MonkeyPatch) -> None:
+    read: list[int] = []
+    real = pads.keystream_at
+
+    def spy(key: bytes, nonce: bytes, offset: int, num_bytes: int) -> npt.NDArray[np.uint8]:
+        read.append(num_bytes)
+        return real(key, nonce, offset, num_bytes)
+
+    monkeypatch.setattr(pads, "keystream_at", spy)
+    key = PadKey(bytes(32))
+    assert chacha20_pad(key, 24, 0, 8).tolist() == [10, 14, 2, 6, 10, 12, 19, 22]  # PAD_KAT row
+    assert read == [16]  # 8 symbols of 2 bytes; no rejection in this range

@@ -19,6 +19,7 @@ from secure_release.mechanism.sampling import (
     _streaming_smallest,
     position_keys,
     sample_positions,
+    sorted_by_key,
 )
 
 ZERO = Seed(bytes(32))
@@ -237,3 +238,21 @@ def test_invalid_sizes(n: object, m: object) -> None:
 def test_boundaries_pass() -> None:
     assert sample_positions(ZERO, 10, 1).size == 1
     assert sorted(sample_positions(ZERO, 10, 10).tolist()) == list(range(10))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 2**20)), min_size=1, max_size=40), st.data())
+def test_packed_sort_exact_when_top_bits_tie(pairs: list[tuple[int, int]], data: st.DataObject) -> None:
+    # keys share their top bits (only 2 top values + low noise), so the packed sort must fix ties
+    keys = np.array([(top << 62) | low for top, low in pairs], dtype=np.uint64)
+    idx = np.array(data.draw(st.permutations(list(range(len(pairs))))), dtype=np.int64) * 5 + 3
+    got = sorted_by_key(keys, idx)
+    assert got.tolist() == [i for _, i in sorted(zip(keys.tolist(), idx.tolist(), strict=True))]
+
+
+def test_full_sort_path_matches_streaming() -> None:
+    n = 50_000
+    key = COUNT.derive("sampling", "full")
+    for m in (n, n - 1, 30_000):  # fraction >= 0.5: the one-sort path
+        expected = _ordered(*_streaming_smallest(key, n, m, 1 << 14))
+        assert np.array_equal(sample_positions(COUNT, n, m, "full"), expected)
