@@ -118,9 +118,7 @@ def gamma_from_epsilon(n: int, m: int, epsilon: float) -> float:
     return gamma
 
 
-def check_declared_gamma(
-    n: int, m: int, epsilon: float, gamma: float, rel_tol_below: float = 1e-9
-) -> float:
+def check_declared_gamma(n: int, m: int, epsilon: float, gamma: float, rel_tol_below: float = 1e-9) -> float:
     """Refuse a declared gamma whose exact epsilon (Eq. 1) exceeds the declared epsilon.
 
     Exact: ln(1 + (m/n)(gamma - 1)) <= epsilon  <=>  1 + (m/n)(gamma - 1) <= e^epsilon, compared
@@ -210,17 +208,13 @@ def expected_squared_error(n: int, m: int, joint_size: int, gamma: float, sum_sq
     return sampling_mse(n, m, sum_sq) + pram_mse(m, joint_size, gamma)
 
 
-def predicted_rmse(
-    n: int, m: int, joint_size: int, gamma: float, sum_sq: float | None = None
-) -> float:
+def predicted_rmse(n: int, m: int, joint_size: int, gamma: float, sum_sq: float | None = None) -> float:
     """sqrt of :func:`expected_squared_error`; ``sum_sq=None`` takes the worst case 1/K."""
     worst = 1.0 / joint_size if sum_sq is None else sum_sq
     return math.sqrt(expected_squared_error(n, m, joint_size, gamma, worst))
 
 
-def cell_variance(
-    n: int, m: int, joint_size: int, gamma: float, shares: npt.ArrayLike
-) -> npt.NDArray[np.float64]:
+def cell_variance(n: int, m: int, joint_size: int, gamma: float, shares: npt.ArrayLike) -> npt.NDArray[np.float64]:
     """DESIGN 3, per cell variance of T_hat_c:
     T_c(1-T_c)(n-m)/(m(n-1)) + [T_c(a+b)(1-a-b) + (1-T_c) b(1-b)]/(m a^2)."""
     K = _check_joint_size(joint_size)
@@ -241,16 +235,12 @@ def channel_cell_variance(
     return np.asarray(sampling + pram, dtype=np.float64)
 
 
-def rmse_at_epsilon(
-    n: int, m: int, joint_size: int, epsilon: float, sum_sq: float | None = None
-) -> float:
+def rmse_at_epsilon(n: int, m: int, joint_size: int, epsilon: float, sum_sq: float | None = None) -> float:
     """Predicted RMSE of a release at privacy epsilon with m samples (gamma from Eq. 2)."""
     return predicted_rmse(n, m, joint_size, gamma_from_epsilon(n, m, epsilon), sum_sq)
 
 
-def error_minimizing_sample_size(
-    n: int, joint_size: int, epsilon: float, sum_sq: float | None = None
-) -> int:
+def error_minimizing_sample_size(n: int, joint_size: int, epsilon: float, sum_sq: float | None = None) -> int:
     """The integer m in [1, n] minimizing the exact predicted error at fixed epsilon.
 
     The predicted MSE is unimodal in m here; it is evaluated on a geometric grid and then
