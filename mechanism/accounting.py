@@ -6,6 +6,7 @@ at their exact boundaries: gamma > 1, epsilon > 0, integers 1 <= m <= n, all fin
 
 from __future__ import annotations
 
+import functools
 import math
 from decimal import Decimal, localcontext
 from fractions import Fraction
@@ -65,19 +66,25 @@ def compare_with_exp(value: Fraction, exponent: Fraction) -> int:
         return -1
     precision = 40
     while True:
-        with localcontext() as ctx:
-            ctx.prec = precision
-            approx = (Decimal(exponent.numerator) / Decimal(exponent.denominator)).exp()
-            ulp = Decimal(1).scaleb(approx.adjusted() - precision + 1)
-        # the division and exp each round by <= 1/2 ulp (relative 10^(1-p)/2); the division's
-        # error is amplified by |x| in exp, so |approx - e^x| < 10 (1 + |x|) ulp(approx)
-        exact_approx = Fraction(approx)
-        slack = 16 * Fraction(ulp) * (1 + abs(exponent))
-        if value > exact_approx + slack:
+        approx, slack = _exp_with_error(exponent.numerator, exponent.denominator, precision)
+        if value > approx + slack:
             return 1
-        if value < exact_approx - slack:
+        if value < approx - slack:
             return -1
         precision *= 2
+
+
+@functools.lru_cache(maxsize=256)
+def _exp_with_error(numerator: int, denominator: int, precision: int) -> tuple[Fraction, Fraction]:
+    """(e^x rounded to ``precision`` digits, a bound on its error), x = numerator/denominator.
+
+    The division and exp each round by <= 1/2 ulp (relative 10^(1-p)/2); the division's error
+    is amplified by |x| in exp, so |approx - e^x| < 10 (1 + |x|) ulp(approx) < the bound."""
+    with localcontext() as ctx:
+        ctx.prec = precision
+        approx = (Decimal(numerator) / Decimal(denominator)).exp()
+        ulp = Decimal(1).scaleb(approx.adjusted() - precision + 1)
+    return Fraction(approx), 16 * Fraction(ulp) * (1 + abs(Fraction(numerator, denominator)))
 
 
 def _amplified_base(n: int, m: int, gamma: float) -> Fraction:
@@ -265,6 +272,40 @@ def error_minimizing_sample_size(n: int, joint_size: int, epsilon: float, sum_sq
     hi = int(grid[min(idx + 1, grid.size - 1)])
     fine = np.arange(lo, hi + 1, dtype=np.float64)
     return int(fine[int(np.argmin(mse(fine)))])
+
+
+def best_rmse_at_epsilon(
+    n: int, joint_size: int, epsilon: float, sum_sq: float | None = None
+) -> tuple[int, float]:
+    """(m, RMSE) at the error-minimizing m for this epsilon (DESIGN 3 exact MSE; derived here)."""
+    m = error_minimizing_sample_size(n, joint_size, epsilon, sum_sq)
+    return m, rmse_at_epsilon(n, m, joint_size, epsilon, sum_sq)
+
+
+def smallest_epsilon_for_rmse(
+    n: int,
+    joint_size: int,
+    target: float,
+    sum_sq: float | None = None,
+    max_epsilon: float = 50.0,
+) -> float | None:
+    """The smallest epsilon (to 0.1% relative) at which some m in [1, n] predicts an RMSE <=
+    ``target``, or None if not even ``max_epsilon`` does (derived here: the best RMSE over m
+    falls as epsilon grows, so bisection in log epsilon)."""
+    if not math.isfinite(target) or target <= 0:
+        raise NonFiniteInputError(f"target RMSE must be a finite number > 0, got {target!r}")
+    if best_rmse_at_epsilon(n, joint_size, max_epsilon, sum_sq)[1] > target:
+        return None
+    lo, hi = 1e-6, max_epsilon
+    if best_rmse_at_epsilon(n, joint_size, lo, sum_sq)[1] <= target:
+        return lo
+    while hi / lo > 1.001:
+        mid = math.sqrt(lo * hi)
+        if best_rmse_at_epsilon(n, joint_size, mid, sum_sq)[1] <= target:
+            hi = mid
+        else:
+            lo = mid
+    return hi
 
 
 def krr_keep_probability(joint_size: int, gamma: float) -> float:

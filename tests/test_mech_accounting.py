@@ -337,3 +337,40 @@ def test_single_cell_domain_is_an_empty_domain_error() -> None:
     ):
         with pytest.raises(EmptyDomainError, match="K = 1 has a single cell"):
             f()
+
+
+# --- plan warns when the predicted error swamps a typical cell (issue 13) -------------------
+
+
+def test_plan_warning_absent_on_adult_and_present_at_huge_k() -> None:
+    from secure_release.mechanism.plan import plan_release
+
+    for eps in (0.1, 0.5, 1.0):
+        plan = plan_release(N_ADULT, (6, 4), eps)
+        rep = plan.report()
+        assert rep["warning"] is None
+        assert rep["predicted_rmse_per_cell"] <= 1 / 24
+    huge = plan_release(100_000, (2**20, 2**20), 1.0)
+    warning = huge.report()["warning"]
+    assert warning is not None and "exceeds the typical cell share" in warning
+    assert "No m in [1, 100000]" in warning
+
+
+def test_plan_warning_names_an_m_or_epsilon_that_works() -> None:
+    from secure_release.mechanism.plan import plan_release
+
+    # a bad m at an epsilon where a better m exists
+    plan = plan_release(N_ADULT, (6, 4), 0.5, m=3)
+    warning = plan.utility_warning()
+    assert warning is not None
+    m_best, best = acc.best_rmse_at_epsilon(N_ADULT, 24, 0.5)
+    assert f"m = {m_best} would not" in warning and best / math.sqrt(24) <= 1 / 24
+    # K = 1000 at epsilon 0.1: no m works; the named epsilon does, 0.2% less does not
+    wide = plan_release(N_ADULT, (40, 25), 0.1)
+    assert "epsilon >=" in (wide.utility_warning() or "")
+    target = math.sqrt(1000) / 1000
+    eps = acc.smallest_epsilon_for_rmse(N_ADULT, 1000, target)
+    assert eps is not None
+    assert acc.best_rmse_at_epsilon(N_ADULT, 1000, eps)[1] <= target
+    assert acc.best_rmse_at_epsilon(N_ADULT, 1000, eps / 1.002)[1] > target
+    assert acc.smallest_epsilon_for_rmse(10, 2**40, 1e-12) is None
