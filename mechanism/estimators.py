@@ -521,6 +521,17 @@ class CellIntervals:
     def description(self) -> str:
         return INTERVAL_METHOD_DESCRIPTIONS[self.method]
 
+    def report_fields(self) -> dict[str, object]:
+        """The fields a researcher report / API carries next to ci_low and ci_high."""
+        return {
+            "interval_method": self.method,
+            "interval_level": self.level,
+            "interval_simultaneous": self.simultaneous,
+            "interval_per_cell_level": self.per_cell_level,
+            "interval_label": self.label,
+            "interval_description": self.description,
+        }
+
 
 def cell_intervals(
     counts: npt.ArrayLike,

@@ -121,3 +121,13 @@ def test_normal_method_is_the_old_interval_clipped() -> None:
     iv = est.joint_intervals(counts, n, ch, method="normal")
     assert np.allclose(iv.low, np.clip(lo, 0, 1)) and np.allclose(iv.high, np.clip(hi, 0, 1))
     assert math.isclose(est.normal_quantile(0.975), est.Z_95, rel_tol=1e-12)
+
+
+def test_report_fields_name_the_method() -> None:
+    ch = PramChannel(40.0, 24)
+    fields = est.joint_intervals(np.arange(24), 10_000, ch, simultaneous=True).report_fields()
+    assert fields["interval_method"] == "clopper-pearson"
+    assert fields["interval_simultaneous"] is True and fields["interval_level"] == 0.95
+    assert "Bonferroni" in str(fields["interval_label"]) and "Clopper-Pearson" in str(
+        fields["interval_description"]
+    )
