@@ -9,6 +9,7 @@ from math import prod
 from typing import Any
 
 from secure_release.mechanism import accounting
+from secure_release.mechanism.errors import EmptyDomainError
 from secure_release.mechanism.pram import PramChannel
 from secure_release.mechanism.sampling import check_sample_size
 from secure_release.mechanism.schema import check_joint_alphabet
@@ -109,9 +110,14 @@ def plan_release(
     """The plan for a release: m defaults to m* (Cor. 3.6) rounded into [1, n]; gamma by Eq. (2)."""
     sizes = tuple(int(k) for k in alphabet_sizes)
     K = check_joint_alphabet(sizes)
+    if K < 2:
+        raise EmptyDomainError(
+            f"alphabets {list(sizes)} give a joint alphabet of K = {K} cell: a single cell's "
+            "share is 1 by definition and there is nothing to release; need K >= 2"
+        )
     eps = accounting.check_epsilon(epsilon)
     check_sample_size(n, 1)
     if m is None:
-        m = accounting.optimal_sample_size_int(n, max(K, 2), eps)
+        m = accounting.optimal_sample_size_int(n, K, eps)
     check_sample_size(n, m)
     return ReleasePlan(n, int(m), sizes, eps, accounting.gamma_from_epsilon(n, m, eps))

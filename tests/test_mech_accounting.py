@@ -374,3 +374,10 @@ def test_plan_warning_names_an_m_or_epsilon_that_works() -> None:
     assert acc.best_rmse_at_epsilon(N_ADULT, 1000, eps)[1] <= target
     assert acc.best_rmse_at_epsilon(N_ADULT, 1000, eps / 1.002)[1] > target
     assert acc.smallest_epsilon_for_rmse(10, 2**40, 1e-12) is None
+
+
+def test_plan_refuses_a_single_cell_domain() -> None:
+    from secure_release.mechanism.plan import plan_release
+
+    with pytest.raises(EmptyDomainError, match="need K >= 2"):
+        plan_release(100, (1, 1), 1.0)
