@@ -21,6 +21,11 @@ from secure_release.tables import adult
 ALPHA = 1e-6
 
 
+def _hoeffding(trials: int, checks: int) -> float:
+    """One-sided deviation of a mean of [0, 1] variables exceeded with prob <= ALPHA/checks."""
+    return float(np.sqrt(np.log(checks / ALPHA) / (2 * trials)))
+
+
 def _agree(hits: np.ndarray, trials: int, exact: np.ndarray, checks: int) -> None:
     lo = stats.binom.ppf(ALPHA / (2 * checks), trials, exact)
     hi = stats.binom.isf(ALPHA / (2 * checks), trials, exact)
@@ -48,6 +53,8 @@ def test_zipf_k1000_mc_matches_exact_and_default_covers() -> None:
     assert study.hits[("joint", "clopper-pearson")].min() >= floor
     summary = {r["method"]: r for r in study.summary()}
     assert summary["normal"]["min_coverage"] < 0.6  # the issue's failure, reproduced
+    # mass-weighted: each trial's sum_c T_c [covered] lies in [0, 1]; Hoeffding at alpha
+    assert summary["clopper-pearson"]["mass_weighted_coverage"] >= 0.95 - _hoeffding(trials, 1)
 
 
 def test_adult_marginals_mc_matches_exact() -> None:
@@ -72,9 +79,14 @@ def test_adult_marginals_mc_matches_exact() -> None:
         "marginal_1": (cube.sum(axis=0), (1 - ch.keep) / table.alphabet_sizes[1]),
     }
     checks = 24 + 6 + 4
+    floor = stats.binom.ppf(ALPHA / (2 * checks), trials, 0.93)  # >= 93% per cell, one-sided
+    summary = {r["target"]: r for r in study.summary()}
     for target, (cells, b) in targets.items():
         (ex,) = exact_cell_coverage(cells, m, ch.keep, b, ("clopper-pearson",))
         _agree(study.hits[(target, "clopper-pearson")], trials, ex.coverage, checks)
+        assert study.hits[(target, "clopper-pearson")].min() >= floor
+        massw = summary[target]["mass_weighted_coverage"]
+        assert massw >= 0.95 - _hoeffding(trials, 2 * len(targets))
         # widths lie in [0, 1]: Hoeffding, |mean - E| <= sqrt(ln(2 checks / alpha) / (2 trials))
         width = study.width_sums[(target, "clopper-pearson")] / trials
         tol = np.sqrt(np.log(2 * checks / ALPHA) / (2 * trials))
