@@ -6,18 +6,24 @@ at their exact boundaries: gamma > 1, epsilon > 0, integers 1 <= m <= n, all fin
 
 from __future__ import annotations
 
+import functools
 import math
+from decimal import Decimal, localcontext
+from fractions import Fraction
 
 import numpy as np
 import numpy.typing as npt
 
 from secure_release.mechanism.errors import (
     AlphabetOverflowError,
+    EmptyDomainError,
+    GammaAboveClaimError,
+    GammaMismatchError,
     InvalidEpsilonError,
     InvalidSampleSizeError,
     NonFiniteInputError,
 )
-from secure_release.mechanism.pram import check_gamma
+from secure_release.mechanism.pram import PramChannel, check_gamma
 from secure_release.mechanism.sampling import check_sample_size
 from secure_release.mechanism.schema import MAX_JOINT_ALPHABET
 
@@ -35,8 +41,9 @@ def check_epsilon(epsilon: float) -> float:
 
 def _check_joint_size(joint_size: int) -> int:
     if isinstance(joint_size, bool) or int(joint_size) != joint_size or joint_size < 2:
-        raise InvalidSampleSizeError(
-            f"the joint alphabet K must be an integer >= 2, got {joint_size!r}"
+        raise EmptyDomainError(
+            f"the joint alphabet K must be an integer >= 2 (K = 1 has a single cell: its "
+            f"share is 1 by definition and there is nothing to release), got {joint_size!r}"
         )
     if joint_size > MAX_JOINT_ALPHABET:
         raise AlphabetOverflowError(
@@ -45,18 +52,106 @@ def _check_joint_size(joint_size: int) -> int:
     return int(joint_size)
 
 
+def compare_with_exp(value: Fraction, exponent: Fraction) -> int:
+    """Sign of value - e^exponent, exactly (derived here; used by every privacy check).
+
+    e^x is irrational for rational x != 0 (Lindemann), so for x != 0 the sign is never 0. The
+    decimal module rounds exp correctly (half-even, error <= 1/2 ulp), so a decimal e^x at
+    precision p decides the sign as soon as |value - e^x| exceeds one ulp; otherwise the
+    precision doubles. Exact for every finite float input.
+    """
+    if exponent == 0:
+        return (value > 1) - (value < 1)
+    if value <= 0:
+        return -1
+    precision = 40
+    while True:
+        approx, slack = _exp_with_error(exponent.numerator, exponent.denominator, precision)
+        if value > approx + slack:
+            return 1
+        if value < approx - slack:
+            return -1
+        precision *= 2
+
+
+@functools.lru_cache(maxsize=256)
+def _exp_with_error(numerator: int, denominator: int, precision: int) -> tuple[Fraction, Fraction]:
+    """(e^x rounded to ``precision`` digits, a bound on its error), x = numerator/denominator.
+
+    The division and exp each round by <= 1/2 ulp (relative 10^(1-p)/2); the division's error
+    is amplified by |x| in exp, so |approx - e^x| < 10 (1 + |x|) ulp(approx) < the bound."""
+    with localcontext() as ctx:
+        ctx.prec = precision
+        approx = (Decimal(numerator) / Decimal(denominator)).exp()
+        ulp = Decimal(1).scaleb(approx.adjusted() - precision + 1)
+    return Fraction(approx), 16 * Fraction(ulp) * (1 + abs(Fraction(numerator, denominator)))
+
+
+def _amplified_base(n: int, m: int, gamma: float) -> Fraction:
+    """1 + (m/n)(gamma - 1) as an exact rational (the argument of the log in Eq. 1)."""
+    return 1 + Fraction(m, n) * (Fraction(gamma) - 1)
+
+
 def epsilon_from_gamma(n: int, m: int, gamma: float) -> float:
-    """Theorem 3.2, Eq. (1): epsilon = ln(1 + (m/n)(gamma - 1)); tight (Example 3.3)."""
+    """Theorem 3.2, Eq. (1): epsilon = ln(1 + (m/n)(gamma - 1)); tight (Example 3.3).
+
+    Rounded up (never below the exact value): a reported epsilon must not understate the loss.
+    """
     check_sample_size(n, m)
     gamma = check_gamma(gamma)
-    return math.log1p(m / n * (gamma - 1.0))
+    base = _amplified_base(n, m, gamma)
+    eps = math.log1p(m / n * (gamma - 1.0))
+    while compare_with_exp(base, Fraction(eps)) > 0:  # e^eps < base: eps too small
+        eps = math.nextafter(eps, math.inf)
+    while eps > 0 and compare_with_exp(base, Fraction(math.nextafter(eps, 0.0))) < 0:
+        eps = math.nextafter(eps, 0.0)  # the next float below is still >= the exact value
+    return eps
 
 
 def gamma_from_epsilon(n: int, m: int, epsilon: float) -> float:
-    """Eq. (2): gamma = 1 + (n/m)(e^epsilon - 1), the PRAM level that gives epsilon."""
+    """Eq. (2): gamma = 1 + (n/m)(e^epsilon - 1), the PRAM level that gives epsilon.
+
+    Rounded down to the largest float whose exact epsilon (Eq. 1) is <= ``epsilon``, so the
+    value a curator declares always passes :func:`check_declared_gamma`.
+    """
     check_sample_size(n, m)
     epsilon = check_epsilon(epsilon)
-    return 1.0 + n / m * math.expm1(epsilon)
+    target = Fraction(epsilon)
+    gamma = 1.0 + n / m * math.expm1(epsilon)
+    while gamma > 1.0 and compare_with_exp(_amplified_base(n, m, gamma), target) > 0:
+        gamma = math.nextafter(gamma, 0.0)
+    while compare_with_exp(_amplified_base(n, m, math.nextafter(gamma, math.inf)), target) < 0:
+        gamma = math.nextafter(gamma, math.inf)
+    return gamma
+
+
+def check_declared_gamma(n: int, m: int, epsilon: float, gamma: float, rel_tol_below: float = 1e-9) -> float:
+    """Refuse a declared gamma whose exact epsilon (Eq. 1) exceeds the declared epsilon.
+
+    Exact: ln(1 + (m/n)(gamma - 1)) <= epsilon  <=>  1 + (m/n)(gamma - 1) <= e^epsilon, compared
+    with exact rationals by :func:`compare_with_exp` (no rounding in anyone's favour). A gamma
+    below Eq. 2's value is more private than claimed, but one more than ``rel_tol_below``
+    (relative) below it does not follow from the release parameters and is refused as a
+    mismatch. Returns gamma.
+    """
+    check_sample_size(n, m)
+    eps = check_epsilon(epsilon)
+    gamma = check_gamma(gamma)
+    if compare_with_exp(_amplified_base(n, m, gamma), Fraction(eps)) > 0:
+        allowed = gamma_from_epsilon(n, m, eps)
+        raise GammaAboveClaimError(
+            f"gamma {gamma!r} gives epsilon above the declared {eps!r} for n = {n}, m = {m}: "
+            f"Eq. 1 makes the realised loss ln(1 + (m/n)(gamma - 1)) > epsilon. Allowed: "
+            f"gamma <= {allowed!r} (Eq. 2, rounded down)"
+        )
+    expected = gamma_from_epsilon(n, m, eps)
+    if gamma < expected * (1.0 - rel_tol_below):
+        raise GammaMismatchError(
+            f"gamma {gamma!r} does not follow from epsilon {eps!r}, n = {n}, m = {m}: Eq. 2 "
+            f"gives {expected!r}; allowed: within a relative {rel_tol_below:g} below it, "
+            "never above"
+        )
+    return gamma
 
 
 def optimal_sample_size(n: int, joint_size: int, epsilon: float) -> float:
@@ -102,10 +197,14 @@ def sampling_mse(n: int, m: int, sum_sq: float) -> float:
 
 def pram_mse(m: int, joint_size: int, gamma: float) -> float:
     """DESIGN 3, second term: [(a+b)(1-a-b) + (K-1) b (1-b)] / (m a^2)."""
+    _check_joint_size(joint_size)
+    return channel_pram_mse(m, PramChannel(check_gamma(gamma), int(joint_size)))
+
+
+def channel_pram_mse(m: int, channel: PramChannel) -> float:
+    """DESIGN 3, second term, with a and b from the channel: [(a+b)(1-a-b) + (K-1) b (1-b)]/(m a^2)."""
     check_sample_size(m, m)
-    K = _check_joint_size(joint_size)
-    q = check_gamma(gamma) + K - 1.0
-    a, b = (gamma - 1.0) / q, 1.0 / q
+    a, b, K = channel.keep, channel.off_diagonal, channel.joint_size
     return ((a + b) * (1.0 - a - b) + (K - 1.0) * b * (1.0 - b)) / (m * a * a)
 
 
@@ -116,22 +215,18 @@ def expected_squared_error(n: int, m: int, joint_size: int, gamma: float, sum_sq
     return sampling_mse(n, m, sum_sq) + pram_mse(m, joint_size, gamma)
 
 
-def predicted_rmse(
-    n: int, m: int, joint_size: int, gamma: float, sum_sq: float | None = None
-) -> float:
+def predicted_rmse(n: int, m: int, joint_size: int, gamma: float, sum_sq: float | None = None) -> float:
     """sqrt of :func:`expected_squared_error`; ``sum_sq=None`` takes the worst case 1/K."""
     worst = 1.0 / joint_size if sum_sq is None else sum_sq
     return math.sqrt(expected_squared_error(n, m, joint_size, gamma, worst))
 
 
-def cell_variance(
-    n: int, m: int, joint_size: int, gamma: float, shares: npt.ArrayLike
-) -> npt.NDArray[np.float64]:
+def cell_variance(n: int, m: int, joint_size: int, gamma: float, shares: npt.ArrayLike) -> npt.NDArray[np.float64]:
     """DESIGN 3, per cell variance of T_hat_c:
     T_c(1-T_c)(n-m)/(m(n-1)) + [T_c(a+b)(1-a-b) + (1-T_c) b(1-b)]/(m a^2)."""
     K = _check_joint_size(joint_size)
-    q = check_gamma(gamma) + K - 1.0
-    return channel_cell_variance(n, m, (gamma - 1.0) / q, 1.0 / q, shares)
+    channel = PramChannel(check_gamma(gamma), K)
+    return channel_cell_variance(n, m, channel.keep, channel.off_diagonal, shares)
 
 
 def channel_cell_variance(
@@ -147,16 +242,12 @@ def channel_cell_variance(
     return np.asarray(sampling + pram, dtype=np.float64)
 
 
-def rmse_at_epsilon(
-    n: int, m: int, joint_size: int, epsilon: float, sum_sq: float | None = None
-) -> float:
+def rmse_at_epsilon(n: int, m: int, joint_size: int, epsilon: float, sum_sq: float | None = None) -> float:
     """Predicted RMSE of a release at privacy epsilon with m samples (gamma from Eq. 2)."""
     return predicted_rmse(n, m, joint_size, gamma_from_epsilon(n, m, epsilon), sum_sq)
 
 
-def error_minimizing_sample_size(
-    n: int, joint_size: int, epsilon: float, sum_sq: float | None = None
-) -> int:
+def error_minimizing_sample_size(n: int, joint_size: int, epsilon: float, sum_sq: float | None = None) -> int:
     """The integer m in [1, n] minimizing the exact predicted error at fixed epsilon.
 
     The predicted MSE is unimodal in m here; it is evaluated on a geometric grid and then
@@ -183,10 +274,44 @@ def error_minimizing_sample_size(
     return int(fine[int(np.argmin(mse(fine)))])
 
 
+def best_rmse_at_epsilon(
+    n: int, joint_size: int, epsilon: float, sum_sq: float | None = None
+) -> tuple[int, float]:
+    """(m, RMSE) at the error-minimizing m for this epsilon (DESIGN 3 exact MSE; derived here)."""
+    m = error_minimizing_sample_size(n, joint_size, epsilon, sum_sq)
+    return m, rmse_at_epsilon(n, m, joint_size, epsilon, sum_sq)
+
+
+def smallest_epsilon_for_rmse(
+    n: int,
+    joint_size: int,
+    target: float,
+    sum_sq: float | None = None,
+    max_epsilon: float = 50.0,
+) -> float | None:
+    """The smallest epsilon (to 0.1% relative) at which some m in [1, n] predicts an RMSE <=
+    ``target``, or None if not even ``max_epsilon`` does (derived here: the best RMSE over m
+    falls as epsilon grows, so bisection in log epsilon)."""
+    if not math.isfinite(target) or target <= 0:
+        raise NonFiniteInputError(f"target RMSE must be a finite number > 0, got {target!r}")
+    if best_rmse_at_epsilon(n, joint_size, max_epsilon, sum_sq)[1] > target:
+        return None
+    lo, hi = 1e-6, max_epsilon
+    if best_rmse_at_epsilon(n, joint_size, lo, sum_sq)[1] <= target:
+        return lo
+    while hi / lo > 1.001:
+        mid = math.sqrt(lo * hi)
+        if best_rmse_at_epsilon(n, joint_size, mid, sum_sq)[1] <= target:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
 def krr_keep_probability(joint_size: int, gamma: float) -> float:
     """k-ary randomized response with epsilon_0 = ln gamma: P(report = truth) = gamma/q."""
     K = _check_joint_size(joint_size)
-    return check_gamma(gamma) / (gamma + K - 1.0)
+    return PramChannel(check_gamma(gamma), K).diagonal
 
 
 def opendp_prob(joint_size: int, gamma: float) -> float:
@@ -198,10 +323,11 @@ def dp_accounting_noise_parameter(joint_size: int, gamma: float) -> float:
     """dp_accounting ``RandomizedResponseDpEvent(noise_parameter, num_buckets=K)``.
 
     There the true bucket is replaced, with probability noise_parameter, by a uniform bucket:
-    P(truth) = 1 - p + p/K. Setting it to gamma/q gives p = K/q = 1 - a.
+    P(truth) = 1 - p + p/K. Setting it to gamma/q gives p = K/q = K b = 1 - a.
     """
     K = _check_joint_size(joint_size)
-    return K / (check_gamma(gamma) + K - 1.0)
+    channel = PramChannel(check_gamma(gamma), K)
+    return channel.joint_size * channel.off_diagonal
 
 
 def amplified_epsilon(base_epsilon: float, sampling_rate: float) -> float:

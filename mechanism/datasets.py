@@ -1,7 +1,8 @@
 """Synthetic count tables of Sec. IV (pure: no file I/O).
 
 "uniform": every cell 1/K. "linear": cell c (0-based) has share (c + 1)/q, q = 1 + ... + K.
-"peaky": cell 0 holds 90%, the other K - 1 cells share 10% uniformly. Shares become integer
+"peaky": cell 0 holds 90%, the other K - 1 cells share 10% uniformly. "zipf": cell c (0-based)
+has share proportional to 1/(c + 1) (Zipf's law, exponent 1; the issue-13 coverage table). Shares become integer
 counts summing exactly to n by largest-remainder (Hamilton) rounding, ties to the lower index.
 The joint alphabet is split between two curators as k1 x k2 = K with k1 >= k2 as close as
 possible (24 = 6 x 4, as Adult's education x marital / sex x salary).
@@ -14,9 +15,13 @@ import math
 import numpy as np
 import numpy.typing as npt
 
-from secure_release.mechanism.errors import InvalidSampleSizeError, ShapeMismatchError
+from secure_release.mechanism.errors import (
+    EmptyDomainError,
+    InvalidSampleSizeError,
+    ShapeMismatchError,
+)
 
-SYNTHETIC = ("uniform", "linear", "peaky")
+SYNTHETIC = ("uniform", "linear", "peaky", "zipf")
 PEAK_SHARE = 0.9
 
 
@@ -32,6 +37,9 @@ def shares(kind: str, joint_size: int) -> npt.NDArray[np.float64]:
         out = np.full(K, (1.0 - PEAK_SHARE) / (K - 1))
         out[0] = PEAK_SHARE
         return out
+    if kind == "zipf":
+        weights = 1.0 / np.arange(1, K + 1, dtype=np.float64)
+        return np.asarray(weights / weights.sum(), dtype=np.float64)
     raise ShapeMismatchError(f"unknown synthetic dataset {kind!r}; choose one of {list(SYNTHETIC)}")
 
 
@@ -41,9 +49,7 @@ def largest_remainder(weights: npt.ArrayLike, n: int) -> npt.NDArray[np.int64]:
         raise InvalidSampleSizeError(f"n must be an integer >= 1, got {n!r}")
     w = np.asarray(weights, dtype=np.float64)
     if w.ndim != 1 or w.size == 0 or not np.all(np.isfinite(w)) or np.any(w < 0) or w.sum() <= 0:
-        raise ShapeMismatchError(
-            "weights must be a non-empty vector of finite values >= 0, not all 0"
-        )
+        raise ShapeMismatchError("weights must be a non-empty vector of finite values >= 0, not all 0")
     exact = w / w.sum() * int(n)
     base = np.floor(exact).astype(np.int64)
     short = int(n) - int(base.sum())
@@ -67,7 +73,8 @@ def two_curator_split(joint_size: int) -> tuple[int, int]:
 
 def _check_k(joint_size: int) -> int:
     if isinstance(joint_size, bool) or int(joint_size) != joint_size or joint_size < 2:
-        raise ShapeMismatchError(
-            f"the joint alphabet K must be an integer >= 2, got {joint_size!r}"
+        raise EmptyDomainError(
+            f"the joint alphabet K must be an integer >= 2 (K = 1 is a single cell with "
+            f"nothing to release), got {joint_size!r}"
         )
     return int(joint_size)

@@ -112,3 +112,19 @@ class SeedReuseError(SecureReleaseError):
 
 class ShapeMismatchError(SecureReleaseError):
     """Arrays that must agree in length or alphabet do not."""
+
+
+class GammaAboveClaimError(InvalidGammaError):
+    """A declared gamma is above Eq. 2's value: the release would be less private than claimed."""
+
+
+class GammaMismatchError(InvalidGammaError):
+    """A declared gamma is further below Eq. 2's value than the allowed tolerance."""
+
+
+class UnknownIntervalMethodError(SecureReleaseError):
+    """A confidence-interval method name is not one this project implements."""
+
+
+class InvalidLevelError(SecureReleaseError):
+    """A confidence level must be a finite number strictly between 0 and 1."""

@@ -29,7 +29,14 @@ import numpy.typing as npt
 
 from secure_release.mechanism import accounting
 from secure_release.mechanism.errors import NonFiniteInputError, ShapeMismatchError
-from secure_release.mechanism.estimators import invert_channel, mle_water_filling
+from secure_release.mechanism.estimators import (
+    INTERVAL_METHODS,
+    invert_channel,
+    log_gamma,
+    mle_water_filling,
+    per_cell_alpha,
+    share_intervals,
+)
 from secure_release.mechanism.pram import PramChannel
 from secure_release.mechanism.sampling import check_sample_size
 from secure_release.mechanism.schema import check_joint_alphabet
@@ -44,9 +51,7 @@ def check_counts(counts: npt.ArrayLike) -> IntArray:
     """A 1-D vector of non-negative integer cell counts with a positive total."""
     c = np.asarray(counts)
     if c.ndim != 1 or c.size < 2:
-        raise ShapeMismatchError(
-            f"counts must be a vector of at least 2 cells, got shape {c.shape}"
-        )
+        raise ShapeMismatchError(f"counts must be a vector of at least 2 cells, got shape {c.shape}")
     if not np.all(np.isfinite(c.astype(np.float64))):
         raise NonFiniteInputError("counts must be finite")
     if np.any(c < 0) or np.any(np.asarray(c, dtype=np.float64) != np.floor(c.astype(np.float64))):
@@ -57,9 +62,7 @@ def check_counts(counts: npt.ArrayLike) -> IntArray:
     return ci
 
 
-def fast_observed_counts(
-    counts: npt.ArrayLike, m: int, keep: float, trials: int, rng: np.random.Generator
-) -> IntArray:
+def fast_observed_counts(counts: npt.ArrayLike, m: int, keep: float, trials: int, rng: np.random.Generator) -> IntArray:
     """Observed joint counts after sampling m of n and PRAM, for ``trials`` trials: (trials, K)."""
     c = check_counts(counts)
     check_sample_size(int(c.sum()), m)
@@ -321,9 +324,7 @@ def sweep(
     """:func:`simulate_point` over (epsilon, m) points, in order."""
     out = []
     for i, (eps, m) in enumerate(points):
-        out.append(
-            simulate_point(counts, eps, m, trials, rng, alphabet_sizes, estimators, per_record)
-        )
+        out.append(simulate_point(counts, eps, m, trials, rng, alphabet_sizes, estimators, per_record))
         if progress is not None:
             progress(i + 1, len(points))
     return out
@@ -336,3 +337,230 @@ def log_m_grid(n: int, m_star: int, num: int = 24, extra: Sequence[int] = ()) ->
     grid = {round(x) for x in np.geomspace(lo, n, num=num)}
     grid |= {int(e) for e in extra if 1 <= int(e) <= n}
     return sorted(grid)
+
+
+# --- coverage of the per-cell confidence intervals (issue 13) -------------------------------
+
+
+def hypergeometric_pmf(n: int, successes: int, m: int) -> tuple[IntArray, FloatArray]:
+    """P(S = s) for S the number of a cell's ``successes`` records among m drawn without
+    replacement from n: C(C, s) C(n - C, m - s) / C(n, m) on its support, in logs
+    (:func:`mechanism.estimators.log_gamma`), trimmed below 1e-40 and renormalized."""
+    check_sample_size(n, m)
+    if not 0 <= successes <= n:
+        raise ShapeMismatchError(f"a cell holds 0..n = {n} records, got {successes}")
+    s = np.arange(max(0, m - (n - successes)), min(successes, m) + 1, dtype=np.int64)
+    sf = s.astype(np.float64)
+
+    def log_choose(top: float, bottom: FloatArray) -> FloatArray:
+        return np.asarray(log_gamma(top + 1.0) - log_gamma(bottom + 1.0) - log_gamma(top - bottom + 1.0))
+
+    logp = log_choose(successes, sf) + log_choose(n - successes, m - sf)
+    logp -= logp.max()
+    p = np.exp(logp)
+    keep = p > 1e-40
+    return s[keep], np.asarray(p[keep] / p[keep].sum(), dtype=np.float64)
+
+
+def observed_count_pmf(n: int, cell_count: int, m: int, keep: float, off_diagonal: float) -> FloatArray:
+    """Exact distribution of a cell's observed count N_c after sampling m of n and PRAM
+    (derived here): S ~ Hypergeometric(n, C, m) sampled rows of the cell, and given S,
+    N_c = Binomial(S, a + b) + Binomial(m - S, b) (a row of the cell lands in it w.p. a + b,
+    any other row w.p. b). Its generating function sum_s P(S=s) (1-a-b + (a+b) z)^s
+    (1-b + b z)^(m-s) is evaluated at the m + 1 roots of unity and inverted by one FFT.
+    Returns P(N_c = 0..m) (absolute error ~1e-15)."""
+    s, h = hypergeometric_pmf(n, cell_count, m)
+    size = m + 1
+    z = np.exp(2j * np.pi * np.arange(size) / size)
+    hit, other = 1.0 - (keep + off_diagonal) + (keep + off_diagonal) * z, 1.0 - off_diagonal + off_diagonal * z
+    # sum_s h(s) hit^s other^(m-s) = hit^s0 other^(m-s0) sum_s h(s) r^(s-s0), r = hit/other
+    # (other != 0 since b < 1/2), by Horner over the support; each term is <= h(s) in modulus
+    ratio = hit / other
+    if s.size * math.log(max(float(np.abs(ratio).max()), 1.0)) < 600.0:
+        acc = np.zeros(size, dtype=np.complex128)
+        for weight in h[::-1]:
+            acc = acc * ratio + weight
+        s0 = float(s[0])
+        pgf = acc * np.power(hit, s0) * np.power(other, m - s0)
+    else:  # Horner could overflow (b near 1/2): direct powers, in blocks of the support
+        pgf = np.zeros(size, dtype=np.complex128)
+        for lo in range(0, s.size, 256):
+            sb, hb = s[lo : lo + 256].astype(np.float64), h[lo : lo + 256]
+            pgf += hb @ (np.power(hit[None, :], sb[:, None]) * np.power(other[None, :], (m - sb)[:, None]))
+    pmf = np.fft.fft(pgf).real / size
+    return np.asarray(np.clip(pmf, 0.0, None), dtype=np.float64)
+
+
+@dataclass(frozen=True)
+class ExactCoverage:
+    """Per-cell coverage probability and expected width of one interval method, exactly."""
+
+    method: str
+    coverage: FloatArray
+    mean_width: FloatArray
+    shares: FloatArray
+    per_cell_alpha: float
+
+    def summary(self) -> dict[str, Any]:
+        return _coverage_summary(self.method, self.coverage, self.mean_width, self.shares)
+
+
+def exact_cell_coverage(
+    counts: npt.ArrayLike,
+    m: int,
+    keep: float,
+    off_diagonal: float,
+    methods: Sequence[str] = INTERVAL_METHODS,
+    level: float = 0.95,
+    simultaneous: bool = False,
+) -> list[ExactCoverage]:
+    """For each cell c of a count table and each method: P(T_c in the interval), summing
+    :func:`observed_count_pmf` over the counts whose interval holds T_c (each interval depends
+    on N_c alone, so this is exact, no Monte Carlo), and E[width]. For a curator subset's
+    marginal pass its counts and b_S = (1 - a)/K_S. With ``simultaneous`` the per-cell level is
+    Bonferroni's; 1 - sum_c (1 - coverage_c) then lower-bounds the all-cells coverage."""
+    c = check_counts(counts)
+    n, K = int(c.sum()), c.size
+    check_sample_size(n, m)
+    shares = c / n
+    everything = np.arange(m + 1)
+    alpha = per_cell_alpha(level, K, simultaneous)
+    tables = {meth: share_intervals(everything, n, m, keep, off_diagonal, meth, alpha) for meth in methods}
+    values, inverse = np.unique(c, return_inverse=True)
+    cover = {meth: np.empty(values.size) for meth in methods}
+    width = {meth: np.empty(values.size) for meth in methods}
+    for i, count in enumerate(values):  # one pmf per distinct cell count (not per row)
+        pmf = observed_count_pmf(n, int(count), m, keep, off_diagonal)
+        t = count / n
+        for meth, (lo, hi) in tables.items():
+            cover[meth][i] = float(pmf[(lo <= t) & (t <= hi)].sum())
+            width[meth][i] = float(pmf @ (hi - lo))
+    return [ExactCoverage(meth, cover[meth][inverse], width[meth][inverse], shares, alpha) for meth in methods]
+
+
+def _coverage_summary(method: str, coverage: FloatArray, width: FloatArray, shares: FloatArray) -> dict[str, Any]:
+    low = coverage < 0.9
+    return {
+        "method": method,
+        "min_coverage": float(coverage.min()),
+        "worst_cell": int(np.argmin(coverage)),
+        "mass_weighted_coverage": float(np.sum(shares * coverage)),
+        "mean_coverage": float(coverage.mean()),
+        "cells_below_90": int(low.sum()),
+        "mass_below_90": float(shares[low].sum()),
+        "cells_below_93": int(np.sum(coverage < 0.93)),
+        "mean_width": float(width.mean()),
+        "mass_weighted_width": float(np.sum(shares * width)),
+    }
+
+
+@dataclass
+class CoverageStudy:
+    """Monte Carlo coverage of each interval method on the joint cells and each curator's
+    marginal: hit counts per cell, summed widths, and all-cells-at-once hits per trial."""
+
+    epsilon: float
+    m: int
+    gamma: float
+    n: int
+    trials: int
+    level: float
+    simultaneous: bool
+    shares: dict[str, FloatArray]
+    hits: dict[tuple[str, str], IntArray] = field(repr=False)
+    width_sums: dict[tuple[str, str], FloatArray] = field(repr=False)
+    all_cells_hits: dict[tuple[str, str], int] = field(repr=False)
+
+    def coverage(self, target: str, method: str) -> FloatArray:
+        return np.asarray(self.hits[(target, method)] / self.trials, dtype=np.float64)
+
+    def summary(self) -> list[dict[str, Any]]:
+        rows = []
+        for target, method in self.hits:
+            row = _coverage_summary(
+                method,
+                self.coverage(target, method),
+                self.width_sums[(target, method)] / self.trials,
+                self.shares[target],
+            )
+            row.update(
+                target=target,
+                epsilon=self.epsilon,
+                m=self.m,
+                gamma=self.gamma,
+                trials=self.trials,
+                level=self.level,
+                simultaneous=self.simultaneous,
+                all_cells_coverage=self.all_cells_hits[(target, method)] / self.trials,
+            )
+            rows.append(row)
+        return rows
+
+
+def coverage_study(
+    counts: npt.ArrayLike,
+    epsilon: float,
+    m: int,
+    trials: int,
+    rng: np.random.Generator,
+    alphabet_sizes: Sequence[int] | None = None,
+    methods: Sequence[str] = INTERVAL_METHODS,
+    level: float = 0.95,
+    simultaneous: bool = False,
+    chunk: int = 2000,
+) -> CoverageStudy:
+    """Simulate ``trials`` releases (fast count-level path, gamma from Eq. 2) and count, per
+    cell and method, how often the interval holds the true share; on the joint cells
+    ("joint") and on each curator's marginal ("marginal_j") when ``alphabet_sizes`` has > 1
+    curator."""
+    c = check_counts(counts)
+    n, K = int(c.sum()), c.size
+    if isinstance(trials, bool) or int(trials) != trials or trials < 1:
+        raise ShapeMismatchError(f"trials must be an integer >= 1, got {trials!r}")
+    sizes = [int(k) for k in alphabet_sizes] if alphabet_sizes is not None else [K]
+    if check_joint_alphabet(sizes) != K:
+        raise ShapeMismatchError(f"alphabets {sizes} do not multiply to K = {K}")
+    gamma = accounting.gamma_from_epsilon(n, m, epsilon)
+    channel = PramChannel(gamma, K)
+    a = channel.keep
+    truth = c / n
+    targets: dict[str, tuple[FloatArray, float]] = {"joint": (truth, channel.off_diagonal)}
+    cube_truth = truth.reshape(sizes)
+    axes = marginal_axes(sizes) if len(sizes) > 1 else []
+    for j, ax in enumerate(axes):
+        targets[f"marginal_{j}"] = (
+            cube_truth.sum(axis=tuple(x - 1 for x in ax)),
+            (1.0 - a) / sizes[j],
+        )
+    hits = {(t, meth): np.zeros(v[0].size, dtype=np.int64) for t, v in targets.items() for meth in methods}
+    widths = {key: np.zeros(v.size) for key, v in hits.items()}
+    all_hits = dict.fromkeys(hits, 0)
+    for lo in range(0, int(trials), chunk):
+        size = min(chunk, int(trials) - lo)
+        obs = fast_observed_counts(c, m, a, size, rng)
+        for target, (share, b) in targets.items():
+            if target == "joint":
+                cells = obs
+            else:
+                j = int(target.split("_")[1])
+                cells = obs.reshape(size, *sizes).sum(axis=axes[j]).reshape(size, -1)
+            alpha = per_cell_alpha(level, share.size, simultaneous)
+            for meth in methods:
+                low, high = share_intervals(cells, n, m, a, b, meth, alpha)
+                inside = (low <= share) & (share <= high)
+                hits[(target, meth)] += inside.sum(axis=0)
+                widths[(target, meth)] += (high - low).sum(axis=0)
+                all_hits[(target, meth)] += int(inside.all(axis=1).sum())
+    return CoverageStudy(
+        float(epsilon),
+        int(m),
+        gamma,
+        n,
+        int(trials),
+        float(level),
+        bool(simultaneous),
+        {t: v[0] for t, v in targets.items()},
+        hits,
+        widths,
+        all_hits,
+    )

@@ -75,4 +75,6 @@ def run(args: argparse.Namespace) -> int:
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         print(f"{key:<{width}}  {value}")
+    if report["warning"]:
+        print(f"WARNING: {report['warning']}")
     return 0

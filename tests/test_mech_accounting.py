@@ -13,6 +13,9 @@ from hypothesis import strategies as st
 from secure_release.mechanism import accounting as acc
 from secure_release.mechanism.errors import (
     AlphabetOverflowError,
+    EmptyDomainError,
+    GammaAboveClaimError,
+    GammaMismatchError,
     InvalidEpsilonError,
     InvalidGammaError,
     InvalidSampleSizeError,
@@ -182,8 +185,8 @@ def test_sample_size_boundary() -> None:
         assert acc.gamma_from_epsilon(10, m, 0.5) > 1
     with pytest.raises(InvalidSampleSizeError):
         acc.optimal_sample_size(0, 24, 0.5)
-    with pytest.raises(InvalidSampleSizeError):
-        acc.optimal_sample_size(10, 1, 0.5)  # K must be >= 2
+    with pytest.raises(EmptyDomainError):
+        acc.optimal_sample_size(10, 1, 0.5)  # K must be >= 2: K = 1 is an empty-domain error
     with pytest.raises(InvalidSampleSizeError):
         acc.amplified_epsilon(1.0, 0.0)
     with pytest.raises(InvalidSampleSizeError):
@@ -226,3 +229,155 @@ def test_sum_sq_range_and_joint_overflow() -> None:
     with pytest.raises(AlphabetOverflowError):
         PramChannel(3.0, MAX_JOINT_ALPHABET + 1)
     assert PramChannel(3.0, MAX_JOINT_ALPHABET).joint_size == MAX_JOINT_ALPHABET
+
+
+# --- exact privacy checks (issue 13): never round in the adversary's favour -----------------
+
+
+def _exact_epsilon_exceeds(n: int, m: int, gamma: float, eps: float) -> bool:
+    """Independent check with 80-digit decimals: 1 + (m/n)(gamma - 1) > e^eps."""
+    from decimal import Decimal, localcontext
+
+    with localcontext() as ctx:
+        ctx.prec = 80
+        base = 1 + Decimal(m) / Decimal(n) * (Decimal(gamma) - 1)
+        return bool(base > Decimal(eps).exp())
+
+
+@pytest.mark.parametrize(
+    ("n", "m", "eps"),
+    [(45222, 239, 0.1), (45222, 1472, 0.5), (45222, 3899, 1.0), (100000, 177, 1.0), (10, 10, math.log(9))],
+)
+def test_declared_gamma_exact_boundary(n: int, m: int, eps: float) -> None:
+    """OpenDP style: Eq. 2's value (rounded down) passes, the next float above it fails."""
+    gamma = acc.gamma_from_epsilon(n, m, eps)
+    assert acc.check_declared_gamma(n, m, eps, gamma) == gamma
+    assert not _exact_epsilon_exceeds(n, m, gamma, eps)
+    above = math.nextafter(gamma, math.inf)
+    assert _exact_epsilon_exceeds(n, m, above, eps)
+    with pytest.raises(GammaAboveClaimError, match="Allowed: gamma <="):
+        acc.check_declared_gamma(n, m, eps, above)
+    # the old check accepted up to 1e-9 relative above; that is refused now
+    with pytest.raises(GammaAboveClaimError):
+        acc.check_declared_gamma(n, m, eps, gamma * (1 + 5e-10))
+    # below Eq. 2 is more private; within the tolerance it passes, beyond it is a mismatch
+    assert acc.check_declared_gamma(n, m, eps, math.nextafter(gamma, 0.0)) < gamma
+    with pytest.raises(GammaMismatchError, match="never above"):
+        acc.check_declared_gamma(n, m, eps, 1 + (gamma - 1) * 0.5)
+
+
+def test_plain_pram_boundary_ln9() -> None:
+    """m = n: epsilon = ln gamma. gamma = 9 at epsilon = float(ln 9) passes iff ln 9's float
+    rounding is at or above the exact value; the exact comparison decides, not a tolerance."""
+    eps = math.log(9.0)
+    exceeds = _exact_epsilon_exceeds(1, 1, 9.0, eps)
+    if exceeds:
+        with pytest.raises(GammaAboveClaimError):
+            acc.check_declared_gamma(1, 1, eps, 9.0)
+    else:
+        assert acc.check_declared_gamma(1, 1, eps, 9.0) == 9.0
+    assert acc.check_declared_gamma(1, 1, math.nextafter(eps, math.inf), 9.0) == 9.0
+    with pytest.raises(GammaAboveClaimError):
+        acc.check_declared_gamma(1, 1, math.nextafter(eps, 0.0) if not exceeds else eps, 9.0)
+
+
+@given(
+    n=st.integers(1, 10**9),
+    frac=st.floats(1e-6, 1.0),
+    eps=st.floats(1e-6, 20.0),
+)
+@settings(max_examples=60, deadline=None)
+def test_eq2_rounds_down_and_eq1_rounds_up(n: int, frac: float, eps: float) -> None:
+    m = max(1, min(n, round(n * frac)))
+    gamma = acc.gamma_from_epsilon(n, m, eps)
+    if gamma <= 1.0:
+        return
+    assert not _exact_epsilon_exceeds(n, m, gamma, eps)
+    assert _exact_epsilon_exceeds(n, m, math.nextafter(gamma, math.inf), eps)
+    realised = acc.epsilon_from_gamma(n, m, gamma)
+    assert realised <= eps  # gamma was rounded down, so its (rounded-up) epsilon stays below
+    assert not _exact_epsilon_exceeds(n, m, gamma, realised)  # rounded up: >= the exact value
+    assert _exact_epsilon_exceeds(n, m, gamma, math.nextafter(realised, 0.0))
+
+
+def test_compare_with_exp_is_exact_near_ties() -> None:
+    from fractions import Fraction
+
+    x = Fraction(0.5)
+    # a rational within 1e-60 of e^0.5 on either side
+    from decimal import Decimal, localcontext
+
+    with localcontext() as ctx:
+        ctx.prec = 120
+        e = Fraction(Decimal("0.5").exp())
+    assert acc.compare_with_exp(e + Fraction(1, 10**60), x) == 1
+    assert acc.compare_with_exp(e - Fraction(1, 10**60), x) == -1
+    assert acc.compare_with_exp(Fraction(1), Fraction(0)) == 0
+    assert acc.compare_with_exp(Fraction(0), Fraction(3)) == -1
+
+
+def test_channel_based_accounting_matches_formulas() -> None:
+    ch = PramChannel(7.5, 24)
+    q = 7.5 + 23
+    a, b = 6.5 / q, 1 / q
+    assert acc.channel_pram_mse(100, ch) == pytest.approx(
+        ((a + b) * (1 - a - b) + 23 * b * (1 - b)) / (100 * a * a), rel=1e-14
+    )
+    assert acc.pram_mse(100, 24, 7.5) == acc.channel_pram_mse(100, ch)
+    assert acc.krr_keep_probability(24, 7.5) == pytest.approx(7.5 / q, rel=1e-15)
+    assert acc.dp_accounting_noise_parameter(24, 7.5) == pytest.approx(24 / q, rel=1e-15)
+
+
+def test_single_cell_domain_is_an_empty_domain_error() -> None:
+    for f in (
+        lambda: acc.optimal_sample_size(100, 1, 1.0),
+        lambda: acc.pram_mse(10, 1, 3.0),
+        lambda: acc.error_minimizing_sample_size(100, 1, 1.0),
+        lambda: acc.condition_number(1, 3.0),
+    ):
+        with pytest.raises(EmptyDomainError, match="K = 1 has a single cell"):
+            f()
+
+
+# --- plan warns when the predicted error swamps a typical cell (issue 13) -------------------
+
+
+def test_plan_warning_absent_on_adult_and_present_at_huge_k() -> None:
+    from secure_release.mechanism.plan import plan_release
+
+    for eps in (0.1, 0.5, 1.0):
+        plan = plan_release(N_ADULT, (6, 4), eps)
+        rep = plan.report()
+        assert rep["warning"] is None
+        assert rep["predicted_rmse_per_cell"] <= 1 / 24
+    huge = plan_release(100_000, (2**20, 2**20), 1.0)
+    warning = huge.report()["warning"]
+    assert warning is not None and "exceeds the typical cell share" in warning
+    assert "No m in [1, 100000]" in warning
+
+
+def test_plan_warning_names_an_m_or_epsilon_that_works() -> None:
+    from secure_release.mechanism.plan import plan_release
+
+    # a bad m at an epsilon where a better m exists
+    plan = plan_release(N_ADULT, (6, 4), 0.5, m=3)
+    warning = plan.utility_warning()
+    assert warning is not None
+    m_best, best = acc.best_rmse_at_epsilon(N_ADULT, 24, 0.5)
+    assert f"m = {m_best} would not" in warning and best / math.sqrt(24) <= 1 / 24
+    # K = 1000 at epsilon 0.1: no m works; the named epsilon does, 0.2% less does not
+    wide = plan_release(N_ADULT, (40, 25), 0.1)
+    assert "epsilon >=" in (wide.utility_warning() or "")
+    target = math.sqrt(1000) / 1000
+    eps = acc.smallest_epsilon_for_rmse(N_ADULT, 1000, target)
+    assert eps is not None
+    assert acc.best_rmse_at_epsilon(N_ADULT, 1000, eps)[1] <= target
+    assert acc.best_rmse_at_epsilon(N_ADULT, 1000, eps / 1.002)[1] > target
+    assert acc.smallest_epsilon_for_rmse(10, 2**40, 1e-12) is None
+
+
+def test_plan_refuses_a_single_cell_domain() -> None:
+    from secure_release.mechanism.plan import plan_release
+
+    with pytest.raises(EmptyDomainError, match="need K >= 2"):
+        plan_release(100, (1, 1), 1.0)

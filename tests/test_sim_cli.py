@@ -69,3 +69,23 @@ def test_reproduce_quick(tmp_path: Path) -> None:
         assert (tmp_path / name).stat().st_size > 100
     report = (tmp_path / "report.md").read_text()
     assert "epsilon = 0.1" in report and "| adult | 239 |" in report
+
+
+def test_simulate_coverage_json() -> None:
+    out = _run("simulate", "--coverage", "--exact", "--epsilon", "0.1", "--trials", "300",
+               "--seed", "5", "--interval-methods", "clopper-pearson,normal", "--json")
+    assert out.returncode == 0, out.stderr
+    rep = json.loads(out.stdout)
+    rows = rep["coverage"]
+    assert {(r["target"], r["method"]) for r in rows} == {
+        (t, meth) for t in ("joint", "marginal_0", "marginal_1")
+        for meth in ("clopper-pearson", "normal")
+    }
+    for r in rows:
+        assert r["m"] == 239 and r["trials"] == 300
+        for key in ("min_coverage", "mass_weighted_coverage", "mean_width", "cells_below_90",
+                    "all_cells_coverage", "exact_min_coverage", "exact_mass_weighted_coverage"):
+            assert key in r
+        assert 0.0 <= r["min_coverage"] <= r["mass_weighted_coverage"] + 1e-12 <= 1.0 + 1e-12
+    bad = _run("simulate", "--coverage", "--epsilon", "0.1", "--interval-methods", "wald")
+    assert bad.returncode == 2 and "interval methods must be among" in bad.stderr
