@@ -134,7 +134,8 @@ def researcher_decrypt(
 
 @dataclass(frozen=True)
 class ReleaseEstimate:
-    """Estimates of the joint (or a marginal) type with standard errors and 95% intervals."""
+    """Estimates of the joint (or a marginal) type with standard errors and 95% intervals
+    (``interval_label`` says how they were made, e.g. "clopper-pearson, 95% per cell")."""
 
     curators: tuple[int, ...]
     alphabet_sizes: tuple[int, ...]
@@ -148,6 +149,7 @@ class ReleaseEstimate:
     mle_iterations: int
     mle_converged: bool
     is_marginal: bool
+    interval_label: str
 
 
 def researcher_estimate(
@@ -169,20 +171,24 @@ def researcher_estimate(
         raw = estimators.estimate_joint(counts, channel)
         se = estimators.standard_errors(raw, plan.n, plan.m, channel)
     mle = estimators.estimate_mle_exact(counts, channel.keep)
-    low, high = estimators.confidence_intervals(raw, se)
+    if is_marginal:
+        intervals = estimators.marginal_intervals(counts, plan.n, channel)
+    else:
+        intervals = estimators.joint_intervals(counts, plan.n, channel)
     return ReleaseEstimate(
-        subset,
-        sizes,
-        counts,
-        raw,
-        estimators.project_to_simplex(raw),
-        mle.estimate,
-        se,
-        low,
-        high,
-        mle.iterations,
-        mle.converged,
-        is_marginal,
+        curators=subset,
+        alphabet_sizes=sizes,
+        counts=counts,
+        raw=raw,
+        projected=estimators.project_to_simplex(raw),
+        mle=mle.estimate,
+        standard_errors=se,
+        ci_low=intervals.low,
+        ci_high=intervals.high,
+        mle_iterations=mle.iterations,
+        mle_converged=mle.converged,
+        is_marginal=is_marginal,
+        interval_label=intervals.label,
     )
 
 

@@ -19,6 +19,7 @@ from secure_release.mechanism.schema import JointSchema
 
 #: The per-cell columns, in the order the CSV and the tables print them.
 CELL_COLUMNS = ("estimate", "projected", "mle", "standard_error", "ci_low", "ci_high", "observed")
+#: Reports written before the interval method was recorded used the normal interval.
 NORMAL_INTERVAL = "normal (raw estimate +- 1.96 SE)"
 
 
@@ -157,7 +158,6 @@ def build_report(
     estimate: ReleaseEstimate,
     schema: JointSchema,
     refused: Mapping[str, str] | None = None,
-    interval_method: str = NORMAL_INTERVAL,
 ) -> ReleaseReport:
     """Label an estimate with the covered curators' schema (``schema`` spans exactly the
     curators in ``estimate.curators``)."""
@@ -176,6 +176,6 @@ def build_report(
         ci_high=estimate.ci_high,
         observed=estimate.counts,
         mle_iterations=int(estimate.mle_iterations),
-        interval_method=interval_method,
+        interval_method=estimate.interval_label,
         refused=dict(refused or {}),
     )

@@ -13,7 +13,6 @@ from typing import Any
 from secure_release.mechanism import accounting
 from secure_release.mechanism.errors import (
     DuplicateNameError,
-    InvalidGammaError,
     InvalidNameError,
     SecureReleaseError,
     ShapeMismatchError,
@@ -62,19 +61,15 @@ def check_names(names: Sequence[str], what: str, minimum: int = 0) -> tuple[str,
 
 def check_plan(plan: ReleasePlan) -> ReleasePlan:
     """A plan received from elsewhere: 1 <= m <= n, epsilon finite > 0, a valid joint alphabet
-    whose symbols fit the wire, and gamma exactly as Eq. (2) gives it for (n, m, epsilon)."""
+    whose symbols fit the wire, and a gamma whose exact epsilon (Eq. 1) does not exceed the
+    declared one (compared in exact arithmetic: a gamma above Eq. 2's value by any amount fails)."""
     check_sample_size(plan.n, plan.m)
     accounting.check_epsilon(plan.epsilon)
     check_joint_alphabet(plan.alphabet_sizes)
     for k in plan.alphabet_sizes:
         symbol_width(k)
     check_gamma(plan.gamma)
-    expected = accounting.gamma_from_epsilon(plan.n, plan.m, plan.epsilon)
-    if plan.gamma != expected:
-        raise InvalidGammaError(
-            f"gamma {plan.gamma!r} does not follow from epsilon {plan.epsilon!r}, n {plan.n}, "
-            f"m {plan.m}: Eq. (2) gives exactly {expected!r}"
-        )
+    accounting.check_declared_gamma(plan.n, plan.m, plan.epsilon, plan.gamma)  # exact, never above
     return plan
 
 
