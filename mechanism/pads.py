@@ -22,7 +22,7 @@ import enum
 import numpy as np
 import numpy.typing as npt
 
-from secure_release.mechanism.errors import PadReuseError, ShapeMismatchError, SymbolOutOfRangeError
+from secure_release.mechanism.errors import PadReuseError, ShapeMismatchError, UnknownCipherError
 from secure_release.mechanism.keys import PadKey
 from secure_release.mechanism.schema import SymbolArray, check_joint_alphabet, check_symbols
 from secure_release.mechanism.stream import (
@@ -54,7 +54,7 @@ class CipherMode(enum.StrEnum):
             return cls(text.lower())
         except ValueError as exc:
             allowed = ", ".join(m.value for m in cls)
-            raise SymbolOutOfRangeError(f"unknown cipher {text!r}; allowed: {allowed}") from exc
+            raise UnknownCipherError(f"unknown cipher {text!r}; allowed: {allowed}") from exc
 
 
 def _pad_range(stream_key: bytes, alphabet_size: int, block: int, lo: int, hi: int) -> SymbolArray:
