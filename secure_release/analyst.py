@@ -17,7 +17,7 @@ def _channel(address: str, certs: Path | None, name: str, insecure: bool = False
     """A channel that talks only to a service holding a ``researcher`` certificate."""
     from secure_release.infra.tls import secure_channel
 
-    return secure_channel(address, certs, name, insecure, peer_role="researcher")
+    return secure_channel(address, certs, name, insecure, "analyst" if insecure else None, peer_role="researcher")
 
 
 def report_from_pb(resp: Any) -> ReleaseReport:

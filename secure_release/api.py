@@ -316,6 +316,7 @@ def release(
     curator name in joint-code order. ``schemas`` per curator: a CuratorSchema, a schema dict or
     file, or ``{attribute: [categories]}``. ``granted``: curators whose keys the researcher gets
     (default all; fewer gives a marginal). ``test_keys``: reproducible keys, tutorials/tests only.
+    Warns (``UserWarning``) when the plan's predicted RMSE exceeds the typical cell share 1/K.
     """
     ts = curator_tables(tables, schemas, id_column)
     names = [t.name for t in ts]
@@ -329,7 +330,10 @@ def release(
     covered = result.estimate.curators
     joint = JointSchema(tuple(ts[j].schema for j in covered))
     report = build_report(release_id, result.plan, names, result.estimate, joint)
-    return _result(report, result.true_type)
+    out = _result(report, result.true_type)
+    for message in out.warnings:
+        warnings.warn(message, UserWarning, stacklevel=2)
+    return out
 
 
 # ---------------------------------------------------------------------------------- simulation
