@@ -110,7 +110,9 @@ def test_schema_draft_then_check(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert "BadRowsError" in capsys.readouterr().err
 
 
-def test_analyst_reads_lists_and_exports(result: api.Result, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_analyst_reads_lists_and_exports(
+    result: api.Result, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     with researcher(result, frozenset({"analyst/analyst"})) as address:
         assert main(_analyst(address, "analyst", "list")) == 0
         assert capsys.readouterr().out.split() == ["r1"]
