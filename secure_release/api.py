@@ -379,3 +379,67 @@ def fetch_result(address: str, certs: str | Path, name: str, release_id: str, ti
     from secure_release.analyst import fetch_report
 
     return _result(fetch_report(address, Path(certs), name, release_id, wait=True, timeout=timeout))
+
+
+# ------------------------------------------------------------------------------- four services
+def release_over_services(
+    tables: Mapping[str, Any],
+    schemas: Mapping[str, CuratorSchema | Mapping[str, Any] | str | Path],
+    epsilon: float,
+    workdir: str | Path,
+    m: int | None = None,
+    *,
+    id_column: str = "id",
+    release_id: str = "release-1",
+    test_keys: int | None = None,
+) -> Result:
+    """The same release as :func:`release`, across real processes on this machine: a project CA,
+    the server, one curator per table (the first leads) and the researcher over mutual TLS; the
+    estimate is read as analyst. With the same ``test_keys`` the numbers equal :func:`release`'s
+    (that needs SECURE_RELEASE_TESTING=1 in the children's environment: set here)."""
+    import csv
+    import os
+
+    from secure_release.cmd_demo import Cluster, get_estimate, launch_release, parties
+    from secure_release.infra.pki import init_pki
+
+    root = Path(workdir)
+    (root / "data").mkdir(parents=True, exist_ok=True)
+    ts = curator_tables(tables, schemas, id_column)
+    for t in ts:
+        names = [a.name for a in t.schema.attributes]
+        with (root / "data" / f"{t.name}.csv").open("w", newline="") as fh:
+            writer = csv.writer(fh)
+            writer.writerow([id_column, *names])
+            writer.writerows(zip(t.ids.tolist(), *(t.columns[a].tolist() for a in names), strict=True))
+        (root / "data" / f"{t.name}.json").write_text(json.dumps(schema_to_dict(t.schema, id_column)))
+    curators = [t.name for t in ts]
+    init_pki(root / "certs", parties(curators), force=True)
+    keys = TestKeys.from_int(test_keys, len(ts)) if test_keys is not None else None
+    align = keys.alignment_key if keys else AlignmentKey.generate()
+    (root / "align.key").write_text(align.reveal().hex())
+    (root / "align.key").chmod(0o600)
+    extra: dict[str, list[str]] = {}
+    server_extra: list[str] = []
+    env = dict(os.environ)
+    if keys is not None:
+        env["SECURE_RELEASE_TESTING"] = "1"
+        extra = {c: ["--insecure-test-pad-key", keys.pad_keys[j].reveal().hex()] for j, c in enumerate(curators)}
+        extra[curators[0]] += ["--insecure-test-seed", keys.seed.reveal().hex()]
+        server_extra = ["--insecure-test-pram-key", keys.pram_key.reveal().hex()]
+    cluster = Cluster(root, env=env)
+    try:
+        addrs = launch_release(
+            cluster, root / "data", root / "certs", release_id, epsilon, m, "chacha20", root / "align.key",
+            server_extra=server_extra, curators=curators, curator_extra=extra,
+        )  # fmt: skip
+        resp = get_estimate(addrs["researcher"], root / "certs", release_id)
+    finally:
+        cluster.close()
+    from dataclasses import replace
+
+    from secure_release.analyst import report_from_pb
+
+    report = report_from_pb(resp)
+    sizes = tuple(t.schema.alphabet_size for t in ts)
+    return _result(replace(report, plan=replace(report.plan, alphabet_sizes=sizes), curators=tuple(curators)))
