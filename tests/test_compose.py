@@ -91,3 +91,13 @@ def test_dockerignore_keeps_secrets_out_of_the_build_context() -> None:
     ignored = (ROOT / ".dockerignore").read_text().split()
     for pattern in ("**/*.pem", "**/*.key", "**/keystore*", "**/store", "**/results", "**/*.sqlite3*", "**/data"):
         assert pattern in ignored
+
+
+def test_image_pins_its_dependencies() -> None:
+    assert "-c constraints/docker.txt" in (ROOT / "Dockerfile").read_text()
+    pins = dict(
+        line.split("==") for line in (ROOT / "constraints" / "docker.txt").read_text().splitlines()
+        if line and not line.startswith("#")
+    )  # fmt: skip
+    for name in ("cryptography", "grpcio", "protobuf", "numpy", "rich", "matplotlib", "pyarrow"):
+        assert name in pins, name
