@@ -12,9 +12,11 @@ import importlib.util
 import sys
 from collections.abc import Sequence
 
+from secure_release import exits
+from secure_release.examples import own_data_text
 from secure_release.mechanism.errors import SecureReleaseError
 
-COMMANDS = ("plan", "demo", "simulate", "reproduce", "pki")
+COMMANDS = ("plan", "demo", "simulate", "reproduce", "pki", "schema", "keygen", "analyst")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -47,7 +49,13 @@ def build_parser() -> argparse.ArgumentParser:
             "applies gamma-diagonal PRAM to the ciphertext, and a researcher decrypts and "
             "estimates the joint distribution."
         ),
-        epilog="Run 'secure-release COMMAND --help' for each command's options.",
+        epilog=(
+            "Run 'secure-release COMMAND --help' for each command's options.\n\n"
+            "Exit codes: 0 ok, 1 runtime failure, 2 usage (bad flags, settings or input), 3 refused "
+            "(budget, permission, a key refused), 130 interrupted.\n\n"
+            "Release your own two tables (docs/own-data.md):\n" + own_data_text()
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"secure-release {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
@@ -60,17 +68,29 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run one subcommand; 2 on bad arguments or bad input."""
+    """Run one subcommand; its exit code follows the convention in :mod:`secure_release.exits`
+    (0 ok, 1 runtime failure, 2 usage, 3 refused, 130 interrupted)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
-        return 2
+        return exits.USAGE
     try:
         return int(args.func(args))
-    except SecureReleaseError as exc:
-        sys.stderr.write(f"secure-release {args.command}: error: {type(exc).__name__}: {exc}\n")
-        return 2
+    except (SecureReleaseError, OSError, KeyboardInterrupt) as exc:
+        return _fail(args.command, exc)
+    except Exception as exc:
+        if exits.exit_code(exc) != exits.FAILURE or type(exc).__module__.startswith("grpc"):
+            return _fail(args.command, exc)
+        raise
+
+
+def _fail(command: str, exc: BaseException) -> int:
+    """Say what stopped ``command`` in one line and return its exit code."""
+    code = exits.exit_code(exc)
+    if code != exits.INTERRUPTED:
+        sys.stderr.write(f"secure-release {command}: error: {exits.describe(exc)}\n")
+    return code
 
 
 if __name__ == "__main__":

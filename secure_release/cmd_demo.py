@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import secrets
 import signal
@@ -17,10 +16,15 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import numpy as np
+
+from secure_release import display
+from secure_release.demo_data import MAX_CURATORS
 
 PARTIES = (
     ("server", "server"),
@@ -102,107 +106,50 @@ def launch_release(
     bob_extra: Sequence[str] = (),
     server_extra: Sequence[str] = (),
     researcher: str = "researcher",
+    curators: Sequence[str] = ("alice", "bob"),
+    curator_extra: Mapping[str, Sequence[str]] | None = None,
 ) -> dict[str, str]:
-    """Start server, alice (leader), bob and the researcher; return their addresses."""
+    """Start the server, the curators (the first one leads; each reads ``data/<name>.csv`` and
+    ``.json``) and the researcher; return their addresses. ``alice_extra``/``bob_extra`` are
+    shorthands for ``curator_extra``."""
     root = cluster.root
-    grants = grants or {"alice": [researcher], "bob": [researcher]}
+    grants = grants or {c: [researcher] for c in curators}
+    extras = {"alice": list(alice_extra), "bob": list(bob_extra)}
+    extras.update({k: list(v) for k, v in (curator_extra or {}).items()})
     sport = cluster.start(
         "server",
-        [
-            "-m",
-            "secure_release.server",
-            "--listen",
-            "127.0.0.1:0",
-            "--store",
-            str(root / "store"),
-            "--certs",
-            str(certs),
-            "--name",
-            "server",
-            *server_extra,
-        ],
-    )
-    server = f"127.0.0.1:{sport}"
-    _progress(f"server listening on {server}")
+        ["-m", "secure_release.server", "--listen", "127.0.0.1:0", "--store", str(root / "store"),
+         "--certs", str(certs), "--name", "server", *server_extra],
+    )  # fmt: skip
+    addrs = {"server": f"127.0.0.1:{sport}"}
+    _progress(f"server listening on {addrs['server']}")
     common = [
-        "--release-id",
-        release_id,
-        "--epsilon",
-        repr(epsilon),
-        "--cipher",
-        cipher,
-        "--server",
-        server,
-        "--certs",
-        str(certs),
-        "--curators",
-        "alice,bob",
-        "--alignment-key-file",
-        str(align_key_file),
-        "--researcher",
-        researcher,
-        "--listen",
-        "127.0.0.1:0",
-    ] + (["--m", str(m)] if m is not None else [])
-    addrs = {"server": server}
-    for name, extra in (
-        (
-            "alice",
-            [
-                "--leader",
-                *(["--alphabet-sizes", alphabet_sizes] if alphabet_sizes else []),
-                *alice_extra,
-            ],
-        ),
-        ("bob", ["--leader-address", "LEADER", *bob_extra]),
-    ):
-        extra = [addrs.get("alice", e) if e == "LEADER" else e for e in extra]
+        "--release-id", release_id, "--epsilon", repr(epsilon), "--cipher", cipher, "--server", addrs["server"],
+        "--certs", str(certs), "--curators", ",".join(curators), "--alignment-key-file", str(align_key_file),
+        "--researcher", researcher, "--listen", "127.0.0.1:0",
+    ] + (["--m", str(m)] if m is not None else [])  # fmt: skip
+    for i, name in enumerate(curators):
+        role = (
+            ["--leader", *(["--alphabet-sizes", alphabet_sizes] if alphabet_sizes else [])]
+            if i == 0
+            else ["--leader-address", addrs[curators[0]]]
+        )
         g = [x for r in grants.get(name, []) for x in ("--grant", r)]
         port = cluster.start(
             name,
-            [
-                "-m",
-                "secure_release.curator",
-                "run",
-                "--data",
-                str(data / f"{name}.csv"),
-                "--schema",
-                str(data / f"{name}.json"),
-                "--name",
-                name,
-                "--keystore",
-                str(root / f"keystore-{name}"),
-                *common,
-                *g,
-                *extra,
-            ],
-        )
+            ["-m", "secure_release.curator", "run", "--data", str(data / f"{name}.csv"),
+             "--schema", str(data / f"{name}.json"), "--name", name, "--keystore", str(root / f"keystore-{name}"),
+             *common, *g, *role, *extras.get(name, [])],
+        )  # fmt: skip
         addrs[name] = f"127.0.0.1:{port}"
         _progress(f"{name} listening on {addrs[name]}")
     rport = cluster.start(
         "researcher",
-        [
-            "-m",
-            "secure_release.researcher",
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--certs",
-            str(certs),
-            "--name",
-            researcher,
-            "--server",
-            server,
-            "--curator",
-            f"alice={addrs['alice']}",
-            "--curator",
-            f"bob={addrs['bob']}",
-            "--out",
-            str(root / "results"),
-            "--analyst",
-            "analyst",
-        ],
-    )
+        ["-m", "secure_release.researcher", "serve", "--listen", "127.0.0.1:0", "--certs", str(certs),
+         "--name", researcher, "--server", addrs["server"],
+         *(x for c in curators for x in ("--curator", f"{c}={addrs[c]}")),
+         "--out", str(root / "results"), "--analyst", "analyst"],
+    )  # fmt: skip
     addrs["researcher"] = f"127.0.0.1:{rport}"
     _progress(f"researcher listening on {addrs['researcher']}")
     return addrs
@@ -222,28 +169,56 @@ def get_estimate(address: str, certs: Path, release_id: str, name: str = "analys
 def register(sub: Any) -> None:
     p = sub.add_parser(
         "demo",
-        help="run a whole release locally: PKI, server, two curators, researcher (mTLS)",
+        help="run a whole release locally: PKI, server, N curators, researcher (mTLS)",
         description=(
             "Run one release of the bundled UCI Adult table end to end on this machine: a project "
-            "CA, the server, curators alice (education, marital) and bob (sex, salary) and the "
-            "researcher as separate processes over mutual TLS; then print the researcher's "
-            "estimate beside the truth."
+            "CA, the server, the curators (two by default: alice holds education and marital, bob "
+            "sex and salary; --curators 3 or 4 splits the same attributes further, 5 to 8 use a "
+            "synthetic table) and the researcher as separate processes over mutual TLS; then print "
+            "the researcher's estimate with standard errors and 95%% intervals beside the truth, "
+            "each column and parameter explained, and the privacy guarantee."
         ),
-        epilog="Example: secure-release demo --epsilon 1.0 --cipher otp",
+        epilog="Examples:\n  secure-release demo\n  secure-release demo --curators 3 --epsilon 1.0\n"
+        "  secure-release demo --json > demo.json",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--epsilon", type=float, default=0.5, help="privacy level (default 0.5)")
-    p.add_argument("--m", type=int, default=None, help="sample size (default: m*)")
+    p.add_argument("--epsilon", type=float, default=0.5, help="privacy level epsilon > 0 (default 0.5)")
+    p.add_argument("--m", type=int, default=None, help="sample size in [1, n] (default: m*, Cor. 3.6)")
     p.add_argument("--cipher", choices=["otp", "chacha20"], default="chacha20", help="pad kind")
-    p.add_argument("--rows", type=int, default=None, help="synthetic rows (default: the 45,222 Adult records)")
+    p.add_argument("--rows", type=int, default=None, help="synthetic rows >= 10 (default: the 45,222 Adult records)")
+    p.add_argument("--curators", type=int, default=2, help=f"number of curators, 2 to {MAX_CURATORS} (default 2)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--keep", type=Path, default=None, help="keep the working directory here")
     p.set_defaults(func=run)
 
 
+def check_args(args: argparse.Namespace) -> None:
+    """Named errors for out-of-range flags, before anything starts."""
+    from secure_release.mechanism.accounting import check_epsilon
+    from secure_release.mechanism.errors import InvalidSampleSizeError, TooFewCuratorsError
+
+    check_epsilon(args.epsilon)
+    if not 2 <= args.curators <= MAX_CURATORS:
+        raise TooFewCuratorsError(f"--curators takes 2 to {MAX_CURATORS}, got {args.curators}")
+    if args.rows is not None and args.rows < 10:
+        raise InvalidSampleSizeError(f"--rows must be >= 10, got {args.rows}")
+    if args.m is not None and args.m < 1:
+        raise InvalidSampleSizeError(f"--m must be an integer >= 1, got {args.m}")
+
+
+def _sizes(data: Path, curators: Sequence[str]) -> tuple[int, ...]:
+    """Each curator's alphabet size, from its schema file."""
+    from secure_release.curator.table import load_schema
+
+    return tuple(load_schema(data / f"{c}.json").schema.alphabet_size for c in curators)
+
+
 def run(args: argparse.Namespace) -> int:
     from secure_release.demo_data import write_demo_data
     from secure_release.infra.pki import init_pki
+    from secure_release.mechanism.plan import plan_release
 
+    check_args(args)
     if args.keep is not None:
         args.keep.mkdir(parents=True, exist_ok=True)
         root, tmp = args.keep, None
@@ -254,30 +229,29 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _interrupt)
     try:
         _progress(f"working directory {root}")
-        info = write_demo_data(root / "data", args.rows)
-        _progress(f"demo data: {info['n']} records split between alice and bob")
-        init_pki(root / "certs", PARTIES, force=True)
-        _progress("PKI created (project CA + 5 certificates)")
+        info = write_demo_data(root / "data", args.rows, curators=args.curators)
+        curators = info["curators"]
+        _progress(f"demo data: {info['n']} records split over {', '.join(curators)}")
+        sizes = _sizes(root / "data", curators)
+        for line in display.warning_lines(plan_release(info["n"], sizes, args.epsilon, args.m)):
+            _progress(line)
+        init_pki(root / "certs", parties(curators), force=True)
+        _progress(f"PKI created (project CA + {len(curators) + 3} certificates)")
         akey = root / "alignment.key"
         akey.write_text(secrets.token_hex(32))
         akey.chmod(0o600)
         addrs = launch_release(
-            cluster,
-            root / "data",
-            root / "certs",
-            "demo-1",
-            args.epsilon,
-            args.m,
-            args.cipher,
-            akey,
-        )
+            cluster, root / "data", root / "certs", "demo-1", args.epsilon, args.m, args.cipher, akey,
+            curators=curators,
+        )  # fmt: skip
         _progress("release running; asking the researcher for the estimate as analyst")
         resp = get_estimate(addrs["researcher"], root / "certs", "demo-1")
-        result = _summary(resp, info)
+        report, truth = _report(resp, info, sizes)
+        result = _summary(report, truth, info)
         if args.json:
             print(json.dumps(result))
         else:
-            _print_table(result)
+            print(display.explain(report, truth, result["l2_error"]))
         return 0
     except KeyboardInterrupt:
         _progress("interrupted; stopping every process")
@@ -297,53 +271,59 @@ def run(args: argparse.Namespace) -> int:
             tmp.cleanup()
 
 
+def parties(curators: Sequence[str]) -> list[tuple[str, str]]:
+    """The certificates a demo with these curators needs."""
+    named = [("curator", c) for c in curators]
+    return [("server", "server"), *named, ("researcher", "researcher"), ("analyst", "analyst")]
+
+
 def _interrupt(*_: object) -> None:
     raise KeyboardInterrupt
 
 
-def _summary(resp: Any, info: dict[str, Any]) -> dict[str, Any]:
-    truth = info["truth"]
-    cells = []
-    err = 0.0
-    for c in resp.cells:
-        t = truth.get("|".join(c.labels), 0.0)
-        err += (c.estimate - t) ** 2
-        cells.append(
-            {
-                "labels": list(c.labels),
-                "estimate": c.estimate,
-                "projected": c.projected,
-                "mle": c.mle,
-                "standard_error": c.standard_error,
-                "truth": t,
-                "observed": c.observed,
-            }
-        )
-    p = resp.privacy
+def _report(resp: Any, info: dict[str, Any], sizes: tuple[int, ...]) -> tuple[Any, list[float]]:
+    """The response as a ReleaseReport (with the curators' real alphabet sizes) and the truth
+    of each of its cells."""
+    from dataclasses import replace
+
+    from secure_release.analyst import report_from_pb
+
+    report = report_from_pb(resp)
+    report = replace(report, plan=replace(report.plan, alphabet_sizes=sizes), curators=tuple(info["curators"]))
+    truth = [float(info["truth"].get("|".join(labels), 0.0)) for labels in report.labels]
+    return report, truth
+
+
+def _summary(report: Any, truth: list[float], info: dict[str, Any]) -> dict[str, Any]:
+    """The demo's JSON: the report's cells with truth and interval marks, the plan, the
+    guarantee in standard form, the utility check."""
+    from secure_release.mechanism.guarantee import privacy_guarantee, utility_check
+
+    plan = report.plan
+    err = float(np.linalg.norm(report.estimate - np.asarray(truth)))
+    marks = display.spans_zero(report.ci_low, report.ci_high)
+    cells = [
+        {**row.__dict__, "labels": list(row.labels), "truth": t, "ci_spans_zero": bool(z)}
+        for row, t, z in zip(report.cells(), truth, marks, strict=True)
+    ]
+    utility = utility_check(plan)
     return {
-        "release_id": resp.release_id,
-        "epsilon": p.epsilon,
-        "gamma": p.gamma,
-        "n": p.n,
-        "m": p.m,
-        "K": p.joint_size,
-        "l2_error": math.sqrt(err),
-        "predicted_rmse": p.predicted_rmse,
-        "bound": p.bound,
-        "marginal": resp.marginal,
-        "attributes": list(resp.attributes),
+        "release_id": report.release_id,
+        "curators": list(info["curators"]),
+        "epsilon": plan.epsilon,
+        "gamma": plan.gamma,
+        "n": plan.n,
+        "m": plan.m,
+        "K": plan.joint_size,
+        "alphabet_sizes": list(plan.alphabet_sizes),
+        "l2_error": err,
+        "predicted_rmse": utility["predicted_rmse"],
+        "bound": plan.report()["bound"],
+        "marginal": report.marginal,
+        "attributes": list(report.attributes),
+        "interval_method": report.interval_method,
         "cells": cells,
+        "guarantee": privacy_guarantee(plan),
+        "utility": utility,
+        "columns": dict(display.COLUMNS),
     }
-
-
-def _print_table(r: dict[str, Any]) -> None:
-    w = max(len(" / ".join(c["labels"])) for c in r["cells"])
-    print(f"{'cell'.ljust(w)}  {'estimate':>9} {'projected':>9} {'truth':>8} {'observed':>8}")
-    for c in r["cells"]:
-        print(
-            f"{' / '.join(c['labels']).ljust(w)}  {c['estimate']:9.4f} {c['projected']:9.4f} "
-            f"{c['truth']:8.4f} {c['observed']:8d}"
-        )
-    print()
-    print(f"epsilon {r['epsilon']:g}   gamma {r['gamma']:.4g}   m {r['m']}   n {r['n']}   K {r['K']}")
-    print(f"l2 error {r['l2_error']:.4f}   (predicted RMSE {r['predicted_rmse']:.4f})")

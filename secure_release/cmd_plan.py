@@ -6,6 +6,8 @@ import argparse
 import json
 from typing import Any
 
+from secure_release import display
+from secure_release.mechanism.guarantee import privacy_guarantee, utility_check
 from secure_release.mechanism.plan import plan_release
 
 
@@ -26,7 +28,7 @@ def _alphabet(text: str) -> list[int]:
 def register(sub: Any) -> None:
     p = sub.add_parser(
         "plan",
-        help="print the plan of a release: m*, gamma, predicted error and bounds",
+        help="print the plan of a release: m*, gamma, predicted error, bounds and the guarantee",
         description=(
             "Compute the release plan. gamma follows from epsilon and the sampling fraction m/n "
             "(Eq. 2: gamma = 1 + (n/m)(e^eps - 1)); m defaults to the paper's m* (Cor. 3.6) "
@@ -53,8 +55,9 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     plan = plan_release(args.n, args.alphabet, args.epsilon, args.m)
     report = plan.report()
+    utility = utility_check(plan)
     if args.json:
-        print(json.dumps(report, sort_keys=True))
+        print(json.dumps({**report, "guarantee": privacy_guarantee(plan), "utility": utility}, sort_keys=True))
         return 0
     rows = [
         ("records n", f"{plan.n}"),
@@ -75,6 +78,8 @@ def run(args: argparse.Namespace) -> int:
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         print(f"{key:<{width}}  {value}")
-    if report["warning"]:
-        print(f"WARNING: {report['warning']}")
+    print("\nGuarantee:")
+    print("\n".join(display.guarantee_lines(plan)))
+    for line in display.warning_lines(plan):
+        print("\n" + line)
     return 0

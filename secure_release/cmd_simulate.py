@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from typing import Any
 
 import numpy as np
@@ -188,19 +187,25 @@ def load_table(args: argparse.Namespace) -> CountTable:
 
 
 class _Progress:
+    """A rich progress bar over the simulated (epsilon, m) points (only when enabled)."""
+
     def __init__(self, enabled: bool) -> None:
-        self.enabled, self.start = enabled, time.perf_counter()
+        self.enabled = enabled
+        self.bar: Any = None
+        self.task: Any = None
 
     def __call__(self, done: int, total: int) -> None:
         if not self.enabled:
             return
-        width = 30
-        filled = int(width * done / total)
-        bar = "#" * filled + "-" * (width - filled)
-        sys.stderr.write(f"\r[{bar}] {done}/{total} points  {time.perf_counter() - self.start:.1f}s")
+        if self.bar is None:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+            self.bar = Progress("points", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), transient=False)
+            self.bar.start()
+            self.task = self.bar.add_task("simulate", total=total)
+        self.bar.update(self.task, completed=done)
         if done == total:
-            sys.stderr.write("\n")
-        sys.stderr.flush()
+            self.bar.stop()
 
 
 def simulate(args: argparse.Namespace, table: CountTable) -> list[SimulationPoint]:

@@ -59,18 +59,45 @@ def test_each_container_mounts_only_its_own_secrets() -> None:
     services = _compose()["services"]
     for name, svc in services.items():
         sources = {v.split(":")[0] for v in svc.get("volumes", [])}
-        if name == "pki":
-            assert "pki" in sources
+        suffix = "-three" if name.endswith("-three") else ""
+        base = name.removesuffix(suffix)
+        if base == "pki":
+            assert f"pki{suffix}" in sources
             continue
-        assert "pki" not in sources, name
-        party = "researcher" if name == "result" else name
-        assert {s for s in sources if s.startswith("certs-")} == {f"certs-{party}"}, name
+        assert not {s for s in sources if s.startswith("pki")}, name
+        party = "researcher" if base == "result" else base
+        assert {s for s in sources if s.startswith("certs-")} == {f"certs-{party}{suffix}"}, name
         assert all(v.endswith(":ro") for v in svc["volumes"] if v.startswith("certs-")), name
-        assert {s for s in sources if s.startswith(("data-", "keystore-"))} <= {f"data-{party}", f"keystore-{party}"}
-    assert "store" not in {v.split(":")[0] for n, s in services.items() if n != "server" for v in s.get("volumes", [])}
+        own = {f"data-{party}{suffix}", f"keystore-{party}{suffix}"}
+        assert {s for s in sources if s.startswith(("data-", "keystore-"))} <= own, name
+    servers = ("server", "server-three")
+    stores = {v.split(":")[0] for n, s in services.items() if n not in servers for v in s.get("volumes", [])}
+    assert not {s for s in stores if s.startswith("store")}
+
+
+def test_three_curator_profile_leaves_the_default_services_alone() -> None:
+    services = _compose()["services"]
+    default = {n for n, s in services.items() if not s.get("profiles")}
+    assert default == {"pki", "server", "alice", "bob", "researcher", "result"}
+    three = {n for n, s in services.items() if "three" in s.get("profiles", [])}
+    assert three == {
+        "pki-three", "server-three", "alice-three", "bob-three", "carol", "researcher-three", "result-three"
+    }  # fmt: skip
+    for name in ("alice-three", "bob-three", "carol"):
+        assert "--curators alice,bob,carol" in services[name]["command"]
 
 
 def test_dockerignore_keeps_secrets_out_of_the_build_context() -> None:
     ignored = (ROOT / ".dockerignore").read_text().split()
     for pattern in ("**/*.pem", "**/*.key", "**/keystore*", "**/store", "**/results", "**/*.sqlite3*", "**/data"):
         assert pattern in ignored
+
+
+def test_image_pins_its_dependencies() -> None:
+    assert "-c constraints/docker.txt" in (ROOT / "Dockerfile").read_text()
+    pins = dict(
+        line.split("==") for line in (ROOT / "constraints" / "docker.txt").read_text().splitlines()
+        if line and not line.startswith("#")
+    )  # fmt: skip
+    for name in ("cryptography", "grpcio", "protobuf", "numpy", "rich", "matplotlib", "pyarrow"):
+        assert name in pins, name

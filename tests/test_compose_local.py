@@ -41,7 +41,10 @@ yaml = pytest.importorskip("yaml")
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
-HOSTS = ("server", "alice", "bob", "researcher")
+#: Container host names, the three-curator profile's longest first so "alice-three:7101" is one address.
+HOSTS = (
+    "server-three", "alice-three", "bob-three", "researcher-three", "server", "alice", "bob", "carol", "researcher"
+)  # fmt: skip
 CONTAINER_LOCAL = ("/keystore", "/tmp")
 DEADLINE_S = 55.0
 
@@ -71,6 +74,7 @@ class Rewriter:
     """Container names, ports and paths -> local ones (see the module docstring)."""
 
     def __init__(self, compose: dict[str, Any], tmp: Path) -> None:
+        """Ports, mounts and the interpreter for every service of ``compose``."""
         ports: set[str] = set()
         text = yaml.safe_dump(compose["services"])
         for m in re.finditer(r"\b(?:" + "|".join(HOSTS) + r"|0\.0\.0\.0):(\d+)\b", text):
@@ -131,12 +135,34 @@ def _tail(path: Path, n: int = 30) -> str:
         return ""
 
 
+def profile_services(compose: dict[str, Any], profile: str | None) -> dict[str, Any]:
+    """The services ``docker compose [--profile P] up <its one-shot>`` would start: those without
+    ``profiles`` (profile None) or those in profile P."""
+    services: dict[str, Any] = compose["services"]
+    if profile is None:
+        return {k: v for k, v in services.items() if not v.get("profiles")}
+    return {k: v for k, v in services.items() if profile in v.get("profiles", [])}
+
+
 def test_compose_services_run_locally(tmp_path: Path) -> None:
+    run_profile(tmp_path, None, "result", expect_release="r1", cells=24)
+
+
+def run_profile(
+    tmp_path: Path, profile: str | None, final: str, expect_release: str, cells: int
+) -> tuple[dict[str, Any], Rewriter, dict[str, subprocess.Popen[bytes]], Path]:
+    """Run one profile's services as local processes until ``final`` (the one-shot fetch) prints
+    its JSON; check it is a joint estimate of ``cells`` cells; return it with the rewriter, the
+    processes (already stopped) and the log directory."""
     t0 = time.monotonic()
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
-    services: dict[str, Any] = compose["services"]
+    services = profile_services(compose, profile)
     order = _order(services)
-    assert order == ["pki", "server", "alice", "bob", "researcher", "result"]
+    expected = ["pki", "server", "alice", "bob", "researcher", "result"]
+    if profile == "three":
+        expected = [f"{s}-three" for s in ("pki", "server", "alice", "bob")]
+        expected += ["carol", "researcher-three", "result-three"]
+    assert order == expected
     rewrite = Rewriter(compose, tmp_path)
     logs = tmp_path / "logs"
     logs.mkdir()
@@ -191,29 +217,32 @@ def test_compose_services_run_locally(tmp_path: Path) -> None:
                 procs[name] = subprocess.Popen(
                     argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=_env(svc, rewrite, name), cwd=tmp_path
                 )
-        wait_completed("result")
-        stdout = (logs / "result").read_text()
+        wait_completed(final)
+        stdout = (logs / final).read_text()
         result = json.loads(stdout)
-        assert result["release_id"] == "r1"
+        assert result["release_id"] == expect_release
         assert not result["marginal"]
         assert "epsilon" in stdout and "cells" in stdout
-        assert len(result["cells"]) == 24
+        assert len(result["cells"]) == cells
         assert abs(sum(c["estimate"] for c in result["cells"]) - 1.0) < 1e-6
         eps = result.get("epsilon", result.get("privacy", {}).get("epsilon"))
         assert eps is not None and abs(float(eps) - 0.5) < 1e-9
         # the one-shot also wrote its files under the (rewritten) container-local /tmp/result
-        written = rewrite.mounts["result"]["/tmp"] / "result" / "r1.json"
+        written = rewrite.mounts[final]["/tmp"] / "result" / f"{expect_release}.json"
         assert json.loads(written.read_text())["cells"] == result["cells"]
         # the long-running researcher (notified by the server) wrote to the shared results volume
-        results_vol = rewrite.mounts["researcher"]["/results"] / "r1.json"
+        researcher = order[-2]
+        results_vol = rewrite.mounts[researcher]["/results"] / f"{expect_release}.json"
         for _ in range(50):
             if results_vol.exists():
                 break
             time.sleep(0.1)
-        assert results_vol.exists(), _tail(logs / "researcher.err")
-        for name in ("server", "alice", "bob", "researcher"):
-            assert procs[name].poll() is None, f"{name} died:\n{_tail(logs / f'{name}.err')}"
+        assert results_vol.exists(), _tail(logs / f"{researcher}.err")
+        for name in order:
+            if "restart" not in services[name]:
+                assert procs[name].poll() is None, f"{name} died:\n{_tail(logs / f'{name}.err')}"
         assert time.monotonic() - t0 < 60
+        return result, rewrite, procs, logs
     finally:
         for proc in procs.values():
             if proc.poll() is None:

@@ -1,0 +1,115 @@
+"""Marginals and conditional tables of a released estimate, with standard errors (pure numpy).
+
+A released estimate covers C cells (the joint alphabet, or a curator subset's marginal when
+some curators refused their keys). Its channel on those cells is "keep the record's cell with
+probability a, else a uniform cell", so each cell gets off-diagonal mass b = (1 - a)/C
+(DESIGN 3.5; for the joint, b = 1/q). The groups of a marginal over some attributes all hold
+g = C / (number of groups) cells, and summed over them the channel is again "keep w.p. a, else
+uniform" with off-diagonal g b (DESIGN 3.5). So a group's raw estimate is the sum of its cells',
+its variance is DESIGN 3's per-cell formula with b -> g b
+(:func:`~secure_release.mechanism.accounting.channel_cell_variance`), and its interval is the
+researcher's exact one on the group's observed count
+(:func:`~secure_release.mechanism.estimators.cell_intervals`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from secure_release.mechanism import accounting, estimators
+from secure_release.mechanism.errors import ShapeMismatchError, UnknownCategoryError
+
+FloatArray = npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True)
+class Marginal:
+    """A marginal table: one row per category combination of ``attributes`` (first-appearance
+    order of the cells, which is the schema's category order)."""
+
+    attributes: tuple[str, ...]
+    labels: npt.NDArray[np.str_]  # (rows, len(attributes))
+    estimate: FloatArray
+    projected: FloatArray
+    standard_error: FloatArray
+    ci_low: FloatArray
+    ci_high: FloatArray
+
+
+def group_cells(
+    labels: npt.NDArray[np.str_], columns: Sequence[int]
+) -> tuple[npt.NDArray[np.str_], npt.NDArray[np.int64]]:
+    """The distinct label combinations of ``columns`` (in first-appearance order) and, for each
+    cell, the index of its group."""
+    sub = labels[:, list(columns)]
+    _, first, inverse = np.unique(sub, axis=0, return_index=True, return_inverse=True)
+    order = np.argsort(first, kind="stable")
+    rank = np.empty_like(order)
+    rank[order] = np.arange(order.size)
+    return sub[first[order]], rank[np.asarray(inverse).reshape(-1)].astype(np.int64)
+
+
+def attribute_columns(all_attributes: Sequence[str], wanted: Sequence[str]) -> list[int]:
+    """Positions of ``wanted`` among ``all_attributes``; a named error for unknown or repeated ones."""
+    unknown = [a for a in wanted if a not in all_attributes]
+    if unknown or not wanted:
+        raise UnknownCategoryError(
+            f"unknown attribute(s) {unknown or '(none given)'}; the estimate has {list(all_attributes)}"
+        )
+    if len(set(wanted)) != len(wanted):
+        raise ShapeMismatchError(f"attributes must be distinct, got {list(wanted)}")
+    return [list(all_attributes).index(a) for a in wanted]
+
+
+def marginal(
+    attributes: Sequence[str],
+    labels: Sequence[Sequence[str]],
+    estimate: npt.ArrayLike,
+    projected: npt.ArrayLike,
+    wanted: Sequence[str],
+    n: int,
+    m: int,
+    keep: float,
+    observed: npt.ArrayLike,
+) -> Marginal:
+    """The marginal of a released estimate over ``wanted`` attributes, with SEs and exact 95%
+    intervals (``observed``: the per-cell observed counts of the release)."""
+    raw = np.asarray(estimate, dtype=np.float64)
+    proj = np.asarray(projected, dtype=np.float64)
+    arr = np.asarray(labels, dtype=str).reshape(raw.size, len(attributes))
+    groups, index = group_cells(arr, attribute_columns(attributes, wanted))
+    size = groups.shape[0]
+    g = np.bincount(index, minlength=size).astype(np.float64)
+    est = np.bincount(index, weights=raw, minlength=size).astype(np.float64)
+    summed = np.bincount(index, weights=proj, minlength=size).astype(np.float64)
+    off_diagonal = float(g[0]) * (1.0 - keep) / raw.size  # every group holds g[0] cells
+    se = np.sqrt(accounting.channel_cell_variance(n, m, keep, off_diagonal, est))
+    counts = np.bincount(index, weights=np.asarray(observed, dtype=np.float64), minlength=size)
+    iv = estimators.cell_intervals(np.rint(counts).astype(np.int64), n, m, keep, off_diagonal)
+    return Marginal(tuple(wanted), groups, est, summed, se, iv.low, iv.high)
+
+
+def conditional(
+    attributes: Sequence[str],
+    labels: Sequence[Sequence[str]],
+    shares: npt.ArrayLike,
+    target: Sequence[str],
+    given: Sequence[str],
+) -> tuple[npt.NDArray[np.str_], FloatArray]:
+    """P(target | given) from non-negative ``shares`` (use the projected or MLE estimate):
+    rows are the (given..., target...) combinations; NaN where P(given) is 0."""
+    if set(target) & set(given):
+        raise ShapeMismatchError(f"target {list(target)} and given {list(given)} must not overlap")
+    p = np.clip(np.asarray(shares, dtype=np.float64), 0.0, None)
+    arr = np.asarray(labels, dtype=str).reshape(p.size, len(attributes))
+    joint_labels, joint_index = group_cells(arr, attribute_columns(attributes, [*given, *target]))
+    joint = np.bincount(joint_index, weights=p, minlength=joint_labels.shape[0])
+    given_labels, given_index = group_cells(joint_labels, list(range(len(given))))
+    denominator = np.bincount(given_index, weights=joint, minlength=given_labels.shape[0])[given_index]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        prob = np.where(denominator > 0, joint / np.where(denominator > 0, denominator, 1.0), np.nan)
+    return joint_labels, prob

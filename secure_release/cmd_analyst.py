@@ -1,0 +1,177 @@
+"""``secure-release analyst``: read estimates from a researcher service with an analyst certificate.
+
+The researcher serves them only to analysts it names (``--analyst NAME`` on
+``secure-release-researcher serve``); the client only talks to a peer with a researcher
+certificate from the project CA.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from secure_release import display
+from secure_release.api import Result, _result
+from secure_release.frames import TableInputError
+
+_CONN = "--researcher 127.0.0.1:7200 --certs certs --name analyst"
+EPILOG = (
+    "Examples:\n"
+    f"  secure-release analyst list {_CONN}\n"
+    f"  secure-release analyst show r1 {_CONN}\n"
+    f"  secure-release analyst marginal r1 education --plot education.png {_CONN}\n"
+    f"  secure-release analyst conditional r1 --target salary --given education {_CONN}\n"
+    f"  secure-release analyst export r1 r1.parquet {_CONN}\n"
+)
+
+
+def _connection(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--researcher", required=True, help="HOST:PORT of the researcher service")
+    p.add_argument("--certs", type=Path, help="directory with ca.pem, NAME.pem, NAME.key")
+    p.add_argument("--name", default="analyst", help="this analyst's certificate name (default: analyst)")
+    p.add_argument("--insecure", action="store_true", help="plaintext gRPC (test deployments only)")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the estimate")
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "analyst", help="list releases, show an estimate, a marginal or a conditional table, export",
+        description=__doc__, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )  # fmt: skip
+    asub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    lst = asub.add_parser("list", help="the releases the researcher has estimated", epilog=EPILOG,
+                          formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    _connection(lst)
+    lst.set_defaults(func=run_list)
+    show = asub.add_parser("show", help="the estimate with SEs, CIs, parameters and guarantee")
+    show.add_argument("release_id")
+    show.add_argument("--json", action="store_true", help="print the result as JSON")
+    _connection(show)
+    show.set_defaults(func=run_show)
+    marg = asub.add_parser("marginal", help="the marginal of some attributes, with SEs and CIs")
+    marg.add_argument("release_id")
+    marg.add_argument("attributes", nargs="+", help="attribute names")
+    marg.add_argument("--json", action="store_true", help="print JSON rows")
+    marg.add_argument("--plot", type=Path, help="write a bar chart with 95%% CIs (PNG; one attribute; matplotlib)")
+    _connection(marg)
+    marg.set_defaults(func=run_marginal)
+    cond = asub.add_parser("conditional", help="P(target | given) from the projected estimate")
+    cond.add_argument("release_id")
+    cond.add_argument("--target", required=True, help="comma-separated target attributes")
+    cond.add_argument("--given", required=True, help="comma-separated conditioning attributes")
+    cond.add_argument("--json", action="store_true", help="print JSON rows")
+    _connection(cond)
+    cond.set_defaults(func=run_conditional)
+    exp = asub.add_parser("export", help="write the cells to FILE: .csv, .json or .parquet")
+    exp.add_argument("release_id")
+    exp.add_argument("file", type=Path)
+    _connection(exp)
+    exp.set_defaults(func=run_export)
+
+
+def fetch(args: argparse.Namespace) -> Result:
+    """The release's estimate as an API :class:`Result`."""
+    from secure_release.analyst import fetch_report
+
+    report = fetch_report(args.researcher, args.certs, args.name, args.release_id, True, args.timeout, args.insecure)
+    return _result(report)
+
+
+def run_list(args: argparse.Namespace) -> int:
+    from secure_release.analyst import list_releases
+
+    for rid in list_releases(args.researcher, args.certs, args.name, min(args.timeout, 60.0), args.insecure):
+        print(rid)
+    return 0
+
+
+def run_show(args: argparse.Namespace) -> int:
+    result = fetch(args)
+    print(json.dumps(result.to_dict()) if args.json else display.explain(result.report))
+    return 0
+
+
+def run_marginal(args: argparse.Namespace) -> int:
+    result = fetch(args)
+    t = result.marginal_table(*args.attributes)
+    cols = {k: getattr(t, k) for k in ("labels", "estimate", "projected", "standard_error", "ci_low", "ci_high")}
+    if args.json:
+        rows = [
+            {**dict(zip(t.attributes, map(str, t.labels[i]), strict=True)),
+             **{k: float(cols[k][i]) for k in cols if k != "labels"}}
+            for i in range(t.estimate.size)
+        ]  # fmt: skip
+        print(json.dumps({"release_id": args.release_id, "attributes": list(t.attributes), "rows": rows}))
+    else:
+        print("\n".join(display.marginal_lines(cols, t.attributes)))
+    if args.plot is not None:
+        _plot(result, args.attributes, args.plot)
+    return 0
+
+
+def _plot(result: Result, attributes: list[str], path: Path) -> None:
+    if len(attributes) != 1:
+        raise TableInputError(f"--plot draws one attribute's marginal; got {attributes}")
+    from secure_release.frames import require
+
+    plt = require("matplotlib")
+    plt.use("Agg")
+    ax = result.plot_marginal(attributes[0])
+    ax.figure.tight_layout()
+    ax.figure.savefig(path, dpi=120)
+    sys.stderr.write(f"wrote {path}\n")
+
+
+def run_conditional(args: argparse.Namespace) -> int:
+    from secure_release.mechanism.marginals import conditional
+
+    result = fetch(args)
+    target = [a.strip() for a in args.target.split(",") if a.strip()]
+    given = [a.strip() for a in args.given.split(",") if a.strip()]
+    r = result.report
+    labels, prob = conditional(r.attributes, r.labels, r.projected, target, given)
+    names = [*given, *target]
+    if args.json:
+        rows = [{**dict(zip(names, map(str, labels[i]), strict=True)), "probability": float(prob[i])}
+                for i in range(prob.size)]  # fmt: skip
+        print(json.dumps({"release_id": args.release_id, "target": target, "given": given, "rows": rows}))
+        return 0
+    text = [" / ".join(str(v) for v in row) for row in labels]
+    w = max([len(" / ".join(names)), *map(len, text)])
+    print(f"{' / '.join(names).ljust(w)}  P({','.join(target)} | {','.join(given)})")
+    print("\n".join(f"{t.ljust(w)}  {p:.4f}" for t, p in zip(text, prob, strict=True)))
+    return 0
+
+
+def run_export(args: argparse.Namespace) -> int:
+    result = fetch(args)
+    suffix = args.file.suffix.lower()
+    if suffix == ".json":
+        args.file.write_text(json.dumps(result.to_dict(), indent=1) + "\n", encoding="utf-8")
+    elif suffix == ".csv":
+        from secure_release.researcher.storage import report_csv
+
+        args.file.write_bytes(report_csv(result.report))
+    elif suffix in (".parquet", ".pq"):
+        _write_parquet(result, args.file)
+    else:
+        raise TableInputError(f"export writes .csv, .json or .parquet; got {args.file.name!r}")
+    sys.stderr.write(f"wrote {args.file}\n")
+    return 0
+
+
+def _write_parquet(result: Result, path: Path) -> None:
+    """The cells (as :meth:`Result.cells`) as Parquet, the guarantee in the file's metadata."""
+    from secure_release.frames import require
+
+    pa, pq = require("pyarrow"), require("pyarrow.parquet")
+    frame = result.cells("pandas")
+    table = pa.Table.from_pandas(frame, preserve_index=False)
+    meta = {**(table.schema.metadata or {}), b"secure_release": json.dumps({"guarantee": result.guarantee}).encode()}
+    buf = io.BytesIO()
+    pq.write_table(table.replace_schema_metadata(meta), buf)
+    path.write_bytes(buf.getvalue())

@@ -1,0 +1,87 @@
+"""``secure-release schema``: draft a curator's schema from its table, check a table against one.
+
+The schema file (docs/own-data.md): ``{"curator": NAME, "id_column": "id", "attributes":
+[{"name": ATTRIBUTE, "categories": [CATEGORY, ...]}, ...]}``; the category order fixes the codes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+from secure_release.api import CODEBOOK_WARNING, draft_schema
+from secure_release.frames import TableInputError
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "schema",
+        help="draft a curator's schema from its table, or check a table against a schema",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=(
+            "Examples:\n  secure-release schema draft alice.csv --curator alice --id-column id --out alice.json\n"
+            "  secure-release schema check alice.csv alice.json\n\n" + CODEBOOK_WARNING
+        ),
+    )
+    ssub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    d = ssub.add_parser("draft", help="print a DRAFT schema (categories must then come from a public codebook)")
+    d.add_argument("data", type=Path, help="the curator's table: CSV with a header, or Parquet")
+    d.add_argument("--curator", required=True, help="the curator's name (its certificate name)")
+    d.add_argument("--id-column", default="id", help="the id column (default: id)")
+    d.add_argument("--attributes", help="comma-separated attribute columns (default: every other column)")
+    d.add_argument("--out", type=Path, help="write the schema here (default: standard output)")
+    d.set_defaults(func=run_draft)
+    c = ssub.add_parser("check", help="check a table against a schema; print its rows and alphabet")
+    c.add_argument("data", type=Path, help="the curator's table: CSV or Parquet")
+    c.add_argument("schema", type=Path, help="the schema JSON file")
+    c.set_defaults(func=run_check)
+
+
+def read_columns(path: Path) -> dict[str, list[str]] | Any:
+    """A CSV file as {column: values} (or a Parquet file as a pyarrow Table)."""
+    if path.suffix.lower() in (".parquet", ".pq"):
+        from secure_release.frames import require
+
+        return require("pyarrow.parquet").read_table(path)
+    with path.open(newline="", encoding="utf-8") as fh:
+        rows = [r for r in csv.reader(fh) if r]
+    if not rows:
+        raise TableInputError(f"{path}: empty file; expected a header line")
+    header = [h.strip() for h in rows[0]]
+    bad = [i + 2 for i, r in enumerate(rows[1:]) if len(r) != len(header)]
+    if bad:
+        raise TableInputError(f"{path}: line(s) {bad[:10]} do not have {len(header)} fields")
+    columns = list(zip(*rows[1:], strict=True)) if len(rows) > 1 else [() for _ in header]
+    return {h: list(col) for h, col in zip(header, columns, strict=True)}
+
+
+def run_draft(args: argparse.Namespace) -> int:
+    attrs = [a.strip() for a in args.attributes.split(",") if a.strip()] if args.attributes else None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        schema = draft_schema(read_columns(args.data), args.curator, args.id_column, attrs, warn=False)
+    text = json.dumps(schema, indent=1) + "\n"
+    if args.out is not None:
+        args.out.write_text(text, encoding="utf-8")
+    else:
+        sys.stdout.write(text)
+    sizes = " x ".join(str(len(a["categories"])) for a in schema["attributes"])
+    sys.stderr.write(f"\nWARNING: {CODEBOOK_WARNING}\n(alphabet {sizes} from {args.data})\n")
+    return 0
+
+
+def run_check(args: argparse.Namespace) -> int:
+    from secure_release.curator.table import load_schema, read_table
+
+    spec = load_schema(args.schema)
+    table = read_table(args.data, spec)
+    s = spec.schema
+    sizes = " x ".join(str(a.size) for a in s.attributes)
+    print(f"{args.data}: {table.ids.size} rows match schema {s.name!r} (alphabet {sizes} = {s.alphabet_size})")
+    return 0
