@@ -15,6 +15,7 @@ must equal e^epsilon = 1 + (m/n)(gamma - 1).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections import Counter
 from collections.abc import Callable
@@ -34,7 +35,7 @@ def _channel(K: int, gamma: Fraction) -> list[list[Fraction]]:
     return [[gamma / q if i == j else 1 / q for j in range(K)] for i in range(K)]
 
 
-class _Exhausted(Exception):
+class _ExhaustedError(Exception):
     pass
 
 
@@ -43,7 +44,7 @@ def _stream_source(stream: tuple[int, ...]) -> Callable[[int], np.ndarray]:
 
     def draws(count: int) -> np.ndarray:
         if at[0] + count > len(stream):
-            raise _Exhausted
+            raise _ExhaustedError
         out = np.array(stream[at[0] : at[0] + count], dtype=np.int64)
         at[0] += count
         return out
@@ -57,10 +58,8 @@ def _sampler_distribution(n: int, m: int, length: int) -> Dist:
     counts: Counter[tuple[int, ...]] = Counter()
     if 2 * m <= n:
         for stream in itertools.product(range(n), repeat=length):
-            try:
+            with contextlib.suppress(_ExhaustedError):
                 counts[tuple(draw_index_tuple(n, m, draws=_stream_source(stream)).tolist())] += 1
-            except _Exhausted:
-                pass
     else:
         for keys in itertools.product(range(length), repeat=n):
             source = iter([np.array(keys, dtype=np.uint64)])
@@ -69,12 +68,10 @@ def _sampler_distribution(n: int, m: int, length: int) -> Dist:
                 try:
                     return next(source)
                 except StopIteration:
-                    raise _Exhausted from None
+                    raise _ExhaustedError from None
 
-            try:
+            with contextlib.suppress(_ExhaustedError):
                 counts[tuple(draw_index_tuple(n, m, keys=key_source).tolist())] += 1
-            except _Exhausted:
-                pass
     total = sum(counts.values())
     return {t: Fraction(c, total) for t, c in counts.items()}
 
