@@ -1,10 +1,11 @@
 """One exit-code convention for every command-line tool of the project (README: "Exit codes").
 
-    0  success
-    1  runtime failure: a peer unreachable, a timeout, an aborted release, a digest mismatch
-    2  usage: bad flags, bad settings or bad input (a named error says what and what is allowed)
-    3  refused: the request was understood and said no (budget exhausted, permission denied,
-       a curator refused its key, a release that cannot be changed any more)
+    0    success
+    1    runtime failure: a peer unreachable, a timeout, an aborted release, a digest mismatch
+    2    usage: bad flags, bad settings or bad input (a named error says what and what is allowed)
+    3    refused: the request was understood and said no (budget exhausted, permission denied,
+         a curator refused its key, a release that cannot be changed any more)
+    130  interrupted (Ctrl-C)
 """
 
 from __future__ import annotations
@@ -15,13 +16,37 @@ OK = 0
 FAILURE = 1
 USAGE = 2
 REFUSED = 3
+INTERRUPTED = 130
 
 _REFUSALS = (ErrorKind.PERMISSION_DENIED, ErrorKind.RESOURCE_EXHAUSTED, ErrorKind.ALREADY_EXISTS)
 _FAILURES = (ErrorKind.UNAVAILABLE, ErrorKind.FAILED_PRECONDITION)
+#: gRPC statuses (by name) that a peer uses to refuse, or to say the request was malformed.
+_REFUSED_STATUSES = frozenset({"PERMISSION_DENIED", "UNAUTHENTICATED", "RESOURCE_EXHAUSTED", "ALREADY_EXISTS"})
+_USAGE_STATUSES = frozenset({"INVALID_ARGUMENT", "NOT_FOUND"})
+#: Input files that do not exist or are not files: the caller named the wrong thing.
+_USAGE_OS_ERRORS = (FileNotFoundError, IsADirectoryError, NotADirectoryError)
+
+
+def grpc_status_name(exc: BaseException) -> str | None:
+    """The status name of a gRPC error (None for anything else)."""
+    code = getattr(exc, "code", None)
+    if not callable(code) or type(exc).__module__.split(".")[0] != "grpc":
+        return None
+    try:
+        return str(code().name)
+    except (AttributeError, TypeError):
+        return None
 
 
 def exit_code_for(exc: BaseException) -> int:
     """The exit code a command ends with when ``exc`` stops it."""
+    if isinstance(exc, KeyboardInterrupt):
+        return INTERRUPTED
+    status = grpc_status_name(exc)
+    if status is not None:
+        return REFUSED if status in _REFUSED_STATUSES else USAGE if status in _USAGE_STATUSES else FAILURE
+    if isinstance(exc, _USAGE_OS_ERRORS):
+        return USAGE
     if isinstance(exc, SecureReleaseError):
         if exc.kind in _REFUSALS:
             return REFUSED
@@ -29,3 +54,12 @@ def exit_code_for(exc: BaseException) -> int:
             return FAILURE
         return USAGE
     return FAILURE
+
+
+def describe(exc: BaseException) -> str:
+    """One line naming the error (never a traceback, never a key)."""
+    status = grpc_status_name(exc)
+    if status is not None:
+        details = getattr(exc, "details", None)
+        return f"RPC failed: {status}: {details() if callable(details) else ''}"
+    return f"{type(exc).__name__}: {exc}"

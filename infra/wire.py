@@ -9,8 +9,10 @@ Decoding validates: a message that does not make a valid domain value raises a n
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from secure_release.mechanism.alignment import TAG_DTYPE, TagArray
 from secure_release.mechanism.errors import ShapeMismatchError, UnknownCipherError
@@ -155,7 +157,42 @@ def report_to_pb(report: ReleaseReport) -> pb.EstimateResponse:
             predicted_rmse=privacy["predicted_rmse"],
             bound=privacy["bound"],
             bound_tight=privacy["bound_tight"],
+            delta=0.0,
+            alphabet_sizes=list(report.plan.alphabet_sizes),
         ),
         mle_iterations=report.mle_iterations,
         interval_method=report.interval_method,
+        all_curators=list(report.curators),
+        refused=dict(report.refused),
+    )
+
+
+def report_from_pb(resp: pb.EstimateResponse) -> ReleaseReport:
+    """An ``EstimateResponse`` as the :class:`ReleaseReport` it was made from."""
+    p = resp.privacy
+    plan = ReleasePlan(
+        int(p.n), int(p.m), tuple(int(k) for k in p.alphabet_sizes), float(p.epsilon), float(p.gamma)
+    )
+    cells = list(resp.cells)
+
+    def column(attr: str, dtype: type) -> npt.NDArray[Any]:
+        return np.fromiter((getattr(c, attr) for c in cells), dtype=dtype, count=len(cells))
+
+    return ReleaseReport(
+        release_id=resp.release_id,
+        plan=plan,
+        curators=tuple(resp.all_curators) or tuple(resp.curators),
+        covered=tuple(resp.curators),
+        attributes=tuple(resp.attributes),
+        labels=tuple(tuple(c.labels) for c in cells),
+        estimate=column("estimate", np.float64),
+        projected=column("projected", np.float64),
+        mle=column("mle", np.float64),
+        standard_error=column("standard_error", np.float64),
+        ci_low=column("ci_low", np.float64),
+        ci_high=column("ci_high", np.float64),
+        observed=column("observed", np.int64),
+        mle_iterations=int(resp.mle_iterations),
+        interval_method=resp.interval_method,
+        refused=dict(resp.refused),
     )

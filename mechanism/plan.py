@@ -61,7 +61,14 @@ class ReleasePlan:
                 self.n, self.n, self.gamma
             ),
             "warning": self.utility_warning(sum_sq),
+            "guarantee": self.guarantee(),
         }
+
+    def guarantee(self) -> dict[str, Any]:
+        """The privacy guarantee in standard form (:func:`mechanism.guarantee.privacy_guarantee`)."""
+        from secure_release.mechanism.guarantee import privacy_guarantee  # it imports this module
+
+        return privacy_guarantee(self)
 
     def utility_warning(self, sum_sq: float | None = None) -> str | None:
         """A warning when the predicted per-cell RMSE (l2 RMSE / sqrt K, DESIGN 3's exact MSE

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from secure_release.mechanism.plan import ReleasePlan
+from secure_release.infra.wire import report_from_pb
 from secure_release.mechanism.report import ReleaseReport
 
 
@@ -18,44 +18,6 @@ def _channel(address: str, certs: Path | None, name: str, insecure: bool = False
     from secure_release.infra.tls import secure_channel
 
     return secure_channel(address, certs, name, insecure, "analyst" if insecure else None, peer_role="researcher")
-
-
-def report_from_pb(resp: Any) -> ReleaseReport:
-    """An ``EstimateResponse`` as a :class:`ReleaseReport`.
-
-    The wire carries K but not each curator's alphabet size, nor the curators that refused
-    their keys: the plan gets one alphabet of size K (n, m, K, epsilon and gamma are exact) and
-    a marginal estimate names its missing curators ``(refused)``.
-    """
-    import numpy as np
-
-    p = resp.privacy
-    plan = ReleasePlan(int(p.n), int(p.m), (int(p.joint_size),), float(p.epsilon), float(p.gamma))
-    cells = list(resp.cells)
-
-    def column(attr: str, dtype: type) -> Any:
-        return np.fromiter((getattr(c, attr) for c in cells), dtype=dtype, count=len(cells))
-
-    covered = tuple(resp.curators)
-    refused = {"(refused)": "not granted"} if resp.marginal else {}
-    return ReleaseReport(
-        release_id=resp.release_id,
-        plan=plan,
-        curators=covered + tuple(refused),
-        covered=covered,
-        attributes=tuple(resp.attributes),
-        labels=tuple(tuple(c.labels) for c in cells),
-        estimate=column("estimate", np.float64),
-        projected=column("projected", np.float64),
-        mle=column("mle", np.float64),
-        standard_error=column("standard_error", np.float64),
-        ci_low=column("ci_low", np.float64),
-        ci_high=column("ci_high", np.float64),
-        observed=column("observed", np.int64),
-        mle_iterations=int(resp.mle_iterations),
-        interval_method=resp.interval_method,
-        refused=refused,
-    )
 
 
 def fetch_report(

@@ -82,7 +82,7 @@ class Plan:
 
     def to_dict(self) -> dict[str, Any]:
         """``secure-release plan --json``: the plan's figures, ``guarantee`` and ``utility``."""
-        return {**self.plan.report(), "guarantee": self.guarantee, "utility": self.utility}
+        return {**self.plan.report(), "utility": self.utility}
 
 
 def plan(n: int, alphabet: Sequence[int], epsilon: float, m: int | None = None) -> Plan:
@@ -446,7 +446,7 @@ def release_over_services(
         cluster.close()
     from dataclasses import replace
 
-    from secure_release.analyst import report_from_pb
+    from secure_release.infra.wire import report_from_pb
 
     report = report_from_pb(resp)
     sizes = tuple(t.schema.alphabet_size for t in ts)

@@ -12,8 +12,8 @@ import importlib.util
 import sys
 from collections.abc import Sequence
 
-from secure_release import exits
 from secure_release.examples import own_data_text
+from secure_release.infra import exitcodes as exits
 from secure_release.mechanism.errors import SecureReleaseError
 
 COMMANDS = ("plan", "demo", "simulate", "reproduce", "pki", "schema", "keygen", "analyst")
@@ -80,14 +80,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (SecureReleaseError, OSError, KeyboardInterrupt) as exc:
         return _fail(args.command, exc)
     except Exception as exc:
-        if exits.exit_code(exc) != exits.FAILURE or type(exc).__module__.startswith("grpc"):
+        if exits.exit_code_for(exc) != exits.FAILURE or type(exc).__module__.startswith("grpc"):
             return _fail(args.command, exc)
         raise
 
 
 def _fail(command: str, exc: BaseException) -> int:
     """Say what stopped ``command`` in one line and return its exit code."""
-    code = exits.exit_code(exc)
+    code = exits.exit_code_for(exc)
     if code != exits.INTERRUPTED:
         sys.stderr.write(f"secure-release {command}: error: {exits.describe(exc)}\n")
     return code

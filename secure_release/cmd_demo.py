@@ -286,7 +286,7 @@ def _report(resp: Any, info: dict[str, Any], sizes: tuple[int, ...]) -> tuple[An
     of each of its cells."""
     from dataclasses import replace
 
-    from secure_release.analyst import report_from_pb
+    from secure_release.infra.wire import report_from_pb
 
     report = report_from_pb(resp)
     report = replace(report, plan=replace(report.plan, alphabet_sizes=sizes), curators=tuple(info["curators"]))

@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from secure_release import display
-from secure_release.mechanism.guarantee import privacy_guarantee, utility_check
+from secure_release.mechanism.guarantee import utility_check
 from secure_release.mechanism.plan import plan_release
 
 
@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     report = plan.report()
     utility = utility_check(plan)
     if args.json:
-        print(json.dumps({**report, "guarantee": privacy_guarantee(plan), "utility": utility}, sort_keys=True))
+        print(json.dumps({**report, "utility": utility}, sort_keys=True))
         return 0
     rows = [
         ("records n", f"{plan.n}"),

@@ -19,7 +19,7 @@ import pytest
 from secure_release import api
 from secure_release.cli import main
 from secure_release.demo_data import write_demo_data
-from secure_release.exits import exit_code
+from secure_release.infra.exitcodes import exit_code_for as exit_code
 from secure_release.infra.logs import EventLog
 from secure_release.infra.tls import bind, make_grpc_server
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc

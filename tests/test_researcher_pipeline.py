@@ -253,3 +253,22 @@ def test_logs_carry_no_key_or_row_bytes(chacha: FakeRelease, recorder: EventReco
     for line in lines:
         assert not any(s.hex() in line or repr(s) in line for s in secrets)
         assert not [name for name in json.loads(line) if looks_secret(name)]  # nothing even named like one
+
+
+def test_report_survives_the_wire_exactly() -> None:
+    """ReleaseReport -> EstimateResponse -> ReleaseReport loses nothing (marginal reports too)."""
+    from secure_release.infra.wire import report_from_pb, report_to_pb
+    from secure_release.mechanism.plan import plan_release
+    from secure_release.mechanism.report import ReleaseReport
+
+    plan = plan_release(1000, (3, 2), 1.0, 100)
+    report = ReleaseReport(
+        release_id="r1", plan=plan, curators=("alice", "bob"), covered=("alice",), attributes=("edu",),
+        labels=(("a",), ("b",), ("c",)), estimate=np.array([0.5, 0.25, 0.25]), projected=np.array([0.5, 0.25, 0.25]),
+        mle=np.array([0.5, 0.3, 0.2]), standard_error=np.array([0.1, 0.1, 0.1]), ci_low=np.array([0.3, 0.05, 0.0]),
+        ci_high=np.array([0.7, 0.45, 0.5]), observed=np.array([50, 25, 25]), mle_iterations=0,
+        interval_method="clopper-pearson, 95% per cell", refused={"bob": "PERMISSION_DENIED: no grant"},
+    )  # fmt: skip
+    back = report_from_pb(report_to_pb(report))
+    assert back.to_dict() == report.to_dict()
+    assert back.marginal and back.refused == {"bob": "PERMISSION_DENIED: no grant"}

@@ -792,6 +792,8 @@ class PrivacyReport(_message.Message):
     PREDICTED_RMSE_FIELD_NUMBER: _builtins.int
     BOUND_FIELD_NUMBER: _builtins.int
     BOUND_TIGHT_FIELD_NUMBER: _builtins.int
+    DELTA_FIELD_NUMBER: _builtins.int
+    ALPHABET_SIZES_FIELD_NUMBER: _builtins.int
     epsilon: _builtins.float
     gamma: _builtins.float
     m: _builtins.int
@@ -800,6 +802,12 @@ class PrivacyReport(_message.Message):
     predicted_rmse: _builtins.float
     bound: _builtins.float
     bound_tight: _builtins.float
+    delta: _builtins.float
+    """always 0: pure epsilon-DP"""
+    @_builtins.property
+    def alphabet_sizes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """per curator of the release, joint-code order"""
+
     def __init__(
         self,
         *,
@@ -811,10 +819,12 @@ class PrivacyReport(_message.Message):
         predicted_rmse: _builtins.float = ...,
         bound: _builtins.float = ...,
         bound_tight: _builtins.float = ...,
+        delta: _builtins.float = ...,
+        alphabet_sizes: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bound", b"bound", "bound_tight", b"bound_tight", "epsilon", b"epsilon", "gamma", b"gamma", "joint_size", b"joint_size", "m", b"m", "n", b"n", "predicted_rmse", b"predicted_rmse"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["alphabet_sizes", b"alphabet_sizes", "bound", b"bound", "bound_tight", b"bound_tight", "delta", b"delta", "epsilon", b"epsilon", "gamma", b"gamma", "joint_size", b"joint_size", "m", b"m", "n", b"n", "predicted_rmse", b"predicted_rmse"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -824,6 +834,26 @@ Global___PrivacyReport: _TypeAlias = PrivacyReport  # noqa: Y015
 class EstimateResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class RefusedEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     RELEASE_ID_FIELD_NUMBER: _builtins.int
     MARGINAL_FIELD_NUMBER: _builtins.int
     CURATORS_FIELD_NUMBER: _builtins.int
@@ -832,6 +862,8 @@ class EstimateResponse(_message.Message):
     PRIVACY_FIELD_NUMBER: _builtins.int
     MLE_ITERATIONS_FIELD_NUMBER: _builtins.int
     INTERVAL_METHOD_FIELD_NUMBER: _builtins.int
+    ALL_CURATORS_FIELD_NUMBER: _builtins.int
+    REFUSED_FIELD_NUMBER: _builtins.int
     release_id: _builtins.str
     marginal: _builtins.bool
     """true if keys of only some curators were granted"""
@@ -848,6 +880,14 @@ class EstimateResponse(_message.Message):
     def cells(self) -> _containers.RepeatedCompositeFieldContainer[Global___Cell]: ...
     @_builtins.property
     def privacy(self) -> Global___PrivacyReport: ...
+    @_builtins.property
+    def all_curators(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """every curator of the release (curators: those covered)"""
+
+    @_builtins.property
+    def refused(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """curator -> why its key was not granted (marginal only)"""
+
     def __init__(
         self,
         *,
@@ -859,10 +899,12 @@ class EstimateResponse(_message.Message):
         privacy: Global___PrivacyReport | None = ...,
         mle_iterations: _builtins.int = ...,
         interval_method: _builtins.str = ...,
+        all_curators: _abc.Iterable[_builtins.str] | None = ...,
+        refused: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["privacy", b"privacy"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attributes", b"attributes", "cells", b"cells", "curators", b"curators", "interval_method", b"interval_method", "marginal", b"marginal", "mle_iterations", b"mle_iterations", "privacy", b"privacy", "release_id", b"release_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["all_curators", b"all_curators", "attributes", b"attributes", "cells", b"cells", "curators", b"curators", "interval_method", b"interval_method", "marginal", b"marginal", "mle_iterations", b"mle_iterations", "privacy", b"privacy", "refused", b"refused", "release_id", b"release_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
