@@ -26,7 +26,7 @@ from secure_release.infra.wire import tags_from_bytes
 from secure_release.mechanism.alignment import TagArray
 from secure_release.mechanism.errors import ErrorKind, SecureReleaseError
 from secure_release.mechanism.keys import PadKey, Seed
-from secure_release.mechanism.pads import CipherMode, ReleasePad
+from secure_release.mechanism.pads import CipherMode, ReleasePad, encrypt
 from secure_release.mechanism.protocol import Agreement
 from secure_release.mechanism.schema import SymbolArray
 from secure_release.mechanism.spec import ReleaseSpec
@@ -72,8 +72,10 @@ class ReleaseRecord:
     retention_until: float | None = None  # set once the release is sealed
 
     def ciphertext(self) -> SymbolArray:
-        """The ciphertext this record always uploads (the pad over the sample)."""
-        return self.pad.encrypt(self.sample)
+        """The ciphertext this record always uploads: its pad over its own sample. Pad and
+        sample are bound in one record, so a replay re-derives the same bytes and the pad never
+        meets other plaintext."""
+        return encrypt(self.sample, self.pad.pad(), self.pad.alphabet_size)
 
     def check_table(self, fingerprint: str) -> None:
         """:class:`TableChangedError` unless the table still hashes to the recorded fingerprint."""
