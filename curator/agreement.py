@@ -13,7 +13,7 @@ from dataclasses import replace
 import grpc
 
 from secure_release.curator.config import CuratorConfig
-from secure_release.curator.errors import AgreementError, AlphabetSizeMismatchError
+from secure_release.curator.errors import AgreementError, AlphabetSizeMismatchError, SpecRefusedError
 from secure_release.curator.leader import LeaderState
 from secure_release.curator.waits import Deadline, retry_until
 from secure_release.infra.logs import EventLog
@@ -73,9 +73,10 @@ def check_agreement(config: CuratorConfig, own_size: int, agreement: Agreement) 
     """The agreement, with its spec's researchers replaced by this curator's own (what it
     registers at the server); :class:`AgreementError` if the leader's spec differs from ours."""
     problems = spec_differences(config, own_size, agreement.spec, int(agreement.common.size))
+    spec = replace(agreement.spec, researchers=config.researchers)
     if problems:
-        raise AgreementError(f"the leader's release spec differs from ours: {'; '.join(problems)}")
-    return agreement._replace(spec=replace(agreement.spec, researchers=config.researchers))
+        raise SpecRefusedError(f"the leader's release spec differs from ours: {'; '.join(problems)}", spec)
+    return agreement._replace(spec=spec)
 
 
 def _fetch_agreement(stub: pb_grpc.CuratorStub, config: CuratorConfig, timeout: float) -> Agreement:

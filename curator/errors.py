@@ -12,6 +12,15 @@ class AgreementError(SecureReleaseError):
     kind = ErrorKind.FAILED_PRECONDITION
 
 
+class SpecRefusedError(AgreementError):
+    """This curator refuses the leader's spec (it differs from its own settings); ``spec`` is the
+    leader's spec, which the curator joins at the server only to abort it visibly."""
+
+    def __init__(self, message: str, spec: object) -> None:
+        super().__init__(message)
+        self.spec = spec
+
+
 class AlphabetSizeMismatchError(AgreementError):
     """A curator's alphabet size contradicts the leader's --alphabet-sizes (or is missing)."""
 

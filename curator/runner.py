@@ -14,6 +14,7 @@ the failure for a while, and the reservation is refunded once the server confirm
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
 import time
@@ -23,7 +24,7 @@ import grpc
 
 from secure_release.curator.agreement import agree, leader_state
 from secure_release.curator.config import CuratorConfig
-from secure_release.curator.errors import AgreementError, ReleaseAbortedError
+from secure_release.curator.errors import ReleaseAbortedError, SpecRefusedError
 from secure_release.curator.keystore import Keystore, ReleaseRecord
 from secure_release.curator.leader import LeaderState
 from secure_release.curator.ledgerfile import file_fingerprint
@@ -40,6 +41,7 @@ from secure_release.mechanism.ledger import PrivacyLedger
 from secure_release.mechanism.pads import new_release_pad
 from secure_release.mechanism.protocol import Agreement, CuratorTable, curator_tags
 from secure_release.mechanism.sampling import sample_positions
+from secure_release.mechanism.spec import ReleaseSpec
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
 
@@ -147,16 +149,29 @@ class Run:
     service: CuratorService
     state: LeaderState | None
     link: ServerLink
+    refusal: SecureReleaseError | None = None  # the ledger refuses this release (found before agreeing)
+
+
+def refuse_visibly(run: Run, spec: object, reason: str) -> None:
+    """A follower's refusal: join the leader's candidate at the server (registering uploads and
+    reserves nothing; it makes the release bound, so researchers see its status too), then
+    abort it with ``reason``; the leader and the researcher poll the status and stop."""
+    assert isinstance(spec, ReleaseSpec)
+    with contextlib.suppress(SecureReleaseError, grpc.RpcError):
+        run.link.register(spec)
+    run.link.abort(reason)
 
 
 def setup_release(run: Run) -> ReleaseRecord:
     """Agree, reserve and prepare a release this curator has no record of yet."""
     config, deadline = run.config, run.link.deadline
+    if run.refusal is not None and run.state is not None:
+        raise run.refusal  # the leader fails the agreement: every follower is told the reason
     try:
         agreement = agree(config, run.own.tags, run.own.alphabet_size, run.state, run.log, deadline)
-    except AgreementError as exc:
-        if run.state is None and "differs from ours" in str(exc):
-            run.link.abort(f"{config.name} refuses the agreed spec: {exc}")
+    except SpecRefusedError as exc:
+        if run.state is None:
+            refuse_visibly(run, exc.spec, f"{config.name} refuses the agreed spec: {exc}")
         raise
     if run.state is not None:
         run.keystore.save_agreement(agreement, run.state.tag_digests())
@@ -164,7 +179,7 @@ def setup_release(run: Run) -> ReleaseRecord:
         reserve(config, run.keystore, run.own.fingerprint, agreement.seed.fingerprint, run.log)
     except SecureReleaseError as exc:
         if run.state is None:
-            run.link.abort(f"{config.name} cannot reserve its budget: {type(exc).__name__}: {exc}")
+            refuse_visibly(run, agreement.spec, f"{config.name} cannot reserve its budget: {type(exc).__name__}: {exc}")
         raise
     record = prepare(config, run.own, agreement, run.keystore, run.log)
     if run.state is not None:
@@ -207,7 +222,7 @@ def fail_release(run: Run, exc: Exception) -> None:
                 hint="the reservation stays until a rerun or 'release abort' settles it",
             )
     if run.state is not None and not run.state.published:
-        run.state.wait_all_told(LINGER_S)
+        run.state.wait_all_told(min(LINGER_S, config.timeout))
 
 
 def serve_keys(run: Run, record: ReleaseRecord, stop: threading.Event) -> None:
@@ -262,8 +277,13 @@ def open_run(config: CuratorConfig, log: EventLog, deadline_stop: threading.Even
     keystore = Keystore(config.keystore)
     fingerprint = file_fingerprint(config.data)
     record = resumable_record(config, keystore, fingerprint)
+    refusal = None
     if record is None:
-        check_ledger(config, keystore, fingerprint)
+        try:
+            check_ledger(config, keystore, fingerprint)
+        except SecureReleaseError as exc:  # refused visibly during the agreement (others are told)
+            log.warning("ledger_refuses", release_id=config.release_id, reason=f"{type(exc).__name__}: {exc}")
+            refusal = exc
     own = OwnData(table, curator_tags(table, config.alignment_key), fingerprint)
     service = CuratorService(config.name, table.schema, log, config.max_rows)
     service.hold_key(config.release_id, "the release is not sealed yet")
@@ -274,7 +294,7 @@ def open_run(config: CuratorConfig, log: EventLog, deadline_stop: threading.Even
             state.restore(*stored)
         service.lead(state)
     link = ServerLink(config, log, Deadline(config.timeout, deadline_stop))
-    return Run(config, log, keystore, own, service, state, link), record
+    return Run(config, log, keystore, own, service, state, link, refusal), record
 
 
 def run(config: CuratorConfig) -> int:

@@ -15,7 +15,6 @@ from secure_release.curator.agreement import check_agreement, leader_state, spec
 from secure_release.curator.config import CuratorConfig
 from secure_release.curator.errors import AgreementError, AgreementFixedError, AlphabetSizeMismatchError
 from secure_release.curator.keystore import Keystore
-from secure_release.mechanism.ledger import NoBudgetError
 from secure_release.curator.leader import LeaderState
 from secure_release.curator.runner import OwnData, check_ledger, prepare, reserve
 from secure_release.infra.logs import EventLog
@@ -27,6 +26,7 @@ from secure_release.mechanism.errors import (
     ShapeMismatchError,
 )
 from secure_release.mechanism.keys import AlignmentKey, PadKey, PramKey, Seed
+from secure_release.mechanism.ledger import NoBudgetError
 from secure_release.mechanism.pads import CipherMode
 from secure_release.mechanism.protocol import (
     CuratorTable,

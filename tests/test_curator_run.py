@@ -10,7 +10,7 @@ import threading
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
@@ -64,8 +64,8 @@ def _config(tmp: Path, name: str) -> CuratorConfig:
 class FakeLink:
     """The release server as seen by one curator: records what it was sent; always sealed."""
 
-    uploads: dict[str, tuple[ReleaseSpec, SymbolArray]] = {}
-    registered: list[str] = []
+    uploads: ClassVar[dict[str, tuple[ReleaseSpec, SymbolArray]]] = {}
+    registered: ClassVar[list[str]] = []
 
     def __init__(self, config: CuratorConfig, log: Any, deadline: Any) -> None:
         self.config, self.deadline = config, deadline

@@ -3,6 +3,7 @@ network), then the real server (auth interceptor, health) with a follower over l
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Iterable
@@ -15,9 +16,9 @@ import pytest
 
 from secure_release.curator.agreement import follow_leader
 from secure_release.curator.config import CuratorConfig
+from secure_release.curator.errors import AgreementError
 from secure_release.curator.leader import LeaderState
 from secure_release.curator.runner import start_server
-from secure_release.curator.errors import AgreementError
 from secure_release.curator.service import SERVICE_NAME, CuratorService
 from secure_release.curator.waits import Deadline
 from secure_release.infra.auth import AuthedContext
@@ -167,10 +168,8 @@ def test_a_follower_learns_the_leaders_refusal_within_seconds(tmp_path: Path) ->
 
 
 def _swallow(fn: Any) -> None:
-    try:
+    with contextlib.suppress(Exception):  # the leader's own failure; the follower's side is under test
         fn()
-    except Exception:  # the leader's own failure; the follower's side is under test
-        pass
 
 
 def test_get_agreement_refusals() -> None:

@@ -76,6 +76,7 @@ class Deployment:
     ports: dict[str, int] = field(default_factory=dict)
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     starts: dict[str, int] = field(default_factory=dict)
+    extra: dict[str, list[str]] = field(default_factory=dict)  # per role, appended to its flags
 
     def __post_init__(self) -> None:
         self.ports = dict(zip(("server", "alice", "bob"), free_ports(3), strict=True))
@@ -83,6 +84,9 @@ class Deployment:
 
     def args(self, role: str) -> list[str]:
         """The role's command line (the same at every restart)."""
+        return [*self._args(role), *self.extra.get(role, [])]
+
+    def _args(self, role: str) -> list[str]:
         server = f"127.0.0.1:{self.ports['server']}"
         net = ["--certs", str(self.certs), "--name", role]
         if role == "server":
@@ -112,8 +116,10 @@ class Deployment:
         with self.log(role).open("ab") as fh:
             fh.write(f"=== start {self.starts[role]}\n".encode())
             fh.flush()
-            self.procs[role] = subprocess.Popen([sys.executable, *self.args(role)], stdout=fh,
-                                                stderr=subprocess.STDOUT, env=self.env, stdin=subprocess.DEVNULL)  # fmt: skip
+            cmd = [sys.executable, *self.args(role)]
+            self.procs[role] = subprocess.Popen(
+                cmd, stdout=fh, stderr=subprocess.STDOUT, env=self.env, stdin=subprocess.DEVNULL
+            )
 
     def kill(self, role: str) -> None:
         """kill -9 ``role`` and reap it."""
@@ -224,8 +230,8 @@ def _finish(dep: Deployment, ref: np.ndarray, kills: list[float], budget_s: floa
         return Outcome(True, identical, False, len(kills), lags, "" if identical else "estimate differs")
     states = _ledger_states(dep)
     refunded = all(s in ("refund", "unknown") for s in states.values())
-    return Outcome(False, False, refunded, len(kills), lags,
-                   f"researcher rc={researcher.returncode}; ledgers {states}\n{dep.log('researcher').read_text()[-2000:]}")  # fmt: skip
+    tail = dep.log("researcher").read_text()[-2000:]
+    return Outcome(False, False, refunded, len(kills), lags, f"researcher rc={researcher.returncode}; {states}\n{tail}")
 
 
 def _ledger_states(dep: Deployment) -> dict[str, str]:
@@ -254,9 +260,7 @@ def plan_kills(rng: random.Random, total: int) -> list[list[tuple[str, str]]]:
     return releases
 
 
-def test_kills_at_every_phase_end_released_identically(
-    world: dict[str, object], certs: Path, tmp_path: Path
-) -> None:
+def test_kills_at_every_phase_end_released_identically(world: dict[str, object], certs: Path, tmp_path: Path) -> None:
     total = int(os.environ.get("SECURE_RELEASE_FAULTS", "20"))
     rng = random.Random(20240601)
     figures = {"kills": 0, "released_identical": 0, "aborted_refunded": 0, "stuck_or_wrong": 0, "releases": 0}

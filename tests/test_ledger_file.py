@@ -77,7 +77,7 @@ def test_a_torn_last_line_past_the_head_is_a_crash_not_tampering(tmp_path: Path)
 def test_a_deleted_ledger_refuses_releases_until_a_budget_is_set_again(tmp_path: Path) -> None:
     ledger = _filled(tmp_path)
     ledger.path.unlink()
-    with pytest.raises(NoBudgetError, match="deleted.*budget set"):
+    with pytest.raises(NoBudgetError, match=r"deleted.*budget set"):
         ledger.read()
     ledger.set_budget(D, "adult", 0.5)
     assert ledger.read().remaining(D) == pytest.approx(0.5)
