@@ -137,9 +137,9 @@ class KeyResults:
     unavailable: Mapping[str, str] = field(default_factory=dict)
 
     def missing(self) -> dict[str, str]:
-        """Every curator whose key is missing, with why (refused or unavailable)."""
+        """Every curator whose key is missing, with why (a refusal's code, or "unavailable: ...")."""
         return {
-            **{c: f"refused: {r}" for c, r in self.refused.items()},
+            **self.refused,
             **{c: f"unavailable: {r}" for c, r in self.unavailable.items()},
         }
 

@@ -101,9 +101,11 @@ def test_release_past_budget_refused_before_upload(tmp_path: Path) -> None:
     cli = [sys.executable, "-m", "secure_release.curator"]
     run = [*cli, "run", "--data", str(data), "--schema", str(schema), "--release-id", "r1", "--epsilon", "0.5",
            "--server", "127.0.0.1:1", "--name", "alice", "--curators", "alice,bob", "--leader", "--insecure",
-           "--alignment-key-file", str(tmp_path / "k"), "--keystore", str(tmp_path / "ks"), "--timeout", "1"]  # fmt: skip
+           "--alignment-key-file", str(tmp_path / "k"), "--keystore", str(tmp_path / "ks"),
+           "--timeout", "1"]  # fmt: skip
     unset = subprocess.run(run, capture_output=True, text=True, timeout=60, env=env)
-    assert unset.returncode == 2 and "NoBudgetError" in unset.stderr, unset.stderr and "budget set" in unset.stderr
+    assert unset.returncode == 2, unset.stderr
+    assert "NoBudgetError" in unset.stderr and "budget set" in unset.stderr
     budget = [*cli, "budget", "set", "--keystore", str(tmp_path / "ks"), "--data", str(data), "--epsilon", "0.3"]
     assert subprocess.run(budget, capture_output=True, timeout=60, env=env).returncode == 0
     proc = subprocess.run(run, capture_output=True, text=True, timeout=60, env=env)

@@ -146,15 +146,19 @@ class Deployment:
                 proc.wait()
 
 
-@pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
-    """Demo data, an alignment key and the reference estimate of the uninterrupted protocol."""
-    base = tmp_path_factory.mktemp("faults")
+def make_world(base: Path) -> dict[str, object]:
+    """Demo data and an alignment key in ``base`` (and the tables, for reference estimates)."""
     write_demo_data(base / "data", rows=8000, seed=11)
     akey = AlignmentKey(bytes([7]) * 32)
     (base / "align.key").write_text(akey.reveal().hex())
     tables = [read_table(base / "data" / f"{c}.csv", load_schema(base / "data" / f"{c}.json")) for c in CURATORS]
     return {"base": base, "akey": akey, "tables": tables}
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    """Demo data, an alignment key and the tables of the reference estimates."""
+    return make_world(tmp_path_factory.mktemp("faults"))
 
 
 def reference(world: dict[str, object], release_id: str) -> np.ndarray:

@@ -15,9 +15,15 @@ import pytest
 
 from secure_release.curator.keystore import Keystore
 from secure_release.curator.ledgerfile import LedgerFile, file_fingerprint
-from tests.test_faults_kill import CURATORS, ROLES, Deployment, world  # noqa: F401  (module fixture)
+from tests.test_faults_kill import CURATORS, ROLES, Deployment, make_world
 
 pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    """Demo data and an alignment key shared by this module's releases."""
+    return make_world(tmp_path_factory.mktemp("lifecycle"))
 
 
 def _deploy(world: dict[str, object], certs: Path, tmp_path: Path, rid: str, **extra: list[str]) -> Deployment:
@@ -37,6 +43,14 @@ def _wait_all(dep: Deployment, roles: tuple[str, ...], seconds: float) -> dict[s
     while time.monotonic() < end and any(dep.procs[r].poll() is None for r in roles):
         time.sleep(0.05)
     return {r: dep.procs[r].poll() for r in roles}
+
+
+def _operator(dep: Deployment, certs: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``secure-release-curator release ...`` as bob, with bob's certificate and keystore."""
+    server = f"127.0.0.1:{dep.ports['server']}"
+    flags = ["--server", server, "--certs", str(certs), "--name", "bob", "--keystore", str(dep.root / "ks-bob")]
+    cmd = [sys.executable, "-m", "secure_release.curator", "release", *args, *flags]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=dep.env)
 
 
 def _ledger_state(dep: Deployment, curator: str) -> str:
@@ -102,16 +116,9 @@ def test_a_follower_that_never_returns_is_aborted_at_the_leaders_deadline(
         # bob never registered, so the server keeps the aborted candidate from researchers (it
         # shows researchers bound releases only): the researcher waits until its own --timeout.
         researcher_waiting = dep.procs["researcher"].poll() is None
-        status = subprocess.run(
-            [sys.executable, "-m", "secure_release.curator", "release", "status", "a3", "--server",
-             f"127.0.0.1:{dep.ports['server']}", "--certs", str(certs), "--name", "bob", "--keystore",
-             str(dep.root / "ks-bob")], capture_output=True, text=True, timeout=60, env=dep.env)  # fmt: skip
-        shown = json.loads(status.stdout)
+        shown = json.loads(_operator(dep, certs, "status", "a3").stdout)
         # the operator settles bob's reservation: the server already says ABORTED
-        abort = subprocess.run(
-            [sys.executable, "-m", "secure_release.curator", "release", "abort", "a3", "--reason", "bob is gone",
-             "--server", f"127.0.0.1:{dep.ports['server']}", "--certs", str(certs), "--name", "bob",
-             "--keystore", str(dep.root / "ks-bob")], capture_output=True, text=True, timeout=60, env=dep.env)  # fmt: skip
+        abort = _operator(dep, certs, "abort", "a3", "--reason", "bob is gone")
     finally:
         dep.close()
     assert codes == {"alice": 1}, codes
