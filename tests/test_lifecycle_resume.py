@@ -64,7 +64,7 @@ def _record(name: str) -> ReleaseRecord:
 def test_a_restarted_curator_sends_only_what_the_server_lacks(
     server: tuple[int, Store], certs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    port, store = server
+    port, _store = server
     skipped: list[frozenset[int]] = []
     original = upload_mod.upload_messages
 
