@@ -10,11 +10,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import grpc
+
 from secure_release.curator.config import CuratorConfig
-from secure_release.curator.errors import AgreementError, AlphabetSizeMismatchError
+from secure_release.curator.errors import AgreementError, AlphabetSizeMismatchError, SpecRefusedError
 from secure_release.curator.leader import LeaderState
+from secure_release.curator.waits import Deadline, retry_until
 from secure_release.infra.logs import EventLog
-from secure_release.infra.retry import with_retries
 from secure_release.infra.tls import secure_channel
 from secure_release.infra.wire import spec_from_pb, tag_chunks, tags_from_bytes
 from secure_release.mechanism.alignment import TagArray
@@ -27,7 +29,7 @@ from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
 
 SUBMIT_TIMEOUT_S = 60.0
-ATTEMPTS = 12
+AGREEMENT_CALL_S = 5.0  # one GetAgreement call waits this long at most (then asks again)
 
 
 def leader_state(config: CuratorConfig, own_size: int) -> LeaderState:
@@ -71,16 +73,17 @@ def check_agreement(config: CuratorConfig, own_size: int, agreement: Agreement) 
     """The agreement, with its spec's researchers replaced by this curator's own (what it
     registers at the server); :class:`AgreementError` if the leader's spec differs from ours."""
     problems = spec_differences(config, own_size, agreement.spec, int(agreement.common.size))
+    spec = replace(agreement.spec, researchers=config.researchers)
     if problems:
-        raise AgreementError(f"the leader's release spec differs from ours: {'; '.join(problems)}")
-    return agreement._replace(spec=replace(agreement.spec, researchers=config.researchers))
+        raise SpecRefusedError(f"the leader's release spec differs from ours: {'; '.join(problems)}", spec)
+    return agreement._replace(spec=spec)
 
 
-def _fetch_agreement(stub: pb_grpc.CuratorStub, config: CuratorConfig) -> Agreement:
+def _fetch_agreement(stub: pb_grpc.CuratorStub, config: CuratorConfig, timeout: float) -> Agreement:
     request = pb.AgreementRequest(release_id=config.release_id, curator=config.name)
     first: pb.AgreementChunk | None = None
     pieces: list[bytes] = []
-    for seq, chunk in enumerate(stub.GetAgreement(request, timeout=config.timeout)):
+    for seq, chunk in enumerate(stub.GetAgreement(request, timeout=timeout)):
         if chunk.sequence != seq:
             raise AgreementError(f"the leader sent agreement chunk {chunk.sequence} where {seq} was due")
         first = first or chunk
@@ -90,9 +93,10 @@ def _fetch_agreement(stub: pb_grpc.CuratorStub, config: CuratorConfig) -> Agreem
     return Agreement(spec_from_pb(first.params), Seed(first.sampling_seed), tags_from_bytes(b"".join(pieces)))
 
 
-def follow_leader(config: CuratorConfig, tags: TagArray, own_size: int, log: EventLog) -> Agreement:
-    """Send this curator's tags and alphabet size to the leader, then fetch the agreement
-    (both retried while the leader is unreachable or not ready)."""
+def follow_leader(config: CuratorConfig, tags: TagArray, own_size: int, log: EventLog, deadline: Deadline) -> Agreement:
+    """Send this curator's tags and alphabet size to the leader, then fetch the agreement (both
+    retried while the leader is unreachable or not ready, until ``deadline``). A refusal by the
+    leader (FAILED_PRECONDITION, PERMISSION_DENIED, ...) arrives at once as :class:`AgreementError`."""
     assert config.leader_address is not None
     leader = config.curators[0]  # the leader comes first: the handshake fails against any other peer
     channel = secure_channel(
@@ -106,27 +110,39 @@ def follow_leader(config: CuratorConfig, tags: TagArray, own_size: int, log: Eve
     )
     try:
         stub = pb_grpc.CuratorStub(channel)
-        resp = with_retries(
-            lambda: stub.SubmitTags(
-                tag_chunks(config.release_id, config.name, tags, own_size), timeout=SUBMIT_TIMEOUT_S
-            ),
-            "submit_tags",
+        resp = retry_until(
+            lambda t: stub.SubmitTags(tag_chunks(config.release_id, config.name, tags, own_size), timeout=t),
+            f"the leader {leader} at {config.leader_address} to take our tags",
+            deadline,
             log,
-            attempts=ATTEMPTS,
+            per_call_s=SUBMIT_TIMEOUT_S,
         )
         log("tags_submitted", leader=config.leader_address, tags=int(resp.tags_received))
-        return with_retries(lambda: _fetch_agreement(stub, config), "get_agreement", log, attempts=ATTEMPTS)
+        return retry_until(
+            lambda t: _fetch_agreement(stub, config, t),
+            f"the agreement of the leader {leader}",
+            deadline,
+            log,
+            per_call_s=AGREEMENT_CALL_S,
+        )
+    except grpc.RpcError as exc:
+        raise AgreementError(f"the leader {leader} refused: {exc.code().name}: {exc.details()}") from None
     finally:
         channel.close()
 
 
-def agree(config: CuratorConfig, tags: TagArray, own_size: int, state: LeaderState | None, log: EventLog) -> Agreement:
-    """Step 1, leader (``state`` given) or follower: the checked (spec, seed, common tags)."""
-    if state is not None:
+def agree(
+    config: CuratorConfig, tags: TagArray, own_size: int, state: LeaderState | None, log: EventLog, deadline: Deadline
+) -> Agreement:
+    """Step 1, leader (``state`` given; a restored agreement is reused) or follower: the
+    checked (spec, seed, common tags)."""
+    if state is not None and state.agreement is not None:
+        agreement = state.agreement
+    elif state is not None:
         state.add_tags(config.name, tags, own_size)
-        agreement = state.collect(config.timeout)
+        agreement = state.collect(deadline.check("the tags of every curator"))
     else:
-        agreement = follow_leader(config, tags, own_size, log)
+        agreement = follow_leader(config, tags, own_size, log, deadline)
     agreement = check_agreement(config, own_size, agreement)
     log(
         "agreed",

@@ -10,18 +10,51 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from secure_release.curator.commands import add_budget_parser, add_release_parser, budget, release
+from secure_release.curator.config import DEFAULT_KEY_RETENTION_S
+from secure_release.curator.keystore import KeystoreError, TableChangedError
+from secure_release.curator.table import BadRowsError, SchemaFileError
 from secure_release.infra.config import ConfigError, apply_env_and_config, subcommand_parser
 from secure_release.infra.logs import setup_logging
-from secure_release.mechanism.errors import SecureReleaseError
+from secure_release.mechanism.errors import (
+    InvalidNameError,
+    NonFiniteInputError,
+    SecureReleaseError,
+    UnknownCipherError,
+)
+from secure_release.mechanism.ledger import NoBudgetError
+
+#: Errors in what the operator gave (flags, files, keystore): exit code 2.
+USAGE_ERRORS = (
+    ConfigError,
+    BadRowsError,
+    SchemaFileError,
+    InvalidNameError,
+    NonFiniteInputError,
+    UnknownCipherError,
+    NoBudgetError,
+    KeystoreError,
+    TableChangedError,
+    OSError,
+)
 
 EPILOG = """\
 How a release runs:
   1. every curator reads its table (CSV or Parquet) against its schema JSON;
   2. curators send keyed id tags (never ids) and their alphabet sizes to the leader, who fixes
      the common ids, n, m, gamma and a fresh sampling seed and sends them back over mutual TLS;
-  3. each curator samples the same m rows, adds a fresh pad, uploads ciphertext to the server
-     and commits; its privacy ledger is charged (and a release past --budget is refused first);
-  4. the curator then serves its pad key to the researchers it granted (--grant), until SIGTERM.
+  3. each curator reserves epsilon in its ledger (a release past the data set's budget is
+     refused and aborted for everybody), samples the same m rows, persists pad and sample, adds
+     the pad, uploads what the server lacks and commits; a restart resumes where it stopped;
+  4. once the server seals the release the reservation is committed (an abort refunds it), and
+     the curator serves its pad key to the researchers it granted (--grant) until the key
+     retention ends (--key-retention) or SIGTERM.
+
+The budget is set beforehand, never per run:
+  python -m secure_release.curator budget set --keystore ks-alice --data alice.csv --epsilon 2.0
+
+Exit codes: 0 released (keys served), 1 the release failed or was aborted (the reason is printed
+and recorded at the server), 2 a usage, config or input error.
 
 Example (two terminals; the certificates come from 'secure-release pki init'):
   python -m secure_release.curator run --data alice.csv --schema alice.json --release-id r1 --epsilon 0.5 \\
@@ -41,6 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    add_budget_parser(sub)
+    add_release_parser(sub)
     p = sub.add_parser(
         "run",
         help="take part in one release and serve keys afterwards",
@@ -52,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("data")
     g.add_argument("--data", help="CSV (or .parquet) file: an id column and the schema's attributes")
     g.add_argument("--schema", help='schema JSON: {"curator", "id_column", "attributes": [...]}')
-    g.add_argument("--dataset", help="ledger name of the data set (default: the data file name)")
+    g.add_argument("--dataset", help="the data set's name for people (the ledger keys it by its SHA-256)")
     r = p.add_argument_group("release")
     r.add_argument("--release-id", help="release identifier, the same at every curator (e.g. r1)")
     r.add_argument("--epsilon", type=float, help="privacy level epsilon > 0 of this release")
@@ -79,10 +114,18 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         help="researcher certificate name allowed to fetch this curator's key (repeatable)",
     )
-    r.add_argument("--budget", type=float, default=1.0, help="total epsilon budget per data set")
     r.add_argument("--keystore", help="directory of pads and the ledger (0600; default keystore-NAME)")
-    r.add_argument("--alignment-key-hex", help="shared alignment key, 64 hex digits (prefer the file)")
-    r.add_argument("--alignment-key-file", help="file holding the shared alignment key (64 hex digits)")
+    r.add_argument(
+        "--alignment-key-file",
+        help="file holding the shared alignment key (64 hex digits); or set SECURE_RELEASE_ALIGNMENT_KEY",
+    )
+    r.add_argument(
+        "--key-retention",
+        type=float,
+        default=DEFAULT_KEY_RETENTION_S,
+        help="seconds the key is served after the release is sealed (also after a restart)",
+    )
+    r.add_argument("--max-rows", type=int, default=10_000_000, help="leader: most tags a curator may send")
     n = p.add_argument_group("network")
     n.add_argument("--server", help="HOST:PORT of the release server")
     n.add_argument("--certs", help="directory with ca.pem, NAME.pem, NAME.key")
@@ -90,7 +133,12 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--listen", default="127.0.0.1:0", help="where the Curator service listens")
     n.add_argument("--port-file", help="write the bound port here")
     n.add_argument("--insecure", action="store_true", help="plaintext gRPC (tests/demos only!)")
-    n.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the other curators")
+    n.add_argument(
+        "--timeout",
+        type=float,
+        default=300.0,
+        help="seconds from start until the release is sealed (every wait ends then; then it is aborted)",
+    )
     n.add_argument(
         "--exit-after-keys",
         action="store_true",
@@ -103,30 +151,42 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the curator CLI; returns the exit code (2: bad setting or input, 3: an RPC failed)."""
+    """Run the curator CLI; returns the exit code (0 success, 1 failed or aborted release,
+    2 usage, config or input error)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     try:
         if argv and argv[0] == "run":
             apply_env_and_config(subcommand_parser(parser, "run"), argv[1:])
         args = parser.parse_args(argv)
-        if args.command != "run":
+        if args.command not in ("run", "budget", "release") or getattr(args, "action", "") is None:
             parser.print_help()
             return 2
         setup_logging()
-        from secure_release.curator.config import config_from_args
-        from secure_release.curator.runner import run
-
-        return run(config_from_args(args))
+        return _dispatch(args)
     except KeyboardInterrupt:
         return 130
-    except (SecureReleaseError, ConfigError, OSError) as exc:
+    except USAGE_ERRORS as exc:
         sys.stderr.write(f"curator: error: {type(exc).__name__}: {exc}\n")
         return 2
+    except SecureReleaseError as exc:
+        sys.stderr.write(f"curator: error: {type(exc).__name__}: {exc}\n")
+        return 1
     except Exception as exc:  # grpc.RpcError and friends: one line, no traceback of secrets
         import grpc
 
         if isinstance(exc, grpc.RpcError):
             sys.stderr.write(f"curator: error: RPC failed: {exc.code()}: {exc.details()}\n")
-            return 3
+            return 1
         raise
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    if args.command == "budget":
+        return budget(args)
+    if args.command == "release":
+        return release(args)
+    from secure_release.curator.config import config_from_args
+    from secure_release.curator.runner import run
+
+    return run(config_from_args(args))

@@ -1,8 +1,10 @@
 """The curator's settings as one typed value, built once from flags, ``SECURE_RELEASE_<FLAG>``
 environment variables and ``--config file.json`` (flags win over env, env over the file).
 
-Secrets never sit in a config file: the alignment key comes from ``--alignment-key-file`` (or
-the flag/env ``--alignment-key-hex``), and a config file holding a secret setting is refused.
+Secrets never sit in a config file or on the command line: the alignment key comes from
+``--alignment-key-file`` or the environment variable SECURE_RELEASE_ALIGNMENT_KEY (argv is visible
+in /proc/PID/cmdline), and a config file holding a secret setting is refused. The privacy budget
+is not a run setting at all: ``budget set`` records it in the ledger.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +25,9 @@ from secure_release.mechanism.pads import CipherMode
 from secure_release.mechanism.spec import check_name, check_names, check_party_name
 
 #: Settings that hold secrets: allowed as flags or environment, never in a --config file.
-SECRET_SETTINGS = frozenset({"alignment_key_hex", "insecure_test_seed", "insecure_test_pad_key"})
+SECRET_SETTINGS = frozenset({"alignment_key", "alignment_key_hex", "insecure_test_seed", "insecure_test_pad_key"})
+ALIGNMENT_KEY_ENV = "SECURE_RELEASE_ALIGNMENT_KEY"
+DEFAULT_KEY_RETENTION_S = 7 * 24 * 3600.0
 REQUIRED = ("data", "schema", "release_id", "epsilon", "curators", "server", "name")
 
 
@@ -41,10 +46,9 @@ class CuratorConfig:
     expected_sizes: tuple[int, ...] | None  # leader only: --alphabet-sizes cross-check
     notify: str  # the researcher the server notifies (--researcher)
     grants: tuple[str, ...]  # researchers allowed to fetch this curator's key
-    budget: float
     data: Path
     schema: Path
-    dataset: str  # ledger name of the data set
+    dataset: str  # the data set's name for people (the ledger keys it by its fingerprint)
     keystore: Path
     server: str
     certs: Path | None
@@ -55,6 +59,8 @@ class CuratorConfig:
     timeout: float
     exit_after_keys: bool
     alignment_key: AlignmentKey
+    key_retention: float = DEFAULT_KEY_RETENTION_S  # seconds keys are served after sealing
+    max_rows: int = 10_000_000  # leader: tags a follower may send
     test_seed: Seed | None = None
     test_pad_key: PadKey | None = None
 
@@ -113,13 +119,15 @@ def check_config_file(path: str | None) -> None:
 
 
 def _alignment_key(args: argparse.Namespace) -> AlignmentKey:
-    if args.alignment_key_hex:
-        return AlignmentKey.from_hex(str(args.alignment_key_hex).strip())
+    """From ``--alignment-key-file`` or SECURE_RELEASE_ALIGNMENT_KEY, never from argv."""
     if args.alignment_key_file:
         return AlignmentKey.from_hex(Path(args.alignment_key_file).read_text().strip())
+    env = os.environ.get(ALIGNMENT_KEY_ENV, "").strip()
+    if env:
+        return AlignmentKey.from_hex(env)
     raise ConfigError(
         "the curators must share an alignment key: pass --alignment-key-file FILE (64 hex digits, "
-        "same file content at every curator; never give it to the server or researcher)"
+        f"same content at every curator) or set {ALIGNMENT_KEY_ENV}; never give it to the server or researcher"
     )
 
 
@@ -140,6 +148,12 @@ def _role_settings(args: argparse.Namespace, name: str) -> tuple[bool, str | Non
     if not leader and not address:
         raise ConfigError(f"{name} does not lead (--leader), so it needs --leader-address HOST:PORT")
     return leader, address
+
+
+def _max_rows(value: int) -> int:
+    if value < 1:
+        raise ConfigError(f"--max-rows must be an integer >= 1, got {value}")
+    return int(value)
 
 
 def _positive(value: float, flag: str) -> float:
@@ -180,7 +194,6 @@ def config_from_args(args: argparse.Namespace) -> CuratorConfig:
         expected_sizes=parse_sizes(args.alphabet_sizes, curators) if leader else None,
         notify=check_party_name(args.researcher, "researcher"),
         grants=tuple(dict.fromkeys(check_party_name(g, "researcher") for g in args.grant if g)),
-        budget=_positive(args.budget, "--budget"),
         data=Path(args.data),
         schema=Path(args.schema),
         dataset=args.dataset or Path(args.data).name,
@@ -194,6 +207,8 @@ def config_from_args(args: argparse.Namespace) -> CuratorConfig:
         timeout=_positive(args.timeout, "--timeout"),
         exit_after_keys=bool(args.exit_after_keys),
         alignment_key=_alignment_key(args),
+        key_retention=_positive(args.key_retention, "--key-retention"),
+        max_rows=_max_rows(args.max_rows),
         test_seed=test_seed,
         test_pad_key=test_pad_key,
     )

@@ -12,6 +12,15 @@ class AgreementError(SecureReleaseError):
     kind = ErrorKind.FAILED_PRECONDITION
 
 
+class SpecRefusedError(AgreementError):
+    """This curator refuses the leader's spec (it differs from its own settings); ``spec`` is the
+    leader's spec, which the curator joins at the server only to abort it visibly."""
+
+    def __init__(self, message: str, spec: object) -> None:
+        super().__init__(message)
+        self.spec = spec
+
+
 class AlphabetSizeMismatchError(AgreementError):
     """A curator's alphabet size contradicts the leader's --alphabet-sizes (or is missing)."""
 
@@ -47,3 +56,34 @@ class CallerNotAllowedError(SecureReleaseError):
 
 class TagStreamError(SecureReleaseError):
     """A tag stream is malformed: chunks out of order, or more than one release."""
+
+
+class WaitTimeoutError(SecureReleaseError):
+    """A wait ran past the run's deadline (``--timeout``); the message names what it waited for."""
+
+    kind = ErrorKind.UNAVAILABLE
+
+
+class StoppedError(SecureReleaseError):
+    """The run was stopped (SIGTERM) before the release had an outcome."""
+
+    kind = ErrorKind.UNAVAILABLE
+
+
+class ReleaseAbortedError(SecureReleaseError):
+    """The release was aborted (by a curator, or at the deadline); the reason is recorded at the
+    server and shown to every party."""
+
+    kind = ErrorKind.FAILED_PRECONDITION
+
+
+class TagLimitError(SecureReleaseError):
+    """A curator sent more tags than the leader accepts (``--max-rows``)."""
+
+    kind = ErrorKind.RESOURCE_EXHAUSTED
+
+
+class KeyNotReadyError(SecureReleaseError):
+    """This curator takes part in the release but does not serve its key yet (not sealed)."""
+
+    kind = ErrorKind.UNAVAILABLE

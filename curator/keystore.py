@@ -1,31 +1,47 @@
-"""A curator's secrets on disk: release pads/keys and the privacy ledger.
+"""A curator's secrets on disk: per release, its pad and sample (``release-<id>.json``) and, at
+the leader, the agreement it serves (``agreement-<id>.json``). The privacy ledger lives beside
+them (:mod:`secure_release.curator.ledgerfile`).
 
-Every file is written atomically (temporary file in the same directory, fsync, rename, fsync
-of the directory) with mode 0600; the directory itself is 0700. The ledger is a pure value
-(:class:`~secure_release.mechanism.ledger.PrivacyLedger`): a run loads it once, checks and
-charges it in memory and saves it back.
+Every file is written atomically (temporary file in the same directory, fsync, rename, fsync of
+the directory) with mode 0600; the directory is 0700. A release record is written before the
+first upload, so a restarted curator re-derives exactly the same ciphertext
+(:meth:`ReleaseRecord.ciphertext`), and it names the table fingerprint the sample came from, so a
+pad is never applied to different plaintext.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
-import os
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from secure_release.curator.ledgerfile import LedgerFile, private_dir
 from secure_release.infra.fileio import atomic_write
-from secure_release.mechanism.errors import SecureReleaseError
-from secure_release.mechanism.keys import PadKey
-from secure_release.mechanism.ledger import PrivacyLedger
-from secure_release.mechanism.pads import CipherMode, ReleasePad
-
-LEDGER_FILE = "ledger.json"
+from secure_release.infra.wire import tags_from_bytes
+from secure_release.mechanism.alignment import TagArray
+from secure_release.mechanism.errors import ErrorKind, SecureReleaseError
+from secure_release.mechanism.keys import PadKey, Seed
+from secure_release.mechanism.pads import CipherMode, ReleasePad, encrypt
+from secure_release.mechanism.protocol import Agreement
+from secure_release.mechanism.schema import SymbolArray
+from secure_release.mechanism.spec import ReleaseSpec
 
 
 class KeystoreError(SecureReleaseError):
-    """The keystore is unreadable or a release is missing."""
+    """The keystore is unreadable or a release file is malformed."""
+
+    kind = ErrorKind.FAILED_PRECONDITION
+
+
+class TableChangedError(SecureReleaseError):
+    """A resumed release's table no longer hashes to the fingerprint its pad was applied to."""
+
+    kind = ErrorKind.FAILED_PRECONDITION
 
 
 def _safe(release_id: str) -> str:
@@ -34,63 +50,162 @@ def _safe(release_id: str) -> str:
     return release_id
 
 
-class Keystore:
-    """Directory of ``ledger.json`` and ``release-<id>.json`` files, all 0600."""
+def _u32(symbols: SymbolArray) -> str:
+    return base64.b64encode(np.asarray(symbols, dtype="<u4").tobytes()).decode()
 
-    def __init__(self, directory: str | Path, budget: float = 1.0) -> None:
-        """Open (or create, mode 0700) ``directory``; ``budget`` is a new ledger's budget."""
-        self.directory = Path(directory)
-        self.directory.mkdir(parents=True, exist_ok=True)
-        os.chmod(self.directory, 0o700)
-        self.default_budget = budget
 
-    # ------------------------------------------------------------ ledger
-    def load_ledger(self) -> PrivacyLedger:
-        """The stored ledger (an empty one at the default budget if none is stored yet)."""
-        path = self.directory / LEDGER_FILE
-        if not path.exists():
-            return PrivacyLedger(self.default_budget)
-        try:
-            return PrivacyLedger.from_dict(json.loads(path.read_text()))
-        except (ValueError, KeyError, TypeError) as exc:
-            raise KeystoreError(f"{path}: unreadable ledger ({exc})") from exc
+def _from_u32(text: str) -> SymbolArray:
+    return np.frombuffer(base64.b64decode(text), dtype="<u4").astype(np.uint32)
 
-    def save_ledger(self, ledger: PrivacyLedger) -> None:
-        """Persist ``ledger`` atomically (0600)."""
-        atomic_write(self.directory / LEDGER_FILE, json.dumps(ledger.to_dict(), indent=1).encode())
 
-    # ------------------------------------------------------------ pads
-    def save_pad(self, release_id: str, pad: ReleasePad, extra: dict[str, Any] | None = None) -> None:
-        """Persist a release's pad key (chacha20) or pad symbols (otp) before its upload."""
-        record: dict[str, Any] = {
-            "release_id": release_id,
+@dataclass(frozen=True)
+class ReleaseRecord:
+    """What a curator must keep to resume a release and serve its key: the spec it registers,
+    its pad, its sampled plaintext symbols, the table fingerprint, and when key service ends."""
+
+    spec: ReleaseSpec
+    pad: ReleasePad
+    sample: SymbolArray
+    table_fingerprint: str
+    dataset_name: str
+    seed_fingerprint: str
+    retention_until: float | None = None  # set once the release is sealed
+
+    def ciphertext(self) -> SymbolArray:
+        """The ciphertext this record always uploads: its pad over its own sample. Pad and
+        sample are bound in one record, so a replay re-derives the same bytes and the pad never
+        meets other plaintext."""
+        return encrypt(self.sample, self.pad.pad(), self.pad.alphabet_size)
+
+    def check_table(self, fingerprint: str) -> None:
+        """:class:`TableChangedError` unless the table still hashes to the recorded fingerprint."""
+        if fingerprint != self.table_fingerprint:
+            raise TableChangedError(
+                f"release {self.spec.release_id!r} was prepared from a table with SHA-256 "
+                f"{self.table_fingerprint[:16]}..., the data file now hashes to {fingerprint[:16]}...; a pad is "
+                "never applied to different plaintext: restore the original file to resume, or abort the release "
+                "('secure-release-curator release abort ID')"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready (holds secrets: only ever written 0600)."""
+        pad = self.pad
+        secret = {"chacha20_key": pad.key.reveal().hex()} if pad.key is not None else {}
+        if pad.pad_symbols is not None:
+            secret = {"otp_pad": _u32(pad.pad_symbols)}
+        return {
+            "spec": self.spec.to_dict(),
             "mode": pad.mode.value,
             "alphabet_size": pad.alphabet_size,
             "length": pad.length,
-            **(extra or {}),
+            **secret,
+            "sample": _u32(self.sample),
+            "table_fingerprint": self.table_fingerprint,
+            "dataset_name": self.dataset_name,
+            "seed_fingerprint": self.seed_fingerprint,
+            "retention_until": self.retention_until,
         }
-        if pad.key is not None:
-            record["chacha20_key"] = pad.key.reveal().hex()
-        else:
-            assert pad.pad_symbols is not None
-            record["otp_pad"] = np.asarray(pad.pad_symbols, dtype="<u4").tobytes().hex()
-        atomic_write(self.directory / f"release-{_safe(release_id)}.json", json.dumps(record).encode())
 
-    def load_pad(self, release_id: str) -> tuple[ReleasePad, dict[str, Any]]:
-        """A stored pad and its record (for a restart that resumes a release)."""
-        path = self.directory / f"release-{_safe(release_id)}.json"
-        if not path.exists():
-            raise KeystoreError(f"no pad stored for release {release_id!r}")
-        record = json.loads(path.read_text())
-        mode = CipherMode(record["mode"])
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ReleaseRecord:
+        """Inverse of :meth:`to_dict`."""
+        mode = CipherMode(data["mode"])
+        k, length = int(data["alphabet_size"]), int(data["length"])
         if mode is CipherMode.CHACHA20:
-            pad = ReleasePad(
-                mode,
-                record["alphabet_size"],
-                record["length"],
-                key=PadKey(bytes.fromhex(record["chacha20_key"])),
-            )
+            pad = ReleasePad(mode, k, length, key=PadKey(bytes.fromhex(data["chacha20_key"])))
         else:
-            syms = np.frombuffer(bytes.fromhex(record["otp_pad"]), dtype="<u4").astype(np.uint32)
-            pad = ReleasePad(mode, record["alphabet_size"], record["length"], pad_symbols=syms)
-        return pad, record
+            pad = ReleasePad(mode, k, length, pad_symbols=_from_u32(data["otp_pad"]))
+        until = data.get("retention_until")
+        return cls(
+            ReleaseSpec.from_dict(data["spec"]),
+            pad,
+            _from_u32(data["sample"]),
+            str(data["table_fingerprint"]),
+            str(data["dataset_name"]),
+            str(data["seed_fingerprint"]),
+            None if until is None else float(until),
+        )
+
+
+def agreement_to_dict(agreement: Agreement, tag_digests: dict[str, str]) -> dict[str, Any]:
+    """The leader's agreement (spec, seed, common tags) and each curator's tag digest."""
+    return {
+        "spec": agreement.spec.to_dict(),
+        "seed": agreement.seed.reveal().hex(),
+        "common": base64.b64encode(np.ascontiguousarray(agreement.common).tobytes()).decode(),
+        "tag_digests": tag_digests,
+    }
+
+
+def tags_digest(tags: TagArray) -> str:
+    """SHA-256 of a curator's tag bytes (how a restarted leader recognises a resubmission)."""
+    return hashlib.sha256(np.ascontiguousarray(tags).tobytes()).hexdigest()
+
+
+class Keystore:
+    """Directory of ``release-<id>.json``, ``agreement-<id>.json`` and the ledger, all 0600."""
+
+    def __init__(self, directory: str | Path) -> None:
+        """Open (or create, mode 0700) ``directory``."""
+        self.directory = private_dir(Path(directory))
+        self.ledger = LedgerFile(self.directory)
+
+    def _path(self, kind: str, release_id: str) -> Path:
+        return self.directory / f"{kind}-{_safe(release_id)}.json"
+
+    def _load(self, path: Path) -> dict[str, Any] | None:
+        if not path.exists():
+            return None
+        try:
+            data: dict[str, Any] = json.loads(path.read_text())
+            return data
+        except (OSError, ValueError) as exc:
+            raise KeystoreError(f"{path}: unreadable ({type(exc).__name__})") from exc
+
+    # ------------------------------------------------------------ release records
+    def save_record(self, record: ReleaseRecord) -> None:
+        """Persist a release record (0600, fsync) - before the first upload."""
+        atomic_write(self._path("release", record.spec.release_id), json.dumps(record.to_dict()).encode())
+
+    def load_record(self, release_id: str) -> ReleaseRecord | None:
+        """The stored record of ``release_id`` (None if this curator never prepared it)."""
+        data = self._load(self._path("release", release_id))
+        if data is None:
+            return None
+        try:
+            return ReleaseRecord.from_dict(data)
+        except (KeyError, ValueError, TypeError) as exc:
+            raise KeystoreError(f"release record of {release_id!r} is malformed ({type(exc).__name__})") from exc
+
+    def drop_record(self, release_id: str) -> None:
+        """Remove a release record (its release was aborted: it is never resumed or served)."""
+        self._path("release", release_id).unlink(missing_ok=True)
+
+    def set_retention(self, record: ReleaseRecord, until: float) -> ReleaseRecord:
+        """Record when key service ends (kept if already set)."""
+        if record.retention_until is not None:
+            return record
+        record = replace(record, retention_until=until)
+        self.save_record(record)
+        return record
+
+    # ------------------------------------------------------------ the leader's agreement
+    def save_agreement(self, agreement: Agreement, tag_digests: dict[str, str]) -> None:
+        """Persist the agreement before any follower is served it."""
+        data = agreement_to_dict(agreement, tag_digests)
+        atomic_write(self._path("agreement", agreement.spec.release_id), json.dumps(data).encode())
+
+    def load_agreement(self, release_id: str) -> tuple[Agreement, dict[str, str]] | None:
+        """The stored agreement and tag digests (None if none was fixed)."""
+        data = self._load(self._path("agreement", release_id))
+        if data is None:
+            return None
+        try:
+            agreement = Agreement(
+                ReleaseSpec.from_dict(data["spec"]),
+                Seed(bytes.fromhex(data["seed"])),
+                tags_from_bytes(base64.b64decode(data["common"])),
+            )
+            return agreement, {str(k): str(v) for k, v in data["tag_digests"].items()}
+        except (KeyError, ValueError, TypeError) as exc:
+            raise KeystoreError(f"agreement of {release_id!r} is malformed ({type(exc).__name__})") from exc

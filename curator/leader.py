@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from secure_release.curator.errors import AgreementError, AgreementFixedError, AlphabetSizeMismatchError
+from secure_release.curator.keystore import tags_digest
 from secure_release.mechanism.alignment import TagArray
 from secure_release.mechanism.errors import SecureReleaseError
 from secure_release.mechanism.keys import Seed
@@ -39,6 +40,9 @@ class LeaderState:
     tags: dict[str, TagArray] = field(default_factory=dict)
     sizes: dict[str, int] = field(default_factory=dict)
     agreement: Agreement | None = None
+    published: bool = False  # followers are served the agreement only once the leader registered it
+    digests: dict[str, str] = field(default_factory=dict)  # tag digests of a restored agreement
+    told: set[str] = field(default_factory=set)  # followers already sent the failure
     error: str | None = None
     cond: threading.Condition = field(default_factory=threading.Condition)
 
@@ -65,7 +69,40 @@ class LeaderState:
         return alphabet_size
 
     def _is_resubmission(self, curator: str, tags: TagArray, size: int) -> bool:
-        return curator in self.tags and np.array_equal(self.tags[curator], tags) and self.sizes.get(curator) == size
+        if curator in self.tags:
+            return np.array_equal(self.tags[curator], tags) and self.sizes.get(curator) == size
+        if self.agreement is None or curator not in self.digests:
+            return False
+        return self.digests[curator] == tags_digest(tags) and self.agreement.spec.alphabet_of(curator) == size
+
+    def restore(self, agreement: Agreement, digests: dict[str, str]) -> None:
+        """Take back the agreement a previous run of this leader fixed and persisted (not yet
+        published: the leader registers it first)."""
+        with self.cond:
+            self.agreement, self.digests = agreement, dict(digests)
+
+    def tag_digests(self) -> dict[str, str]:
+        """Every curator's tag digest (what :meth:`restore` needs after a restart)."""
+        with self.cond:
+            return {c: tags_digest(t) for c, t in self.tags.items()} or dict(self.digests)
+
+    def publish(self) -> None:
+        """Serve the fixed agreement to the followers (after the leader registered it)."""
+        with self.cond:
+            self.published = True
+            self.cond.notify_all()
+
+    def mark_told(self, curator: str) -> None:
+        """Record that ``curator`` was sent the failure."""
+        with self.cond:
+            self.told.add(curator)
+            self.cond.notify_all()
+
+    def wait_all_told(self, timeout: float) -> bool:
+        """Until every follower was sent the failure (True) or ``timeout``."""
+        followers = set(self.curators[1:])
+        with self.cond:
+            return self.cond.wait_for(lambda: followers <= self.told, timeout)
 
     def add_tags(self, curator: str, tags: TagArray, alphabet_size: int) -> None:
         """Record a curator's tags and alphabet size (an identical resubmission is a no-op).
@@ -75,6 +112,8 @@ class LeaderState:
         :class:`AgreementFixedError`.
         """
         with self.cond:
+            if self.error is not None:
+                raise AgreementError(self.error)
             try:
                 size = self._checked_size(curator, alphabet_size)
             except AlphabetSizeMismatchError as exc:
@@ -135,12 +174,12 @@ class LeaderState:
             return self.agreement
 
     def wait_agreement(self, timeout: float) -> Agreement | None:
-        """The agreement once fixed (None after ``timeout``); raises AgreementError if failed."""
+        """The agreement once published (None after ``timeout``); raises AgreementError if failed."""
         with self.cond:
-            self.cond.wait_for(lambda: self.agreement is not None or self.error is not None, timeout)
+            self.cond.wait_for(lambda: self.published or self.error is not None, timeout)
             if self.error is not None:
                 raise AgreementError(self.error)
-            return self.agreement
+            return self.agreement if self.published else None
 
     def fail(self, message: str) -> None:
         """Fail the agreement: every waiting follower is told ``message``."""
@@ -148,5 +187,5 @@ class LeaderState:
             self._fail(message)
 
     def _fail(self, message: str) -> None:
-        self.error = message
+        self.error = self.error or message
         self.cond.notify_all()

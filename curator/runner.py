@@ -1,61 +1,66 @@
-"""One curator's part of a release, as explicit steps over one :class:`CuratorConfig`.
+"""One curator's part of a release, as explicit steps with one explicit outcome.
 
-load the table -> open the ledger (read once; a release past the budget is refused before
-anything leaves) -> id tags -> start the Curator service -> **agree** (leader or follower:
-spec, seed, common tags) -> **prepare** (align, check budget, sample, encrypt, persist the pad,
-charge the ledger) -> **upload** (register, chunks, commit) -> **serve keys** until SIGTERM (or
-until every granted researcher fetched them with --exit-after-keys).
+load the table and fingerprint it -> (a stored release record? resume it) -> check the ledger
+(a budget is set and enough remains; nothing recorded) -> id tags -> start the Curator service ->
+**agree** (leader or follower; the leader persists the agreement, reserves, registers, then
+publishes it) -> **reserve** epsilon -> **prepare** (align, sample, encrypt, persist pad and sample
+before any upload) -> **upload** what the server lacks and commit -> **wait** until SEALED
+(ledger: commit) or ABORTED (ledger: refund) -> **serve keys** until the key retention ends.
+
+Every failure before sealing ends the release for everybody: the curator aborts it at the server
+with the reason (the others poll the status and stop), the leader also keeps telling followers
+the failure for a while, and the reservation is refunded once the server confirms ABORTED.
 """
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
+import time
 from dataclasses import dataclass
 
 import grpc
 
 from secure_release.curator.agreement import agree, leader_state
 from secure_release.curator.config import CuratorConfig
-from secure_release.curator.keystore import Keystore
+from secure_release.curator.errors import ReleaseAbortedError, SpecRefusedError
+from secure_release.curator.keystore import Keystore, ReleaseRecord
+from secure_release.curator.leader import LeaderState
+from secure_release.curator.ledgerfile import file_fingerprint
 from secure_release.curator.service import SERVICE_NAME, CuratorService
 from secure_release.curator.table import load_schema, read_table
-from secure_release.curator.upload import upload
+from secure_release.curator.upload import ServerLink
 from secure_release.infra.config import ConfigError, write_port_file
 from secure_release.infra.health import add_health_and_reflection
 from secure_release.infra.logs import EventLog
 from secure_release.infra.tls import bind, make_grpc_server
 from secure_release.mechanism.alignment import TagArray, align
+from secure_release.mechanism.errors import SecureReleaseError
 from secure_release.mechanism.ledger import PrivacyLedger
-from secure_release.mechanism.pads import ReleasePad
-from secure_release.mechanism.protocol import Agreement, CuratorTable, curator_encrypt, curator_tags
+from secure_release.mechanism.pads import new_release_pad
+from secure_release.mechanism.protocol import Agreement, CuratorTable, curator_tags
 from secure_release.mechanism.sampling import sample_positions
-from secure_release.mechanism.schema import SymbolArray
+from secure_release.mechanism.spec import ReleaseSpec
+from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
 
 POLL_S = 0.5
-PENDING_SEED = "pending"  # the early budget check runs before any seed exists
+LINGER_S = 10.0  # how long a failed leader keeps answering followers with the failure
 
 
 @dataclass(frozen=True)
 class OwnData:
-    """This curator's table and the keyed tags of its ids."""
+    """This curator's table, its fingerprint and the keyed tags of its ids."""
 
     table: CuratorTable
     tags: TagArray
+    fingerprint: str = ""
 
     @property
     def alphabet_size(self) -> int:
         """Number of symbols of this curator's joint attribute code."""
         return self.table.schema.alphabet_size
-
-
-@dataclass(frozen=True)
-class Prepared:
-    """What ``prepare`` leaves: the ciphertext to upload and the pad to serve."""
-
-    ciphertext: SymbolArray
-    pad: ReleasePad
 
 
 def load_table(config: CuratorConfig, log: EventLog) -> CuratorTable:
@@ -68,15 +73,40 @@ def load_table(config: CuratorConfig, log: EventLog) -> CuratorTable:
     return table
 
 
-def open_ledger(config: CuratorConfig, keystore: Keystore) -> PrivacyLedger:
-    """The privacy ledger, read once, its budget set to ``--budget``; raises
-    BudgetExceededError / SeedReuseError now if this release cannot be run on this data set."""
-    ledger = keystore.load_ledger()
-    if ledger.budget != config.budget:
-        ledger = PrivacyLedger(config.budget, ledger.entries)
-        keystore.save_ledger(ledger)
-    ledger.check(config.dataset, config.release_id, config.epsilon, PENDING_SEED)
+def check_ledger(config: CuratorConfig, keystore: Keystore, fingerprint: str) -> PrivacyLedger:
+    """The verified ledger; raises now (nothing recorded) if this release could not reserve its
+    epsilon: no budget set for this table, too little left, or a release id used differently."""
+    ledger = keystore.ledger.read()
+    ledger.check_reserve(fingerprint, config.release_id, config.epsilon, None)
     return ledger
+
+
+def reserve(config: CuratorConfig, keystore: Keystore, fingerprint: str, seed_fingerprint: str, log: EventLog) -> None:
+    """Reserve this release's epsilon (idempotent for the same release, data set and seed)."""
+    _, entry = keystore.ledger.update(
+        lambda led: led.reserve(
+            fingerprint, config.dataset, config.release_id, config.epsilon, seed_fingerprint, time.time()
+        )
+    )
+    ledger = keystore.ledger.read()
+    log(
+        "ledger_reserved",
+        release_id=config.release_id,
+        epsilon=config.epsilon,
+        new=entry is not None,
+        remaining=ledger.remaining(fingerprint),
+    )
+
+
+def settle(config: CuratorConfig, keystore: Keystore, sealed: bool, log: EventLog) -> None:
+    """Commit (sealed) or refund (aborted before sealing) this release's reservation, if any."""
+    ledger = keystore.ledger.read()
+    if config.release_id not in ledger.releases():
+        return
+    _, entry = keystore.ledger.update(
+        lambda led: (led.commit if sealed else led.refund)(config.release_id, time.time())
+    )
+    log("ledger_committed" if sealed else "ledger_refunded", release_id=config.release_id, new=entry is not None)
 
 
 def start_server(config: CuratorConfig, service: CuratorService, log: EventLog) -> grpc.Server:
@@ -92,47 +122,129 @@ def start_server(config: CuratorConfig, service: CuratorService, log: EventLog) 
 
 
 def prepare(
-    config: CuratorConfig,
-    own: OwnData,
-    agreement: Agreement,
-    keystore: Keystore,
-    ledger: PrivacyLedger,
-    log: EventLog,
-) -> Prepared:
-    """Step 2: align to the common tags, check the budget with the agreed seed, sample the
-    agreed m rows, encrypt them under a fresh pad, persist the pad and charge the ledger."""
+    config: CuratorConfig, own: OwnData, agreement: Agreement, keystore: Keystore, log: EventLog
+) -> ReleaseRecord:
+    """Align to the common tags, sample the agreed m rows, encrypt them under a fresh pad and
+    persist pad, sample and table fingerprint (0600, fsync) before anything is uploaded."""
     spec, seed, common = agreement
     alignment = align(own.tags, common)
     log("aligned", matched=alignment.num_matched, unmatched=alignment.num_unmatched, rows=alignment.num_rows)
-    ledger.check(config.dataset, config.release_id, config.epsilon, seed.fingerprint)
     positions = sample_positions(seed, spec.n, spec.m, spec.release_id)
-    aligned = own.table.symbols()[alignment.row_order]
-    ciphertext, pad = curator_encrypt(aligned, positions, own.alphabet_size, spec.cipher, config.test_pad_key)
-    keystore.save_pad(spec.release_id, pad, {"dataset": config.dataset})
-    ledger.charge(config.dataset, spec.release_id, config.epsilon, seed.fingerprint)
-    keystore.save_ledger(ledger)
-    log(
-        "ledger_charged",
-        dataset=config.dataset,
-        epsilon=config.epsilon,
-        remaining=ledger.remaining(config.dataset),
-        seed_fingerprint=seed.fingerprint,
+    sample = own.table.symbols()[alignment.row_order][positions]
+    pad = new_release_pad(spec.cipher, own.alphabet_size, spec.m, config.test_pad_key)
+    record = ReleaseRecord(spec, pad, sample, own.fingerprint, config.dataset, seed.fingerprint)
+    keystore.save_record(record)
+    log("prepared", release_id=spec.release_id, m=spec.m, seed_fingerprint=seed.fingerprint)
+    return record
+
+
+@dataclass
+class Run:
+    """The pieces of one run the steps share."""
+
+    config: CuratorConfig
+    log: EventLog
+    keystore: Keystore
+    own: OwnData
+    service: CuratorService
+    state: LeaderState | None
+    link: ServerLink
+    refusal: SecureReleaseError | None = None  # the ledger refuses this release (found before agreeing)
+
+
+def refuse_visibly(run: Run, spec: object, reason: str) -> None:
+    """A follower's refusal: join the leader's candidate at the server (registering uploads and
+    reserves nothing; it makes the release bound, so researchers see its status too), then
+    abort it with ``reason``; the leader and the researcher poll the status and stop."""
+    assert isinstance(spec, ReleaseSpec)
+    with contextlib.suppress(SecureReleaseError, grpc.RpcError):
+        run.link.register(spec)
+    run.link.abort(reason)
+
+
+def setup_release(run: Run) -> ReleaseRecord:
+    """Agree, reserve and prepare a release this curator has no record of yet."""
+    config, deadline = run.config, run.link.deadline
+    if run.refusal is not None and run.state is not None:
+        raise run.refusal  # the leader fails the agreement: every follower is told the reason
+    try:
+        agreement = agree(config, run.own.tags, run.own.alphabet_size, run.state, run.log, deadline)
+    except SpecRefusedError as exc:
+        if run.state is None:
+            refuse_visibly(run, exc.spec, f"{config.name} refuses the agreed spec: {exc}")
+        raise
+    if run.state is not None:
+        run.keystore.save_agreement(agreement, run.state.tag_digests())
+    try:
+        reserve(config, run.keystore, run.own.fingerprint, agreement.seed.fingerprint, run.log)
+    except SecureReleaseError as exc:
+        if run.state is None:
+            refuse_visibly(run, agreement.spec, f"{config.name} cannot reserve its budget: {type(exc).__name__}: {exc}")
+        raise
+    record = prepare(config, run.own, agreement, run.keystore, run.log)
+    if run.state is not None:
+        run.link.register(record.spec)
+        run.state.publish()
+    return record
+
+
+def finish_upload(run: Run, record: ReleaseRecord) -> pb.ReleaseStatus:
+    """Register, upload what the server lacks, commit, and wait until the release is sealed
+    (the ledger's reservation is then committed)."""
+    run.link.register(record.spec)
+    run.link.upload(record.spec, record.ciphertext())
+    status = run.link.wait_sealed()
+    settle(run.config, run.keystore, sealed=True, log=run.log)
+    return status
+
+
+def fail_release(run: Run, exc: Exception) -> None:
+    """Tell every party the release failed (abort at the server; a leader that never published
+    the agreement also keeps telling followers) and refund the reservation once the server
+    confirms ABORTED, or the server never knew the release (the record is then dropped, so a
+    restart cannot resume it)."""
+    config = run.config
+    reason = f"{type(exc).__name__}: {exc}"
+    if run.state is not None:
+        run.state.fail(reason)
+    reserved = config.release_id in run.keystore.ledger.read().releases()
+    if reserved or isinstance(exc, ReleaseAbortedError):
+        status, unknown = run.link.abort(reason if isinstance(exc, ReleaseAbortedError) else f"{config.name}: {reason}")
+        if status is not None and status.state in (pb.RELEASE_STATE_SEALED, pb.RELEASE_STATE_PERTURBED):
+            run.log.warning("sealed_after_all", release_id=config.release_id)
+        elif (status is not None and status.state == pb.RELEASE_STATE_ABORTED) or unknown:
+            run.keystore.drop_record(config.release_id)
+            settle(config, run.keystore, sealed=False, log=run.log)
+        else:
+            run.log.warning(
+                "outcome_unknown",
+                release_id=config.release_id,
+                hint="the reservation stays until a rerun or 'release abort' settles it",
+            )
+    if run.state is not None and not run.state.published:
+        run.state.wait_all_told(min(LINGER_S, config.timeout))
+
+
+def serve_keys(run: Run, record: ReleaseRecord, stop: threading.Event) -> None:
+    """Serve the key to the granted researchers until the key retention ends, SIGTERM, or
+    (--exit-after-keys) every granted researcher fetched it."""
+    config = run.config
+    run.service.add_release(config.release_id, record.pad, config.grants)
+    until = record.retention_until or time.time()
+    run.log(
+        "serving_keys",
+        release_id=config.release_id,
+        grants=sorted(config.grants),
+        retention_s=round(until - time.time(), 1),
     )
-    return Prepared(ciphertext, pad)
-
-
-def serve_keys(config: CuratorConfig, service: CuratorService, stop: threading.Event, log: EventLog) -> None:
-    """Step 4: serve the key until ``stop`` (SIGTERM), or with --exit-after-keys until every
-    granted researcher fetched it."""
-    if not config.exit_after_keys:
-        log("serving_keys", release_id=config.release_id, grants=sorted(config.grants))
-        while not stop.wait(POLL_S):  # short waits: SIGTERM's handler runs between them
-            pass
-        return
-    while not stop.is_set():
-        if service.wait_keys_served(config.release_id, timeout=POLL_S):
-            log("keys_served", release_id=config.release_id)
+    while not stop.is_set() and time.time() < until:
+        if config.exit_after_keys and run.service.wait_keys_served(config.release_id, timeout=POLL_S):
+            run.log("keys_served", release_id=config.release_id)
             return
+        if not config.exit_after_keys:
+            stop.wait(min(POLL_S, max(0.0, until - time.time())))
+    if not stop.is_set():
+        run.log("key_retention_ended", release_id=config.release_id)
 
 
 def stop_on_sigterm() -> threading.Event:
@@ -143,26 +255,73 @@ def stop_on_sigterm() -> threading.Event:
     return stop
 
 
-def run(config: CuratorConfig) -> int:
-    """Take part in one release, then serve keys; 0 on success (errors raise)."""
-    log = EventLog("curator", config.name)
+def resumable_record(config: CuratorConfig, keystore: Keystore, fingerprint: str) -> ReleaseRecord | None:
+    """The stored record of this release, checked against the table and the settings."""
+    record = keystore.load_record(config.release_id)
+    if record is None:
+        return None
+    record.check_table(fingerprint)
+    if record.spec.plan.epsilon != config.epsilon or record.spec.curators != config.curators:
+        raise ConfigError(
+            f"release {config.release_id!r} was prepared with epsilon {record.spec.plan.epsilon} and curators "
+            f"{list(record.spec.curators)}; a resume must use the same settings"
+        )
+    return record
+
+
+def open_run(config: CuratorConfig, log: EventLog, deadline_stop: threading.Event) -> tuple[Run, ReleaseRecord | None]:
+    """Everything before the service starts: table, fingerprint, record or ledger check, tags."""
+    from secure_release.curator.waits import Deadline
+
     table = load_table(config, log)
-    keystore = Keystore(config.keystore, budget=config.budget)
-    ledger = open_ledger(config, keystore)
-    own = OwnData(table, curator_tags(table, config.alignment_key))
-    service = CuratorService(config.name, table.schema, log)
+    keystore = Keystore(config.keystore)
+    fingerprint = file_fingerprint(config.data)
+    record = resumable_record(config, keystore, fingerprint)
+    refusal = None
+    if record is None:
+        try:
+            check_ledger(config, keystore, fingerprint)
+        except SecureReleaseError as exc:  # refused visibly during the agreement (others are told)
+            log.warning("ledger_refuses", release_id=config.release_id, reason=f"{type(exc).__name__}: {exc}")
+            refusal = exc
+    own = OwnData(table, curator_tags(table, config.alignment_key), fingerprint)
+    service = CuratorService(config.name, table.schema, log, config.max_rows)
+    service.hold_key(config.release_id, "the release is not sealed yet")
     state = leader_state(config, own.alphabet_size) if config.leader else None
     if state is not None:
+        stored = keystore.load_agreement(config.release_id)
+        if stored is not None:
+            state.restore(*stored)
         service.lead(state)
-    server = start_server(config, service, log)
+    link = ServerLink(config, log, Deadline(config.timeout, deadline_stop))
+    return Run(config, log, keystore, own, service, state, link, refusal), record
+
+
+def run(config: CuratorConfig) -> int:
+    """Take part in one release, then serve keys. 0 once the release is sealed and the keys
+    were served; a failed or aborted release raises (after telling every party)."""
+    log = EventLog("curator", config.name)
     stop = stop_on_sigterm()
+    parts, record = open_run(config, log, stop)
+    server = start_server(config, parts.service, log)
     try:
-        agreement = agree(config, own.tags, own.alphabet_size, state, log)
-        prepared = prepare(config, own, agreement, keystore, ledger, log)
-        service.add_release(config.release_id, prepared.pad, config.grants)
-        upload(config, agreement.spec, prepared.ciphertext, log)
-        serve_keys(config, service, stop, log)
+        try:
+            if record is None:
+                record = setup_release(parts)
+            else:
+                log("resumed", release_id=config.release_id, retention_until=record.retention_until)
+                if parts.state is not None:
+                    parts.state.publish()
+            finish_upload(parts, record)
+        except (SecureReleaseError, grpc.RpcError) as exc:
+            fail_release(parts, exc)
+            raise
+        record = parts.keystore.set_retention(record, time.time() + config.key_retention)
+        serve_keys(parts, record, stop)
         return 0
     finally:
+        parts.link.close()
         server.stop(grace=1.0)
         log("stopped")
+
+

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import grpc
@@ -24,7 +24,9 @@ import grpc
 from secure_release.curator.errors import (
     AgreementNotReadyError,
     CallerNotAllowedError,
+    KeyNotReadyError,
     NotLeadingError,
+    TagLimitError,
     TagStreamError,
     UnknownReleaseError,
 )
@@ -32,7 +34,7 @@ from secure_release.curator.leader import LeaderState
 from secure_release.infra.auth import caller
 from secure_release.infra.errors import abort_with
 from secure_release.infra.logs import EventLog
-from secure_release.infra.wire import cipher_to_pb, schema_to_pb, spec_to_pb, tag_pieces, tags_from_bytes
+from secure_release.infra.wire import TAG_BYTES, cipher_to_pb, schema_to_pb, spec_to_pb, tag_pieces, tags_from_bytes
 from secure_release.mechanism.alignment import TagArray
 from secure_release.mechanism.errors import SecureReleaseError
 from secure_release.mechanism.packing import CHUNK_ROWS, pack_symbols
@@ -44,6 +46,7 @@ from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_
 
 SERVICE_NAME = "securerelease.v1.Curator"
 MAX_AGREEMENT_WAIT_S = 600.0
+DEFAULT_MAX_ROWS = 10_000_000  # --max-rows: tags a follower may send (16 bytes each)
 
 
 @dataclass(frozen=True)
@@ -55,18 +58,29 @@ class TagSubmission:
     alphabet_size: int
 
 
-def read_tag_stream(chunks: Iterable[pb.TagChunk], sender: str) -> TagSubmission:
-    """Join a TagChunk stream sent by certificate name ``sender`` (named errors if a chunk
-    claims another curator, another release or the wrong sequence number)."""
+def read_tag_stream(chunks: Iterable[pb.TagChunk], sender: str, admit: Callable[[str], int]) -> TagSubmission:
+    """Join a TagChunk stream sent by certificate name ``sender``. ``admit(release_id)`` runs on
+    the first chunk, before any tag byte is kept: it refuses a sender that is not a curator of
+    a release led here, and returns how many tag bytes the sender may send (more: a
+    :class:`TagLimitError`). Named errors too if a chunk claims another curator, another
+    release or the wrong sequence number."""
     pieces: list[bytes] = []
-    release_id, alphabet_size = "", 0
+    release_id, alphabet_size, limit, received = "", 0, 0, 0
     for expected_seq, chunk in enumerate(chunks):
         if chunk.curator != sender:
             raise CallerNotAllowedError(f"certificate name {sender!r} may not submit tags as {chunk.curator!r}")
-        if release_id and chunk.release_id != release_id:
+        if expected_seq == 0:
+            limit = admit(chunk.release_id)
+        elif chunk.release_id != release_id:
             raise TagStreamError(f"one release per tag stream: {release_id!r}, then {chunk.release_id!r}")
         if chunk.sequence != expected_seq:
             raise TagStreamError(f"tag chunk {chunk.sequence} out of order (expected {expected_seq})")
+        received += len(chunk.tags)
+        if received > limit:
+            raise TagLimitError(
+                f"{sender!r} sent more than {limit // TAG_BYTES} tags for release {chunk.release_id!r}; "
+                "the leader accepts at most --max-rows tags a curator"
+            )
         release_id = chunk.release_id
         alphabet_size = alphabet_size or int(chunk.alphabet_size)
         pieces.append(chunk.tags)
@@ -126,11 +140,14 @@ class KeyRecord:
 class CuratorService(pb_grpc.CuratorServicer):
     """One curator's gRPC endpoint; the run thread adds leader states and keys."""
 
-    def __init__(self, name: str, schema: CuratorSchema, log: EventLog) -> None:
-        """Curator ``name`` whose keys carry ``schema``; every grant and refusal goes to ``log``."""
+    def __init__(self, name: str, schema: CuratorSchema, log: EventLog, max_rows: int = DEFAULT_MAX_ROWS) -> None:
+        """Curator ``name`` whose keys carry ``schema``; every grant and refusal goes to ``log``;
+        a follower may send at most ``max_rows`` tags."""
         self.name, self.schema, self.log = name, schema, log
+        self.max_tag_bytes = max_rows * TAG_BYTES
         self.leading: dict[str, LeaderState] = {}
         self.keys: dict[str, KeyRecord] = {}
+        self.pending: dict[str, str] = {}  # release id -> why its key is not served (yet)
         self.keys_served = threading.Condition()
 
     # ----------------------------------------------------------------- leader side
@@ -151,14 +168,22 @@ class CuratorService(pb_grpc.CuratorServicer):
     ) -> pb.SubmitTagsResponse:
         """A follower's tags and alphabet size, for a release this curator leads."""
         ident = caller(context)
-        try:
-            got = read_tag_stream(request_iterator, ident.name)
-            state = self._leading_for(got.release_id, ident.name)
+
+        def admit(release_id: str) -> int:
+            self._leading_for(release_id, ident.name)
             if ident.name == self.name:
                 raise CallerNotAllowedError(f"the leader {self.name!r} adds its own tags; it may not submit them")
+            return self.max_tag_bytes
+
+        state: LeaderState | None = None
+        try:
+            got = read_tag_stream(request_iterator, ident.name, admit)
+            state = self._leading_for(got.release_id, ident.name)
             state.add_tags(ident.name, got.tags, got.alphabet_size)
         except SecureReleaseError as exc:
             self.log.warning("tags_refused", caller=str(ident), reason=f"{type(exc).__name__}: {exc}")
+            if state is not None and state.error is not None:
+                state.mark_told(ident.name)
             abort_with(context, exc)
         self.log(
             "tags_received",
@@ -175,15 +200,19 @@ class CuratorService(pb_grpc.CuratorServicer):
         """The spec, seed and common tags, to a curator of the release (waits until fixed)."""
         ident = caller(context)
         remaining = context.time_remaining()
-        timeout = MAX_AGREEMENT_WAIT_S if remaining is None else min(remaining, MAX_AGREEMENT_WAIT_S)
+        timeout = MAX_AGREEMENT_WAIT_S if remaining is None else min(remaining - 0.5, MAX_AGREEMENT_WAIT_S)
+        state: LeaderState | None = None
         try:
             if request.curator != ident.name:
                 raise CallerNotAllowedError(f"certificate name {ident.name!r} may not ask as {request.curator!r}")
-            agreement = self._leading_for(request.release_id, ident.name).wait_agreement(timeout)
+            state = self._leading_for(request.release_id, ident.name)
+            agreement = state.wait_agreement(max(timeout, 0.0))
             if agreement is None:
                 raise AgreementNotReadyError(f"the agreement of {request.release_id!r} is not ready yet; retry")
         except SecureReleaseError as exc:
             self.log.warning("agreement_refused", caller=str(ident), reason=f"{type(exc).__name__}: {exc}")
+            if state is not None and state.error is not None:
+                state.mark_told(ident.name)
             abort_with(context, exc)
         self.log(
             "agreement_served",
@@ -211,8 +240,16 @@ class CuratorService(pb_grpc.CuratorServicer):
                     return False
                 self.keys_served.wait(left if left is not None else 1.0)
 
+    def hold_key(self, release_id: str, why: str) -> None:
+        """Answer key requests for ``release_id`` with UNAVAILABLE (``why``) until it is added."""
+        self.pending[release_id] = why
+
     def _granted_record(self, release_id: str, researcher: str) -> KeyRecord:
         rec = self.keys.get(release_id)
+        if rec is None and release_id in self.pending:
+            raise KeyNotReadyError(
+                f"curator {self.name} does not serve the key of {release_id!r} yet ({self.pending[release_id]}); retry"
+            )
         if rec is None:
             raise UnknownReleaseError(f"no key for release {release_id!r} at {self.name}")
         if researcher not in rec.grants:

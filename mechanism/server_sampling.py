@@ -203,11 +203,15 @@ def researcher_decrypt_stored(
 
 
 def charge_table_release(
-    ledger: PrivacyLedger, table_id: str, release_id: str, epsilon: float, sample_fingerprint: str
-) -> LedgerEntry:
-    """Charge one release from a stored table to that table's ledger (refuses a repeated
-    release id or sample, or a release past the budget; records nothing then)."""
-    return ledger.charge(table_ledger_name(table_id), release_id, epsilon, sample_fingerprint)
+    ledger: PrivacyLedger, table_id: str, release_id: str, epsilon: float, sample_fingerprint: str, now: float = 0.0
+) -> LedgerEntry | None:
+    """Reserve one release from a stored table on that table's ledger (refuses a repeated
+    release id or sample, or a release past the budget; records nothing then). The caller
+    commits it when the server seals the release, or refunds it if the release aborts."""
+    entry = ledger.reserve(table_ledger_name(table_id), table_id, release_id, epsilon, sample_fingerprint, now)
+    if entry is not None:
+        ledger.append(entry)
+    return entry
 
 
 def overlap_likelihood_ratio(n: int, m1: int, gamma1: float, m2: int, gamma2: float, overlap: int) -> Fraction:

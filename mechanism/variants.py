@@ -64,6 +64,7 @@ from secure_release.mechanism.server_sampling import (
     server_apply_rekey,
     server_draw_sample,
     server_gather,
+    table_ledger_name,
 )
 
 IndexArray = npt.NDArray[np.int64]
@@ -394,7 +395,7 @@ def run_server_sampled_release(
     keys = [key for _, key in stored_and_keys]
     upload_bytes = {t.name: len(pack_symbols(c, k)) for t, c, k in zip(tables, stored, sizes, strict=True)}
     upload_seconds = time.perf_counter() - t0
-    ledgers = {t.name: PrivacyLedger(budget) for t in tables}
+    ledgers = {t.name: _table_ledger(table_id, budget) for t in tables}
     subset = list(range(len(tables))) if granted is None else list(granted)
     results, seconds = [], []
     for r, rel in enumerate(releases):
@@ -404,9 +405,12 @@ def run_server_sampled_release(
             n, plan.m, rel.release_id, None if server_seeds is None else server_seeds[r]
         )
         for ledger in ledgers.values():  # all check first, so a refusal charges no one
-            ledger.check(f"stored-table:{table_id}", rel.release_id, plan.epsilon, seed.fingerprint)
-        for ledger in ledgers.values():
+            ledger.check_reserve(table_ledger_name(table_id), rel.release_id, plan.epsilon, seed.fingerprint)
+        for ledger in ledgers.values():  # in memory the release seals at once: reserve, then commit
             charge_table_release(ledger, table_id, rel.release_id, plan.epsilon, seed.fingerprint)
+            committed = ledger.commit(rel.release_id, 0.0)
+            if committed is not None:
+                ledger.append(committed)
         rows = server_gather(stored, positions)
         pram_key = None if pram_keys is None else pram_keys[r]
         if path is KeyPath.REKEYED:
@@ -436,3 +440,10 @@ def run_server_sampled_release(
         table_id, path, n, upload_bytes, upload_seconds, results, seconds, ledgers,
         {"stored": stored},
     )
+
+
+def _table_ledger(table_id: str, budget: float) -> PrivacyLedger:
+    """A fresh in-memory ledger whose stored-table data set has ``budget``."""
+    ledger = PrivacyLedger()
+    ledger.append(ledger.set_budget(table_ledger_name(table_id), table_id, budget, 0.0))
+    return ledger

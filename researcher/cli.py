@@ -5,8 +5,12 @@
           <out>/<release>.json, .csv and .png; analysts read estimates with GetEstimate.
   fetch   one-shot: wait for one release, estimate it, write the files and print the JSON.
 
-If a curator refuses its key, only the marginal of the granting curators is estimated and the
-output says so ("marginal": true, "refused": {...}).
+Without every curator's key (refused, or unreachable until --timeout) the release fails (exit 1)
+naming the missing curators, unless --allow-partial: then only the marginal of the granting
+curators is estimated and the output says so ("marginal": true, "refused": {...}).
+An aborted release fails with the reason the server recorded.
+
+Exit codes: 0 success, 1 the release failed, was aborted or a key is missing, 2 usage or config.
 
 Config: flags, SECURE_RELEASE_<FLAG> env, or --config file.json.
 """
@@ -68,7 +72,17 @@ def _common(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--out", default="results", help="directory for <release>.json/.csv/.png")
     p.add_argument("--insecure", action="store_true", help="plaintext gRPC (tests/demos only!)")
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for a release (finite, > 0)")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=300.0,
+        help="seconds for one release end to end: the wait until PERTURBED, the fetch and every key (finite, > 0)",
+    )
+    p.add_argument(
+        "--allow-partial",
+        action="store_true",
+        help="estimate the marginal of the granting curators when a key is missing (default: fail)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -149,7 +163,9 @@ def endpoints_of(args: argparse.Namespace) -> Endpoints:
 
 def fetch(args: argparse.Namespace, log: EventLog) -> int:
     """``fetch``: estimate one release, write its files and print its JSON."""
-    report = process_release(endpoints_of(args), args.release_id, _out(args), log, args.timeout)
+    report = process_release(
+        endpoints_of(args), args.release_id, _out(args), log, args.timeout, allow_partial=args.allow_partial
+    )
     sys.stdout.write(report_json(report).decode())
     return 0
 
@@ -159,7 +175,7 @@ def serve(args: argparse.Namespace, log: EventLog) -> int:
     endpoints, out = endpoints_of(args), _out(args)
 
     def process(release_id: str, notified_digest: bytes) -> ReleaseReport:
-        return process_release(endpoints, release_id, out, log, args.timeout, notified_digest)
+        return process_release(endpoints, release_id, out, log, args.timeout, notified_digest, args.allow_partial)
 
     tracker = ReleaseTracker(process, log, load_reports(out, log) if out is not None else {})
     server = make_grpc_server(insecure=args.insecure)
@@ -187,7 +203,8 @@ def _out(args: argparse.Namespace) -> Path | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``serve`` or ``fetch``; exit 2 on a bad setting or input, 3 on a failed RPC."""
+    """Run ``serve`` or ``fetch``; exit 1 if the release failed (aborted, a key missing, an RPC),
+    2 on a bad setting."""
     try:
         args = parse_args(list(sys.argv[1:] if argv is None else argv))
         if args is None:
@@ -197,9 +214,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return fetch(args, log) if args.command == "fetch" else serve(args, log)
     except KeyboardInterrupt:
         return 130
-    except (SecureReleaseError, OSError) as exc:
+    except (ConfigError, OSError) as exc:
         sys.stderr.write(f"researcher: error: {type(exc).__name__}: {exc}\n")
         return 2
+    except SecureReleaseError as exc:
+        sys.stderr.write(f"researcher: error: {type(exc).__name__}: {exc}\n")
+        return 1
     except grpc.RpcError as exc:
         sys.stderr.write(f"researcher: error: RPC failed: {exc.code().name}: {exc.details()}\n")
-        return 3
+        return 1

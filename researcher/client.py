@@ -1,5 +1,7 @@
-"""The researcher's calls to the other parties: wait for a release, fetch its perturbed rows
-(digest checked), and ask each curator for its key (a refusal is recorded, never fatal).
+"""The researcher's calls to the other parties: wait for a release (an ABORTED release stops the
+wait with its reason), fetch its perturbed rows (digest checked), and ask each curator for its
+key. A curator that says no (PERMISSION_DENIED, NOT_FOUND, UNAUTHENTICATED) has *refused*; one
+that cannot be reached is *unavailable* and is asked again with backoff until the deadline.
 
 Every message is decoded through ``infra.wire``; every value that reaches the estimate is
 checked against the release's validated :class:`~secure_release.mechanism.spec.ReleaseSpec`.
@@ -41,16 +43,43 @@ POLL_SECONDS = 0.3
 STATUS_RPC_SECONDS = 10.0
 FETCH_RPC_SECONDS = 300.0
 KEY_RPC_SECONDS = 60.0
-KEY_ATTEMPTS = 5
-#: A curator answering with one of these has not granted its key (the release goes marginal).
+KEY_FIRST_DELAY_S = 0.2
+KEY_MAX_DELAY_S = 2.0
+#: A curator answering with one of these has said no: it did not grant its key.
 REFUSAL_CODES = frozenset(
     {
         grpc.StatusCode.PERMISSION_DENIED,
         grpc.StatusCode.UNAUTHENTICATED,
         grpc.StatusCode.NOT_FOUND,
-        grpc.StatusCode.UNAVAILABLE,
     }
 )
+#: A curator answering with one of these is not reachable or not ready: ask again later.
+UNAVAILABLE_CODES = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.ABORTED,
+    }
+)
+
+
+class ReleaseAbortedError(FetchError):
+    """The release was aborted before sealing; the server recorded the reason. Nothing will be
+    released under this id."""
+
+
+class Deadline:
+    """The end of one researcher operation (``--timeout`` applies end to end)."""
+
+    def __init__(self, seconds: float) -> None:
+        """A deadline ``seconds`` (finite, > 0) from now."""
+        self.seconds = check_seconds(seconds, "the wait for a release")
+        self.end = time.monotonic() + self.seconds
+
+    def left(self) -> float:
+        """Seconds left (never negative)."""
+        return max(0.0, self.end - time.monotonic())
 
 
 def check_seconds(value: float, what: str) -> float:
@@ -100,10 +129,19 @@ class CuratorKey:
 
 @dataclass(frozen=True)
 class KeyResults:
-    """Every curator's answer: ``granted`` keys by curator, ``refused`` reasons by curator."""
+    """Every curator's answer: ``granted`` keys, ``refused`` reasons (it said no) and
+    ``unavailable`` reasons (unreachable until the deadline), by curator."""
 
     granted: Mapping[str, CuratorKey]
     refused: Mapping[str, str]
+    unavailable: Mapping[str, str] = field(default_factory=dict)
+
+    def missing(self) -> dict[str, str]:
+        """Every curator whose key is missing, with why (a refusal's code, or "unavailable: ...")."""
+        return {
+            **self.refused,
+            **{c: f"unavailable: {r}" for c, r in self.unavailable.items()},
+        }
 
 
 # ---------------------------------------------------------------------------------- release
@@ -120,18 +158,21 @@ def _status_or_none(stub: pb_grpc.ReleaseServerStub, release_id: str, seconds: f
     return status
 
 
-def wait_perturbed(endpoints: Endpoints, release_id: str, timeout: float) -> PerturbedRelease:
-    """Poll the server until ``release_id`` is PERTURBED (at most ``timeout`` seconds)."""
-    deadline = time.monotonic() + check_seconds(timeout, "the wait for a release")
+def wait_perturbed(endpoints: Endpoints, release_id: str, timeout: float | Deadline) -> PerturbedRelease:
+    """Poll the server until ``release_id`` is PERTURBED (until ``timeout``: seconds or a
+    :class:`Deadline`); an ABORTED release raises :class:`ReleaseAbortedError` with its reason."""
+    deadline = timeout if isinstance(timeout, Deadline) else Deadline(timeout)
     with endpoints.server_channel() as channel:
         stub = pb_grpc.ReleaseServerStub(channel)
         while True:
-            status = _status_or_none(stub, release_id, min(STATUS_RPC_SECONDS, deadline - time.monotonic()))
+            status = _status_or_none(stub, release_id, min(STATUS_RPC_SECONDS, deadline.left()))
             if status is not None and status.state == pb.RELEASE_STATE_PERTURBED:
                 return _perturbed_release(status, release_id)
-            if time.monotonic() > deadline:
+            if status is not None and status.state == pb.RELEASE_STATE_ABORTED:
+                raise ReleaseAbortedError(f"release {release_id!r} was aborted: {status.abort_reason}")
+            if deadline.left() <= 0:
                 raise ReleaseNotReadyError(
-                    f"release {release_id!r} is not PERTURBED on {endpoints.server} after {timeout:g}s; "
+                    f"release {release_id!r} is not PERTURBED on {endpoints.server} after {deadline.seconds:g}s; "
                     "wait longer (--timeout) or check that every curator uploaded"
                 )
             time.sleep(POLL_SECONDS)
@@ -201,12 +242,14 @@ def fetch_perturbed(
 
 
 # ---------------------------------------------------------------------------------- keys
-def _key_chunks(endpoints: Endpoints, curator: str, address: str, release_id: str) -> tuple[pb.KeyChunk, bytes]:
+def _key_chunks(
+    endpoints: Endpoints, curator: str, address: str, release_id: str, seconds: float = KEY_RPC_SECONDS
+) -> tuple[pb.KeyChunk, bytes]:
     """The first KeyChunk (key, schema, sizes) and the joined OTP pad bytes of all chunks."""
     head: pb.KeyChunk | None = None
     otp: list[bytes] = []
     with endpoints.curator_channel(curator, address) as channel:
-        stream = pb_grpc.CuratorStub(channel).ReleaseKey(pb.KeyRequest(release_id=release_id), timeout=KEY_RPC_SECONDS)
+        stream = pb_grpc.CuratorStub(channel).ReleaseKey(pb.KeyRequest(release_id=release_id), timeout=seconds)
         for chunk in stream:
             head = head or chunk
             otp.append(chunk.otp_pad)
@@ -242,33 +285,53 @@ def _curator_key(head: pb.KeyChunk, otp: bytes, spec: ReleaseSpec, curator: str)
     return CuratorKey(curator, pad, schema)
 
 
-def fetch_key(endpoints: Endpoints, spec: ReleaseSpec, curator: str, log: EventLog) -> CuratorKey | str:
-    """``curator``'s checked key, or the reason it was not granted (a refusal, no address)."""
+def _key_with_backoff(
+    endpoints: Endpoints, curator: str, address: str, release_id: str, deadline: Deadline, log: EventLog
+) -> tuple[pb.KeyChunk, bytes]:
+    """Ask ``curator`` until it answers or says no; UNAVAILABLE-like codes are retried with
+    backoff until ``deadline`` (then the last error is raised)."""
+    delay = KEY_FIRST_DELAY_S
+    while True:
+        try:
+            return _key_chunks(endpoints, curator, address, release_id, max(0.2, min(KEY_RPC_SECONDS, deadline.left())))
+        except grpc.RpcError as exc:
+            if exc.code() not in UNAVAILABLE_CODES or deadline.left() <= delay:
+                raise
+            log("retry", what=f"key_{curator}", code=exc.code().name, delay_s=round(delay, 2))
+            time.sleep(delay)
+            delay = min(2 * delay, KEY_MAX_DELAY_S)
+
+
+def fetch_key(
+    endpoints: Endpoints, spec: ReleaseSpec, curator: str, log: EventLog, deadline: Deadline | None = None
+) -> CuratorKey | tuple[str, str]:
+    """``curator``'s checked key, or (``"refused"`` or ``"unavailable"``, why)."""
     address = endpoints.curators.get(curator)
     if address is None:
         log.warning("key_refused", release_id=spec.release_id, curator=curator, code="NO_ADDRESS")
-        return f"no address for curator {curator!r}; pass --curator {curator}=HOST:PORT"
+        return "refused", f"no address for curator {curator!r}; pass --curator {curator}=HOST:PORT"
+    deadline = deadline or Deadline(KEY_RPC_SECONDS)
     try:
-        head, otp = with_retries(
-            lambda: _key_chunks(endpoints, curator, address, spec.release_id),
-            f"key_{curator}",
-            log,
-            attempts=KEY_ATTEMPTS,
-        )
+        head, otp = _key_with_backoff(endpoints, curator, address, spec.release_id, deadline, log)
     except grpc.RpcError as exc:
-        if exc.code() not in REFUSAL_CODES:
-            raise
-        log.warning("key_refused", release_id=spec.release_id, curator=curator, code=exc.code().name)
-        return f"{exc.code().name}: {exc.details()}"
+        why = f"{exc.code().name}: {exc.details()}"
+        if exc.code() in REFUSAL_CODES:
+            log.warning("key_refused", release_id=spec.release_id, curator=curator, code=exc.code().name)
+            return "refused", why
+        if exc.code() in UNAVAILABLE_CODES:
+            log.warning("key_unavailable", release_id=spec.release_id, curator=curator, code=exc.code().name)
+            return "unavailable", f"{why} (still unreachable after {deadline.seconds:g} s)"
+        raise
     key = _curator_key(head, otp, spec, curator)
     log("key_received", release_id=spec.release_id, curator=curator, cipher=spec.cipher.value)
     return key
 
 
-def fetch_keys(endpoints: Endpoints, spec: ReleaseSpec, log: EventLog) -> KeyResults:
-    """Ask every curator of the release for its key."""
-    answers = {curator: fetch_key(endpoints, spec, curator, log) for curator in spec.curators}
+def fetch_keys(endpoints: Endpoints, spec: ReleaseSpec, log: EventLog, deadline: Deadline | None = None) -> KeyResults:
+    """Ask every curator of the release for its key (each until the shared ``deadline``)."""
+    answers = {curator: fetch_key(endpoints, spec, curator, log, deadline) for curator in spec.curators}
     return KeyResults(
         granted={c: a for c, a in answers.items() if isinstance(a, CuratorKey)},
-        refused={c: a for c, a in answers.items() if isinstance(a, str)},
+        refused={c: a[1] for c, a in answers.items() if isinstance(a, tuple) and a[0] == "refused"},
+        unavailable={c: a[1] for c, a in answers.items() if isinstance(a, tuple) and a[0] == "unavailable"},
     )

@@ -1,9 +1,12 @@
 """One release, start to finish, as a typed :class:`~secure_release.mechanism.report.ReleaseReport`.
 
-wait until PERTURBED -> fetch the perturbed rows (digest checked) -> ask each curator for its key
-(a refusal is recorded, not fatal) -> decrypt and estimate with ``mechanism.protocol`` (only the
-marginal of the granting curators if some refused, and the report says so) -> write
-``<out>/<release>.json``, ``.csv`` and ``.png``.
+wait until PERTURBED (ABORTED stops with the reason) -> fetch the perturbed rows (digest checked)
+-> ask each curator for its key (unreachable curators again until the deadline) -> decrypt and
+estimate with ``mechanism.protocol`` -> write ``<out>/<release>.json``, ``.csv`` and ``.png``.
+
+Without every key the release fails with :class:`MissingKeysError` naming the missing curators,
+unless ``allow_partial``: then only the marginal of the granting curators is estimated and the
+report says which curators are missing and why. One ``timeout`` covers the whole pipeline.
 """
 
 from __future__ import annotations
@@ -12,13 +15,38 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from secure_release.infra.logs import EventLog
+from secure_release.mechanism.errors import ErrorKind, SecureReleaseError
 from secure_release.mechanism.protocol import researcher_decrypt, researcher_estimate
 from secure_release.mechanism.report import ReleaseReport, build_report
 from secure_release.mechanism.schema import JointSchema, SymbolArray
 from secure_release.mechanism.spec import ReleaseSpec, check_name
-from secure_release.researcher.client import Endpoints, KeyResults, fetch_keys, fetch_perturbed, wait_perturbed
+from secure_release.researcher.client import (
+    Deadline,
+    Endpoints,
+    KeyResults,
+    fetch_keys,
+    fetch_perturbed,
+    wait_perturbed,
+)
 from secure_release.researcher.errors import NoKeysError
 from secure_release.researcher.storage import write_report
+
+
+class MissingKeysError(SecureReleaseError):
+    """Some curator's key is missing (refused or unreachable) and a partial estimate was not
+    allowed (``--allow-partial``)."""
+
+    kind = ErrorKind.FAILED_PRECONDITION
+
+
+def check_complete(spec: ReleaseSpec, keys: KeyResults, allow_partial: bool) -> None:
+    """:class:`MissingKeysError` unless every curator's key arrived or ``allow_partial``."""
+    missing = keys.missing()
+    if missing and not allow_partial:
+        raise MissingKeysError(
+            f"release {spec.release_id!r}: no joint estimate without every curator's key; missing "
+            f"{dict(sorted(missing.items()))}; pass --allow-partial for the marginal of the others"
+        )
 
 
 def estimate_release(spec: ReleaseSpec, perturbed: Sequence[SymbolArray], keys: KeyResults) -> ReleaseReport:
@@ -27,14 +55,14 @@ def estimate_release(spec: ReleaseSpec, perturbed: Sequence[SymbolArray], keys: 
     granted = [j for j, curator in enumerate(spec.curators) if curator in keys.granted]
     if not granted:
         raise NoKeysError(
-            f"no curator of release {spec.release_id!r} granted its key ({dict(keys.refused)}); "
+            f"no curator of release {spec.release_id!r} granted its key ({keys.missing()}); "
             "a curator must --grant this researcher before anything can be estimated"
         )
     curator_keys = [keys.granted[spec.curators[j]] for j in granted]
     decrypted = researcher_decrypt([perturbed[j] for j in granted], [k.pad for k in curator_keys])
     estimate = researcher_estimate(decrypted, spec.plan, granted)
     schema = JointSchema(tuple(k.schema for k in curator_keys))
-    return build_report(spec.release_id, spec.plan, spec.curators, estimate, schema, keys.refused)
+    return build_report(spec.release_id, spec.plan, spec.curators, estimate, schema, keys.missing())
 
 
 def process_release(
@@ -44,12 +72,16 @@ def process_release(
     log: EventLog,
     timeout: float,
     notified_digest: bytes = b"",
+    allow_partial: bool = True,
 ) -> ReleaseReport:
-    """Estimate ``release_id`` and (if ``out``) write its files; nothing is written on failure."""
+    """Estimate ``release_id`` and (if ``out``) write its files; nothing is written on failure.
+    ``timeout`` seconds cover everything; a missing key fails it unless ``allow_partial``."""
     check_name(release_id, "release id")
-    release = wait_perturbed(endpoints, release_id, timeout)
+    deadline = Deadline(timeout)
+    release = wait_perturbed(endpoints, release_id, deadline)
     perturbed = fetch_perturbed(endpoints, release, log, notified_digest)
-    keys = fetch_keys(endpoints, release.spec, log)
+    keys = fetch_keys(endpoints, release.spec, log, deadline)
+    check_complete(release.spec, keys, allow_partial)
     report = estimate_release(release.spec, perturbed, keys)
     if report.marginal:
         log.warning("marginal_only", release_id=release_id, refused=",".join(sorted(report.refused)))

@@ -174,6 +174,9 @@ class Store:
             if rel.is_bound:
                 return rel
         if curator is None:
+            aborted = [r for r in candidates if r.state == ReleaseState.ABORTED]
+            if aborted:  # a release that ended before every curator registered: say why
+                return aborted[0]
             raise UnknownReleaseError(f"no release {release_id!r} is registered by all its curators yet")
         for rel in candidates:
             if curator in rel.parts:

@@ -97,14 +97,17 @@ class Rewriter:
         mounts = self.mounts[service]
         paths = "|".join(re.escape(t) for t in sorted(mounts, key=len, reverse=True))
         pattern = re.compile(
-            r"(?P<exe>(?<![\w./-])(?:secure-release|python)(?![\w.-]))"
+            r"(?P<exe>(?<![\w./-])(?:secure-release(?:-server|-curator|-researcher)?|python)(?![\w.-]))"
             r"|(?P<addr>\b(?:" + "|".join(HOSTS) + r"|0\.0\.0\.0):(?P<port>\d+)\b)"
             r"|(?P<path>(?<![\w./-])(?:" + paths + r")(?![\w.-]))"
         )
 
         def sub(m: re.Match[str]) -> str:
             if m.group("exe"):
-                return self.exe + (" -m secure_release" if m.group("exe") == "secure-release" else "")
+                exe = m.group("exe")
+                if exe == "python":
+                    return self.exe
+                return self.exe + " -m " + exe.replace("secure-release", "secure_release").replace("-", ".")
             if m.group("addr"):
                 return f"127.0.0.1:{self.ports[m.group('port')]}"
             return str(mounts[m.group("path")])
@@ -122,10 +125,16 @@ def _env(svc: dict[str, Any], rewrite: Any, name: str) -> dict[str, str]:
     return env
 
 
+def _interpolate(text: str) -> str:
+    """Compose's interpolation: ``${VAR:-default}`` from the environment, ``$$`` a literal $."""
+    text = re.sub(r"\$\{(\w+):-([^}]*)\}", lambda m: os.environ.get(m.group(1)) or m.group(2), text)
+    return text.replace("$$", "$")
+
+
 def _argv(command: str | list[str], rewrite: Any, name: str) -> list[str]:
     if isinstance(command, list):
-        return [rewrite(name, a.replace("$$", "$")) for a in command]
-    return shlex.split(rewrite(name, command.replace("$$", "$")))  # compose's escape for a literal $
+        return [rewrite(name, _interpolate(a)) for a in command]
+    return shlex.split(rewrite(name, _interpolate(command)))
 
 
 def _tail(path: Path, n: int = 30) -> str:

@@ -16,7 +16,7 @@ from secure_release.curator.config import CuratorConfig
 from secure_release.curator.errors import AgreementError, AgreementFixedError, AlphabetSizeMismatchError
 from secure_release.curator.keystore import Keystore
 from secure_release.curator.leader import LeaderState
-from secure_release.curator.runner import OwnData, open_ledger, prepare
+from secure_release.curator.runner import OwnData, check_ledger, prepare, reserve
 from secure_release.infra.logs import EventLog
 from secure_release.mechanism.alignment import TAG_DTYPE, align
 from secure_release.mechanism.errors import (
@@ -26,6 +26,7 @@ from secure_release.mechanism.errors import (
     ShapeMismatchError,
 )
 from secure_release.mechanism.keys import AlignmentKey, PadKey, PramKey, Seed
+from secure_release.mechanism.ledger import NoBudgetError
 from secure_release.mechanism.pads import CipherMode
 from secure_release.mechanism.protocol import (
     CuratorTable,
@@ -67,7 +68,7 @@ def _config(name: str, tmp_path: Path, **changes: object) -> CuratorConfig:
         name=name, release_id="r1", epsilon=1.0, m=None, cipher=CipherMode.CHACHA20,
         curators=("alice", "bob"), leader=name == "alice",
         leader_address=None if name == "alice" else "127.0.0.1:1", expected_sizes=None,
-        notify="res", grants=(), budget=2.0, data=tmp_path / f"{name}.csv",
+        notify="res", grants=(), data=tmp_path / f"{name}.csv",
         schema=tmp_path / f"{name}.json", dataset="d", keystore=tmp_path / f"ks-{name}",
         server="127.0.0.1:1", certs=None, listen_host="127.0.0.1", listen_port=0, port_file=None,
         insecure=True, timeout=5.0, exit_after_keys=True, alignment_key=AKEY,
@@ -151,6 +152,8 @@ def test_leader_state_collects_and_agrees_once() -> None:
     state.add_tags("bob", curator_tags(bob, AKEY), 4)
     agreement = state.collect(1.0)
     assert agreement.spec.plan.alphabet_sizes == (6, 4) and agreement.spec.n == 345
+    assert state.wait_agreement(0.0) is None  # fixed, but served only once the leader registered it
+    state.publish()
     assert state.wait_agreement(0.0) is agreement
     state.add_tags("bob", curator_tags(bob, AKEY), 4)  # an identical resubmission is fine
     with pytest.raises(AgreementFixedError):
@@ -191,27 +194,33 @@ def test_leader_state_refuses_its_own_wrong_size(tmp_path: Path) -> None:
     assert leader_state(_config("alice", tmp_path, expected_sizes=(6, 4)), 6).expected_sizes == (6, 4)
 
 
-def test_prepare_matches_run_release_and_charges_the_ledger_once(tmp_path: Path) -> None:
+def test_prepare_matches_run_release_and_persists_what_a_resume_needs(tmp_path: Path) -> None:
     agreement, tags = _agree(90)
     tables = dict(zip(("alice", "bob"), _tables(), strict=True))
     result = run_release(list(tables.values()), 1.0, m=90, release_id="r1", seed=SEED, alignment_key=AKEY,
                          pram_key=PramKey(bytes(32)), pad_keys=PAD_KEYS)  # fmt: skip
     for j, name in enumerate(("alice", "bob")):
         config = _config(name, tmp_path, m=90, test_pad_key=PAD_KEYS[j])
-        keystore = Keystore(config.keystore, budget=config.budget)
-        ledger = open_ledger(config, keystore)
-        prepared = prepare(config, OwnData(tables[name], tags[name]), agreement, keystore, ledger, LOG)
-        assert np.array_equal(prepared.ciphertext, result.server_view["ciphertexts"][j])
-        assert keystore.load_ledger().spent("d") == pytest.approx(1.0)
-        assert (config.keystore / "release-r1.json").exists()
-        with pytest.raises(SeedReuseError):  # the same release again is refused
-            prepare(config, OwnData(tables[name], tags[name]), agreement, keystore, ledger, LOG)
+        keystore = Keystore(config.keystore)
+        record = prepare(config, OwnData(tables[name], tags[name], "f" * 64), agreement, keystore, LOG)
+        assert np.array_equal(record.ciphertext(), result.server_view["ciphertexts"][j])
+        stored = keystore.load_record("r1")
+        assert stored is not None and np.array_equal(stored.ciphertext(), record.ciphertext())
+        assert stored.table_fingerprint == "f" * 64 and stored.spec == record.spec
 
 
-def test_open_ledger_refuses_a_release_past_the_budget(tmp_path: Path) -> None:
-    config = _config("alice", tmp_path, budget=0.5)
+def test_the_ledger_refuses_before_anything_is_sent(tmp_path: Path) -> None:
+    config = _config("alice", tmp_path)
+    keystore = Keystore(config.keystore)
+    with pytest.raises(NoBudgetError, match="budget set"):
+        check_ledger(config, keystore, "f" * 64)
+    keystore.ledger.set_budget("f" * 64, "d", 0.5)
     with pytest.raises(BudgetExceededError, match=r"at most 0\.5 remains"):
-        open_ledger(config, Keystore(config.keystore, budget=config.budget))
-    raised = replace(config, budget=1.5)
-    ledger = open_ledger(raised, Keystore(raised.keystore, budget=0.5))
-    assert ledger.budget == 1.5 and Keystore(raised.keystore).load_ledger().budget == 1.5
+        check_ledger(config, keystore, "f" * 64)
+    keystore.ledger.set_budget("f" * 64, "d", 1.5)
+    check_ledger(config, keystore, "f" * 64)
+    reserve(config, keystore, "f" * 64, "seed1", LOG)
+    reserve(config, keystore, "f" * 64, "seed1", LOG)  # a resume: the same reservation, once
+    assert keystore.ledger.read().spent("f" * 64) == pytest.approx(1.0)
+    with pytest.raises(SeedReuseError):  # the same release id with another seed
+        reserve(config, keystore, "f" * 64, "seed2", LOG)

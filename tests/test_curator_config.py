@@ -56,7 +56,7 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_defaults_and_types(key_file: Path) -> None:
     config = _config([*_base(key_file), "--grant", "res", "--grant", "res", "--grant", "other"])
     assert config.curators == ("alice", "bob") and config.leader and config.leader_address is None
-    assert config.cipher is CipherMode.CHACHA20 and config.m is None and config.budget == 1.0
+    assert config.cipher is CipherMode.CHACHA20 and config.m is None and config.key_retention == 7 * 24 * 3600.0
     assert config.dataset == "alice.csv" and config.keystore == Path("keystore-alice")
     assert (config.listen_host, config.listen_port) == ("127.0.0.1", 0)
     assert config.grants == ("res", "other")  # repeated grants collapse, order kept
@@ -69,21 +69,21 @@ def test_flag_beats_env_beats_config_file(
     key_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     conf = tmp_path / "c.json"
-    conf.write_text(json.dumps({"epsilon": 0.25, "budget": 3.0, "timeout": 9, "dataset": "fromfile"}))
+    conf.write_text(json.dumps({"epsilon": 0.25, "key-retention": 3.0, "timeout": 9, "dataset": "fromfile"}))
     argv = [a for a in _base(key_file)]
     argv[argv.index("--epsilon") + 1] = "0.1"
     monkeypatch.setenv("SECURE_RELEASE_EPSILON", "0.75")
-    monkeypatch.setenv("SECURE_RELEASE_BUDGET", "2.0")
+    monkeypatch.setenv("SECURE_RELEASE_KEY_RETENTION", "2.0")
     config = _config([*argv, "--config", str(conf)])
     assert config.epsilon == 0.1  # flag over env and file
-    assert config.budget == 2.0  # env over file
+    assert config.key_retention == 2.0  # env over file
     assert config.timeout == 9.0 and config.dataset == "fromfile"  # file over the defaults
 
 
 def test_secret_in_config_file_is_refused_without_echoing_it(key_file: Path, tmp_path: Path) -> None:
     conf = tmp_path / "c.json"
-    conf.write_text(json.dumps({"alignment-key-hex": KEY_HEX}))
-    with pytest.raises(ConfigError, match=r"secret setting\(s\) \['alignment-key-hex'\]") as info:
+    conf.write_text(json.dumps({"alignment-key": KEY_HEX}))
+    with pytest.raises(ConfigError, match="alignment_key") as info:
         _config([*_base(key_file), "--config", str(conf)])
     assert KEY_HEX not in str(info.value)
 
@@ -91,8 +91,15 @@ def test_secret_in_config_file_is_refused_without_echoing_it(key_file: Path, tmp
 def test_secret_from_env_is_allowed(key_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     argv = _base(key_file)
     del argv[argv.index("--alignment-key-file") : argv.index("--alignment-key-file") + 2]
-    monkeypatch.setenv("SECURE_RELEASE_ALIGNMENT_KEY_HEX", KEY_HEX)
+    monkeypatch.setenv("SECURE_RELEASE_ALIGNMENT_KEY", KEY_HEX)
     assert _config(argv).alignment_key.reveal().hex() == KEY_HEX
+
+
+def test_no_budget_or_key_on_the_command_line(key_file: Path) -> None:
+    """The budget is a ledger policy and a key on argv shows in /proc/PID/cmdline: both flags are gone."""
+    for flag, value in (("--budget", "5"), ("--alignment-key-hex", KEY_HEX)):
+        with pytest.raises(SystemExit):
+            _config([*_base(key_file), flag, value])
 
 
 def test_missing_alignment_key(key_file: Path) -> None:
@@ -130,7 +137,8 @@ def test_test_only_secrets(key_file: Path, monkeypatch: pytest.MonkeyPatch) -> N
         ("--curators", "bob,carol", ConfigError),
         ("--release-id", "../r1", InvalidNameError),
         ("--epsilon", "0", InvalidEpsilonError),
-        ("--budget", "nan", ConfigError),
+        ("--key-retention", "nan", ConfigError),
+        ("--max-rows", "0", ConfigError),
         ("--m", "0", ConfigError),
         ("--listen", "nowhere", ConfigError),
         ("--alphabet-sizes", "6", ConfigError),

@@ -1,6 +1,7 @@
 """Two curators' whole runs in one process (leader and follower over loopback gRPC), with the
 upload to the release server replaced by a recorder: the same spec at both, ciphertexts equal to
-mechanism.protocol.run_release's with the same keys, and the ledger read from disk once a run."""
+mechanism.protocol.run_release's with the same keys, the budget reserved then committed, and a
+rerun after the commit resuming from the record (same ciphertext, no second reservation)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import threading
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
@@ -17,12 +18,14 @@ import pytest
 import secure_release.curator.runner as runner
 from secure_release.curator.config import CuratorConfig
 from secure_release.curator.keystore import Keystore
+from secure_release.curator.ledgerfile import file_fingerprint
 from secure_release.curator.table import load_schema, read_table
 from secure_release.mechanism.keys import AlignmentKey, PadKey, PramKey, Seed
 from secure_release.mechanism.pads import CipherMode
 from secure_release.mechanism.protocol import run_release
 from secure_release.mechanism.schema import SymbolArray
 from secure_release.mechanism.spec import ReleaseSpec
+from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
 
 AKEY = AlignmentKey(bytes(range(32)))
 SEED = Seed(bytes([4]) * 32)
@@ -50,7 +53,7 @@ def _config(tmp: Path, name: str) -> CuratorConfig:
     return CuratorConfig(
         name=name, release_id="r1", epsilon=1.0, m=120, cipher=CipherMode.CHACHA20,
         curators=("alice", "bob"), leader=name == "alice", leader_address=None, expected_sizes=None,
-        notify="res", grants=(), budget=2.0, data=tmp / f"{name}.csv", schema=tmp / f"{name}.json",
+        notify="res", grants=(), data=tmp / f"{name}.csv", schema=tmp / f"{name}.json",
         dataset=f"{name}.csv", keystore=tmp / f"ks-{name}", server="127.0.0.1:1", certs=None,
         listen_host="127.0.0.1", listen_port=0, port_file=str(tmp / f"{name}.port"), insecure=True,
         timeout=20.0, exit_after_keys=True, alignment_key=AKEY,
@@ -58,37 +61,68 @@ def _config(tmp: Path, name: str) -> CuratorConfig:
     )  # fmt: skip
 
 
-def test_two_curators_run_to_the_upload(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    _write(tmp_path)
-    uploads: dict[str, tuple[ReleaseSpec, SymbolArray]] = {}
-    monkeypatch.setattr(
-        runner, "upload", lambda config, spec, ct, log: uploads.__setitem__(config.name, (spec, ct))
-    )
-    reads: list[Path] = []
-    load_ledger = Keystore.load_ledger
+class FakeLink:
+    """The release server as seen by one curator: records what it was sent; always sealed."""
 
-    def counted(self: Keystore) -> Any:
-        reads.append(self.directory)
-        return load_ledger(self)
+    uploads: ClassVar[dict[str, tuple[ReleaseSpec, SymbolArray]]] = {}
+    registered: ClassVar[list[str]] = []
 
-    monkeypatch.setattr(Keystore, "load_ledger", counted)
+    def __init__(self, config: CuratorConfig, log: Any, deadline: Any) -> None:
+        self.config, self.deadline = config, deadline
+
+    def register(self, spec: ReleaseSpec) -> None:
+        self.registered.append(self.config.name)
+
+    def upload(self, spec: ReleaseSpec, ciphertext: SymbolArray) -> None:
+        self.uploads[self.config.name] = (spec, ciphertext)
+
+    def wait_sealed(self) -> pb.ReleaseStatus:
+        return pb.ReleaseStatus(release_id=self.config.release_id, state=pb.RELEASE_STATE_PERTURBED)
+
+    def abort(self, reason: str, give_up_s: float = 10.0) -> tuple[None, bool]:
+        raise AssertionError(f"no abort expected: {reason}")
+
+    def close(self) -> None:
+        pass
+
+
+def _run_both(tmp_path: Path) -> dict[str, int]:
     alice = _config(tmp_path, "alice")
     codes: dict[str, int] = {}
+    port_file = tmp_path / "alice.port"
+    port_file.unlink(missing_ok=True)
     leader = threading.Thread(target=lambda: codes.__setitem__("alice", runner.run(alice)))
     leader.start()
-    port_file = tmp_path / "alice.port"
     deadline = time.monotonic() + 20
     while not port_file.exists() and time.monotonic() < deadline:
         time.sleep(0.02)
     bob = replace(_config(tmp_path, "bob"), leader_address=f"127.0.0.1:{int(port_file.read_text())}")
     codes["bob"] = runner.run(bob)
     leader.join(20)
-    assert codes == {"alice": 0, "bob": 0}
-    assert sorted(reads) == sorted([alice.keystore, bob.keystore])  # the ledger read once a run
+    return codes
+
+
+def test_two_curators_run_to_the_upload(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _write(tmp_path)
+    monkeypatch.setattr(runner, "ServerLink", FakeLink)
+    FakeLink.uploads.clear()
+    fingerprints = {name: file_fingerprint(tmp_path / f"{name}.csv") for name in ("alice", "bob")}
+    for name, fp in fingerprints.items():
+        Keystore(tmp_path / f"ks-{name}").ledger.set_budget(fp, name, 2.0)
+    assert _run_both(tmp_path) == {"alice": 0, "bob": 0}
+    uploads = dict(FakeLink.uploads)
     assert uploads["alice"][0] == uploads["bob"][0] and uploads["alice"][0].n == 460
     tables = [read_table(tmp_path / f"{n}.csv", load_schema(tmp_path / f"{n}.json")) for n in ("alice", "bob")]
     expected = run_release(tables, 1.0, m=120, release_id="r1", seed=SEED, alignment_key=AKEY,
                            pram_key=PramKey(bytes(32)), pad_keys=list(PAD_KEYS.values()))  # fmt: skip
     for j, name in enumerate(("alice", "bob")):
         assert np.array_equal(uploads[name][1], expected.server_view["ciphertexts"][j])
-        assert Keystore(tmp_path / f"ks-{name}").load_ledger().spent(f"{name}.csv") == pytest.approx(1.0)
+        ledger = Keystore(tmp_path / f"ks-{name}").ledger.read()
+        assert [e.kind.value for e in ledger.entries] == ["budget", "reserve", "commit"]
+        assert ledger.spent(fingerprints[name]) == pytest.approx(1.0)
+    # A rerun after the commit resumes from the record: the same ciphertext, nothing charged again.
+    FakeLink.uploads.clear()
+    assert _run_both(tmp_path) == {"alice": 0, "bob": 0}
+    for name in ("alice", "bob"):
+        assert np.array_equal(FakeLink.uploads[name][1], uploads[name][1])
+        assert len(Keystore(tmp_path / f"ks-{name}").ledger.read().entries) == 3

@@ -3,7 +3,9 @@ network), then the real server (auth interceptor, health) with a follower over l
 
 from __future__ import annotations
 
+import contextlib
 import threading
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, NoReturn
@@ -14,9 +16,11 @@ import pytest
 
 from secure_release.curator.agreement import follow_leader
 from secure_release.curator.config import CuratorConfig
+from secure_release.curator.errors import AgreementError
 from secure_release.curator.leader import LeaderState
 from secure_release.curator.runner import start_server
 from secure_release.curator.service import SERVICE_NAME, CuratorService
+from secure_release.curator.waits import Deadline
 from secure_release.infra.auth import AuthedContext
 from secure_release.infra.health import check
 from secure_release.infra.logs import EventLog
@@ -86,6 +90,7 @@ def test_submit_tags_and_serve_a_multi_chunk_agreement() -> None:
     resp = service.SubmitTags(tag_chunks("r1", "bob", _tags(n + 3, offset=2), 4), _as("curator", "bob"))
     assert resp.tags_received == n + 3 and state.sizes == {"alice": 6, "bob": 4}
     agreement = state.collect(1.0)
+    state.publish()
     chunks = list(service.GetAgreement(pb.AgreementRequest(release_id="r1", curator="bob"), _as("curator", "bob")))
     assert [c.sequence for c in chunks] == [0, 1] and chunks[-1].last and not chunks[0].last
     assert spec_from_pb(chunks[0].params) == agreement.spec and agreement.spec.n == n + 3
@@ -114,6 +119,57 @@ def test_submit_tags_refusals(chunks: Any, who: str, code: grpc.StatusCode, erro
     got = _aborted(lambda: service.SubmitTags(chunks(), _as("curator", who)))
     assert got.code == code and error in got.details, got.details
     assert "bob" not in state.tags
+
+
+def test_a_non_member_is_refused_before_any_tag_byte_is_kept() -> None:
+    service, state = _leading()
+    consumed: list[int] = []
+
+    def flood() -> Iterable[pb.TagChunk]:  # a non-member streaming (in principle) forever
+        for seq in range(10_000):
+            consumed.append(seq)
+            yield pb.TagChunk(release_id="r1", curator="carol", sequence=seq, tags=bytes(1 << 20))
+
+    got = _aborted(lambda: service.SubmitTags(flood(), _as("curator", "carol")))
+    assert got.code == grpc.StatusCode.PERMISSION_DENIED and "not a curator" in got.details
+    assert consumed == [0] and "carol" not in state.tags
+
+
+def test_a_member_may_send_at_most_max_rows_tags() -> None:
+    service = CuratorService("alice", SCHEMA, EventLog("curator", "alice"), max_rows=100)
+    state = LeaderState("r1", ("alice", "bob"), None, 1.0, None, CipherMode.OTP, ("res",), SEED)
+    service.lead(state)
+    ok = service.SubmitTags(tag_chunks("r1", "bob", _tags(100), 4), _as("curator", "bob"))
+    assert ok.tags_received == 100
+    state.tags.clear()
+    got = _aborted(lambda: service.SubmitTags(tag_chunks("r1", "bob", _tags(101), 4), _as("curator", "bob")))
+    assert got.code == grpc.StatusCode.RESOURCE_EXHAUSTED and "--max-rows" in got.details
+    assert "bob" not in state.tags
+
+
+def test_a_follower_learns_the_leaders_refusal_within_seconds(tmp_path: Path) -> None:
+    service, state = _leading()
+    port_file = tmp_path / "port"
+    server = start_server(_config("alice", port_file=str(port_file)), service, EventLog("curator", "alice"))
+    try:
+        state.add_tags("alice", _tags(50), 6)
+        leader = threading.Thread(target=lambda: _swallow(lambda: state.collect(10.0)))
+        leader.start()
+        bob = _config("bob", leader=False, leader_address=f"127.0.0.1:{int(port_file.read_text())}")
+        t0 = time.monotonic()
+        with pytest.raises(AgreementError) as info:  # disjoint ids: no id common to all curators
+            follow_leader(bob, _tags(40, offset=500), 4, EventLog("curator", "bob"), Deadline(30.0))
+        took = time.monotonic() - t0
+        leader.join(5)
+        assert "FAILED_PRECONDITION" in str(info.value) and took < 5.0, (str(info.value), took)
+        assert state.wait_all_told(0.1)
+    finally:
+        server.stop(0).wait()
+
+
+def _swallow(fn: Any) -> None:
+    with contextlib.suppress(Exception):  # the leader's own failure; the follower's side is under test
+        fn()
 
 
 def test_get_agreement_refusals() -> None:
@@ -162,7 +218,7 @@ def _config(name: str, **kw: Any) -> CuratorConfig:
     base: dict[str, Any] = dict(
         name=name, release_id="r1", epsilon=1.0, m=None, cipher=CipherMode.OTP, curators=("alice", "bob"),
         leader=name == "alice", leader_address=None, expected_sizes=None, notify="res", grants=(),
-        budget=1.0, data=Path("x.csv"), schema=Path("x.json"), dataset="d", keystore=Path("ks"),
+        data=Path("x.csv"), schema=Path("x.json"), dataset="d", keystore=Path("ks"),
         server="127.0.0.1:1", certs=None, listen_host="127.0.0.1", listen_port=0, port_file=None,
         insecure=True, timeout=10.0, exit_after_keys=True, alignment_key=AlignmentKey(bytes(32)),
     )  # fmt: skip
@@ -176,10 +232,11 @@ def test_follower_gets_the_leaders_agreement_over_grpc(tmp_path: Path) -> None:
     port = int(port_file.read_text())
     try:
         state.add_tags("alice", _tags(50), 6)
-        leader = threading.Thread(target=state.collect, args=(10.0,))  # the leader's run thread
+        # the leader's run thread: fix the agreement, (register it,) publish it
+        leader = threading.Thread(target=lambda: (state.collect(10.0), state.publish()))
         leader.start()
         bob = _config("bob", leader=False, leader_address=f"127.0.0.1:{port}", timeout=5.0)
-        got = follow_leader(bob, _tags(40, offset=20), 4, EventLog("curator", "bob"))
+        got = follow_leader(bob, _tags(40, offset=20), 4, EventLog("curator", "bob"), Deadline(5.0))
         leader.join(5.0)
         assert state.agreement is not None and got.spec == state.agreement.spec and got.spec.n == 30
         assert got.seed.reveal() == SEED.reveal() and np.array_equal(got.common, state.agreement.common)

@@ -8,16 +8,18 @@ import os
 import stat
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from secure_release.curator.keystore import Keystore
+from secure_release.curator.keystore import Keystore, ReleaseRecord
 from secure_release.curator.table import BadRowsError, load_schema, read_table
 from secure_release.infra.fileio import atomic_write
 from secure_release.mechanism.errors import BudgetExceededError
 from secure_release.mechanism.pads import new_release_pad
+from tests.support import make_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = {"curator": "alice", "id_column": "id",
@@ -59,21 +61,23 @@ def test_parquet(tmp_path: Path) -> None:
 
 
 def test_keystore_files_are_0600_and_roundtrip(tmp_path: Path) -> None:
-    ks = Keystore(tmp_path / "ks", budget=1.0)
+    ks = Keystore(tmp_path / "ks")
+    spec = make_spec(m=50, n=200)
     for mode in ("chacha20", "otp"):
-        pad = new_release_pad(mode, 6, 50)
-        ks.save_pad(f"r-{mode}", pad)
-        back, _ = ks.load_pad(f"r-{mode}")
-        assert np.array_equal(back.pad(), pad.pad())
+        pad = new_release_pad(mode, 6, spec.m)
+        sample = np.arange(spec.m, dtype=np.uint32) % 6
+        record = ReleaseRecord(replace(spec, release_id=f"r-{mode}"), pad, sample, "f" * 64, "d", "s")
+        ks.save_record(record)
+        back = ks.load_record(f"r-{mode}")
+        assert back is not None and np.array_equal(back.pad.pad(), pad.pad())
+        assert np.array_equal(back.ciphertext(), record.ciphertext())
         assert stat.S_IMODE(os.stat(tmp_path / "ks" / f"release-r-{mode}.json").st_mode) == 0o600
-    ledger = ks.load_ledger()
-    ledger.charge("d", "r1", 0.4, "fp1")
-    ks.save_ledger(ledger)
-    assert stat.S_IMODE(os.stat(tmp_path / "ks" / "ledger.json").st_mode) == 0o600
+    ks.ledger.set_budget("f" * 64, "d", 1.0)
+    for name in ("ledger.jsonl", "ledger.head"):
+        assert stat.S_IMODE(os.stat(tmp_path / "ks" / name).st_mode) == 0o600
     assert stat.S_IMODE(os.stat(tmp_path / "ks").st_mode) == 0o700
     with pytest.raises(BudgetExceededError):
-        ks.load_ledger().check("d", "r2", 0.7, "fp2")
-    assert ks.load_ledger().spent("d") == pytest.approx(0.4)
+        ks.ledger.read().check_reserve("f" * 64, "r2", 1.5, "fp2")
 
 
 def test_atomic_write_leaves_old_file_on_failure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -94,16 +98,21 @@ def test_release_past_budget_refused_before_upload(tmp_path: Path) -> None:
     data, schema = _files(tmp_path, "x1,a,m\nx2,c,s\n")
     (tmp_path / "k").write_text("00" * 32)
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.run(
-        [sys.executable, "-m", "secure_release.curator", "run", "--data", str(data), "--schema", str(schema),
-         "--release-id", "r1", "--epsilon", "0.5", "--budget", "0.3", "--server", "127.0.0.1:1",
-         "--name", "alice", "--curators", "alice,bob", "--leader",
-         "--insecure", "--alignment-key-file", str(tmp_path / "k"), "--keystore", str(tmp_path / "ks")],
-        capture_output=True, text=True, timeout=60, env=env)
-    assert proc.returncode == 2, proc.stderr
+    cli = [sys.executable, "-m", "secure_release.curator"]
+    run = [*cli, "run", "--data", str(data), "--schema", str(schema), "--release-id", "r1", "--epsilon", "0.5",
+           "--server", "127.0.0.1:1", "--name", "alice", "--curators", "alice,bob", "--leader", "--insecure",
+           "--alignment-key-file", str(tmp_path / "k"), "--keystore", str(tmp_path / "ks"),
+           "--timeout", "1"]  # fmt: skip
+    unset = subprocess.run(run, capture_output=True, text=True, timeout=60, env=env)
+    assert unset.returncode == 2, unset.stderr
+    assert "NoBudgetError" in unset.stderr and "budget set" in unset.stderr
+    budget = [*cli, "budget", "set", "--keystore", str(tmp_path / "ks"), "--data", str(data), "--epsilon", "0.3"]
+    assert subprocess.run(budget, capture_output=True, timeout=60, env=env).returncode == 0
+    proc = subprocess.run(run, capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 1, proc.stderr
     assert "BudgetExceededError" in proc.stderr
-    assert not list((tmp_path / "ks").glob("release-*"))
-    assert '"registered"' not in proc.stderr and '"listening"' not in proc.stderr
+    assert not list((tmp_path / "ks").glob("release-*")) and not list((tmp_path / "ks").glob("agreement-*"))
+    assert '"registered"' not in proc.stderr and '"ledger_reserved"' not in proc.stderr
 
 
 def test_test_only_flags_need_testing_env(tmp_path: Path) -> None:

@@ -9,9 +9,13 @@ import io
 import json
 import logging
 import stat
+import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import grpc
 import numpy as np
 import pytest
 from researcher_fakes import (
@@ -29,7 +33,8 @@ from secure_release.infra.wire import report_to_pb
 from secure_release.mechanism.errors import ErrorKind
 from secure_release.mechanism.pads import CipherMode
 from secure_release.mechanism.report import CELL_COLUMNS, ReleaseReport
-from secure_release.researcher.client import Endpoints
+from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
+from secure_release.researcher.client import Endpoints, ReleaseAbortedError
 from secure_release.researcher.errors import (
     DigestMismatchError,
     KeyMismatchError,
@@ -37,7 +42,7 @@ from secure_release.researcher.errors import (
     ReleaseNotReadyError,
 )
 from secure_release.researcher.heatmap import heatmap_png, share_grid
-from secure_release.researcher.pipeline import process_release
+from secure_release.researcher.pipeline import MissingKeysError, process_release
 from secure_release.researcher.storage import load_reports, read_report, report_csv, report_json, write_report
 
 LOG = EventLog("researcher", "test")
@@ -272,3 +277,55 @@ def test_report_survives_the_wire_exactly() -> None:
     back = report_from_pb(report_to_pb(report))
     assert back.to_dict() == report.to_dict()
     assert back.marginal and back.refused == {"bob": "PERMISSION_DENIED: no grant"}
+
+
+# ---------------------------------------------------------------------------------- refused vs unavailable
+@dataclass
+class FlakyCurator(FakeCurator):
+    """UNAVAILABLE for the first ``outages`` key requests (e.g. restarting), then serves."""
+
+    outages: int = 0
+    calls: int = 0
+
+    def ReleaseKey(self, request: pb.KeyRequest, context: Any) -> Iterator[pb.KeyChunk]:  # noqa: N802
+        self.calls += 1
+        if self.calls <= self.outages:
+            context.abort(grpc.StatusCode.UNAVAILABLE, "restarting")
+        yield from super().ReleaseKey(request, context)
+
+
+@dataclass
+class AbortedServer(FakeServer):
+    """Reports the release ABORTED with a reason."""
+
+    def GetReleaseStatus(self, request: pb.ReleaseStatusRequest, context: Any) -> pb.ReleaseStatus:  # noqa: N802
+        return pb.ReleaseStatus(release_id="r1", state=pb.RELEASE_STATE_ABORTED, abort_reason="bob: epsilon differs")
+
+
+def test_an_unavailable_curator_is_asked_again_until_it_answers(chacha: FakeRelease) -> None:
+    flaky = FlakyCurator(chacha, 1, outages=3)
+    with running(FakeServer(chacha), [FakeCurator(chacha, 0), flaky]) as endpoints:
+        report = process_release(endpoints, "r1", None, LOG, timeout=20, allow_partial=False)
+    assert flaky.calls == 4 and not report.marginal
+    _assert_matches(report, chacha, [0, 1])
+
+
+def test_missing_keys_fail_unless_partial_is_allowed(chacha: FakeRelease, tmp_path: Path) -> None:
+    down = FlakyCurator(chacha, 1, outages=10**6)
+    with running(FakeServer(chacha), [FakeCurator(chacha, 0), down]) as endpoints:
+        with pytest.raises(MissingKeysError, match=r"'bob': 'unavailable: UNAVAILABLE") as err:
+            process_release(endpoints, "r1", tmp_path / "out", LOG, timeout=2, allow_partial=False)
+        assert "--allow-partial" in str(err.value) and not (tmp_path / "out").exists()
+        report = process_release(endpoints, "r1", None, LOG, timeout=2, allow_partial=True)
+    assert report.marginal and report.refused["bob"].startswith("unavailable: UNAVAILABLE")
+    refusing = [FakeCurator(chacha, 0), FakeCurator(chacha, 1, refuse=True)]
+    with running(FakeServer(chacha), refusing) as endpoints, pytest.raises(MissingKeysError, match="'bob': 'PERMI"):
+        process_release(endpoints, "r1", None, LOG, timeout=5, allow_partial=False)
+
+
+def test_an_aborted_release_stops_the_wait_with_its_reason(chacha: FakeRelease) -> None:
+    t0 = time.monotonic()
+    fakes = running(AbortedServer(chacha), [FakeCurator(chacha, 0), FakeCurator(chacha, 1)])
+    with fakes as endpoints, pytest.raises(ReleaseAbortedError, match="bob: epsilon differs"):
+        process_release(endpoints, "r1", None, LOG, timeout=30)
+    assert time.monotonic() - t0 < 5

@@ -1,0 +1,161 @@
+"""The curator's operator commands besides ``run``.
+
+- ``budget set --keystore K --data FILE --epsilon E [--dataset NAME]``: the data set's total
+  budget, recorded in the ledger (the only way a budget is set); ``budget show``: the history.
+- ``release status ID`` / ``release abort ID --reason TEXT``: the server's view of a release
+  (with this curator's certificate) and the local ledger's; an abort refunds the local
+  reservation once the server confirms ABORTED.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from secure_release.curator.keystore import Keystore
+from secure_release.curator.ledgerfile import LedgerFile, file_fingerprint
+from secure_release.infra.config import ConfigError, require
+from secure_release.infra.tls import secure_channel
+from secure_release.mechanism.ledger import PrivacyLedger
+from secure_release.mechanism.spec import check_name, check_party_name
+from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
+from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
+
+CALL_S = 10.0
+
+
+def add_budget_parser(sub: Any) -> None:
+    """``budget set|show``."""
+    b = sub.add_parser("budget", help="set or show a data set's privacy budget (the ledger)")
+    bsub = b.add_subparsers(dest="action", metavar="ACTION")
+    s = bsub.add_parser("set", help="set the total epsilon budget of a data set")
+    s.add_argument("--keystore", required=True, help="the curator's keystore directory")
+    s.add_argument("--data", required=True, help="the table file (identified by its SHA-256)")
+    s.add_argument("--dataset", help="a name for people (default: the file name)")
+    s.add_argument("--epsilon", type=float, required=True, help="total budget, finite and > 0")
+    w = bsub.add_parser("show", help="print the ledger's budgets, releases and entries (JSON)")
+    w.add_argument("--keystore", required=True, help="the curator's keystore directory")
+    w.add_argument("--data", help="only this table file's data set")
+
+
+def add_release_parser(sub: Any) -> None:
+    """``release status|abort ID``."""
+    r = sub.add_parser("release", help="a release's status at the server, or abort it")
+    rsub = r.add_subparsers(dest="action", metavar="ACTION")
+    for action, text in (("status", "print the release's state"), ("abort", "abort it before sealing")):
+        p = rsub.add_parser(action, help=text)
+        p.add_argument("release_id", metavar="ID")
+        p.add_argument("--server", required=True, help="HOST:PORT of the release server")
+        p.add_argument("--certs", help="directory with ca.pem, NAME.pem, NAME.key")
+        p.add_argument("--name", required=True, help="this curator's certificate name")
+        p.add_argument("--keystore", help="also show (and on abort, refund) the local ledger's entry")
+        p.add_argument("--insecure", action="store_true", help="plaintext gRPC (tests/demos only!)")
+        if action == "abort":
+            p.add_argument("--reason", required=True, help="shown to every party")
+
+
+def budget(args: argparse.Namespace) -> int:
+    """``budget set|show``; 0 on success."""
+    if args.action == "set":
+        ledger = LedgerFile(args.keystore)
+        fingerprint = file_fingerprint(args.data)
+        entry = ledger.set_budget(fingerprint, args.dataset or Path(args.data).name, args.epsilon)
+        sys.stdout.write(
+            json.dumps(
+                {
+                    "dataset": entry.name,
+                    "fingerprint": fingerprint,
+                    "budget": entry.epsilon,
+                    "remaining": ledger.read().remaining(fingerprint),
+                }
+            )
+            + "\n"
+        )
+        return 0
+    if args.action == "show":
+        led = LedgerFile(args.keystore).read()
+        only = file_fingerprint(args.data) if args.data else None
+        sys.stdout.write(json.dumps(ledger_summary(led, only), indent=1) + "\n")
+        return 0
+    raise ConfigError("budget needs an action: set or show")
+
+
+def ledger_summary(ledger: PrivacyLedger, only: str | None = None) -> dict[str, Any]:
+    """Budgets, spent and remaining per data set, every release's state, every entry."""
+    datasets = sorted({e.dataset for e in ledger.entries if only in (None, e.dataset)})
+    return {
+        "datasets": [
+            {
+                "fingerprint": d,
+                "name": ledger.name_of(d),
+                "budget": ledger.budget(d),
+                "spent": ledger.spent(d),
+                "remaining": ledger.remaining(d),
+            }
+            for d in datasets
+        ],
+        "releases": {
+            r.release_id: {"state": r.state.value, "epsilon": r.epsilon, "dataset": r.dataset}
+            for r in ledger.releases().values()
+            if r.dataset in datasets
+        },
+        "entries": [e.body() for e in ledger.entries if e.dataset in datasets],
+    }
+
+
+def _status_json(status: pb.ReleaseStatus) -> dict[str, Any]:
+    return {
+        "release_id": status.release_id,
+        "state": pb.ReleaseState.Name(status.state).removeprefix("RELEASE_STATE_"),
+        "abort_reason": status.abort_reason,
+        "curators": {
+            p.curator: {"registered": p.registered, "committed": p.committed, "chunks_held": len(p.chunks_held)}
+            for p in status.curators
+        },
+    }
+
+
+def release(args: argparse.Namespace) -> int:
+    """``release status|abort ID``: 0 on success, 1 if the server refused (e.g. sealed)."""
+    if args.action not in ("status", "abort"):
+        raise ConfigError("release needs an action: status or abort")
+    if not args.insecure:
+        require(args, "certs")
+    release_id, name = check_name(args.release_id, "release id"), check_party_name(args.name, "curator name")
+    certs = Path(args.certs) if args.certs else None
+    out: dict[str, Any] = {}
+    code = 0
+    with secure_channel(args.server, certs, name, args.insecure, role="curator", peer_role="server") as channel:
+        stub = pb_grpc.ReleaseServerStub(channel)
+        try:
+            if args.action == "abort":
+                status = stub.AbortRelease(
+                    pb.AbortRequest(release_id=release_id, curator=name, reason=args.reason), timeout=CALL_S
+                )
+            else:
+                status = stub.GetReleaseStatus(pb.ReleaseStatusRequest(release_id=release_id), timeout=CALL_S)
+            out["server"] = _status_json(status)
+        except grpc.RpcError as exc:
+            out["server"] = {"error": f"{exc.code().name}: {exc.details()}"}
+            code = 1
+            status = None
+    if args.keystore:
+        out["ledger"] = _local(args, release_id, status)
+    sys.stdout.write(json.dumps(out, indent=1) + "\n")
+    return code
+
+
+def _local(args: argparse.Namespace, release_id: str, status: pb.ReleaseStatus | None) -> dict[str, Any]:
+    keystore = Keystore(args.keystore)
+    if args.action == "abort" and status is not None and status.state == pb.RELEASE_STATE_ABORTED:
+        if release_id in keystore.ledger.read().releases():
+            keystore.ledger.update(lambda led: led.refund(release_id, time.time()))
+        keystore.drop_record(release_id)
+    known = keystore.ledger.read().releases().get(release_id)
+    return {"state": known.state.value, "epsilon": known.epsilon} if known else {"state": "unknown"}

@@ -1,0 +1,90 @@
+"""Deadlines for every wait of a curator run (``--timeout`` applies end to end) and retrying
+transient RPC failures until the deadline, each wait naming what it waited for."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+import grpc
+
+from secure_release.curator.errors import StoppedError, WaitTimeoutError
+from secure_release.infra.logs import EventLog
+
+T = TypeVar("T")
+TRANSIENT = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.ABORTED,
+    }
+)
+FIRST_DELAY_S = 0.1
+MAX_DELAY_S = 1.0
+
+
+@dataclass
+class Deadline:
+    """One end-to-end deadline (monotonic) and the SIGTERM event every wait honours."""
+
+    seconds: float
+    stop: threading.Event = field(default_factory=threading.Event)
+    end: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.end = time.monotonic() + self.seconds
+
+    def left(self) -> float:
+        """Seconds until the deadline (never negative)."""
+        return max(0.0, self.end - time.monotonic())
+
+    def check(self, what: str) -> float:
+        """Seconds left; :class:`WaitTimeoutError` naming ``what`` once none are, or
+        :class:`StoppedError` after SIGTERM."""
+        if self.stop.is_set():
+            raise StoppedError(f"stopped (SIGTERM) while waiting for {what}")
+        left = self.left()
+        if left <= 0:
+            raise WaitTimeoutError(f"gave up after {self.seconds:g} s (--timeout) waiting for {what}")
+        return left
+
+    def sleep(self, seconds: float, what: str) -> None:
+        """Sleep up to ``seconds`` (woken by SIGTERM), then :meth:`check`."""
+        self.stop.wait(min(seconds, self.left()))
+        self.check(what)
+
+
+def retry_until(
+    fn: Callable[[float], T],
+    what: str,
+    deadline: Deadline,
+    log: EventLog | None = None,
+    per_call_s: float = 30.0,
+    retry: frozenset[grpc.StatusCode] = TRANSIENT,
+) -> T:
+    """Call ``fn(timeout)`` until it succeeds, retrying ``retry`` codes with backoff until the
+    deadline (then :class:`WaitTimeoutError` naming ``what`` and the last error)."""
+    delay = FIRST_DELAY_S
+    attempt = 0
+    while True:
+        left = deadline.check(what)
+        attempt += 1
+        try:
+            return fn(max(0.05, min(per_call_s, left)))
+        except grpc.RpcError as exc:
+            code = exc.code()
+            if code not in retry:
+                raise
+            if deadline.left() <= delay:
+                raise WaitTimeoutError(
+                    f"gave up after {deadline.seconds:g} s (--timeout) waiting for {what}; "
+                    f"last answer {code.name}: {exc.details()}"
+                ) from None
+            if log is not None and (attempt in (1, 2, 4, 8) or attempt % 16 == 0):
+                log("retry", what=what, attempt=attempt, code=code.name, delay_s=round(delay, 2))
+            deadline.sleep(delay, what)
+            delay = min(delay * 2, MAX_DELAY_S)
