@@ -7,14 +7,18 @@ or ``--config file.json`` (keys are flag names); flags win over env, env over th
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
+
+import grpc
 
 from secure_release.curator.commands import add_budget_parser, add_release_parser, budget, release
 from secure_release.curator.config import DEFAULT_KEY_RETENTION_S
 from secure_release.curator.keystore import KeystoreError, TableChangedError
 from secure_release.curator.table import BadRowsError, SchemaFileError
 from secure_release.infra.config import ConfigError, apply_env_and_config, subcommand_parser
+from secure_release.infra.exitcodes import USAGE, describe, exit_code_for
 from secure_release.infra.logs import setup_logging
 from secure_release.mechanism.errors import (
     InvalidNameError,
@@ -54,15 +58,19 @@ The budget is set beforehand, never per run:
   python -m secure_release.curator budget set --keystore ks-alice --data alice.csv --epsilon 2.0
 
 Exit codes: 0 released (keys served), 1 the release failed or was aborted (the reason is printed
-and recorded at the server), 2 a usage, config or input error.
+and recorded at the server), 2 a usage, config or input error, 3 refused (e.g. the budget does
+not cover the release).
 
-Example (two terminals; the certificates come from 'secure-release pki init'):
-  python -m secure_release.curator run --data alice.csv --schema alice.json --release-id r1 --epsilon 0.5 \\
+Example (two terminals; certificates from 'secure-release pki init certs', the key from
+'secure-release keygen alignment align.key', schemas from 'secure-release schema draft'; the
+leader comes first in --curators; see docs/own-data.md for the server and researcher):
+  secure-release-curator run --data alice.csv --schema alice.json --release-id r1 --epsilon 0.5 \\
       --server 127.0.0.1:7000 --certs certs --name alice --curators alice,bob --leader \\
-      --listen 127.0.0.1:7101 --alignment-key-file align.key --grant researcher
-  python -m secure_release.curator run --data bob.csv --schema bob.json --release-id r1 --epsilon 0.5 \\
+      --listen 127.0.0.1:7101 --alignment-key-file align.key --grant researcher --keystore ks-alice
+  secure-release-curator run --data bob.csv --schema bob.json --release-id r1 --epsilon 0.5 \\
       --server 127.0.0.1:7000 --certs certs --name bob --curators alice,bob \\
-      --leader-address 127.0.0.1:7101 --alignment-key-file align.key --grant researcher
+      --leader-address 127.0.0.1:7101 --listen 127.0.0.1:7102 --alignment-key-file align.key \\
+      --grant researcher --keystore ks-bob
 """
 
 
@@ -151,8 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the curator CLI; returns the exit code (0 success, 1 failed or aborted release,
-    2 usage, config or input error)."""
+    """Run the curator CLI; returns the exit code of the shared convention (infra/exitcodes.py:
+    0 success, 1 failed or aborted release, 2 usage, config or input error, 3 refused)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     try:
@@ -162,23 +170,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command not in ("run", "budget", "release") or getattr(args, "action", "") is None:
             parser.print_help()
             return 2
+        os.umask(0o077)  # keystores, ledgers, pads: every file 0600, every directory 0700
         setup_logging()
         return _dispatch(args)
     except KeyboardInterrupt:
         return 130
     except USAGE_ERRORS as exc:
-        sys.stderr.write(f"curator: error: {type(exc).__name__}: {exc}\n")
-        return 2
-    except SecureReleaseError as exc:
-        sys.stderr.write(f"curator: error: {type(exc).__name__}: {exc}\n")
-        return 1
-    except Exception as exc:  # grpc.RpcError and friends: one line, no traceback of secrets
-        import grpc
-
-        if isinstance(exc, grpc.RpcError):
-            sys.stderr.write(f"curator: error: RPC failed: {exc.code()}: {exc.details()}\n")
-            return 1
-        raise
+        sys.stderr.write(f"curator: error: {describe(exc)}\n")
+        return USAGE
+    except (SecureReleaseError, grpc.RpcError) as exc:  # one line, no traceback of secrets
+        sys.stderr.write(f"curator: error: {describe(exc)}\n")
+        return exit_code_for(exc)
 
 
 def _dispatch(args: argparse.Namespace) -> int:

@@ -323,5 +323,3 @@ def run(config: CuratorConfig) -> int:
         parts.link.close()
         server.stop(grace=1.0)
         log("stopped")
-
-

@@ -13,6 +13,8 @@ import sys
 from collections.abc import Iterator, Sequence
 
 import grpc
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress
 
 from secure_release.curator.config import CuratorConfig
 from secure_release.curator.errors import ReleaseAbortedError, WaitTimeoutError
@@ -33,18 +35,6 @@ POLL_S = 0.25
 SEALED_STATES = frozenset({pb.RELEASE_STATE_SEALED, pb.RELEASE_STATE_PERTURBED})
 
 
-def _progress(done: int, total: int, label: str) -> None:
-    """A progress bar on stderr, only when it is a terminal."""
-    if not sys.stderr.isatty() or total <= 0:
-        return
-    width = 30
-    filled = int(width * done / total)
-    sys.stderr.write(f"\r{label} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}")
-    if done >= total:
-        sys.stderr.write("\n")
-    sys.stderr.flush()
-
-
 def pack_chunks(ciphertext: SymbolArray, alphabet_size: int) -> list[bytes]:
     """The ciphertext packed CHUNK_ROWS symbols a chunk (one numpy pack per chunk)."""
     return [
@@ -58,10 +48,18 @@ def upload_messages(
 ) -> Iterator[pb.UploadChunk]:
     """The UploadCiphertext stream: every chunk not in ``skip``, then the commit with digest
     and count (over all chunks)."""
-    for seq, data in enumerate(chunks):
-        _progress(seq + 1, len(chunks), f"{curator} upload")
-        if seq not in skip:
-            yield pb.UploadChunk(release_id=release_id, curator=curator, sequence=seq, symbols=data)
+    with Progress(
+        f"{curator} upload",
+        BarColumn(),
+        MofNCompleteColumn(),
+        console=Console(stderr=True),
+        disable=not sys.stderr.isatty(),
+    ) as progress:
+        task = progress.add_task("upload", total=len(chunks))
+        for seq, data in enumerate(chunks):
+            progress.update(task, completed=seq + 1)
+            if seq not in skip:
+                yield pb.UploadChunk(release_id=release_id, curator=curator, sequence=seq, symbols=data)
     yield pb.UploadChunk(
         release_id=release_id, curator=curator, commit=True, digest=digest_of(list(chunks)), num_chunks=len(chunks)
     )

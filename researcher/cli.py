@@ -18,6 +18,7 @@ Config: flags, SECURE_RELEASE_<FLAG> env, or --config file.json.
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
@@ -34,6 +35,7 @@ from secure_release.infra.config import (
     subcommand_parser,
     write_port_file,
 )
+from secure_release.infra.exitcodes import USAGE, describe, exit_code_for
 from secure_release.infra.health import add_health_and_reflection
 from secure_release.infra.logs import EventLog, setup_logging
 from secure_release.infra.tls import bind, make_grpc_server
@@ -51,10 +53,12 @@ SERVICE_NAME = "securerelease.v1.Researcher"
 _CURATORS = "--curator alice=127.0.0.1:7101 --curator bob=127.0.0.1:7102"
 EXAMPLE = (
     "Examples:\n"
-    "  python -m secure_release.researcher serve --listen 127.0.0.1:7200 --certs certs --name researcher \\\n"
+    "  secure-release-researcher serve --listen 127.0.0.1:7200 --certs certs --name researcher \\\n"
+    f"      --server 127.0.0.1:7000 {_CURATORS} --analyst analyst --out results\n"
+    "  secure-release-researcher fetch --release-id r1 --certs certs --name researcher \\\n"
     f"      --server 127.0.0.1:7000 {_CURATORS} --out results\n"
-    "  python -m secure_release.researcher fetch --release-id r1 --certs certs --name researcher \\\n"
-    f"      --server 127.0.0.1:7000 {_CURATORS} --out results\n"
+    "Exit codes: 0 estimated, 1 failed (aborted, a key missing without --allow-partial, an RPC),\n"
+    "2 a bad setting, 3 refused.\n"
 )
 
 
@@ -203,23 +207,21 @@ def _out(args: argparse.Namespace) -> Path | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``serve`` or ``fetch``; exit 1 if the release failed (aborted, a key missing, an RPC),
-    2 on a bad setting."""
+    """Run ``serve`` or ``fetch``; exit codes of the shared convention (infra/exitcodes.py): 1 if
+    the release failed (aborted, a key missing, an RPC), 2 on a bad setting, 3 if refused."""
     try:
         args = parse_args(list(sys.argv[1:] if argv is None else argv))
         if args is None:
             return 2
+        os.umask(0o077)  # results and estimates: every file 0600, every directory 0700
         setup_logging()
         log = EventLog("researcher", args.name)
         return fetch(args, log) if args.command == "fetch" else serve(args, log)
     except KeyboardInterrupt:
         return 130
     except (ConfigError, OSError) as exc:
-        sys.stderr.write(f"researcher: error: {type(exc).__name__}: {exc}\n")
-        return 2
-    except SecureReleaseError as exc:
-        sys.stderr.write(f"researcher: error: {type(exc).__name__}: {exc}\n")
-        return 1
-    except grpc.RpcError as exc:
-        sys.stderr.write(f"researcher: error: RPC failed: {exc.code().name}: {exc.details()}\n")
-        return 1
+        sys.stderr.write(f"researcher: error: {describe(exc)}\n")
+        return USAGE
+    except (SecureReleaseError, grpc.RpcError) as exc:
+        sys.stderr.write(f"researcher: error: {describe(exc)}\n")
+        return exit_code_for(exc)

@@ -229,6 +229,7 @@ def run(args: argparse.Namespace) -> int:
     from secure_release.mechanism.plan import plan_release
 
     check_args(args)
+    os.umask(0o077)  # the demo's tables, keys, logs, store and results: private to this user
     if args.keep is not None:
         args.keep.mkdir(parents=True, exist_ok=True)
         root, tmp = args.keep, None

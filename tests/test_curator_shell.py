@@ -109,7 +109,7 @@ def test_release_past_budget_refused_before_upload(tmp_path: Path) -> None:
     budget = [*cli, "budget", "set", "--keystore", str(tmp_path / "ks"), "--data", str(data), "--epsilon", "0.3"]
     assert subprocess.run(budget, capture_output=True, timeout=60, env=env).returncode == 0
     proc = subprocess.run(run, capture_output=True, text=True, timeout=60, env=env)
-    assert proc.returncode == 1, proc.stderr
+    assert proc.returncode == 3, proc.stderr  # refused: the budget does not cover it
     assert "BudgetExceededError" in proc.stderr
     assert not list((tmp_path / "ks").glob("release-*")) and not list((tmp_path / "ks").glob("agreement-*"))
     assert '"registered"' not in proc.stderr and '"ledger_reserved"' not in proc.stderr
