@@ -157,6 +157,9 @@ def symbol_word_bytes(k: int) -> int:
     return 2 if k <= 2**16 else 4
 
 
+_NONE_REJECTED: npt.NDArray[np.intp] = np.zeros(0, dtype=np.intp)
+
+
 def candidates(k: int, raw: npt.NDArray[np.uint8]) -> tuple[npt.NDArray[np.uint32], npt.NDArray[np.intp]]:
     """First-level candidates of :func:`uniform_below` for the words in ``raw``, and the
     indices of the rejected ones (whose candidate values are meaningless).
@@ -178,11 +181,7 @@ def candidates(k: int, raw: npt.NDArray[np.uint8]) -> tuple[npt.NDArray[np.uint3
         out = np.empty(wide.size, dtype=np.uint32)
         out[:] = wide >> np.uint64(32)
         shift = np.uint32(0)
-    rejected = np.zeros(0, dtype=np.intp)
-    if threshold:
-        below = low_half < threshold
-        if below.any():
-            rejected = np.flatnonzero(below)
+    rejected = np.flatnonzero(low_half < threshold) if threshold else _NONE_REJECTED
     if shift:
         np.right_shift(out, shift, out=out)
     return out, rejected
