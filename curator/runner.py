@@ -29,7 +29,7 @@ from secure_release.curator.keystore import Keystore, ReleaseRecord
 from secure_release.curator.leader import LeaderState
 from secure_release.curator.ledgerfile import file_fingerprint
 from secure_release.curator.service import SERVICE_NAME, CuratorService
-from secure_release.curator.table import load_schema, read_table
+from secure_release.curator.table import TableSpec, load_schema, read_table
 from secure_release.curator.upload import ServerLink
 from secure_release.infra.config import ConfigError, write_port_file
 from secure_release.infra.health import add_health_and_reflection
@@ -63,11 +63,17 @@ class OwnData:
         return self.table.schema.alphabet_size
 
 
-def load_table(config: CuratorConfig, log: EventLog) -> CuratorTable:
-    """Read the table against its schema (which must be this curator's)."""
+def own_schema(config: CuratorConfig) -> TableSpec:
+    """The schema file, which must be this curator's (cheap: read before the table)."""
     spec = load_schema(config.schema)
     if spec.schema.name != config.name:
         raise ConfigError(f"schema {config.schema} is for curator {spec.schema.name!r}, not {config.name!r}")
+    return spec
+
+
+def load_table(config: CuratorConfig, log: EventLog, spec: TableSpec | None = None) -> CuratorTable:
+    """Read the table against its schema (which must be this curator's)."""
+    spec = spec or own_schema(config)
     table = read_table(config.data, spec)
     log("table_loaded", rows=int(table.ids.size), alphabet_size=spec.schema.alphabet_size)
     return table
@@ -269,11 +275,32 @@ def resumable_record(config: CuratorConfig, keystore: Keystore, fingerprint: str
     return record
 
 
-def open_run(config: CuratorConfig, log: EventLog, deadline_stop: threading.Event) -> tuple[Run, ReleaseRecord | None]:
-    """Everything before the service starts: table, fingerprint, record or ledger check, tags."""
+def open_service(config: CuratorConfig, log: EventLog) -> tuple[TableSpec, CuratorService, LeaderState | None]:
+    """The Curator service (and the leader's state) from the schema alone, so the curator can
+    listen and answer health while it reads its table; keys stay held until the release seals."""
+    spec = own_schema(config)
+    service = CuratorService(config.name, spec.schema, log, config.max_rows)
+    service.hold_key(config.release_id, "the release is not sealed yet")
+    state = leader_state(config, spec.schema.alphabet_size) if config.leader else None
+    if state is not None:
+        stored = Keystore(config.keystore).load_agreement(config.release_id)
+        if stored is not None:
+            state.restore(*stored)
+        service.lead(state)
+    return spec, service, state
+
+
+def open_run(
+    config: CuratorConfig,
+    log: EventLog,
+    deadline_stop: threading.Event,
+    opened: tuple[TableSpec, CuratorService, LeaderState | None],
+) -> tuple[Run, ReleaseRecord | None]:
+    """After the service started: table, fingerprint, record or ledger check, tags."""
     from secure_release.curator.waits import Deadline
 
-    table = load_table(config, log)
+    spec, service, state = opened
+    table = load_table(config, log, spec)
     keystore = Keystore(config.keystore)
     fingerprint = file_fingerprint(config.data)
     record = resumable_record(config, keystore, fingerprint)
@@ -285,14 +312,6 @@ def open_run(config: CuratorConfig, log: EventLog, deadline_stop: threading.Even
             log.warning("ledger_refuses", release_id=config.release_id, reason=f"{type(exc).__name__}: {exc}")
             refusal = exc
     own = OwnData(table, curator_tags(table, config.alignment_key), fingerprint)
-    service = CuratorService(config.name, table.schema, log, config.max_rows)
-    service.hold_key(config.release_id, "the release is not sealed yet")
-    state = leader_state(config, own.alphabet_size) if config.leader else None
-    if state is not None:
-        stored = keystore.load_agreement(config.release_id)
-        if stored is not None:
-            state.restore(*stored)
-        service.lead(state)
     link = ServerLink(config, log, Deadline(config.timeout, deadline_stop))
     return Run(config, log, keystore, own, service, state, link, refusal), record
 
@@ -302,9 +321,11 @@ def run(config: CuratorConfig) -> int:
     were served; a failed or aborted release raises (after telling every party)."""
     log = EventLog("curator", config.name)
     stop = stop_on_sigterm()
-    parts, record = open_run(config, log, stop)
-    server = start_server(config, parts.service, log)
+    opened = open_service(config, log)
+    server = start_server(config, opened[1], log)  # listening before the table is read
+    parts: Run | None = None
     try:
+        parts, record = open_run(config, log, stop, opened)
         try:
             if record is None:
                 record = setup_release(parts)
@@ -320,6 +341,7 @@ def run(config: CuratorConfig) -> int:
         serve_keys(parts, record, stop)
         return 0
     finally:
-        parts.link.close()
+        if parts is not None:
+            parts.link.close()
         server.stop(grace=1.0)
         log("stopped")
