@@ -112,3 +112,24 @@ def test_every_served_method_is_in_the_table() -> None:
         service = POOL.FindServiceByName(f"securerelease.v1.{short}")
         for m in service.methods:
             assert f"/securerelease.v1.{short}/{m.name}" in ACCESS
+
+
+def test_every_service_answers_health_and_lists_itself_by_reflection(
+    certs: Path, services: dict[str, tuple[int, str, str]]
+) -> None:
+    """grpc.health.v1 Check says SERVING for the server and for the named service, and server
+    reflection lists the service, on all three."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+    for short, (port, peer_role, peer_name) in services.items():
+        ch = tls.secure_channel(f"127.0.0.1:{port}", certs, "analyst", peer_role=peer_role, peer_name=peer_name)
+        with ch:
+            health = health_pb2_grpc.HealthStub(ch)
+            for name in ("", f"securerelease.v1.{short}"):
+                status = health.Check(health_pb2.HealthCheckRequest(service=name), timeout=5).status
+                assert status == health_pb2.HealthCheckResponse.SERVING, (short, name)
+            request = reflection_pb2.ServerReflectionRequest(list_services="")
+            answer = next(reflection_pb2_grpc.ServerReflectionStub(ch).ServerReflectionInfo(iter([request]), timeout=5))
+            listed = {s.name for s in answer.list_services_response.service}
+            assert f"securerelease.v1.{short}" in listed and "grpc.health.v1.Health" in listed, listed
