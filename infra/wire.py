@@ -9,16 +9,14 @@ Decoding validates: a message that does not make a valid domain value raises a n
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
 from secure_release.mechanism.alignment import TAG_DTYPE, TagArray
 from secure_release.mechanism.errors import ShapeMismatchError, UnknownCipherError
 from secure_release.mechanism.pads import CipherMode
 from secure_release.mechanism.plan import ReleasePlan
-from secure_release.mechanism.report import ReleaseReport
+from secure_release.mechanism.report import CELL_COLUMNS, ReleaseReport
 from secure_release.mechanism.schema import Attribute, CuratorSchema
 from secure_release.mechanism.spec import ReleaseSpec
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
@@ -170,29 +168,22 @@ def report_to_pb(report: ReleaseReport) -> pb.EstimateResponse:
 def report_from_pb(resp: pb.EstimateResponse) -> ReleaseReport:
     """An ``EstimateResponse`` as the :class:`ReleaseReport` it was made from."""
     p = resp.privacy
-    plan = ReleasePlan(
-        int(p.n), int(p.m), tuple(int(k) for k in p.alphabet_sizes), float(p.epsilon), float(p.gamma)
-    )
-    cells = list(resp.cells)
-
-    def column(attr: str, dtype: type) -> npt.NDArray[Any]:
-        return np.fromiter((getattr(c, attr) for c in cells), dtype=dtype, count=len(cells))
-
-    return ReleaseReport(
-        release_id=resp.release_id,
-        plan=plan,
-        curators=tuple(resp.all_curators) or tuple(resp.curators),
-        covered=tuple(resp.curators),
-        attributes=tuple(resp.attributes),
-        labels=tuple(tuple(c.labels) for c in cells),
-        estimate=column("estimate", np.float64),
-        projected=column("projected", np.float64),
-        mle=column("mle", np.float64),
-        standard_error=column("standard_error", np.float64),
-        ci_low=column("ci_low", np.float64),
-        ci_high=column("ci_high", np.float64),
-        observed=column("observed", np.int64),
-        mle_iterations=int(resp.mle_iterations),
-        interval_method=resp.interval_method,
-        refused=dict(resp.refused),
+    return ReleaseReport.from_dict(
+        {
+            "release_id": resp.release_id,
+            "plan": {
+                "n": p.n,
+                "m": p.m,
+                "alphabet_sizes": list(p.alphabet_sizes),
+                "epsilon": p.epsilon,
+                "gamma": p.gamma,
+            },
+            "all_curators": list(resp.all_curators) or list(resp.curators),
+            "curators": list(resp.curators),
+            "attributes": list(resp.attributes),
+            "cells": [{"labels": list(c.labels), **{col: getattr(c, col) for col in CELL_COLUMNS}} for c in resp.cells],
+            "mle_iterations": resp.mle_iterations,
+            "interval_method": resp.interval_method,
+            "refused": dict(resp.refused),
+        }
     )

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from secure_release.infra import tls
 from secure_release.infra.pki import init_pki
+from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
+from secure_release.server.service import ReleaseService
+from secure_release.server.store import Store
 
 #: Every party the tests use: three curators, the server, a granted and an ungranted
 #: researcher, and an analyst.
@@ -60,3 +65,16 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     directory = tmp_path_factory.mktemp("certs")
     init_pki(directory, PARTIES)
     return directory
+
+
+@pytest.fixture(scope="module")
+def server_port(certs: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
+    """A release server over mutual TLS (as ``server``) on 127.0.0.1, for one test module."""
+    store = Store(tmp_path_factory.mktemp("store"))
+    server = tls.make_grpc_server(max_workers=4)
+    pb_grpc.add_ReleaseServerServicer_to_server(ReleaseService(store), server)
+    port = tls.bind(server, "127.0.0.1", 0, certs, "server")
+    server.start()
+    yield port
+    server.stop(0).wait()
+    store.close()

@@ -4,7 +4,6 @@ x RPC matrix walks the access table in test_access_table.py)."""
 from __future__ import annotations
 
 import stat
-from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -15,21 +14,7 @@ from secure_release.infra import tls as security
 from secure_release.infra.pki import init_pki
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
-from secure_release.server.service import ReleaseService
-from secure_release.server.store import Store
 from tests.conftest import PARTIES
-
-
-@pytest.fixture(scope="module")
-def server_port(certs: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
-    store = Store(tmp_path_factory.mktemp("store"))
-    server = security.make_grpc_server(max_workers=4)
-    pb_grpc.add_ReleaseServerServicer_to_server(ReleaseService(store), server)
-    port = security.bind(server, "127.0.0.1", 0, certs, "server")
-    server.start()
-    yield port
-    server.stop(0).wait()
-    store.close()
 
 
 def test_pki_files_modes_and_uri_san(certs: Path) -> None:

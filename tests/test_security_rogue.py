@@ -4,7 +4,6 @@ code runs (foreign CA, expired, no role, two roles, a wrong role, a role the CA 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -16,26 +15,12 @@ from secure_release.infra import tls
 from secure_release.infra.pki import Authority, host_names, identity_names, issue, write_party
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
-from secure_release.server.service import ReleaseService
-from secure_release.server.store import Store
 
 
 def project_ca(certs: Path) -> Authority:
     key = serialization.load_pem_private_key((certs / "ca.key").read_bytes(), None)
     cert = x509.load_pem_x509_certificate((certs / "ca.pem").read_bytes())
     return Authority(key, cert)  # type: ignore[arg-type]
-
-
-@pytest.fixture(scope="module")
-def server_port(certs: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
-    store = Store(tmp_path_factory.mktemp("store"))
-    server = tls.make_grpc_server(max_workers=4)
-    pb_grpc.add_ReleaseServerServicer_to_server(ReleaseService(store), server)
-    port = tls.bind(server, "127.0.0.1", 0, certs, "server")
-    server.start()
-    yield port
-    server.stop(0).wait()
-    store.close()
 
 
 def rogue_dir(certs: Path, tmp_path: Path, sans: list[x509.GeneralName], validity: object = None) -> Path:
