@@ -110,16 +110,28 @@ def follow_leader(config: CuratorConfig, tags: TagArray, own_size: int, log: Eve
     )
     try:
         stub = pb_grpc.CuratorStub(channel)
-        resp = retry_until(
-            lambda t: stub.SubmitTags(tag_chunks(config.release_id, config.name, tags, own_size), timeout=t),
-            f"the leader {leader} at {config.leader_address} to take our tags",
-            deadline,
-            log,
+
+        def submit(timeout: float) -> pb.SubmitTagsResponse:
+            resp: pb.SubmitTagsResponse = stub.SubmitTags(
+                tag_chunks(config.release_id, config.name, tags, own_size), timeout=timeout
+            )
+            log("tags_submitted", leader=config.leader_address, tags=int(resp.tags_received))
+            return resp
+
+        def fetch(timeout: float) -> Agreement:
+            try:
+                return _fetch_agreement(stub, config, timeout)
+            except grpc.RpcError as exc:
+                if "TagsMissingError" in (exc.details() or ""):  # the leader restarted: send again
+                    submit(min(timeout, SUBMIT_TIMEOUT_S))
+                raise
+
+        retry_until(
+            submit, f"the leader {leader} at {config.leader_address} to take our tags", deadline, log,
             per_call_s=SUBMIT_TIMEOUT_S,
-        )
-        log("tags_submitted", leader=config.leader_address, tags=int(resp.tags_received))
+        )  # fmt: skip
         return retry_until(
-            lambda t: _fetch_agreement(stub, config, t),
+            fetch,
             f"the agreement of the leader {leader}",
             deadline,
             log,

@@ -29,6 +29,12 @@ class AgreementFixedError(AgreementError):
     """Tags arrived that differ from the ones the fixed agreement was computed from."""
 
 
+class TagsMissingError(SecureReleaseError):
+    """The leader holds no tags from the asking curator (it restarted): send them again."""
+
+    kind = ErrorKind.UNAVAILABLE
+
+
 class AgreementNotReadyError(SecureReleaseError):
     """The leader is still waiting for tags; ask again later."""
 

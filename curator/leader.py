@@ -86,6 +86,12 @@ class LeaderState:
         with self.cond:
             return {c: tags_digest(t) for c, t in self.tags.items()} or dict(self.digests)
 
+    def lacks_tags_of(self, curator: str) -> bool:
+        """True while no agreement is fixed and ``curator``'s tags never arrived here (e.g. this
+        leader restarted after the follower sent them): the follower must send them again."""
+        with self.cond:
+            return self.agreement is None and curator not in self.tags
+
     def publish(self) -> None:
         """Serve the fixed agreement to the followers (after the leader registered it)."""
         with self.cond:

@@ -27,6 +27,7 @@ from secure_release.curator.errors import (
     KeyNotReadyError,
     NotLeadingError,
     TagLimitError,
+    TagsMissingError,
     TagStreamError,
     UnknownReleaseError,
 )
@@ -206,6 +207,8 @@ class CuratorService(pb_grpc.CuratorServicer):
             if request.curator != ident.name:
                 raise CallerNotAllowedError(f"certificate name {ident.name!r} may not ask as {request.curator!r}")
             state = self._leading_for(request.release_id, ident.name)
+            if state.lacks_tags_of(ident.name):
+                raise TagsMissingError(f"no tags from {ident.name!r} for {request.release_id!r} here; send them again")
             agreement = state.wait_agreement(max(timeout, 0.0))
             if agreement is None:
                 raise AgreementNotReadyError(f"the agreement of {request.release_id!r} is not ready yet; retry")

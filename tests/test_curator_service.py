@@ -174,6 +174,12 @@ def _swallow(fn: Any) -> None:
 
 def test_get_agreement_refusals() -> None:
     service, state = _leading()
+    # a leader that never got bob's tags (it restarted after bob sent them) asks for them again
+    missing = _aborted(
+        lambda: service.GetAgreement(pb.AgreementRequest(release_id="r1", curator="bob"), _as("curator", "bob", 0.01))
+    )
+    assert missing.code == grpc.StatusCode.UNAVAILABLE and "TagsMissingError" in missing.details
+    state.add_tags("bob", _tags(10), 4)
     not_ready = _aborted(
         lambda: service.GetAgreement(pb.AgreementRequest(release_id="r1", curator="bob"), _as("curator", "bob", 0.01))
     )

@@ -282,6 +282,7 @@ def test_kills_at_every_phase_end_released_identically(world: dict[str, object],
             assert _ledger_states(dep) == {c: "commit" for c in CURATORS}, (rid, _ledger_states(dep))
         elif outcome.aborted_refunded:
             figures["aborted_refunded"] += 1
+            sys.stderr.write(f"\nABORTED {rid} kills={kills}: {outcome.detail[:300]}\n")
         else:
             figures["stuck_or_wrong"] += 1
             failures.append(f"{rid} kills={kills}: {outcome.detail}")
@@ -290,5 +291,5 @@ def test_kills_at_every_phase_end_released_identically(world: dict[str, object],
         f"\nFAULTS {json.dumps(figures)} fault->outcome s: median {np.median(lag):.2f} "
         f"p95 {np.percentile(lag, 95):.2f} max {lag.max():.2f}\n"
     )
-    assert figures["kills"] >= min(total, 20)
     assert not failures, "\n".join(failures)
+    assert figures["kills"] >= min(total, 20)
