@@ -109,7 +109,7 @@ class LeaderState:
         due, _ = self.psi_route(owner, hop)
         if sender != due:
             raise CallerNotAllowedError(
-                f"{sender!r} may not send {owner!r}'s PSI list at hop {hop}; the ring has {due!r} send it"
+                f"{sender!r} may not send the PSI list of {owner!r} at hop {hop}; the ring has {due!r} send it"
             )
         if count > self.max_points:
             raise PsiLimitError(
@@ -121,7 +121,7 @@ class LeaderState:
                 raise AgreementError(self.error)
             if hop > 1 and self.psi_counts.get(owner) != count:
                 raise PsiStreamError(
-                    f"{owner!r}'s PSI list has {self.psi_counts.get(owner)} points, "
+                    f"the PSI list of {owner!r} has {self.psi_counts.get(owner)} points, "
                     f"{sender!r} sent {count} at hop {hop}"
                 )
 
@@ -131,7 +131,7 @@ class LeaderState:
         with self.cond:
             held = self.psi_lists.get((owner, hop))
             if held is not None and held != points:
-                raise PsiStreamError(f"{sender!r} resent {owner!r}'s PSI list at hop {hop} with other points")
+                raise PsiStreamError(f"{sender!r} resent the PSI list of {owner!r} at hop {hop} with other points")
             self.psi_lists[(owner, hop)] = points
             if hop == 1:
                 self.psi_counts[owner] = len(points) // POINT_BYTES
@@ -143,7 +143,7 @@ class LeaderState:
         self.check_alignment(recipient, AlignmentMode.PSI)
         _, due = self.psi_route(owner, hop)
         if recipient != due:
-            raise CallerNotAllowedError(f"{owner!r}'s PSI list at hop {hop} goes to {due!r}, not {recipient!r}")
+            raise CallerNotAllowedError(f"the PSI list of {owner!r} at hop {hop} goes to {due!r}, not {recipient!r}")
         with self.cond:
             self.cond.wait_for(lambda: self.error is not None or (owner, hop) in self.psi_lists, timeout)
             if self.error is not None:

@@ -341,7 +341,7 @@ class CuratorService(pb_grpc.CuratorServicer):
             points = state.psi_get(ident.name, request.owner, int(request.hop), max(timeout, 0.0))
             if points is None:
                 raise PsiNotReadyError(
-                    f"{request.owner!r}'s PSI list at hop {request.hop} has not reached the leader yet; retry"
+                    f"the PSI list of {request.owner!r} at hop {request.hop} has not reached the leader yet; retry"
                 )
         except SecureReleaseError as exc:
             self.log.warning("psi_refused", caller=str(ident), reason=f"{type(exc).__name__}: {exc}")

@@ -24,11 +24,13 @@ from secure_release.curator.agreement import agreement_from_chunks
 from secure_release.curator.config import CuratorConfig
 from secure_release.curator.errors import AgreementError
 from secure_release.curator.keystore import Keystore
+from secure_release.curator.leader import LeaderState
 from secure_release.curator.ledgerfile import LedgerFile, file_fingerprint
-from secure_release.curator.service import agreement_chunks
+from secure_release.curator.service import CuratorService, agreement_chunks
 from secure_release.curator.table import load_schema, read_table
 from secure_release.demo_data import write_demo_data
-from secure_release.infra.wire import PIECE_BYTES
+from secure_release.infra.logs import EventLog
+from secure_release.infra.wire import PIECE_BYTES, point_chunks
 from secure_release.mechanism.alignment import TAG_DTYPE, align
 from secure_release.mechanism.index_sharing import (
     InvalidIndexTupleError,
@@ -40,10 +42,13 @@ from secure_release.mechanism.keys import PramKey, Seed
 from secure_release.mechanism.pads import CipherMode
 from secure_release.mechanism.plan import plan_release
 from secure_release.mechanism.protocol import Agreement
-from secure_release.mechanism.psi import PsiKey
+from secure_release.mechanism.psi import PsiKey, hash_to_group
 from secure_release.mechanism.spec import ReleaseSpec
 from secure_release.mechanism.variants import AlignmentMode, SamplingMode, VariantAgreement, run_variant_release
+from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
 from tests.test_curator_run import AKEY, PAD_KEYS, SEED, FakeLink, _config, _write
+from tests.test_curator_service import SCHEMA as SVC_SCHEMA
+from tests.test_curator_service import AbortedError, _as
 from tests.test_faults_kill import CURATORS, PADS, PRAM, Deployment
 
 PSI_KEYS = {"alice": PsiKey(bytes([5]) * 32), "bob": PsiKey(bytes([6]) * 32)}
@@ -280,3 +285,80 @@ def test_cli_flags_reach_the_config(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "secure_release.curator", *base, "--sampling", "random"],
                           capture_output=True, text=True, timeout=60)  # fmt: skip
     assert done.returncode == 2 and "--sampling" in done.stderr
+
+
+# ------------------------------------------------------------------------------ PsiSend / PsiReceive refusals
+def _psi_leader(max_points: int = 100) -> tuple[CuratorService, LeaderState]:
+    service = CuratorService("alice", SVC_SCHEMA, EventLog("curator", "alice"))
+    state = LeaderState("r1", ("alice", "bob", "carol"), None, 1.0, None, CipherMode.OTP, ("res",), SEED,
+                        alignment=AlignmentMode.PSI, max_points=max_points)  # fmt: skip
+    service.lead(state)
+    return service, state
+
+
+def _points(count: int) -> bytes:
+    return b"".join(hash_to_group([f"id{i}" for i in range(count)]))
+
+
+class _Stream:
+    """A chunk stream that counts how many chunks the servicer consumed."""
+
+    def __init__(self, chunks: list[pb.PsiChunk]) -> None:
+        self.chunks, self.taken = chunks, 0
+
+    def __iter__(self) -> _Stream:
+        return self
+
+    def __next__(self) -> pb.PsiChunk:
+        if self.taken == len(self.chunks):
+            raise StopIteration
+        self.taken += 1
+        return self.chunks[self.taken - 1]
+
+
+@pytest.mark.parametrize(
+    ("who", "owner", "hop", "count", "code", "error"),
+    [
+        ("dave", "bob", 1, 3, "PERMISSION_DENIED", "not a curator"),  # membership, before any point
+        ("carol", "bob", 1, 3, "PERMISSION_DENIED", "the ring has 'bob' send it"),  # not its turn
+        ("bob", "bob", 1, 101, "RESOURCE_EXHAUSTED", "--max-rows"),  # the leader's bound
+        ("bob", "bob", 4, 3, "INVALID_ARGUMENT", "routes no PSI list"),  # no such hop (N = 3)
+        ("carol", "bob", 2, 3, "INVALID_ARGUMENT", "has None points"),  # hop 2 before hop 1
+    ],
+)
+def test_psi_send_refuses_before_buffering(who: str, owner: str, hop: int, count: int, code: str, error: str) -> None:
+    service, _ = _psi_leader()
+    points = _points(min(count, 3))
+    chunks = list(point_chunks("r1", who, owner, hop, points))
+    chunks[0].count = count
+    chunks += [pb.PsiChunk(release_id="r1", curator=who, owner=owner, hop=hop, sequence=1, points=points)]
+    stream = _Stream(chunks)
+    with pytest.raises(AbortedError) as info:
+        service.PsiSend(stream, _as("curator", who))
+    assert info.value.code.name == code and error in info.value.details, info.value.details
+    assert stream.taken == 1  # refused on the first chunk: nothing after it was read
+
+
+def test_psi_lists_go_hop_by_hop_to_the_curator_the_ring_routes_them_to() -> None:
+    service, state = _psi_leader()
+    sent = _points(5)
+    resp = service.PsiSend(iter(point_chunks("r1", "bob", "bob", 1, sent)), _as("curator", "bob"))
+    assert resp.points_received == 5
+    # bob's list after one blinding goes to carol, nobody else
+    with pytest.raises(AbortedError, match="goes to 'carol'"):
+        list(service.PsiReceive(pb.PsiRequest(release_id="r1", curator="alice", owner="bob", hop=1),
+                                _as("curator", "alice")))  # fmt: skip
+    got = list(service.PsiReceive(pb.PsiRequest(release_id="r1", curator="carol", owner="bob", hop=1),
+                                  _as("curator", "carol")))  # fmt: skip
+    assert b"".join(c.points for c in got) == sent and got[0].count == 5
+    # hop 2 must hold as many points as bob's list, and a resend must be identical
+    with pytest.raises(AbortedError, match="has 5 points"):
+        service.PsiSend(iter(point_chunks("r1", "carol", "bob", 2, _points(4))), _as("curator", "carol"))
+    with pytest.raises(AbortedError, match="other points"):
+        service.PsiSend(iter(point_chunks("r1", "bob", "bob", 1, _points(6)[32:])), _as("curator", "bob"))
+    # not there yet: UNAVAILABLE (the caller retries)
+    with pytest.raises(AbortedError) as info:
+        list(service.PsiReceive(pb.PsiRequest(release_id="r1", curator="alice", owner="carol", hop=1),
+                                _as("curator", "alice", 0.6)))  # fmt: skip
+    assert info.value.code.name == "UNAVAILABLE"
+    assert state.error is None
