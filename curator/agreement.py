@@ -1,13 +1,15 @@
 """The agreement step, leader and follower behind one function :func:`agree`.
 
 The leader collects every curator's tags (:class:`~secure_release.curator.leader.LeaderState`)
-and fixes spec, seed and common tags with ``mechanism.protocol.leader_agree``; a follower sends
-its tags to the leader and fetches the agreement. Either way the curator then checks the spec
-against its own settings (:func:`spec_differences`) before it samples anything.
+and fixes spec, sample (a seed, or with ``--sampling indices`` the packed index tuple) and common
+tags with ``mechanism.variants.leader_agree_variant``; a follower sends its tags to the leader and
+fetches the agreement. Either way the curator then checks the spec and the modes against its own
+settings (:func:`spec_differences`) before it samples anything.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import replace
 
 import grpc
@@ -18,13 +20,22 @@ from secure_release.curator.leader import LeaderState
 from secure_release.curator.waits import Deadline, retry_until
 from secure_release.infra.logs import EventLog
 from secure_release.infra.tls import secure_channel
-from secure_release.infra.wire import spec_from_pb, tag_chunks, tags_from_bytes
+from secure_release.infra.wire import (
+    PIECE_BYTES,
+    alignment_from_pb,
+    sampling_from_pb,
+    spec_from_pb,
+    tag_chunks,
+    tags_from_bytes,
+)
 from secure_release.mechanism.alignment import TagArray
 from secure_release.mechanism.errors import SecureReleaseError
+from secure_release.mechanism.index_sharing import packed_size, unpack_indices
 from secure_release.mechanism.keys import Seed
 from secure_release.mechanism.plan import plan_release
 from secure_release.mechanism.protocol import Agreement
 from secure_release.mechanism.spec import ReleaseSpec
+from secure_release.mechanism.variants import SamplingMode, VariantAgreement, sample_fingerprint
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
 
@@ -50,6 +61,9 @@ def leader_state(config: CuratorConfig, own_size: int) -> LeaderState:
         config.cipher,
         config.researchers,
         seed=config.test_seed,
+        sampling=config.sampling,
+        alignment=config.alignment,
+        max_points=config.max_rows,
     )
 
 
@@ -69,31 +83,67 @@ def spec_differences(config: CuratorConfig, own_size: int, spec: ReleaseSpec, co
     return ours.differences(spec)
 
 
-def check_agreement(config: CuratorConfig, own_size: int, agreement: Agreement) -> Agreement:
+def check_agreement(config: CuratorConfig, own_size: int, agreement: VariantAgreement) -> VariantAgreement:
     """The agreement, with its spec's researchers replaced by this curator's own (what it
-    registers at the server); :class:`AgreementError` if the leader's spec differs from ours."""
-    problems = spec_differences(config, own_size, agreement.spec, int(agreement.common.size))
-    spec = replace(agreement.spec, researchers=config.researchers)
+    registers at the server); :class:`SpecRefusedError` if the leader's spec or its sampling or
+    alignment mode differs from ours."""
+    base = agreement.base
+    problems = spec_differences(config, own_size, base.spec, int(base.common.size))
+    if agreement.sampling is not config.sampling:
+        problems.append(f"sampling ({agreement.sampling.value!r} != {config.sampling.value!r})")
+    if agreement.alignment is not config.alignment:
+        problems.append(f"alignment ({agreement.alignment.value!r} != {config.alignment.value!r})")
+    spec = replace(base.spec, researchers=config.researchers)
     if problems:
         raise SpecRefusedError(f"the leader's release spec differs from ours: {'; '.join(problems)}", spec)
-    return agreement._replace(spec=spec)
+    return replace(agreement, base=base._replace(spec=spec))
 
 
-def _fetch_agreement(stub: pb_grpc.CuratorStub, config: CuratorConfig, timeout: float) -> Agreement:
-    request = pb.AgreementRequest(release_id=config.release_id, curator=config.name)
+def agreement_from_chunks(chunks: Iterator[pb.AgreementChunk]) -> VariantAgreement:
+    """Join an AgreementChunk stream into a validated agreement: chunks in order, exactly one of
+    seed (SEED) or packed indices (INDICES), the packed tuple no longer than m positions over n
+    pack into (checked while it arrives, before it is buffered further) and then unpacked and
+    validated (:class:`~secure_release.mechanism.index_sharing.InvalidIndexTupleError`)."""
     first: pb.AgreementChunk | None = None
-    pieces: list[bytes] = []
-    for seq, chunk in enumerate(stub.GetAgreement(request, timeout=timeout)):
+    tags: list[bytes] = []
+    indices: list[bytes] = []
+    spec: ReleaseSpec | None = None
+    sampling, limit, received = SamplingMode.SEED, 0, 0
+    for seq, chunk in enumerate(chunks):
         if chunk.sequence != seq:
             raise AgreementError(f"the leader sent agreement chunk {chunk.sequence} where {seq} was due")
-        first = first or chunk
-        pieces.append(chunk.common_tags)
-    if first is None:
+        if first is None:
+            first, spec = chunk, spec_from_pb(chunk.params)
+            sampling = sampling_from_pb(chunk.sampling)
+            limit = packed_size(spec.n, spec.m) if sampling is SamplingMode.INDICES else 0
+        received += len(chunk.packed_indices)
+        if received > limit or len(chunk.packed_indices) > PIECE_BYTES:
+            raise AgreementError(f"the leader sent more packed index bytes than m positions take ({limit})")
+        tags.append(chunk.common_tags)
+        indices.append(chunk.packed_indices)
+    if first is None or spec is None:
         raise AgreementError("the leader sent no agreement")
-    return Agreement(spec_from_pb(first.params), Seed(first.sampling_seed), tags_from_bytes(b"".join(pieces)))
+    alignment = alignment_from_pb(first.alignment)
+    common = tags_from_bytes(b"".join(tags))
+    if sampling is SamplingMode.SEED:
+        return VariantAgreement(Agreement(spec, Seed(first.sampling_seed), common), sampling, alignment)
+    if first.sampling_seed:
+        raise AgreementError("an index-sampled agreement must not carry a seed")
+    packed = b"".join(indices)
+    unpack_indices(packed, spec.n, spec.m)  # validate now: length, padding, range, distinctness
+    # No seed travels with index sharing: the base agreement holds a fresh local seed nobody uses
+    # (``agreement_positions`` and ``sample_fingerprint`` read the packed tuple).
+    return VariantAgreement(Agreement(spec, Seed.generate(), common), sampling, alignment, packed)
 
 
-def follow_leader(config: CuratorConfig, tags: TagArray, own_size: int, log: EventLog, deadline: Deadline) -> Agreement:
+def _fetch_agreement(stub: pb_grpc.CuratorStub, config: CuratorConfig, timeout: float) -> VariantAgreement:
+    request = pb.AgreementRequest(release_id=config.release_id, curator=config.name)
+    return agreement_from_chunks(iter(stub.GetAgreement(request, timeout=timeout)))
+
+
+def follow_leader(
+    config: CuratorConfig, tags: TagArray, own_size: int, log: EventLog, deadline: Deadline
+) -> VariantAgreement:
     """Send this curator's tags and alphabet size to the leader, then fetch the agreement (both
     retried while the leader is unreachable or not ready, until ``deadline``). A refusal by the
     leader (FAILED_PRECONDITION, PERMISSION_DENIED, ...) arrives at once as :class:`AgreementError`."""
@@ -113,12 +163,12 @@ def follow_leader(config: CuratorConfig, tags: TagArray, own_size: int, log: Eve
 
         def submit(timeout: float) -> pb.SubmitTagsResponse:
             resp: pb.SubmitTagsResponse = stub.SubmitTags(
-                tag_chunks(config.release_id, config.name, tags, own_size), timeout=timeout
+                tag_chunks(config.release_id, config.name, tags, own_size, config.alignment), timeout=timeout
             )
             log("tags_submitted", leader=config.leader_address, tags=int(resp.tags_received))
             return resp
 
-        def fetch(timeout: float) -> Agreement:
+        def fetch(timeout: float) -> VariantAgreement:
             try:
                 return _fetch_agreement(stub, config, timeout)
             except grpc.RpcError as exc:
@@ -145,9 +195,9 @@ def follow_leader(config: CuratorConfig, tags: TagArray, own_size: int, log: Eve
 
 def agree(
     config: CuratorConfig, tags: TagArray, own_size: int, state: LeaderState | None, log: EventLog, deadline: Deadline
-) -> Agreement:
+) -> VariantAgreement:
     """Step 1, leader (``state`` given; a restored agreement is reused) or follower: the
-    checked (spec, seed, common tags)."""
+    checked (spec, sample, common tags)."""
     if state is not None and state.agreement is not None:
         agreement = state.agreement
     elif state is not None:
@@ -159,8 +209,11 @@ def agree(
     log(
         "agreed",
         release_id=config.release_id,
-        n=agreement.spec.n,
-        m=agreement.spec.m,
-        seed_fingerprint=agreement.seed.fingerprint,
+        n=agreement.base.spec.n,
+        m=agreement.base.spec.m,
+        sampling=agreement.sampling.value,
+        alignment=agreement.alignment.value,
+        sample_fingerprint=sample_fingerprint(agreement),
+        sample_bytes=agreement.agreement_sample_bytes,
     )
     return agreement

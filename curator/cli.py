@@ -106,6 +106,22 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["otp", "chacha20"],
         help="pad kind: chacha20 (researcher gets a 32-byte key) or otp (gets the pad)",
     )
+    r.add_argument(
+        "--sampling",
+        default="seed",
+        choices=["seed", "indices"],
+        help="how the curators share the sample, the same at every curator: seed (the leader sends a "
+        "32-byte seed; the sample is pseudorandom, ChaCha20) or indices (the leader draws the ordered "
+        "m-tuple from the OS CSPRNG and sends it packed, ceil(log2 n) bits a position; truly random)",
+    )
+    r.add_argument(
+        "--alignment",
+        default="hash",
+        choices=["hash", "psi"],
+        help="how the curators align ids, the same at every curator: hash (keyed-hash tags under the "
+        "shared --alignment-key-file; fast) or psi (N-party ECDH private set intersection through the "
+        "leader; no shared key; reveals only the intersection to followers; ~1 ms per id per curator)",
+    )
     r.add_argument("--curators", help="all curators in joint-code order, comma separated (alice,bob)")
     r.add_argument(
         "--alphabet-sizes",
@@ -155,6 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     t = p.add_argument_group("testing only (need SECURE_RELEASE_TESTING=1)")
     t.add_argument("--insecure-test-seed", help=argparse.SUPPRESS)
     t.add_argument("--insecure-test-pad-key", help=argparse.SUPPRESS)
+    t.add_argument("--insecure-test-psi-key", help=argparse.SUPPRESS)
     return parser
 
 

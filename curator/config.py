@@ -22,10 +22,14 @@ from secure_release.mechanism.accounting import check_epsilon
 from secure_release.mechanism.errors import UnknownCipherError
 from secure_release.mechanism.keys import AlignmentKey, PadKey, Seed
 from secure_release.mechanism.pads import CipherMode
+from secure_release.mechanism.psi import PsiKey
 from secure_release.mechanism.spec import check_name, check_names, check_party_name
+from secure_release.mechanism.variants import AlignmentMode, SamplingMode, UnknownVariantError
 
 #: Settings that hold secrets: allowed as flags or environment, never in a --config file.
-SECRET_SETTINGS = frozenset({"alignment_key", "alignment_key_hex", "insecure_test_seed", "insecure_test_pad_key"})
+SECRET_SETTINGS = frozenset(
+    {"alignment_key", "alignment_key_hex", "insecure_test_seed", "insecure_test_pad_key", "insecure_test_psi_key"}
+)
 ALIGNMENT_KEY_ENV = "SECURE_RELEASE_ALIGNMENT_KEY"
 DEFAULT_KEY_RETENTION_S = 7 * 24 * 3600.0
 REQUIRED = ("data", "schema", "release_id", "epsilon", "curators", "server", "name")
@@ -58,11 +62,14 @@ class CuratorConfig:
     insecure: bool
     timeout: float
     exit_after_keys: bool
-    alignment_key: AlignmentKey
+    alignment_key: AlignmentKey | None  # None only with --alignment psi (no shared key needed)
     key_retention: float = DEFAULT_KEY_RETENTION_S  # seconds keys are served after sealing
     max_rows: int = 10_000_000  # leader: tags a follower may send
     test_seed: Seed | None = None
     test_pad_key: PadKey | None = None
+    sampling: SamplingMode = SamplingMode.SEED  # --sampling: seed or indices (must agree)
+    alignment: AlignmentMode = AlignmentMode.KEYED_HASH  # --alignment: hash or psi (must agree)
+    test_psi_key: PsiKey | None = None
 
     @property
     def researchers(self) -> tuple[str, ...]:
@@ -77,6 +84,24 @@ def parse_cipher(text: str) -> CipherMode:
     except ValueError:
         allowed = ", ".join(mode.value for mode in CipherMode)
         raise UnknownCipherError(f"unknown cipher {text!r}; allowed: {allowed}") from None
+
+
+def parse_sampling(text: str) -> SamplingMode:
+    """``--sampling``: ``seed`` (pseudorandom, from a 32-byte seed) or ``indices`` (the leader
+    ships the OS-drawn ordered tuple, truly random); else a :class:`ConfigError`."""
+    try:
+        return SamplingMode.parse(str(text))
+    except UnknownVariantError as exc:
+        raise ConfigError(f"--sampling: {exc}") from None
+
+
+def parse_alignment(text: str) -> AlignmentMode:
+    """``--alignment``: ``hash`` (keyed-hash tags, also spelled ``keyed-hash``) or ``psi``."""
+    text = str(text).lower()
+    try:
+        return AlignmentMode.KEYED_HASH if text == "hash" else AlignmentMode.parse(text)
+    except UnknownVariantError:
+        raise ConfigError(f"--alignment: unknown alignment {text!r}; allowed: hash, psi") from None
 
 
 def parse_names(text: str, what: str, minimum: int = 0) -> tuple[str, ...]:
@@ -118,8 +143,11 @@ def check_config_file(path: str | None) -> None:
         )
 
 
-def _alignment_key(args: argparse.Namespace) -> AlignmentKey:
-    """From ``--alignment-key-file`` or SECURE_RELEASE_ALIGNMENT_KEY, never from argv."""
+def _alignment_key(args: argparse.Namespace, mode: AlignmentMode) -> AlignmentKey | None:
+    """From ``--alignment-key-file`` or SECURE_RELEASE_ALIGNMENT_KEY, never from argv (not
+    needed, hence None, with ``--alignment psi``)."""
+    if mode is AlignmentMode.PSI:
+        return None
     if args.alignment_key_file:
         return AlignmentKey.from_hex(Path(args.alignment_key_file).read_text().strip())
     env = os.environ.get(ALIGNMENT_KEY_ENV, "").strip()
@@ -131,14 +159,16 @@ def _alignment_key(args: argparse.Namespace) -> AlignmentKey:
     )
 
 
-def _test_secrets(args: argparse.Namespace) -> tuple[Seed | None, PadKey | None]:
-    if not (args.insecure_test_seed or args.insecure_test_pad_key):
-        return None, None
+def _test_secrets(args: argparse.Namespace) -> tuple[Seed | None, PadKey | None, PsiKey | None]:
+    psi_hex = getattr(args, "insecure_test_psi_key", None)
+    if not (args.insecure_test_seed or args.insecure_test_pad_key or psi_hex):
+        return None, None, None
     if not testing_enabled():
         raise ConfigError("--insecure-test-* flags are allowed only with SECURE_RELEASE_TESTING=1")
     seed = Seed.from_hex(args.insecure_test_seed) if args.insecure_test_seed else None
     pad_key = PadKey.from_hex(args.insecure_test_pad_key) if args.insecure_test_pad_key else None
-    return seed, pad_key
+    psi_key = PsiKey.from_hex(psi_hex) if psi_hex else None
+    return seed, pad_key, psi_key
 
 
 def _role_settings(args: argparse.Namespace, name: str) -> tuple[bool, str | None]:
@@ -169,7 +199,9 @@ def config_from_args(args: argparse.Namespace) -> CuratorConfig:
     if not args.insecure:
         require(args, "certs")
     check_config_file(args.config)
-    test_seed, test_pad_key = _test_secrets(args)
+    test_seed, test_pad_key, test_psi_key = _test_secrets(args)
+    sampling = parse_sampling(getattr(args, "sampling", None) or "seed")
+    alignment = parse_alignment(getattr(args, "alignment", None) or "hash")
     name = check_party_name(args.name, "curator name")
     leader, leader_address = _role_settings(args, name)
     if test_seed is not None and not leader:
@@ -206,9 +238,12 @@ def config_from_args(args: argparse.Namespace) -> CuratorConfig:
         insecure=bool(args.insecure),
         timeout=_positive(args.timeout, "--timeout"),
         exit_after_keys=bool(args.exit_after_keys),
-        alignment_key=_alignment_key(args),
+        alignment_key=_alignment_key(args, alignment),
         key_retention=_positive(args.key_retention, "--key-retention"),
         max_rows=_max_rows(args.max_rows),
         test_seed=test_seed,
         test_pad_key=test_pad_key,
+        sampling=sampling,
+        alignment=alignment,
+        test_psi_key=test_psi_key,
     )

@@ -25,6 +25,10 @@ class AlphabetSizeMismatchError(AgreementError):
     """A curator's alphabet size contradicts the leader's --alphabet-sizes (or is missing)."""
 
 
+class AlignmentModeMismatchError(AgreementError):
+    """A curator aligns by another mode (--alignment hash/psi) than the leader."""
+
+
 class AgreementFixedError(AgreementError):
     """Tags arrived that differ from the ones the fixed agreement was computed from."""
 
@@ -91,5 +95,22 @@ class TagLimitError(SecureReleaseError):
 
 class KeyNotReadyError(SecureReleaseError):
     """This curator takes part in the release but does not serve its key yet (not sealed)."""
+
+    kind = ErrorKind.UNAVAILABLE
+
+
+class PsiStreamError(SecureReleaseError):
+    """A PSI ring list is malformed or unexpected: chunks out of order, a count that differs from
+    the owner's list, a sender or hop the ring does not route here, or a different resend."""
+
+
+class PsiLimitError(SecureReleaseError):
+    """A PSI ring list holds more points than the leader accepts (``--max-rows``)."""
+
+    kind = ErrorKind.RESOURCE_EXHAUSTED
+
+
+class PsiNotReadyError(SecureReleaseError):
+    """The PSI list asked for has not reached the leader yet; ask again later."""
 
     kind = ErrorKind.UNAVAILABLE

@@ -30,6 +30,7 @@ from secure_release.mechanism.pads import CipherMode, ReleasePad, encrypt
 from secure_release.mechanism.protocol import Agreement
 from secure_release.mechanism.schema import SymbolArray
 from secure_release.mechanism.spec import ReleaseSpec
+from secure_release.mechanism.variants import AlignmentMode, SamplingMode, VariantAgreement
 
 
 class KeystoreError(SecureReleaseError):
@@ -68,8 +69,9 @@ class ReleaseRecord:
     sample: SymbolArray
     table_fingerprint: str
     dataset_name: str
-    seed_fingerprint: str
+    seed_fingerprint: str  # the sample's fingerprint (the seed's, or the packed index tuple's)
     retention_until: float | None = None  # set once the release is sealed
+    sampling: SamplingMode = SamplingMode.SEED  # how the sample was shared (says whether it is truly random)
 
     def ciphertext(self) -> SymbolArray:
         """The ciphertext this record always uploads: its pad over its own sample. Pad and
@@ -104,6 +106,8 @@ class ReleaseRecord:
             "dataset_name": self.dataset_name,
             "seed_fingerprint": self.seed_fingerprint,
             "retention_until": self.retention_until,
+            "sampling": self.sampling.value,
+            "sampling_randomness": self.sampling.randomness,
         }
 
     @classmethod
@@ -124,22 +128,47 @@ class ReleaseRecord:
             str(data["dataset_name"]),
             str(data["seed_fingerprint"]),
             None if until is None else float(until),
+            SamplingMode.parse(str(data.get("sampling", "seed"))),
         )
 
 
-def agreement_to_dict(agreement: Agreement, tag_digests: dict[str, str]) -> dict[str, Any]:
-    """The leader's agreement (spec, seed, common tags) and each curator's tag digest."""
-    return {
-        "spec": agreement.spec.to_dict(),
-        "seed": agreement.seed.reveal().hex(),
-        "common": base64.b64encode(np.ascontiguousarray(agreement.common).tobytes()).decode(),
+def _b64(raw: bytes) -> str:
+    return base64.b64encode(raw).decode()
+
+
+def agreement_to_dict(
+    agreement: VariantAgreement, tag_digests: dict[str, str], own_tags: TagArray | None = None
+) -> dict[str, Any]:
+    """The leader's agreement (spec, modes, seed or packed index tuple, common tags), each
+    curator's tag digest and (PSI) the leader's own tags, which a restart cannot recompute."""
+    base = agreement.base
+    data: dict[str, Any] = {
+        "spec": base.spec.to_dict(),
+        "seed": base.seed.reveal().hex(),
+        "common": _b64(np.ascontiguousarray(base.common).tobytes()),
         "tag_digests": tag_digests,
+        "sampling": agreement.sampling.value,
+        "alignment": agreement.alignment.value,
     }
+    if agreement.packed_indices is not None:
+        data["packed_indices"] = _b64(agreement.packed_indices)
+    if own_tags is not None:
+        data["own_tags"] = _b64(np.ascontiguousarray(own_tags).tobytes())
+    return data
 
 
 def tags_digest(tags: TagArray) -> str:
     """SHA-256 of a curator's tag bytes (how a restarted leader recognises a resubmission)."""
     return hashlib.sha256(np.ascontiguousarray(tags).tobytes()).hexdigest()
+
+
+@dataclass(frozen=True)
+class StoredAgreement:
+    """What a leader persisted when it fixed the agreement."""
+
+    agreement: VariantAgreement
+    digests: dict[str, str]
+    own_tags: TagArray | None = None  # PSI only: the leader's tags (its scalar is not kept)
 
 
 class Keystore:
@@ -190,22 +219,36 @@ class Keystore:
         return record
 
     # ------------------------------------------------------------ the leader's agreement
-    def save_agreement(self, agreement: Agreement, tag_digests: dict[str, str]) -> None:
+    def save_agreement(
+        self, agreement: VariantAgreement, tag_digests: dict[str, str], own_tags: TagArray | None = None
+    ) -> None:
         """Persist the agreement before any follower is served it."""
-        data = agreement_to_dict(agreement, tag_digests)
-        atomic_write(self._path("agreement", agreement.spec.release_id), json.dumps(data).encode())
+        data = agreement_to_dict(agreement, tag_digests, own_tags)
+        atomic_write(self._path("agreement", agreement.base.spec.release_id), json.dumps(data).encode())
 
-    def load_agreement(self, release_id: str) -> tuple[Agreement, dict[str, str]] | None:
-        """The stored agreement and tag digests (None if none was fixed)."""
+    def load_agreement(self, release_id: str) -> StoredAgreement | None:
+        """The stored agreement, tag digests and (PSI) own tags (None if none was fixed)."""
         data = self._load(self._path("agreement", release_id))
         if data is None:
             return None
         try:
-            agreement = Agreement(
+            base = Agreement(
                 ReleaseSpec.from_dict(data["spec"]),
                 Seed(bytes.fromhex(data["seed"])),
                 tags_from_bytes(base64.b64decode(data["common"])),
             )
-            return agreement, {str(k): str(v) for k, v in data["tag_digests"].items()}
-        except (KeyError, ValueError, TypeError) as exc:
+            packed = data.get("packed_indices")
+            agreement = VariantAgreement(
+                base,
+                SamplingMode.parse(str(data.get("sampling", "seed"))),
+                AlignmentMode.parse(str(data.get("alignment", "keyed-hash"))),
+                None if packed is None else base64.b64decode(packed),
+            )
+            own = data.get("own_tags")
+            return StoredAgreement(
+                agreement,
+                {str(k): str(v) for k, v in data["tag_digests"].items()},
+                None if own is None else tags_from_bytes(base64.b64decode(own)),
+            )
+        except (KeyError, ValueError, TypeError, SecureReleaseError) as exc:
             raise KeystoreError(f"agreement of {release_id!r} is malformed ({type(exc).__name__})") from exc

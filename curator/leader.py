@@ -1,6 +1,7 @@
 """What the leading curator collects for one release: every curator's tags and alphabet size,
 guarded by one condition variable (the RPC threads add, the run thread waits). The agreement
-itself is :func:`secure_release.mechanism.protocol.leader_agree`.
+itself is :func:`secure_release.mechanism.variants.leader_agree_variant` (the sample fixed by a
+seed or by an OS-drawn index tuple; the tags are keyed-hash or PSI tags alike).
 """
 
 from __future__ import annotations
@@ -10,13 +11,22 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from secure_release.curator.errors import AgreementError, AgreementFixedError, AlphabetSizeMismatchError
+from secure_release.curator.errors import (
+    AgreementError,
+    AgreementFixedError,
+    AlignmentModeMismatchError,
+    AlphabetSizeMismatchError,
+    CallerNotAllowedError,
+    PsiLimitError,
+    PsiStreamError,
+)
 from secure_release.curator.keystore import tags_digest
 from secure_release.mechanism.alignment import TagArray
 from secure_release.mechanism.errors import SecureReleaseError
 from secure_release.mechanism.keys import Seed
 from secure_release.mechanism.pads import CipherMode
-from secure_release.mechanism.protocol import Agreement, leader_agree
+from secure_release.mechanism.psi import POINT_BYTES
+from secure_release.mechanism.variants import AlignmentMode, SamplingMode, VariantAgreement, leader_agree_variant
 
 
 @dataclass
@@ -37,14 +47,19 @@ class LeaderState:
     cipher: CipherMode
     researchers: tuple[str, ...]
     seed: Seed | None = None  # injected for tests; else fresh per release
+    sampling: SamplingMode = SamplingMode.SEED
+    alignment: AlignmentMode = AlignmentMode.KEYED_HASH
     tags: dict[str, TagArray] = field(default_factory=dict)
     sizes: dict[str, int] = field(default_factory=dict)
-    agreement: Agreement | None = None
+    agreement: VariantAgreement | None = None
     published: bool = False  # followers are served the agreement only once the leader registered it
     digests: dict[str, str] = field(default_factory=dict)  # tag digests of a restored agreement
     told: set[str] = field(default_factory=set)  # followers already sent the failure
     error: str | None = None
     cond: threading.Condition = field(default_factory=threading.Condition)
+    max_points: int = 10_000_000  # PSI: points a ring list may hold (--max-rows)
+    psi_lists: dict[tuple[str, int], bytes] = field(default_factory=dict)  # (owner, hop) -> points
+    psi_counts: dict[str, int] = field(default_factory=dict)  # owner -> points of its list
 
     def __post_init__(self) -> None:
         if self.expected_sizes is not None and len(self.expected_sizes) != len(self.curators):
@@ -73,9 +88,69 @@ class LeaderState:
             return np.array_equal(self.tags[curator], tags) and self.sizes.get(curator) == size
         if self.agreement is None or curator not in self.digests:
             return False
-        return self.digests[curator] == tags_digest(tags) and self.agreement.spec.alphabet_of(curator) == size
+        return self.digests[curator] == tags_digest(tags) and self.agreement.base.spec.alphabet_of(curator) == size
 
-    def restore(self, agreement: Agreement, digests: dict[str, str]) -> None:
+    # ------------------------------------------------------------ PSI ring (the leader is the mailbox)
+    def psi_route(self, owner: str, hop: int) -> tuple[str, str]:
+        """(sender, recipient) of ``owner``'s list after ``hop`` blindings: curator
+        (owner + hop - 1) mod N hands it to curator (owner + hop) mod N (hop N: back to the
+        owner). :class:`PsiStreamError` for an owner or hop outside the ring."""
+        num = len(self.curators)
+        if owner not in self.curators or not 1 <= hop <= num:
+            raise PsiStreamError(f"release {self.release_id!r} routes no PSI list of {owner!r} at hop {hop}")
+        at = self.curators.index(owner)
+        return self.curators[(at + hop - 1) % num], self.curators[(at + hop) % num]
+
+    def psi_admit(self, sender: str, owner: str, hop: int, count: int) -> None:
+        """Before any point is buffered: ``sender`` is due to send ``owner``'s list at ``hop``, the
+        agreement is in PSI mode and not failed, and ``count`` is within ``max_points`` and (after
+        the first hop) equals the owner's list length."""
+        self.check_alignment(sender, AlignmentMode.PSI)
+        due, _ = self.psi_route(owner, hop)
+        if sender != due:
+            raise CallerNotAllowedError(
+                f"{sender!r} may not send the PSI list of {owner!r} at hop {hop}; the ring has {due!r} send it"
+            )
+        if count > self.max_points:
+            raise PsiLimitError(
+                f"{sender!r} sent a PSI list of {count} points; the leader accepts at most --max-rows = "
+                f"{self.max_points}"
+            )
+        with self.cond:
+            if self.error is not None:
+                raise AgreementError(self.error)
+            if hop > 1 and self.psi_counts.get(owner) != count:
+                raise PsiStreamError(
+                    f"the PSI list of {owner!r} has {self.psi_counts.get(owner)} points, "
+                    f"{sender!r} sent {count} at hop {hop}"
+                )
+
+    def psi_put(self, sender: str, owner: str, hop: int, points: bytes) -> None:
+        """Hold ``owner``'s list at ``hop`` for its next curator (an identical resend is a no-op)."""
+        self.psi_admit(sender, owner, hop, len(points) // POINT_BYTES)
+        with self.cond:
+            held = self.psi_lists.get((owner, hop))
+            if held is not None and held != points:
+                raise PsiStreamError(f"{sender!r} resent the PSI list of {owner!r} at hop {hop} with other points")
+            self.psi_lists[(owner, hop)] = points
+            if hop == 1:
+                self.psi_counts[owner] = len(points) // POINT_BYTES
+            self.cond.notify_all()
+
+    def psi_get(self, recipient: str, owner: str, hop: int, timeout: float) -> bytes | None:
+        """``owner``'s list at ``hop`` once it arrived, to the curator it is routed to (None after
+        ``timeout``); raises :class:`AgreementError` once the agreement failed."""
+        self.check_alignment(recipient, AlignmentMode.PSI)
+        _, due = self.psi_route(owner, hop)
+        if recipient != due:
+            raise CallerNotAllowedError(f"the PSI list of {owner!r} at hop {hop} goes to {due!r}, not {recipient!r}")
+        with self.cond:
+            self.cond.wait_for(lambda: self.error is not None or (owner, hop) in self.psi_lists, timeout)
+            if self.error is not None:
+                raise AgreementError(self.error)
+            return self.psi_lists.get((owner, hop))
+
+    def restore(self, agreement: VariantAgreement, digests: dict[str, str]) -> None:
         """Take back the agreement a previous run of this leader fixed and persisted (not yet
         published: the leader registers it first)."""
         with self.cond:
@@ -110,13 +185,31 @@ class LeaderState:
         with self.cond:
             return self.cond.wait_for(lambda: followers <= self.told, timeout)
 
-    def add_tags(self, curator: str, tags: TagArray, alphabet_size: int) -> None:
+    def check_alignment(self, curator: str, mode: AlignmentMode) -> None:
+        """A curator that aligns differently fails the whole agreement (every curator is told
+        why) with :class:`AlignmentModeMismatchError`."""
+        if mode is self.alignment:
+            return
+        with self.cond:
+            message = (
+                f"release {self.release_id!r}: curator {curator!r} aligns by {mode.value}, "
+                f"the leader by {self.alignment.value} (--alignment must be the same at every curator)"
+            )
+            if self.agreement is None:
+                self._fail(message)
+        raise AlignmentModeMismatchError(message)
+
+    def add_tags(
+        self, curator: str, tags: TagArray, alphabet_size: int, alignment: AlignmentMode | None = None
+    ) -> None:
         """Record a curator's tags and alphabet size (an identical resubmission is a no-op).
 
-        A size that contradicts ``expected_sizes`` fails the whole agreement at once and raises
-        :class:`AlphabetSizeMismatchError`; new tags after the agreement is fixed raise
+        A size that contradicts ``expected_sizes``, or tags made by another alignment mode,
+        fail the whole agreement at once (:class:`AlphabetSizeMismatchError`,
+        :class:`AlignmentModeMismatchError`); new tags after the agreement is fixed raise
         :class:`AgreementFixedError`.
         """
+        self.check_alignment(curator, self.alignment if alignment is None else alignment)
         with self.cond:
             if self.error is not None:
                 raise AgreementError(self.error)
@@ -145,7 +238,7 @@ class LeaderState:
             )
             return arrived and self.error is None
 
-    def collect(self, timeout: float) -> Agreement:
+    def collect(self, timeout: float) -> VariantAgreement:
         """Wait for every curator's tags, then fix the agreement. On a failure or after
         ``timeout`` seconds, fail the release for everybody and raise :class:`AgreementError`."""
         if not self.wait_all_tags(timeout):
@@ -156,13 +249,14 @@ class LeaderState:
                 raise AgreementError(self.error)
         return self.agree()
 
-    def agree(self) -> Agreement:
-        """Common tags, plan and seed (once every curator's tags arrived); wakes the waiters.
-        A failure (e.g. no id common to all) fails the agreement for the followers too."""
+    def agree(self) -> VariantAgreement:
+        """Common tags, plan and the sample (a seed, or an index tuple drawn from the OS CSPRNG),
+        once every curator's tags arrived; wakes the waiters. A failure (e.g. no id common to
+        all) fails the agreement for the followers too."""
         with self.cond:
             if self.agreement is None:
                 try:
-                    self.agreement = leader_agree(
+                    self.agreement = leader_agree_variant(
                         self.release_id,
                         self.curators,
                         self.tags,
@@ -170,8 +264,10 @@ class LeaderState:
                         self.epsilon,
                         self.m,
                         self.cipher,
+                        self.sampling,
+                        self.alignment,
                         self.researchers,
-                        self.seed,
+                        seed=self.seed,
                     )
                 except SecureReleaseError as exc:  # e.g. no common ids: tell the followers too
                     self._fail(f"{type(exc).__name__}: {exc}")
@@ -179,7 +275,7 @@ class LeaderState:
                 self.cond.notify_all()
             return self.agreement
 
-    def wait_agreement(self, timeout: float) -> Agreement | None:
+    def wait_agreement(self, timeout: float) -> VariantAgreement | None:
         """The agreement once published (None after ``timeout``); raises AgreementError if failed."""
         with self.cond:
             self.cond.wait_for(lambda: self.published or self.error is not None, timeout)

@@ -1,9 +1,11 @@
 """One curator's part of a release, as explicit steps with one explicit outcome.
 
 load the table and fingerprint it -> (a stored release record? resume it) -> check the ledger
-(a budget is set and enough remains; nothing recorded) -> id tags -> start the Curator service ->
-**agree** (leader or follower; the leader persists the agreement, reserves, registers, then
-publishes it) -> **reserve** epsilon -> **prepare** (align, sample, encrypt, persist pad and sample
+(a budget is set and enough remains; nothing recorded) -> id tags (keyed hash; with ``--alignment
+psi`` the ECDH ring through the leader, :mod:`secure_release.curator.psi_ring`) -> start the
+Curator service -> **agree** (leader or follower; the sample is a seed or, with ``--sampling
+indices``, the leader's packed index tuple; the leader persists the agreement, reserves,
+registers, then publishes it) -> **reserve** epsilon -> **prepare** (align, sample, encrypt, persist pad and sample
 before any upload) -> **upload** what the server lacks and commit -> **wait** until SEALED
 (ledger: commit) or ABORTED (ledger: refund) -> **serve keys** until the key retention ends.
 
@@ -18,9 +20,10 @@ import contextlib
 import signal
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import grpc
+import numpy as np
 
 from secure_release.curator.agreement import agree, leader_state
 from secure_release.curator.config import CuratorConfig
@@ -35,13 +38,13 @@ from secure_release.infra.config import ConfigError, write_port_file
 from secure_release.infra.health import add_health_and_reflection
 from secure_release.infra.logs import EventLog
 from secure_release.infra.tls import bind, make_grpc_server
-from secure_release.mechanism.alignment import TagArray, align
+from secure_release.mechanism.alignment import TAG_DTYPE, TagArray, align
 from secure_release.mechanism.errors import SecureReleaseError
 from secure_release.mechanism.ledger import PrivacyLedger
 from secure_release.mechanism.pads import new_release_pad
-from secure_release.mechanism.protocol import Agreement, CuratorTable, curator_tags
-from secure_release.mechanism.sampling import sample_positions
+from secure_release.mechanism.protocol import CuratorTable, curator_tags
 from secure_release.mechanism.spec import ReleaseSpec
+from secure_release.mechanism.variants import AlignmentMode, VariantAgreement, agreement_positions, sample_fingerprint
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
 
@@ -128,19 +131,28 @@ def start_server(config: CuratorConfig, service: CuratorService, log: EventLog) 
 
 
 def prepare(
-    config: CuratorConfig, own: OwnData, agreement: Agreement, keystore: Keystore, log: EventLog
+    config: CuratorConfig, own: OwnData, agreement: VariantAgreement, keystore: Keystore, log: EventLog
 ) -> ReleaseRecord:
-    """Align to the common tags, sample the agreed m rows, encrypt them under a fresh pad and
-    persist pad, sample and table fingerprint (0600, fsync) before anything is uploaded."""
-    spec, seed, common = agreement
+    """Align to the common tags, take the agreed m rows (from the seed, or the leader's index
+    tuple), encrypt them under a fresh pad and persist pad, sample and table fingerprint (0600,
+    fsync) before anything is uploaded."""
+    spec, common = agreement.base.spec, agreement.base.common
     alignment = align(own.tags, common)
     log("aligned", matched=alignment.num_matched, unmatched=alignment.num_unmatched, rows=alignment.num_rows)
-    positions = sample_positions(seed, spec.n, spec.m, spec.release_id)
+    positions = agreement_positions(agreement)
     sample = own.table.symbols()[alignment.row_order][positions]
     pad = new_release_pad(spec.cipher, own.alphabet_size, spec.m, config.test_pad_key)
-    record = ReleaseRecord(spec, pad, sample, own.fingerprint, config.dataset, seed.fingerprint)
+    fingerprint = sample_fingerprint(agreement)
+    record = ReleaseRecord(spec, pad, sample, own.fingerprint, config.dataset, fingerprint, sampling=agreement.sampling)
     keystore.save_record(record)
-    log("prepared", release_id=spec.release_id, m=spec.m, seed_fingerprint=seed.fingerprint)
+    log(
+        "prepared",
+        release_id=spec.release_id,
+        m=spec.m,
+        sampling=agreement.sampling.value,
+        sampling_randomness=agreement.sampling.randomness,
+        sample_fingerprint=fingerprint,
+    )
     return record
 
 
@@ -156,6 +168,7 @@ class Run:
     state: LeaderState | None
     link: ServerLink
     refusal: SecureReleaseError | None = None  # the ledger refuses this release (found before agreeing)
+    restored_tags: TagArray | None = None  # PSI leader: its own tags, persisted with the agreement
 
 
 def refuse_visibly(run: Run, spec: object, reason: str) -> None:
@@ -173,6 +186,8 @@ def setup_release(run: Run) -> ReleaseRecord:
     config, deadline = run.config, run.link.deadline
     if run.refusal is not None and run.state is not None:
         raise run.refusal  # the leader fails the agreement: every follower is told the reason
+    if config.alignment is AlignmentMode.PSI:
+        run.own = replace(run.own, tags=psi_tags(run))
     try:
         agreement = agree(config, run.own.tags, run.own.alphabet_size, run.state, run.log, deadline)
     except SpecRefusedError as exc:
@@ -180,18 +195,34 @@ def setup_release(run: Run) -> ReleaseRecord:
             refuse_visibly(run, exc.spec, f"{config.name} refuses the agreed spec: {exc}")
         raise
     if run.state is not None:
-        run.keystore.save_agreement(agreement, run.state.tag_digests())
+        psi_own = run.own.tags if config.alignment is AlignmentMode.PSI else None
+        run.keystore.save_agreement(agreement, run.state.tag_digests(), psi_own)
     try:
-        reserve(config, run.keystore, run.own.fingerprint, agreement.seed.fingerprint, run.log)
+        reserve(config, run.keystore, run.own.fingerprint, sample_fingerprint(agreement), run.log)
     except SecureReleaseError as exc:
         if run.state is None:
-            refuse_visibly(run, agreement.spec, f"{config.name} cannot reserve its budget: {type(exc).__name__}: {exc}")
+            reason = f"{config.name} cannot reserve its budget: {type(exc).__name__}: {exc}"
+            refuse_visibly(run, agreement.base.spec, reason)
         raise
     record = prepare(config, run.own, agreement, run.keystore, run.log)
     if run.state is not None:
         run.link.register(record.spec)
         run.state.publish()
     return record
+
+
+def psi_tags(run: Run) -> TagArray:
+    """This curator's PSI tags: from the ECDH ring through the leader, or (a leader resuming a
+    fixed agreement) the tags it persisted with it (its scalar was never kept)."""
+    from secure_release.curator.psi_ring import run_ring
+
+    if run.restored_tags is not None:
+        return run.restored_tags
+    if run.state is not None and run.state.agreement is not None:
+        from secure_release.curator.keystore import KeystoreError
+
+        raise KeystoreError(f"the stored agreement of {run.config.release_id!r} lacks the leader's own PSI tags")
+    return run_ring(run.config, run.own.table.ids, run.state, run.log, run.link.deadline)
 
 
 def finish_upload(run: Run, record: ReleaseRecord) -> pb.ReleaseStatus:
@@ -267,39 +298,56 @@ def resumable_record(config: CuratorConfig, keystore: Keystore, fingerprint: str
     if record is None:
         return None
     record.check_table(fingerprint)
-    if record.spec.plan.epsilon != config.epsilon or record.spec.curators != config.curators:
+    if (
+        record.spec.plan.epsilon != config.epsilon
+        or record.spec.curators != config.curators
+        or record.sampling is not config.sampling
+    ):
         raise ConfigError(
-            f"release {config.release_id!r} was prepared with epsilon {record.spec.plan.epsilon} and curators "
-            f"{list(record.spec.curators)}; a resume must use the same settings"
+            f"release {config.release_id!r} was prepared with epsilon {record.spec.plan.epsilon}, curators "
+            f"{list(record.spec.curators)} and --sampling {record.sampling.value}; a resume must use the same settings"
         )
     return record
 
 
-def open_service(config: CuratorConfig, log: EventLog) -> tuple[TableSpec, CuratorService, LeaderState | None]:
+@dataclass(frozen=True)
+class Opened:
+    """What :func:`open_service` builds before the table is read."""
+
+    spec: TableSpec
+    service: CuratorService
+    state: LeaderState | None
+    restored_tags: TagArray | None = None  # PSI leader: own tags of a restored agreement
+
+
+def open_service(config: CuratorConfig, log: EventLog) -> Opened:
     """The Curator service (and the leader's state) from the schema alone, so the curator can
     listen and answer health while it reads its table; keys stay held until the release seals."""
     spec = own_schema(config)
     service = CuratorService(config.name, spec.schema, log, config.max_rows)
     service.hold_key(config.release_id, "the release is not sealed yet")
     state = leader_state(config, spec.schema.alphabet_size) if config.leader else None
+    restored_tags = None
     if state is not None:
         stored = Keystore(config.keystore).load_agreement(config.release_id)
         if stored is not None:
-            state.restore(*stored)
+            state.restore(stored.agreement, stored.digests)
+            restored_tags = stored.own_tags
         service.lead(state)
-    return spec, service, state
+    return Opened(spec, service, state, restored_tags)
 
 
 def open_run(
     config: CuratorConfig,
     log: EventLog,
     deadline_stop: threading.Event,
-    opened: tuple[TableSpec, CuratorService, LeaderState | None],
+    opened: Opened,
 ) -> tuple[Run, ReleaseRecord | None]:
-    """After the service started: table, fingerprint, record or ledger check, tags."""
+    """After the service started: table, fingerprint, record or ledger check, tags (keyed hash
+    only: PSI tags come from the ring, in :func:`setup_release`)."""
     from secure_release.curator.waits import Deadline
 
-    spec, service, state = opened
+    spec, service, state = opened.spec, opened.service, opened.state
     table = load_table(config, log, spec)
     keystore = Keystore(config.keystore)
     fingerprint = file_fingerprint(config.data)
@@ -311,9 +359,13 @@ def open_run(
         except SecureReleaseError as exc:  # refused visibly during the agreement (others are told)
             log.warning("ledger_refuses", release_id=config.release_id, reason=f"{type(exc).__name__}: {exc}")
             refusal = exc
-    own = OwnData(table, curator_tags(table, config.alignment_key), fingerprint)
+    if config.alignment_key is not None:
+        tags = curator_tags(table, config.alignment_key)
+    else:  # PSI: computed by the ring once the release is set up (not needed to resume)
+        tags = np.zeros(0, dtype=TAG_DTYPE)
+    own = OwnData(table, tags, fingerprint)
     link = ServerLink(config, log, Deadline(config.timeout, deadline_stop))
-    return Run(config, log, keystore, own, service, state, link, refusal), record
+    return Run(config, log, keystore, own, service, state, link, refusal, opened.restored_tags), record
 
 
 def run(config: CuratorConfig) -> int:
@@ -322,7 +374,7 @@ def run(config: CuratorConfig) -> int:
     log = EventLog("curator", config.name)
     stop = stop_on_sigterm()
     opened = open_service(config, log)
-    server = start_server(config, opened[1], log)  # listening before the table is read
+    server = start_server(config, opened.service, log)  # listening before the table is read
     parts: Run | None = None
     try:
         parts, record = open_run(config, log, stop, opened)

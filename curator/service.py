@@ -8,6 +8,10 @@ release, and this curator's grants. Every refusal is logged and sent as a named 
 - ``SubmitTags`` / ``GetAgreement``: the leading curator collects every other curator's 16-byte
   id tags and alphabet size (:class:`~secure_release.curator.leader.LeaderState`) and serves
   the spec, the seed and the common tags in chunks of at most 1 MiB.
+- ``PsiSend`` / ``PsiReceive`` (``--alignment psi``): the leader is the mailbox of the ECDH ring;
+  a curator sends the list it is due to hand on (sender, owner and hop checked against the ring,
+  the point count against ``--max-rows`` and the owner's list, all before a point is buffered)
+  and fetches the list routed to it, in chunks of at most 1 MiB.
 - ``ReleaseKey``: the ChaCha20 key or the one-time pad (packed, CHUNK_ROWS symbols a chunk)
   plus this curator's schema, to a granted researcher.
 """
@@ -26,6 +30,8 @@ from secure_release.curator.errors import (
     CallerNotAllowedError,
     KeyNotReadyError,
     NotLeadingError,
+    PsiNotReadyError,
+    PsiStreamError,
     TagLimitError,
     TagsMissingError,
     TagStreamError,
@@ -35,13 +41,27 @@ from secure_release.curator.leader import LeaderState
 from secure_release.infra.auth import caller
 from secure_release.infra.errors import abort_with
 from secure_release.infra.logs import EventLog
-from secure_release.infra.wire import TAG_BYTES, cipher_to_pb, schema_to_pb, spec_to_pb, tag_pieces, tags_from_bytes
+from secure_release.infra.wire import (
+    PIECE_BYTES,
+    TAG_BYTES,
+    alignment_from_pb,
+    alignment_to_pb,
+    byte_pieces,
+    cipher_to_pb,
+    point_chunks,
+    sampling_to_pb,
+    schema_to_pb,
+    spec_to_pb,
+    tag_pieces,
+    tags_from_bytes,
+)
 from secure_release.mechanism.alignment import TagArray
 from secure_release.mechanism.errors import SecureReleaseError
 from secure_release.mechanism.packing import CHUNK_ROWS, pack_symbols
 from secure_release.mechanism.pads import CipherMode, ReleasePad
-from secure_release.mechanism.protocol import Agreement
+from secure_release.mechanism.psi import POINT_BYTES
 from secure_release.mechanism.schema import CuratorSchema
+from secure_release.mechanism.variants import AlignmentMode, VariantAgreement
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
 
@@ -57,6 +77,7 @@ class TagSubmission:
     release_id: str
     tags: TagArray
     alphabet_size: int
+    alignment: AlignmentMode = AlignmentMode.KEYED_HASH
 
 
 def read_tag_stream(chunks: Iterable[pb.TagChunk], sender: str, admit: Callable[[str], int]) -> TagSubmission:
@@ -67,11 +88,13 @@ def read_tag_stream(chunks: Iterable[pb.TagChunk], sender: str, admit: Callable[
     release or the wrong sequence number."""
     pieces: list[bytes] = []
     release_id, alphabet_size, limit, received = "", 0, 0, 0
+    alignment = AlignmentMode.KEYED_HASH
     for expected_seq, chunk in enumerate(chunks):
         if chunk.curator != sender:
             raise CallerNotAllowedError(f"certificate name {sender!r} may not submit tags as {chunk.curator!r}")
         if expected_seq == 0:
             limit = admit(chunk.release_id)
+            alignment = alignment_from_pb(chunk.alignment)
         elif chunk.release_id != release_id:
             raise TagStreamError(f"one release per tag stream: {release_id!r}, then {chunk.release_id!r}")
         if chunk.sequence != expected_seq:
@@ -87,18 +110,23 @@ def read_tag_stream(chunks: Iterable[pb.TagChunk], sender: str, admit: Callable[
         pieces.append(chunk.tags)
         if chunk.last:
             break
-    return TagSubmission(release_id, tags_from_bytes(b"".join(pieces)), alphabet_size)
+    return TagSubmission(release_id, tags_from_bytes(b"".join(pieces)), alphabet_size, alignment)
 
 
-def agreement_chunks(agreement: Agreement) -> Iterator[pb.AgreementChunk]:
-    """The agreement as AgreementChunk messages: spec and seed on the first, common tags in
-    pieces of at most 1 MiB."""
-    pieces = tag_pieces(agreement.common)
-    for seq, piece in enumerate(pieces):
-        chunk = pb.AgreementChunk(sequence=seq, common_tags=piece, last=seq == len(pieces) - 1)
+def agreement_chunks(agreement: VariantAgreement) -> Iterator[pb.AgreementChunk]:
+    """The agreement as AgreementChunk messages: spec, modes and (seed sampling) the seed on the
+    first; the common tags in pieces of at most 1 MiB; then (index sharing) the packed index
+    tuple in pieces of at most 1 MiB. No chunk carries more than 1 MiB of tags plus indices."""
+    pieces = [(piece, b"") for piece in tag_pieces(agreement.base.common)]
+    pieces += [(b"", piece) for piece in byte_pieces(agreement.packed_indices or b"")]
+    for seq, (tags, indices) in enumerate(pieces):
+        chunk = pb.AgreementChunk(sequence=seq, common_tags=tags, packed_indices=indices, last=seq == len(pieces) - 1)
         if seq == 0:
-            chunk.params.CopyFrom(spec_to_pb(agreement.spec))
-            chunk.sampling_seed = agreement.seed.reveal()
+            chunk.params.CopyFrom(spec_to_pb(agreement.base.spec))
+            chunk.sampling = sampling_to_pb(agreement.sampling)
+            chunk.alignment = alignment_to_pb(agreement.alignment)
+            if agreement.seed is not None:
+                chunk.sampling_seed = agreement.seed.reveal()
         yield chunk
 
 
@@ -127,6 +155,50 @@ def key_chunks(release_id: str, schema: CuratorSchema, pad: ReleasePad) -> Itera
         chunk.otp_pad = pack_symbols(pad.pad(start, min(CHUNK_ROWS, pad.length - start)), pad.alphabet_size)
         chunk.last = seq == count - 1
         yield chunk
+
+
+@dataclass(frozen=True)
+class PsiList:
+    """One PSI ring list, read and checked."""
+
+    release_id: str
+    owner: str
+    hop: int
+    points: bytes
+
+
+def read_point_stream(
+    chunks: Iterable[pb.PsiChunk], sender: str | None, admit: Callable[[pb.PsiChunk], None] | None = None
+) -> PsiList:
+    """Join a PsiChunk stream. ``admit(first chunk)`` runs before any point is kept (membership,
+    route, count bound); every chunk must name the same release, owner and hop (and, when
+    ``sender`` is given, that sender), come in order, hold at most 1 MiB, and together exactly
+    the announced number of 32-byte points."""
+    pieces: list[bytes] = []
+    first: pb.PsiChunk | None = None
+    received = 0
+    for seq, chunk in enumerate(chunks):
+        if sender is not None and chunk.curator != sender:
+            raise CallerNotAllowedError(f"certificate name {sender!r} may not send PSI points as {chunk.curator!r}")
+        if first is None:
+            if admit is not None:
+                admit(chunk)
+            first = chunk
+        elif (chunk.release_id, chunk.owner, chunk.hop) != (first.release_id, first.owner, first.hop):
+            raise PsiStreamError("one PSI list per stream: the release, owner or hop changed")
+        if chunk.sequence != seq:
+            raise PsiStreamError(f"PSI chunk {chunk.sequence} out of order (expected {seq})")
+        received += len(chunk.points)
+        if len(chunk.points) > PIECE_BYTES or received > first.count * POINT_BYTES:
+            raise PsiStreamError(f"a PSI list sent more than its announced {first.count} points")
+        pieces.append(chunk.points)
+        if chunk.last:
+            break
+    if first is None:
+        raise PsiStreamError("an empty PSI stream")
+    if received != first.count * POINT_BYTES:
+        raise PsiStreamError(f"a PSI list announced {first.count} points and sent {received} bytes")
+    return PsiList(first.release_id, first.owner, int(first.hop), b"".join(pieces))
 
 
 @dataclass
@@ -180,7 +252,7 @@ class CuratorService(pb_grpc.CuratorServicer):
         try:
             got = read_tag_stream(request_iterator, ident.name, admit)
             state = self._leading_for(got.release_id, ident.name)
-            state.add_tags(ident.name, got.tags, got.alphabet_size)
+            state.add_tags(ident.name, got.tags, got.alphabet_size, got.alignment)
         except SecureReleaseError as exc:
             self.log.warning("tags_refused", caller=str(ident), reason=f"{type(exc).__name__}: {exc}")
             if state is not None and state.error is not None:
@@ -221,9 +293,65 @@ class CuratorService(pb_grpc.CuratorServicer):
             "agreement_served",
             release_id=request.release_id,
             curator=ident.name,
-            common=int(agreement.common.size),
+            common=int(agreement.base.common.size),
+            sampling=agreement.sampling.value,
+            sample_bytes=agreement.agreement_sample_bytes,
         )
         yield from agreement_chunks(agreement)
+
+    # ----------------------------------------------------------------- PSI ring (leader side)
+    def PsiSend(  # noqa: N802
+        self, request_iterator: Iterator[pb.PsiChunk], context: grpc.ServicerContext
+    ) -> pb.PsiSendResponse:
+        """A curator's ring list for its next curator (membership, route and size checked on the
+        first chunk, before any point is buffered)."""
+        ident = caller(context)
+        state: LeaderState | None = None
+
+        def admit(chunk: pb.PsiChunk) -> None:
+            nonlocal state
+            state = self._leading_for(chunk.release_id, ident.name)
+            state.psi_admit(ident.name, chunk.owner, int(chunk.hop), int(chunk.count))
+
+        try:
+            got = read_point_stream(request_iterator, ident.name, admit)
+            state = self._leading_for(got.release_id, ident.name)
+            state.psi_put(ident.name, got.owner, got.hop, got.points)
+        except SecureReleaseError as exc:
+            self.log.warning("psi_refused", caller=str(ident), reason=f"{type(exc).__name__}: {exc}")
+            if state is not None and state.error is not None:
+                state.mark_told(ident.name)
+            abort_with(context, exc)
+        points = len(got.points) // POINT_BYTES
+        self.log("psi_received", release_id=got.release_id, sender=ident.name, owner=got.owner, hop=got.hop,
+                 points=points)  # fmt: skip
+        return pb.PsiSendResponse(release_id=got.release_id, points_received=points)
+
+    def PsiReceive(  # noqa: N802
+        self, request: pb.PsiRequest, context: grpc.ServicerContext
+    ) -> Iterator[pb.PsiChunk]:
+        """The ring list routed to the caller (waits until it arrived, bounded by the deadline)."""
+        ident = caller(context)
+        remaining = context.time_remaining()
+        timeout = MAX_AGREEMENT_WAIT_S if remaining is None else min(remaining - 0.5, MAX_AGREEMENT_WAIT_S)
+        state: LeaderState | None = None
+        try:
+            if request.curator != ident.name:
+                raise CallerNotAllowedError(f"certificate name {ident.name!r} may not ask as {request.curator!r}")
+            state = self._leading_for(request.release_id, ident.name)
+            points = state.psi_get(ident.name, request.owner, int(request.hop), max(timeout, 0.0))
+            if points is None:
+                raise PsiNotReadyError(
+                    f"the PSI list of {request.owner!r} at hop {request.hop} has not reached the leader yet; retry"
+                )
+        except SecureReleaseError as exc:
+            self.log.warning("psi_refused", caller=str(ident), reason=f"{type(exc).__name__}: {exc}")
+            if state is not None and state.error is not None:
+                state.mark_told(ident.name)
+            abort_with(context, exc)
+        self.log("psi_served", release_id=request.release_id, recipient=ident.name, owner=request.owner,
+                 hop=request.hop, points=len(points) // POINT_BYTES)  # fmt: skip
+        yield from point_chunks(request.release_id, self.name, request.owner, int(request.hop), points)
 
     # ----------------------------------------------------------------- key release
     def add_release(self, release_id: str, pad: ReleasePad, grants: Sequence[str]) -> None:

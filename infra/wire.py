@@ -16,14 +16,21 @@ from secure_release.mechanism.alignment import TAG_DTYPE, TagArray
 from secure_release.mechanism.errors import ShapeMismatchError, UnknownCipherError
 from secure_release.mechanism.pads import CipherMode
 from secure_release.mechanism.plan import ReleasePlan
+from secure_release.mechanism.psi import POINT_BYTES
 from secure_release.mechanism.report import CELL_COLUMNS, ReleaseReport
 from secure_release.mechanism.schema import Attribute, CuratorSchema
 from secure_release.mechanism.spec import ReleaseSpec
+from secure_release.mechanism.variants import AlignmentMode, SamplingMode, UnknownVariantError
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
 
 TAG_BYTES = TAG_DTYPE.itemsize
 #: At most 1 MiB of tags a message.
 TAGS_PER_CHUNK = (1 << 20) // TAG_BYTES
+
+#: At most 1 MiB of payload bytes a message (packed indices, PSI points).
+PIECE_BYTES = 1 << 20
+#: At most 1 MiB of 32-byte PSI points a message.
+POINTS_PER_CHUNK = PIECE_BYTES // POINT_BYTES
 
 _PB_OF_CIPHER = {CipherMode.OTP: pb.CIPHER_MODE_OTP, CipherMode.CHACHA20: pb.CIPHER_MODE_CHACHA20}
 _CIPHER_OF_PB = {v: k for k, v in _PB_OF_CIPHER.items()}
@@ -41,6 +48,65 @@ def cipher_from_pb(value: int) -> CipherMode:
         raise UnknownCipherError(
             f"unknown cipher mode {value}; allowed: CIPHER_MODE_OTP (1), CIPHER_MODE_CHACHA20 (2)"
         ) from None
+
+
+# ---------------------------------------------------------------------------------- variants
+_PB_OF_SAMPLING = {SamplingMode.SEED: pb.SAMPLING_MODE_SEED, SamplingMode.INDICES: pb.SAMPLING_MODE_INDICES}
+_SAMPLING_OF_PB = {v: k for k, v in _PB_OF_SAMPLING.items()}
+_PB_OF_ALIGNMENT = {AlignmentMode.KEYED_HASH: pb.ALIGNMENT_MODE_KEYED_HASH, AlignmentMode.PSI: pb.ALIGNMENT_MODE_PSI}
+_ALIGNMENT_OF_PB = {v: k for k, v in _PB_OF_ALIGNMENT.items()}
+
+
+def sampling_to_pb(mode: SamplingMode) -> pb.SamplingMode.ValueType:
+    return _PB_OF_SAMPLING[mode]
+
+
+def sampling_from_pb(value: int) -> SamplingMode:
+    """UNSPECIFIED (a peer from before index sharing) reads as SEED; unknown values raise."""
+    if value == pb.SAMPLING_MODE_UNSPECIFIED:
+        return SamplingMode.SEED
+    try:
+        return _SAMPLING_OF_PB[value]  # type: ignore[index]
+    except KeyError:
+        raise UnknownVariantError(f"unknown sampling mode {value}; allowed: SEED (1), INDICES (2)") from None
+
+
+def alignment_to_pb(mode: AlignmentMode) -> pb.AlignmentMode.ValueType:
+    return _PB_OF_ALIGNMENT[mode]
+
+
+def alignment_from_pb(value: int) -> AlignmentMode:
+    """UNSPECIFIED (a peer from before PSI) reads as KEYED_HASH; unknown values raise."""
+    if value == pb.ALIGNMENT_MODE_UNSPECIFIED:
+        return AlignmentMode.KEYED_HASH
+    try:
+        return _ALIGNMENT_OF_PB[value]  # type: ignore[index]
+    except KeyError:
+        raise UnknownVariantError(f"unknown alignment mode {value}; allowed: KEYED_HASH (1), PSI (2)") from None
+
+
+def byte_pieces(raw: bytes, size: int = PIECE_BYTES) -> list[bytes]:
+    """``raw`` in pieces of at most ``size`` bytes ([] for no bytes)."""
+    return [raw[i : i + size] for i in range(0, len(raw), size)]
+
+
+def point_chunks(release_id: str, curator: str, owner: str, hop: int, points: bytes) -> Iterator[pb.PsiChunk]:
+    """One PSI ring list (concatenated 32-byte points) as PsiChunk messages of at most 1 MiB;
+    the first carries the list's point count."""
+    if len(points) % POINT_BYTES:
+        raise ShapeMismatchError(f"{len(points)} bytes is not a whole number of {POINT_BYTES}-byte points")
+    pieces = byte_pieces(points, POINTS_PER_CHUNK * POINT_BYTES) or [b""]
+    for seq, piece in enumerate(pieces):
+        yield pb.PsiChunk(
+            release_id=release_id,
+            curator=curator,
+            owner=owner,
+            hop=hop,
+            sequence=seq,
+            count=len(points) // POINT_BYTES if seq == 0 else 0,
+            points=piece,
+            last=seq == len(pieces) - 1,
+        )
 
 
 # ---------------------------------------------------------------------------------- release
@@ -100,8 +166,14 @@ def _pieces(raw: bytes) -> list[bytes]:
     return [raw[i : i + step] for i in range(0, len(raw), step)] or [b""]
 
 
-def tag_chunks(release_id: str, curator: str, tags: TagArray, alphabet_size: int) -> Iterator[pb.TagChunk]:
-    """A curator's id tags as TagChunk messages of at most 1 MiB."""
+def tag_chunks(
+    release_id: str,
+    curator: str,
+    tags: TagArray,
+    alphabet_size: int,
+    alignment: AlignmentMode = AlignmentMode.KEYED_HASH,
+) -> Iterator[pb.TagChunk]:
+    """A curator's id tags (made by ``alignment``) as TagChunk messages of at most 1 MiB."""
     pieces = _pieces(np.ascontiguousarray(tags, dtype=TAG_DTYPE).tobytes())
     for seq, piece in enumerate(pieces):
         yield pb.TagChunk(
@@ -111,6 +183,7 @@ def tag_chunks(release_id: str, curator: str, tags: TagArray, alphabet_size: int
             tags=piece,
             last=seq == len(pieces) - 1,
             alphabet_size=alphabet_size,
+            alignment=alignment_to_pb(alignment),
         )
 
 

@@ -26,6 +26,9 @@ import numpy as np
 from secure_release import display
 from secure_release.demo_data import MAX_CURATORS
 
+#: --alignment psi in the demo: at most this many rows (~1 ms per id per curator).
+MAX_PSI_ROWS = 20_000
+
 PARTIES = (
     ("server", "server"),
     ("curator", "alice"),
@@ -117,10 +120,13 @@ def launch_release(
     researcher: str = "researcher",
     curators: Sequence[str] = ("alice", "bob"),
     curator_extra: Mapping[str, Sequence[str]] | None = None,
+    sampling: str = "seed",
+    alignment: str = "hash",
 ) -> dict[str, str]:
     """Start the server, the curators (the first one leads; each reads ``data/<name>.csv`` and
     ``.json``) and the researcher; return their addresses. ``alice_extra``/``bob_extra`` are
-    shorthands for ``curator_extra``."""
+    shorthands for ``curator_extra``; ``sampling`` (seed|indices) and ``alignment`` (hash|psi)
+    go to every curator."""
     root = cluster.root
     grants = grants or {c: [researcher] for c in curators}
     extras = {"alice": list(alice_extra), "bob": list(bob_extra)}
@@ -135,7 +141,7 @@ def launch_release(
     common = [
         "--release-id", release_id, "--epsilon", repr(epsilon), "--cipher", cipher, "--server", addrs["server"],
         "--certs", str(certs), "--curators", ",".join(curators), "--alignment-key-file", str(align_key_file),
-        "--researcher", researcher, "--listen", "127.0.0.1:0",
+        "--researcher", researcher, "--listen", "127.0.0.1:0", "--sampling", sampling, "--alignment", alignment,
     ] + (["--m", str(m)] if m is not None else [])  # fmt: skip
     for i, name in enumerate(curators):
         role = (
@@ -189,7 +195,8 @@ def register(sub: Any) -> None:
             "each column and parameter explained, and the privacy guarantee."
         ),
         epilog="Examples:\n  secure-release demo\n  secure-release demo --curators 3 --epsilon 1.0\n"
-        "  secure-release demo --json > demo.json",
+        "  secure-release demo --json > demo.json\n"
+        "  secure-release demo --sampling indices --alignment psi --rows 5000",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--epsilon", type=float, default=0.5, help="privacy level epsilon > 0 (default 0.5)")
@@ -197,6 +204,20 @@ def register(sub: Any) -> None:
     p.add_argument("--cipher", choices=["otp", "chacha20"], default="chacha20", help="pad kind")
     p.add_argument("--rows", type=int, default=None, help="synthetic rows >= 10 (default: the 45,222 Adult records)")
     p.add_argument("--curators", type=int, default=2, help=f"number of curators, 2 to {MAX_CURATORS} (default 2)")
+    p.add_argument(
+        "--sampling",
+        choices=["seed", "indices"],
+        default="seed",
+        help="seed: the leader sends a 32-byte seed (pseudorandom sample); indices: it sends the packed "
+        "ordered m-tuple drawn from the OS CSPRNG (truly random; ceil(log2 n) bits a position)",
+    )
+    p.add_argument(
+        "--alignment",
+        choices=["hash", "psi"],
+        default="hash",
+        help="hash: keyed-hash id tags (fast); psi: N-party ECDH private set intersection through the "
+        f"leader, ~1 ms per id per curator, so only with a small --rows (at most {MAX_PSI_ROWS:,})",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--keep", type=Path, default=None, help="keep the working directory here")
     p.set_defaults(func=run)
@@ -214,6 +235,11 @@ def check_args(args: argparse.Namespace) -> None:
         raise InvalidSampleSizeError(f"--rows must be >= 10, got {args.rows}")
     if args.m is not None and args.m < 1:
         raise InvalidSampleSizeError(f"--m must be an integer >= 1, got {args.m}")
+    if args.alignment == "psi" and (args.rows is None or args.rows > MAX_PSI_ROWS):
+        raise InvalidSampleSizeError(
+            f"--alignment psi costs ~1 ms per id per curator; give --rows of at most {MAX_PSI_ROWS:,} "
+            f"(got {'the 45,222 Adult records' if args.rows is None else args.rows})"
+        )
 
 
 def _sizes(data: Path, curators: Sequence[str]) -> tuple[int, ...]:
@@ -253,7 +279,7 @@ def run(args: argparse.Namespace) -> int:
         akey.chmod(0o600)
         addrs = launch_release(
             cluster, root / "data", root / "certs", "demo-1", args.epsilon, args.m, args.cipher, akey,
-            curators=curators,
+            curators=curators, sampling=args.sampling, alignment=args.alignment,
         )  # fmt: skip
         _progress("release running; asking the researcher for the estimate as analyst")
         resp = get_estimate(addrs["researcher"], root / "certs", "demo-1")

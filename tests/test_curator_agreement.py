@@ -29,6 +29,7 @@ from secure_release.mechanism.keys import AlignmentKey, PadKey, PramKey, Seed
 from secure_release.mechanism.ledger import NoBudgetError
 from secure_release.mechanism.pads import CipherMode
 from secure_release.mechanism.protocol import (
+    Agreement,
     CuratorTable,
     agree_alignment,
     curator_tags,
@@ -36,6 +37,7 @@ from secure_release.mechanism.protocol import (
     run_release,
 )
 from secure_release.mechanism.schema import Attribute, CuratorSchema
+from secure_release.mechanism.variants import AlignmentMode, SamplingMode, VariantAgreement
 
 ALICE = CuratorSchema("alice", (Attribute("edu", ("a", "b", "c")), Attribute("mar", ("m", "s"))))
 BOB = CuratorSchema("bob", (Attribute("sex", ("f", "m")), Attribute("sal", ("lo", "hi"))))
@@ -61,6 +63,11 @@ def _agree(m: int | None, cipher: CipherMode = CipherMode.CHACHA20):  # type: ig
     tags = {"alice": curator_tags(alice, AKEY), "bob": curator_tags(bob, AKEY)}
     sizes = {"alice": 6, "bob": 4}
     return leader_agree("r1", ("alice", "bob"), tags, sizes, 1.0, m, cipher, ("res",), SEED), tags
+
+
+def _variant(agreement: Agreement) -> VariantAgreement:
+    """A seed-sampled, keyed-hash agreement as the curator handles it."""
+    return VariantAgreement(agreement, SamplingMode.SEED, AlignmentMode.KEYED_HASH)
 
 
 def _config(name: str, tmp_path: Path, **changes: object) -> CuratorConfig:
@@ -106,7 +113,7 @@ def test_follower_accepts_the_leaders_spec_and_keeps_its_own_grants(tmp_path: Pa
     agreement, _ = _agree(None)
     bob = _config("bob", tmp_path, grants=("other",))
     assert spec_differences(bob, 4, agreement.spec, int(agreement.common.size)) == []
-    checked = check_agreement(bob, 4, agreement)
+    checked = check_agreement(bob, 4, _variant(agreement)).base
     assert checked.spec.researchers == ("res", "other") and checked.spec.plan == agreement.spec.plan
 
 
@@ -131,7 +138,7 @@ def test_follower_names_each_difference(
     assert any(expected in p for p in problems), problems
     if count is None:
         with pytest.raises(AgreementError, match="differs from ours"):
-            check_agreement(bob, own_size, agreement)
+            check_agreement(bob, own_size, _variant(agreement))
 
 
 def test_follower_reports_an_impossible_plan(tmp_path: Path) -> None:
@@ -151,7 +158,7 @@ def test_leader_state_collects_and_agrees_once() -> None:
     assert not state.wait_all_tags(0.01)
     state.add_tags("bob", curator_tags(bob, AKEY), 4)
     agreement = state.collect(1.0)
-    assert agreement.spec.plan.alphabet_sizes == (6, 4) and agreement.spec.n == 345
+    assert agreement.base.spec.plan.alphabet_sizes == (6, 4) and agreement.base.spec.n == 345
     assert state.wait_agreement(0.0) is None  # fixed, but served only once the leader registered it
     state.publish()
     assert state.wait_agreement(0.0) is agreement
@@ -202,7 +209,7 @@ def test_prepare_matches_run_release_and_persists_what_a_resume_needs(tmp_path: 
     for j, name in enumerate(("alice", "bob")):
         config = _config(name, tmp_path, m=90, test_pad_key=PAD_KEYS[j])
         keystore = Keystore(config.keystore)
-        record = prepare(config, OwnData(tables[name], tags[name], "f" * 64), agreement, keystore, LOG)
+        record = prepare(config, OwnData(tables[name], tags[name], "f" * 64), _variant(agreement), keystore, LOG)
         assert np.array_equal(record.ciphertext(), result.server_view["ciphertexts"][j])
         stored = keystore.load_record("r1")
         assert stored is not None and np.array_equal(stored.ciphertext(), record.ciphertext())

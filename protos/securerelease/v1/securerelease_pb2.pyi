@@ -46,6 +46,54 @@ CIPHER_MODE_CHACHA20: CipherMode.ValueType  # 2
 """ChaCha20-derived pad: the researcher receives a 256-bit key"""
 Global___CipherMode: _TypeAlias = CipherMode  # noqa: Y015
 
+class _SamplingMode:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _SamplingModeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_SamplingMode.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    SAMPLING_MODE_UNSPECIFIED: _SamplingMode.ValueType  # 0
+    """read as SEED (curators before issue 12)"""
+    SAMPLING_MODE_SEED: _SamplingMode.ValueType  # 1
+    """a 32-byte seed (pseudorandom sample)"""
+    SAMPLING_MODE_INDICES: _SamplingMode.ValueType  # 2
+    """the packed ordered m-tuple from the OS CSPRNG (truly random)"""
+
+class SamplingMode(_SamplingMode, metaclass=_SamplingModeEnumTypeWrapper):
+    """How the curators share the sample (issue 12; agreed per release through the leader)."""
+
+SAMPLING_MODE_UNSPECIFIED: SamplingMode.ValueType  # 0
+"""read as SEED (curators before issue 12)"""
+SAMPLING_MODE_SEED: SamplingMode.ValueType  # 1
+"""a 32-byte seed (pseudorandom sample)"""
+SAMPLING_MODE_INDICES: SamplingMode.ValueType  # 2
+"""the packed ordered m-tuple from the OS CSPRNG (truly random)"""
+Global___SamplingMode: _TypeAlias = SamplingMode  # noqa: Y015
+
+class _AlignmentMode:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _AlignmentModeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_AlignmentMode.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    ALIGNMENT_MODE_UNSPECIFIED: _AlignmentMode.ValueType  # 0
+    """read as KEYED_HASH (curators before issue 12)"""
+    ALIGNMENT_MODE_KEYED_HASH: _AlignmentMode.ValueType  # 1
+    """tags under the curators' shared alignment key"""
+    ALIGNMENT_MODE_PSI: _AlignmentMode.ValueType  # 2
+    """N-party ECDH PSI: tags of the fully blinded ids"""
+
+class AlignmentMode(_AlignmentMode, metaclass=_AlignmentModeEnumTypeWrapper):
+    """How the curators align their ids (issue 12; agreed per release through the leader)."""
+
+ALIGNMENT_MODE_UNSPECIFIED: AlignmentMode.ValueType  # 0
+"""read as KEYED_HASH (curators before issue 12)"""
+ALIGNMENT_MODE_KEYED_HASH: AlignmentMode.ValueType  # 1
+"""tags under the curators' shared alignment key"""
+ALIGNMENT_MODE_PSI: AlignmentMode.ValueType  # 2
+"""N-party ECDH PSI: tags of the fully blinded ids"""
+Global___AlignmentMode: _TypeAlias = AlignmentMode  # noqa: Y015
+
 class _ReleaseState:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -492,6 +540,7 @@ class TagChunk(_message.Message):
     TAGS_FIELD_NUMBER: _builtins.int
     LAST_FIELD_NUMBER: _builtins.int
     ALPHABET_SIZE_FIELD_NUMBER: _builtins.int
+    ALIGNMENT_FIELD_NUMBER: _builtins.int
     release_id: _builtins.str
     curator: _builtins.str
     sequence: _builtins.int
@@ -500,6 +549,8 @@ class TagChunk(_message.Message):
     last: _builtins.bool
     alphabet_size: _builtins.int
     """the submitting curator's alphabet size (its schema's joint size)"""
+    alignment: Global___AlignmentMode.ValueType
+    """how these tags were made (must be the leader's mode)"""
     def __init__(
         self,
         *,
@@ -509,10 +560,11 @@ class TagChunk(_message.Message):
         tags: _builtins.bytes = ...,
         last: _builtins.bool = ...,
         alphabet_size: _builtins.int = ...,
+        alignment: Global___AlignmentMode.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["alphabet_size", b"alphabet_size", "curator", b"curator", "last", b"last", "release_id", b"release_id", "sequence", b"sequence", "tags", b"tags"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["alignment", b"alignment", "alphabet_size", b"alphabet_size", "curator", b"curator", "last", b"last", "release_id", b"release_id", "sequence", b"sequence", "tags", b"tags"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -571,12 +623,21 @@ class AgreementChunk(_message.Message):
     SEQUENCE_FIELD_NUMBER: _builtins.int
     COMMON_TAGS_FIELD_NUMBER: _builtins.int
     LAST_FIELD_NUMBER: _builtins.int
+    SAMPLING_FIELD_NUMBER: _builtins.int
+    ALIGNMENT_FIELD_NUMBER: _builtins.int
+    PACKED_INDICES_FIELD_NUMBER: _builtins.int
     sampling_seed: _builtins.bytes
     """on the first chunk; curator-to-curator only"""
     sequence: _builtins.int
     common_tags: _builtins.bytes
     """concatenated 16-byte tags, ascending"""
     last: _builtins.bool
+    sampling: Global___SamplingMode.ValueType
+    """on the first chunk; SEED: sampling_seed set; INDICES: packed_indices follow"""
+    alignment: Global___AlignmentMode.ValueType
+    """on the first chunk"""
+    packed_indices: _builtins.bytes
+    """INDICES: a piece of the packed m-tuple (ceil(log2 n) bits a position,"""
     @_builtins.property
     def params(self) -> Global___ReleaseParams:
         """on the first chunk"""
@@ -589,14 +650,118 @@ class AgreementChunk(_message.Message):
         sequence: _builtins.int = ...,
         common_tags: _builtins.bytes = ...,
         last: _builtins.bool = ...,
+        sampling: Global___SamplingMode.ValueType = ...,
+        alignment: Global___AlignmentMode.ValueType = ...,
+        packed_indices: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["params", b"params"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["common_tags", b"common_tags", "last", b"last", "params", b"params", "sampling_seed", b"sampling_seed", "sequence", b"sequence"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["alignment", b"alignment", "common_tags", b"common_tags", "last", b"last", "packed_indices", b"packed_indices", "params", b"params", "sampling", b"sampling", "sampling_seed", b"sampling_seed", "sequence", b"sequence"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___AgreementChunk: _TypeAlias = AgreementChunk  # noqa: Y015
+
+@_typing.final
+class PsiChunk(_message.Message):
+    """One piece of a PSI ring list: 32-byte points of edwards25519's prime-order subgroup.
+    The list of `owner` after `hop` blindings travels from curator (owner + hop - 1) mod N to
+    curator (owner + hop) mod N (ring order = --curators order); hop N returns it to the owner.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RELEASE_ID_FIELD_NUMBER: _builtins.int
+    CURATOR_FIELD_NUMBER: _builtins.int
+    OWNER_FIELD_NUMBER: _builtins.int
+    HOP_FIELD_NUMBER: _builtins.int
+    SEQUENCE_FIELD_NUMBER: _builtins.int
+    COUNT_FIELD_NUMBER: _builtins.int
+    POINTS_FIELD_NUMBER: _builtins.int
+    LAST_FIELD_NUMBER: _builtins.int
+    release_id: _builtins.str
+    curator: _builtins.str
+    """PsiSend: the sender (must match its certificate)"""
+    owner: _builtins.str
+    """whose ids the points are"""
+    hop: _builtins.int
+    """blindings applied, 1 .. N"""
+    sequence: _builtins.int
+    count: _builtins.int
+    """on the first chunk: points in the whole list"""
+    points: _builtins.bytes
+    """concatenated 32-byte points (<= 1 MiB a chunk)"""
+    last: _builtins.bool
+    def __init__(
+        self,
+        *,
+        release_id: _builtins.str = ...,
+        curator: _builtins.str = ...,
+        owner: _builtins.str = ...,
+        hop: _builtins.int = ...,
+        sequence: _builtins.int = ...,
+        count: _builtins.int = ...,
+        points: _builtins.bytes = ...,
+        last: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "curator", b"curator", "hop", b"hop", "last", b"last", "owner", b"owner", "points", b"points", "release_id", b"release_id", "sequence", b"sequence"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PsiChunk: _TypeAlias = PsiChunk  # noqa: Y015
+
+@_typing.final
+class PsiSendResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RELEASE_ID_FIELD_NUMBER: _builtins.int
+    POINTS_RECEIVED_FIELD_NUMBER: _builtins.int
+    release_id: _builtins.str
+    points_received: _builtins.int
+    def __init__(
+        self,
+        *,
+        release_id: _builtins.str = ...,
+        points_received: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["points_received", b"points_received", "release_id", b"release_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PsiSendResponse: _TypeAlias = PsiSendResponse  # noqa: Y015
+
+@_typing.final
+class PsiRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RELEASE_ID_FIELD_NUMBER: _builtins.int
+    CURATOR_FIELD_NUMBER: _builtins.int
+    OWNER_FIELD_NUMBER: _builtins.int
+    HOP_FIELD_NUMBER: _builtins.int
+    release_id: _builtins.str
+    curator: _builtins.str
+    """the recipient (must match its certificate)"""
+    owner: _builtins.str
+    hop: _builtins.int
+    def __init__(
+        self,
+        *,
+        release_id: _builtins.str = ...,
+        curator: _builtins.str = ...,
+        owner: _builtins.str = ...,
+        hop: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["curator", b"curator", "hop", b"hop", "owner", b"owner", "release_id", b"release_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PsiRequest: _TypeAlias = PsiRequest  # noqa: Y015
 
 @_typing.final
 class KeyRequest(_message.Message):

@@ -302,6 +302,16 @@ class CuratorStub:
                 request_serializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.KeyRequest.SerializeToString,
                 response_deserializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.KeyChunk.FromString,
                 _registered_method=True)
+        self.PsiSend = channel.stream_unary(
+                '/securerelease.v1.Curator/PsiSend',
+                request_serializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.PsiChunk.SerializeToString,
+                response_deserializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.PsiSendResponse.FromString,
+                _registered_method=True)
+        self.PsiReceive = channel.unary_stream(
+                '/securerelease.v1.Curator/PsiReceive',
+                request_serializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.PsiRequest.SerializeToString,
+                response_deserializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.PsiChunk.FromString,
+                _registered_method=True)
 
 
 class CuratorServicer:
@@ -329,6 +339,22 @@ class CuratorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PsiSend(self, request_iterator, context):
+        """curator -> leading curator (PSI alignment): one ring hop's list of blinded points, for the
+        leader to hand on to the next curator of the ring (the leader is the mailbox).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PsiReceive(self, request, context):
+        """curator <- leading curator (PSI alignment): the list addressed to the caller at one hop
+        (waits until it arrived, bounded by the call deadline).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CuratorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -346,6 +372,16 @@ def add_CuratorServicer_to_server(servicer, server):
                     servicer.ReleaseKey,
                     request_deserializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.KeyRequest.FromString,
                     response_serializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.KeyChunk.SerializeToString,
+            ),
+            'PsiSend': grpc.stream_unary_rpc_method_handler(
+                    servicer.PsiSend,
+                    request_deserializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.PsiChunk.FromString,
+                    response_serializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.PsiSendResponse.SerializeToString,
+            ),
+            'PsiReceive': grpc.unary_stream_rpc_method_handler(
+                    servicer.PsiReceive,
+                    request_deserializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.PsiRequest.FromString,
+                    response_serializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.PsiChunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -430,6 +466,60 @@ class Curator:
             '/securerelease.v1.Curator/ReleaseKey',
             secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.KeyRequest.SerializeToString,
             secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.KeyChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PsiSend(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/securerelease.v1.Curator/PsiSend',
+            secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.PsiChunk.SerializeToString,
+            secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.PsiSendResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PsiReceive(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/securerelease.v1.Curator/PsiReceive',
+            secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.PsiRequest.SerializeToString,
+            secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.PsiChunk.FromString,
             options,
             channel_credentials,
             insecure,

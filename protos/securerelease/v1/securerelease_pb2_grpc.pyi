@@ -124,6 +124,14 @@ class CuratorStub:
     """curator <- leading curator: the release parameters, the sampling seed and the common tags."""
     ReleaseKey: _grpc.UnaryStreamMultiCallable[_securerelease_pb2.KeyRequest, _securerelease_pb2.KeyChunk]
     """researcher <- curator: the pad key (chacha20) or the pad (otp), if granted."""
+    PsiSend: _grpc.StreamUnaryMultiCallable[_securerelease_pb2.PsiChunk, _securerelease_pb2.PsiSendResponse]
+    """curator -> leading curator (PSI alignment): one ring hop's list of blinded points, for the
+    leader to hand on to the next curator of the ring (the leader is the mailbox).
+    """
+    PsiReceive: _grpc.UnaryStreamMultiCallable[_securerelease_pb2.PsiRequest, _securerelease_pb2.PsiChunk]
+    """curator <- leading curator (PSI alignment): the list addressed to the caller at one hop
+    (waits until it arrived, bounded by the call deadline).
+    """
 
 @_typing.type_check_only
 class CuratorAsyncStub(CuratorStub):
@@ -136,6 +144,14 @@ class CuratorAsyncStub(CuratorStub):
     """curator <- leading curator: the release parameters, the sampling seed and the common tags."""
     ReleaseKey: _aio.UnaryStreamMultiCallable[_securerelease_pb2.KeyRequest, _securerelease_pb2.KeyChunk]  # type: ignore[assignment]
     """researcher <- curator: the pad key (chacha20) or the pad (otp), if granted."""
+    PsiSend: _aio.StreamUnaryMultiCallable[_securerelease_pb2.PsiChunk, _securerelease_pb2.PsiSendResponse]  # type: ignore[assignment]
+    """curator -> leading curator (PSI alignment): one ring hop's list of blinded points, for the
+    leader to hand on to the next curator of the ring (the leader is the mailbox).
+    """
+    PsiReceive: _aio.UnaryStreamMultiCallable[_securerelease_pb2.PsiRequest, _securerelease_pb2.PsiChunk]  # type: ignore[assignment]
+    """curator <- leading curator (PSI alignment): the list addressed to the caller at one hop
+    (waits until it arrived, bounded by the call deadline).
+    """
 
 class CuratorServicer(metaclass=_abc_1.ABCMeta):
     """---------------------------------------------------------------- curator"""
@@ -163,6 +179,26 @@ class CuratorServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_securerelease_pb2.KeyChunk], _abc.AsyncIterator[_securerelease_pb2.KeyChunk]]:
         """researcher <- curator: the pad key (chacha20) or the pad (otp), if granted."""
+
+    @_abc_1.abstractmethod
+    def PsiSend(
+        self,
+        request_iterator: _MaybeAsyncIterator[_securerelease_pb2.PsiChunk],
+        context: _ServicerContext,
+    ) -> _typing.Union[_securerelease_pb2.PsiSendResponse, _abc.Awaitable[_securerelease_pb2.PsiSendResponse]]:
+        """curator -> leading curator (PSI alignment): one ring hop's list of blinded points, for the
+        leader to hand on to the next curator of the ring (the leader is the mailbox).
+        """
+
+    @_abc_1.abstractmethod
+    def PsiReceive(
+        self,
+        request: _securerelease_pb2.PsiRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_securerelease_pb2.PsiChunk], _abc.AsyncIterator[_securerelease_pb2.PsiChunk]]:
+        """curator <- leading curator (PSI alignment): the list addressed to the caller at one hop
+        (waits until it arrived, bounded by the call deadline).
+        """
 
 def add_CuratorServicer_to_server(servicer: CuratorServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 

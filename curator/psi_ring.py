@@ -1,0 +1,135 @@
+"""``--alignment psi``: one curator's part of the N-party ECDH ring (:mod:`mechanism.psi`) over
+the Curator service.
+
+Followers talk only to the leader, so the leader is the ring's mailbox: curator j blinds its own
+ids (``psi_start``) and hands the list to curator j+1 through the leader (``PsiSend``); at each hop
+h = 1 .. N-1 it fetches the list of owner j-h routed to it (``PsiReceive``), raises it to its own
+scalar (``psi_reblind``) and hands it on; finally it fetches its own list after N blindings and
+turns it into 128-bit tags (``psi_finish``). Those tags feed the keyed-hash path unchanged
+(``SubmitTags``, the leader's common tags, canonical order = ascending tag). The leader does the
+same against its own mailbox, without RPCs.
+
+The scalar is fresh from the OS per run and never stored; only point counts and timings are
+logged. Per element: a hash to the group and N scalar multiplications (about 1 ms per id per
+curator on a 2-core machine; ``docs/architectures.md``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import grpc
+import numpy as np
+import numpy.typing as npt
+
+from secure_release.curator.config import CuratorConfig
+from secure_release.curator.errors import AgreementError, PsiNotReadyError
+from secure_release.curator.leader import LeaderState
+from secure_release.curator.service import read_point_stream
+from secure_release.curator.waits import Deadline, retry_until
+from secure_release.infra.logs import EventLog
+from secure_release.infra.tls import secure_channel
+from secure_release.infra.wire import point_chunks
+from secure_release.mechanism.alignment import TagArray
+from secure_release.mechanism.psi import POINT_BYTES, PsiKey, psi_finish, psi_reblind, psi_start
+from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
+from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
+
+SEND_CALL_S = 60.0
+RECEIVE_CALL_S = 5.0  # one PsiReceive waits this long at most (then asks again)
+
+Send = Callable[[str, int, bytes], None]
+Receive = Callable[[str, int], bytes]
+
+
+def _local(state: LeaderState, me: str, deadline: Deadline) -> tuple[Send, Receive]:
+    """The leader's own sends and receives: straight into and out of its mailbox."""
+
+    def send(owner: str, hop: int, points: bytes) -> None:
+        state.psi_put(me, owner, hop, points)
+
+    def receive(owner: str, hop: int) -> bytes:
+        what = f"{owner}'s PSI list at hop {hop}"
+        while True:
+            got = state.psi_get(me, owner, hop, min(RECEIVE_CALL_S, deadline.check(what)))
+            if got is not None:
+                return got
+
+    return send, receive
+
+
+def _remote(
+    stub: pb_grpc.CuratorStub, config: CuratorConfig, log: EventLog, deadline: Deadline
+) -> tuple[Send, Receive]:
+    """A follower's sends and receives: RPCs to the leader, retried while it is not ready."""
+    rid, me, leader = config.release_id, config.name, config.curators[0]
+
+    def send(owner: str, hop: int, points: bytes) -> None:
+        retry_until(
+            lambda t: stub.PsiSend(point_chunks(rid, me, owner, hop, points), timeout=t),
+            f"the leader {leader} to take {owner}'s PSI list at hop {hop}",
+            deadline,
+            log,
+            per_call_s=SEND_CALL_S,
+        )
+
+    def fetch(owner: str, hop: int, timeout: float) -> bytes:
+        request = pb.PsiRequest(release_id=rid, curator=me, owner=owner, hop=hop)
+        got = read_point_stream(iter(stub.PsiReceive(request, timeout=timeout)), None)
+        if (got.release_id, got.owner, got.hop) != (rid, owner, hop):
+            raise PsiNotReadyError(f"the leader answered with another PSI list than {owner}'s at hop {hop}")
+        return got.points
+
+    def receive(owner: str, hop: int) -> bytes:
+        return retry_until(
+            lambda t: fetch(owner, hop, t),
+            f"{owner}'s PSI list at hop {hop} from the leader {leader}",
+            deadline,
+            log,
+            per_call_s=RECEIVE_CALL_S,
+        )
+
+    return send, receive
+
+
+def ring(me: str, curators: tuple[str, ...], ids: npt.NDArray[np.str_], key: PsiKey, send: Send,
+         receive: Receive) -> TagArray:  # fmt: skip
+    """The ring as one curator sees it, over any transport (``send(owner, hop, points)``,
+    ``receive(owner, hop)``): start, N-1 re-blinding hops, finish."""
+    num, at = len(curators), curators.index(me)
+    own = psi_start(ids, key)
+    send(me, 1, own.sent)
+    for hop in range(1, num):
+        owner = curators[(at - hop) % num]
+        send(owner, hop + 1, psi_reblind(receive(owner, hop), key))
+    return psi_finish(own, receive(me, num))
+
+
+def run_ring(
+    config: CuratorConfig, ids: npt.NDArray[np.str_], state: LeaderState | None, log: EventLog, deadline: Deadline
+) -> TagArray:
+    """This curator's PSI tags (own row order), through the leader (``state`` given: this
+    curator leads and is the mailbox). Failures raise :class:`AgreementError` (the leader's
+    refusal) or a wait timeout, like the agreement step."""
+    key = config.test_psi_key or PsiKey.generate()
+    t0 = time.perf_counter()
+    log("psi_started", release_id=config.release_id, ids=int(ids.size), curators=len(config.curators))
+    if state is not None:
+        send, receive = _local(state, config.name, deadline)
+        tags = ring(config.name, config.curators, ids, key, send, receive)
+    else:
+        assert config.leader_address is not None
+        leader = config.curators[0]
+        channel = secure_channel(config.leader_address, config.certs, config.name, config.insecure,
+                                 role="curator", peer_role="curator", peer_name=leader)  # fmt: skip
+        try:
+            send, receive = _remote(pb_grpc.CuratorStub(channel), config, log, deadline)
+            tags = ring(config.name, config.curators, ids, key, send, receive)
+        except grpc.RpcError as exc:
+            raise AgreementError(f"the leader {leader} refused: {exc.code().name}: {exc.details()}") from None
+        finally:
+            channel.close()
+    log("psi_aligned", release_id=config.release_id, ids=int(ids.size), point_bytes=int(ids.size) * POINT_BYTES,
+        seconds=round(time.perf_counter() - t0, 3))  # fmt: skip
+    return tags
