@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import NoReturn
 
 import grpc
 
@@ -210,6 +211,13 @@ class KeyRecord:
     served: set[str] = field(default_factory=set)
 
 
+def _wait_seconds(context: grpc.ServicerContext) -> float:
+    """How long a waiting leader-side call may block: the caller's deadline (less a margin),
+    at most MAX_AGREEMENT_WAIT_S."""
+    remaining = context.time_remaining()
+    return MAX_AGREEMENT_WAIT_S if remaining is None else min(remaining - 0.5, MAX_AGREEMENT_WAIT_S)
+
+
 class CuratorService(pb_grpc.CuratorServicer):
     """One curator's gRPC endpoint; the run thread adds leader states and keys."""
 
@@ -254,10 +262,7 @@ class CuratorService(pb_grpc.CuratorServicer):
             state = self._leading_for(got.release_id, ident.name)
             state.add_tags(ident.name, got.tags, got.alphabet_size, got.alignment)
         except SecureReleaseError as exc:
-            self.log.warning("tags_refused", caller=str(ident), reason=f"{type(exc).__name__}: {exc}")
-            if state is not None and state.error is not None:
-                state.mark_told(ident.name)
-            abort_with(context, exc)
+            self._refuse(context, "tags_refused", str(ident), ident.name, state, exc)
         self.log(
             "tags_received",
             release_id=got.release_id,
@@ -272,8 +277,7 @@ class CuratorService(pb_grpc.CuratorServicer):
     ) -> Iterator[pb.AgreementChunk]:
         """The spec, seed and common tags, to a curator of the release (waits until fixed)."""
         ident = caller(context)
-        remaining = context.time_remaining()
-        timeout = MAX_AGREEMENT_WAIT_S if remaining is None else min(remaining - 0.5, MAX_AGREEMENT_WAIT_S)
+        timeout = _wait_seconds(context)
         state: LeaderState | None = None
         try:
             if request.curator != ident.name:
@@ -285,10 +289,7 @@ class CuratorService(pb_grpc.CuratorServicer):
             if agreement is None:
                 raise AgreementNotReadyError(f"the agreement of {request.release_id!r} is not ready yet; retry")
         except SecureReleaseError as exc:
-            self.log.warning("agreement_refused", caller=str(ident), reason=f"{type(exc).__name__}: {exc}")
-            if state is not None and state.error is not None:
-                state.mark_told(ident.name)
-            abort_with(context, exc)
+            self._refuse(context, "agreement_refused", str(ident), ident.name, state, exc)
         self.log(
             "agreement_served",
             release_id=request.release_id,
@@ -298,6 +299,21 @@ class CuratorService(pb_grpc.CuratorServicer):
             sample_bytes=agreement.agreement_sample_bytes,
         )
         yield from agreement_chunks(agreement)
+
+    def _refuse(
+        self,
+        context: grpc.ServicerContext,
+        event: str,
+        who: str,
+        name: str,
+        state: LeaderState | None,
+        exc: SecureReleaseError,
+    ) -> NoReturn:
+        """Log a leader-side refusal, note that a failed agreement was told, end the RPC."""
+        self.log.warning(event, caller=who, reason=f"{type(exc).__name__}: {exc}")
+        if state is not None and state.error is not None:
+            state.mark_told(name)
+        abort_with(context, exc)
 
     # ----------------------------------------------------------------- PSI ring (leader side)
     def PsiSend(  # noqa: N802
@@ -318,10 +334,7 @@ class CuratorService(pb_grpc.CuratorServicer):
             state = self._leading_for(got.release_id, ident.name)
             state.psi_put(ident.name, got.owner, got.hop, got.points)
         except SecureReleaseError as exc:
-            self.log.warning("psi_refused", caller=str(ident), reason=f"{type(exc).__name__}: {exc}")
-            if state is not None and state.error is not None:
-                state.mark_told(ident.name)
-            abort_with(context, exc)
+            self._refuse(context, "psi_refused", str(ident), ident.name, state, exc)
         points = len(got.points) // POINT_BYTES
         self.log("psi_received", release_id=got.release_id, sender=ident.name, owner=got.owner, hop=got.hop,
                  points=points)  # fmt: skip
@@ -332,8 +345,7 @@ class CuratorService(pb_grpc.CuratorServicer):
     ) -> Iterator[pb.PsiChunk]:
         """The ring list routed to the caller (waits until it arrived, bounded by the deadline)."""
         ident = caller(context)
-        remaining = context.time_remaining()
-        timeout = MAX_AGREEMENT_WAIT_S if remaining is None else min(remaining - 0.5, MAX_AGREEMENT_WAIT_S)
+        timeout = _wait_seconds(context)
         state: LeaderState | None = None
         try:
             if request.curator != ident.name:
@@ -345,10 +357,7 @@ class CuratorService(pb_grpc.CuratorServicer):
                     f"the PSI list of {request.owner!r} at hop {request.hop} has not reached the leader yet; retry"
                 )
         except SecureReleaseError as exc:
-            self.log.warning("psi_refused", caller=str(ident), reason=f"{type(exc).__name__}: {exc}")
-            if state is not None and state.error is not None:
-                state.mark_told(ident.name)
-            abort_with(context, exc)
+            self._refuse(context, "psi_refused", str(ident), ident.name, state, exc)
         self.log("psi_served", release_id=request.release_id, recipient=ident.name, owner=request.owner,
                  hop=request.hop, points=len(points) // POINT_BYTES)  # fmt: skip
         yield from point_chunks(request.release_id, self.name, request.owner, int(request.hop), points)

@@ -17,12 +17,12 @@ import numpy.typing as npt
 from secure_release.mechanism.accounting import cell_variance, channel_cell_variance
 from secure_release.mechanism.errors import (
     InvalidLevelError,
-    InvalidSampleSizeError,
     NonFiniteInputError,
     ShapeMismatchError,
     UnknownIntervalMethodError,
 )
 from secure_release.mechanism.pram import PramChannel
+from secure_release.mechanism.sampling import check_sample_size
 from secure_release.mechanism.schema import CodeArray, check_joint_alphabet, mixed_radix_decode, mixed_radix_encode
 
 FloatArray = npt.NDArray[np.float64]
@@ -440,7 +440,7 @@ def observed_rate_variance_coefficients(n: int, m: int, keep: float, off_diagona
     makes the m rows' indicators negatively correlated: Cov = -a^2 T(1 - T)/(n - 1)).
     Equals DESIGN 3's per-cell variance times a^2. Returns V's coefficients (c2, c1, c0) of
     V(p) = c2 p^2 + c1 p + c0."""
-    check_sample_size_pair(n, m)
+    check_sample_size(n, m)
     f = (m - 1.0) / (n - 1.0) if n > 1 else 0.0
     a, b = keep, off_diagonal
     return -(1.0 - f), 1.0 - f * (a + 2.0 * b), f * b * (a + b)
@@ -614,12 +614,6 @@ def marginal_intervals(
     c = np.asarray(counts_on_subset)
     a = channel.keep
     return cell_intervals(c, n, int(c.sum()), a, (1.0 - a) / c.size, method, level, simultaneous)
-
-
-def check_sample_size_pair(n: int, m: int) -> None:
-    """1 <= m <= n, integers (the estimators' copy of mechanism.sampling's rule)."""
-    if isinstance(n, bool) or isinstance(m, bool) or int(n) != n or int(m) != m or not 1 <= m <= n:
-        raise InvalidSampleSizeError(f"need integers 1 <= m <= n, got n = {n!r}, m = {m!r}")
 
 
 def _check_cell_counts(counts: npt.ArrayLike, m: int) -> npt.NDArray[np.int64]:
