@@ -149,7 +149,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_KEY_RETENTION_S,
         help="seconds the key is served after the release is sealed (also after a restart)",
     )
-    r.add_argument("--max-rows", type=int, default=10_000_000, help="leader: most tags a curator may send")
+    r.add_argument(
+        "--max-rows",
+        type=int,
+        default=1 << 24,
+        help="leader: most ids (tags or PSI points) a curator may send; the leader holds 16 bytes a tag "
+        "(default 2^24 = 16.8 M ids, 256 MiB)",
+    )
     n = p.add_argument_group("network")
     n.add_argument("--server", help="HOST:PORT of the release server")
     n.add_argument("--certs", help="directory with ca.pem, NAME.pem, NAME.key")

@@ -64,7 +64,7 @@ class CuratorConfig:
     exit_after_keys: bool
     alignment_key: AlignmentKey | None  # None only with --alignment psi (no shared key needed)
     key_retention: float = DEFAULT_KEY_RETENTION_S  # seconds keys are served after sealing
-    max_rows: int = 10_000_000  # leader: tags a follower may send
+    max_rows: int = 1 << 24  # leader: tags a follower may send (as --max-rows)
     test_seed: Seed | None = None
     test_pad_key: PadKey | None = None
     sampling: SamplingMode = SamplingMode.SEED  # --sampling: seed or indices (must agree)

@@ -57,7 +57,7 @@ class LeaderState:
     told: set[str] = field(default_factory=set)  # followers already sent the failure
     error: str | None = None
     cond: threading.Condition = field(default_factory=threading.Condition)
-    max_points: int = 10_000_000  # PSI: points a ring list may hold (--max-rows)
+    max_points: int = 1 << 24  # PSI: points a ring list may hold (--max-rows)
     psi_lists: dict[tuple[str, int], bytes] = field(default_factory=dict)  # (owner, hop) -> points
     psi_counts: dict[str, int] = field(default_factory=dict)  # owner -> points of its list
 

@@ -68,7 +68,7 @@ from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_
 
 SERVICE_NAME = "securerelease.v1.Curator"
 MAX_AGREEMENT_WAIT_S = 600.0
-DEFAULT_MAX_ROWS = 10_000_000  # --max-rows: tags a follower may send (16 bytes each)
+DEFAULT_MAX_ROWS = 1 << 24  # --max-rows: tags a follower may send (16 bytes each: 256 MiB)
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ import grpc
 
 from secure_release.curator.errors import StoppedError, WaitTimeoutError
 from secure_release.infra.logs import EventLog
+from secure_release.infra.retry import is_transient
 
 T = TypeVar("T")
 TRANSIENT = frozenset(
@@ -77,7 +78,7 @@ def retry_until(
             return fn(max(0.05, min(per_call_s, left)))
         except grpc.RpcError as exc:
             code = exc.code()
-            if code not in retry:
+            if not is_transient(exc, retry):
                 raise
             if deadline.left() <= delay:
                 raise WaitTimeoutError(

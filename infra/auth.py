@@ -19,12 +19,14 @@ from typing import TYPE_CHECKING, Any, cast
 
 import grpc
 
+from secure_release.infra.retry import PUSHBACK_KEY
 from secure_release.infra.tls import IDENTITY_METADATA_KEY, ROLES, Identity, PkiError, identity_of_certificate
 
 _RS = "/securerelease.v1.ReleaseServer/"
 _CU = "/securerelease.v1.Curator/"
 _RE = "/securerelease.v1.Researcher/"
 _ANY = frozenset(ROLES)
+PUSHBACK_MS = 100  # a busy peer retries after this long (its call slots free up as calls end)
 
 #: Every RPC the project serves and the roles that may call it.
 ACCESS: Mapping[str, frozenset[str]] = {
@@ -218,6 +220,7 @@ class AuthInterceptor(_ServerInterceptor):
                     return behavior(request, authed)
                 peer = str(identity)
                 if not self.slots.acquire(peer):
+                    context.set_trailing_metadata(((PUSHBACK_KEY, str(PUSHBACK_MS)),))
                     context.abort(
                         grpc.StatusCode.RESOURCE_EXHAUSTED,
                         f"{peer} already has {self.slots.limit} calls in flight here; wait for one to finish",

@@ -167,6 +167,25 @@ def test_a_follower_learns_the_leaders_refusal_within_seconds(tmp_path: Path) ->
         server.stop(0).wait()
 
 
+def test_a_follower_over_the_leaders_max_rows_fails_at_once(tmp_path: Path) -> None:
+    """--max-rows is a bound, not a busy slot: the follower must not retry it until its timeout."""
+    service = CuratorService("alice", SCHEMA, EventLog("curator", "alice"), max_rows=30)
+    state = LeaderState("r1", ("alice", "bob"), None, 1.0, None, CipherMode.OTP, ("res",), SEED)
+    service.lead(state)
+    port_file = tmp_path / "port"
+    server = start_server(_config("alice", port_file=str(port_file)), service, EventLog("curator", "alice"))
+    try:
+        bob = _config("bob", leader=False, leader_address=f"127.0.0.1:{int(port_file.read_text())}")
+        t0 = time.monotonic()
+        with pytest.raises(AgreementError) as info:
+            follow_leader(bob, _tags(40), 4, EventLog("curator", "bob"), Deadline(30.0))
+        took = time.monotonic() - t0
+        assert "RESOURCE_EXHAUSTED" in str(info.value) and "--max-rows" in str(info.value)
+        assert took < 5.0, took  # before the fix: retried for the whole 30 s deadline
+    finally:
+        server.stop(0).wait()
+
+
 def _swallow(fn: Any) -> None:
     with contextlib.suppress(Exception):  # the leader's own failure; the follower's side is under test
         fn()

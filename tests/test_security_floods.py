@@ -15,7 +15,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from secure_release.infra import tls
+from secure_release.infra import retry, tls
 from secure_release.mechanism.packing import CHUNK_ROWS
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
@@ -84,10 +84,10 @@ def test_commit_bomb_is_refused_before_allocation(certs: Path, server: tuple[int
     with tls.secure_channel(f"127.0.0.1:{port}", certs, "alice", peer_role="server") as ch:
         stub = pb_grpc.ReleaseServerStub(ch)
         huge = support.make_params(rid="bomb", n=1 << 62, m=1 << 62)
-        assert (
-            support.code_of(lambda: stub.RegisterPart(pb.RegisterPartRequest(params=huge, curator="alice"), timeout=10))
-            == grpc.StatusCode.RESOURCE_EXHAUSTED
-        )
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.RegisterPart(pb.RegisterPartRequest(params=huge, curator="alice"), timeout=10)
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert not retry.is_transient(refused.value)  # a bound, not a busy slot: no client retries it
         big = support.make_params(rid="bomb", n=10**8, m=10**8)  # at the default limit: accepted
         stub.RegisterPart(pb.RegisterPartRequest(params=big, curator="alice"), timeout=10)
         for claimed in (1 << 44, -(-(10**8) // CHUNK_ROWS)):
@@ -111,6 +111,7 @@ def test_idle_streams_from_one_peer_do_not_starve_others(certs: Path, server: tu
         yield from ()
 
     codes: list[grpc.StatusCode] = []
+    transient: list[bool] = []
     lock = threading.Lock()
 
     def idle_upload() -> None:
@@ -120,6 +121,8 @@ def test_idle_streams_from_one_peer_do_not_starve_others(certs: Path, server: tu
             except grpc.RpcError as exc:
                 with lock:
                     codes.append(exc.code())
+                    if exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                        transient.append(retry.is_transient(exc))
 
     started = time.monotonic()
     threads = [threading.Thread(target=idle_upload) for _ in range(12)]
@@ -134,6 +137,7 @@ def test_idle_streams_from_one_peer_do_not_starve_others(certs: Path, server: tu
     print(f"12 idle streams: ended after {elapsed:.1f} s, codes {names}, worst latency {worst * 1000:.0f} ms")
     assert len(codes) == 12
     assert codes.count(grpc.StatusCode.RESOURCE_EXHAUSTED) >= 8  # beyond the 4 slots: refused at once
+    assert transient and all(transient)  # a busy slot carries the pushback trailer: clients retry it
     assert codes.count(grpc.StatusCode.CANCELLED) == 4  # the 4 admitted ones: cancelled when idle
     assert elapsed < IDLE_SECONDS + 5 and worst < 1.0 and probe.calls > 0
     assert peak_rss_mib(pid) < 300
