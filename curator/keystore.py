@@ -51,12 +51,18 @@ def _safe(release_id: str) -> str:
     return release_id
 
 
-def _u32(symbols: SymbolArray) -> str:
-    return base64.b64encode(np.asarray(symbols, dtype="<u4").tobytes()).decode()
+def _symbol_dtype(alphabet_size: int) -> str:
+    """The narrowest little-endian unsigned type that holds symbols below ``alphabet_size``."""
+    return "<u1" if alphabet_size <= 1 << 8 else "<u2" if alphabet_size <= 1 << 16 else "<u4"
 
 
-def _from_u32(text: str) -> SymbolArray:
-    return np.frombuffer(base64.b64decode(text), dtype="<u4").astype(np.uint32)
+def _u32(symbols: SymbolArray, alphabet_size: int = 1 << 32) -> str:
+    """Base64 of the symbols, each in the narrowest width the alphabet needs (1 byte for most)."""
+    return base64.b64encode(np.asarray(symbols).astype(_symbol_dtype(alphabet_size)).tobytes()).decode()
+
+
+def _from_u32(text: str, alphabet_size: int = 1 << 32) -> SymbolArray:
+    return np.frombuffer(base64.b64decode(text), dtype=_symbol_dtype(alphabet_size)).astype(np.uint32)
 
 
 @dataclass(frozen=True)
@@ -94,14 +100,15 @@ class ReleaseRecord:
         pad = self.pad
         secret = {"chacha20_key": pad.key.reveal().hex()} if pad.key is not None else {}
         if pad.pad_symbols is not None:
-            secret = {"otp_pad": _u32(pad.pad_symbols)}
+            secret = {"otp_pad": _u32(pad.pad_symbols, pad.alphabet_size)}
         return {
             "spec": self.spec.to_dict(),
             "mode": pad.mode.value,
             "alphabet_size": pad.alphabet_size,
             "length": pad.length,
             **secret,
-            "sample": _u32(self.sample),
+            "symbol_width": np.dtype(_symbol_dtype(pad.alphabet_size)).itemsize,
+            "sample": _u32(self.sample, pad.alphabet_size),
             "table_fingerprint": self.table_fingerprint,
             "dataset_name": self.dataset_name,
             "seed_fingerprint": self.seed_fingerprint,
@@ -115,15 +122,16 @@ class ReleaseRecord:
         """Inverse of :meth:`to_dict`."""
         mode = CipherMode(data["mode"])
         k, length = int(data["alphabet_size"]), int(data["length"])
+        width = k if "symbol_width" in data else 1 << 32  # records of older versions: 4 bytes a symbol
         if mode is CipherMode.CHACHA20:
             pad = ReleasePad(mode, k, length, key=PadKey(bytes.fromhex(data["chacha20_key"])))
         else:
-            pad = ReleasePad(mode, k, length, pad_symbols=_from_u32(data["otp_pad"]))
+            pad = ReleasePad(mode, k, length, pad_symbols=_from_u32(data["otp_pad"], width))
         until = data.get("retention_until")
         return cls(
             ReleaseSpec.from_dict(data["spec"]),
             pad,
-            _from_u32(data["sample"]),
+            _from_u32(data["sample"], width),
             str(data["table_fingerprint"]),
             str(data["dataset_name"]),
             str(data["seed_fingerprint"]),
@@ -137,23 +145,22 @@ def _b64(raw: bytes) -> str:
 
 
 def agreement_to_dict(
-    agreement: VariantAgreement, tag_digests: dict[str, str], own_tags: TagArray | None = None
+    agreement: VariantAgreement, tag_digests: dict[str, str], tag_files: dict[str, str]
 ) -> dict[str, Any]:
-    """The leader's agreement (spec, modes, seed or packed index tuple, common tags), each
-    curator's tag digest and (PSI) the leader's own tags, which a restart cannot recompute."""
+    """The leader's agreement (spec, modes, seed or packed index tuple), each curator's tag
+    digest, and the SHA-256 of each binary tag file beside it (``tag_files``: the common tags
+    and, with PSI, the leader's own tags, which a restart cannot recompute)."""
     base = agreement.base
     data: dict[str, Any] = {
         "spec": base.spec.to_dict(),
         "seed": base.seed.reveal().hex(),
-        "common": _b64(np.ascontiguousarray(base.common).tobytes()),
+        "tag_files": tag_files,
         "tag_digests": tag_digests,
         "sampling": agreement.sampling.value,
         "alignment": agreement.alignment.value,
     }
     if agreement.packed_indices is not None:
         data["packed_indices"] = _b64(agreement.packed_indices)
-    if own_tags is not None:
-        data["own_tags"] = _b64(np.ascontiguousarray(own_tags).tobytes())
     return data
 
 
@@ -172,7 +179,8 @@ class StoredAgreement:
 
 
 class Keystore:
-    """Directory of ``release-<id>.json``, ``agreement-<id>.json`` and the ledger, all 0600."""
+    """Directory of ``release-<id>.json``, ``agreement-<id>.json`` (with its ``.tags`` files) and
+    the ledger, all 0600."""
 
     def __init__(self, directory: str | Path) -> None:
         """Open (or create, mode 0700) ``directory``."""
@@ -219,12 +227,34 @@ class Keystore:
         return record
 
     # ------------------------------------------------------------ the leader's agreement
+    def _tag_path(self, kind: str, release_id: str) -> Path:
+        return self.directory / f"agreement-{_safe(release_id)}.{kind}.tags"
+
     def save_agreement(
         self, agreement: VariantAgreement, tag_digests: dict[str, str], own_tags: TagArray | None = None
     ) -> None:
-        """Persist the agreement before any follower is served it."""
-        data = agreement_to_dict(agreement, tag_digests, own_tags)
-        atomic_write(self._path("agreement", agreement.base.spec.release_id), json.dumps(data).encode())
+        """Persist the agreement before any follower is served it: the tags as raw 16-byte
+        records in ``agreement-<id>.common.tags`` (and ``.own.tags``), written first, and the
+        JSON naming their SHA-256 last (a crash in between leaves no agreement)."""
+        release_id = agreement.base.spec.release_id
+        files: dict[str, str] = {}
+        for kind, tags in (("common", agreement.base.common), ("own", own_tags)):
+            if tags is not None:
+                raw = np.ascontiguousarray(tags).tobytes()
+                atomic_write(self._tag_path(kind, release_id), raw)
+                files[kind] = hashlib.sha256(raw).hexdigest()
+        data = agreement_to_dict(agreement, tag_digests, files)
+        atomic_write(self._path("agreement", release_id), json.dumps(data).encode())
+
+    def _load_tags(self, data: dict[str, Any], kind: str, release_id: str) -> TagArray | None:
+        """The tag file ``kind`` the agreement names, checked against its SHA-256."""
+        digest = data["tag_files"].get(kind)
+        if digest is None:
+            return None
+        raw = self._tag_path(kind, release_id).read_bytes()
+        if hashlib.sha256(raw).hexdigest() != digest:
+            raise ValueError(f"the {kind} tag file does not match the agreement's digest")
+        return tags_from_bytes(raw)
 
     def load_agreement(self, release_id: str) -> StoredAgreement | None:
         """The stored agreement, tag digests and (PSI) own tags (None if none was fixed)."""
@@ -232,11 +262,10 @@ class Keystore:
         if data is None:
             return None
         try:
-            base = Agreement(
-                ReleaseSpec.from_dict(data["spec"]),
-                Seed(bytes.fromhex(data["seed"])),
-                tags_from_bytes(base64.b64decode(data["common"])),
-            )
+            common = self._load_tags(data, "common", release_id)
+            if common is None:
+                raise KeyError("common")
+            base = Agreement(ReleaseSpec.from_dict(data["spec"]), Seed(bytes.fromhex(data["seed"])), common)
             packed = data.get("packed_indices")
             agreement = VariantAgreement(
                 base,
@@ -244,11 +273,10 @@ class Keystore:
                 AlignmentMode.parse(str(data.get("alignment", "keyed-hash"))),
                 None if packed is None else base64.b64decode(packed),
             )
-            own = data.get("own_tags")
             return StoredAgreement(
                 agreement,
                 {str(k): str(v) for k, v in data["tag_digests"].items()},
-                None if own is None else tags_from_bytes(base64.b64decode(own)),
+                self._load_tags(data, "own", release_id),
             )
-        except (KeyError, ValueError, TypeError, SecureReleaseError) as exc:
+        except (KeyError, ValueError, TypeError, OSError, SecureReleaseError) as exc:
             raise KeystoreError(f"agreement of {release_id!r} is malformed ({type(exc).__name__})") from exc

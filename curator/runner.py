@@ -5,9 +5,10 @@ load the table and fingerprint it -> (a stored release record? resume it) -> che
 psi`` the ECDH ring through the leader, :mod:`secure_release.curator.psi_ring`) -> start the
 Curator service -> **agree** (leader or follower; the sample is a seed or, with ``--sampling
 indices``, the leader's packed index tuple; the leader persists the agreement, reserves,
-registers, then publishes it) -> **reserve** epsilon -> **prepare** (align, sample, encrypt, persist pad and sample
-before any upload) -> **upload** what the server lacks and commit -> **wait** until SEALED
-(ledger: commit) or ABORTED (ledger: refund) -> **serve keys** until the key retention ends.
+registers, then publishes it, so the followers align while it prepares) -> **reserve** epsilon ->
+**prepare** (align, sample, encrypt, persist pad and sample before any upload) -> **upload** what
+the server lacks and commit -> **wait** until SEALED (ledger: commit) or ABORTED (ledger: refund)
+-> **serve keys** until the key retention ends.
 
 Every failure before sealing ends the release for everybody: the curator aborts it at the server
 with the reason (the others poll the status and stop), the leader also keeps telling followers
@@ -140,7 +141,7 @@ def prepare(
     alignment = align(own.tags, common)
     log("aligned", matched=alignment.num_matched, unmatched=alignment.num_unmatched, rows=alignment.num_rows)
     positions = agreement_positions(agreement)
-    sample = own.table.symbols()[alignment.row_order][positions]
+    sample = own.table.symbols()[alignment.row_order[positions]]  # gathers m rows, not n
     pad = new_release_pad(spec.cipher, own.alphabet_size, spec.m, config.test_pad_key)
     fingerprint = sample_fingerprint(agreement)
     record = ReleaseRecord(spec, pad, sample, own.fingerprint, config.dataset, fingerprint, sampling=agreement.sampling)
@@ -204,11 +205,10 @@ def setup_release(run: Run) -> ReleaseRecord:
             reason = f"{config.name} cannot reserve its budget: {type(exc).__name__}: {exc}"
             refuse_visibly(run, agreement.base.spec, reason)
         raise
-    record = prepare(config, run.own, agreement, run.keystore, run.log)
-    if run.state is not None:
-        run.link.register(record.spec)
+    if run.state is not None:  # followers may align while the leader prepares its own part
+        run.link.register(agreement.base.spec)
         run.state.publish()
-    return record
+    return prepare(config, run.own, agreement, run.keystore, run.log)
 
 
 def psi_tags(run: Run) -> TagArray:

@@ -43,6 +43,7 @@ from secure_release.mechanism.errors import SecureReleaseError
 from secure_release.mechanism.report import ReleaseReport
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
 from secure_release.researcher.client import Endpoints, check_seconds
+from secure_release.researcher.heatmap import prewarm
 from secure_release.researcher.pipeline import process_release
 from secure_release.researcher.service import ReleaseTracker, ResearcherService
 from secure_release.researcher.storage import load_reports, report_json
@@ -182,6 +183,8 @@ def serve(args: argparse.Namespace, log: EventLog) -> int:
         return process_release(endpoints, release_id, out, log, args.timeout, notified_digest, args.allow_partial)
 
     tracker = ReleaseTracker(process, log, load_reports(out, log) if out is not None else {})
+    if out is not None:
+        prewarm()  # the heat map's plotting library, while the release is still on its way
     server = make_grpc_server(insecure=args.insecure)
     readers = frozenset({f"researcher/{args.name}", *(f"analyst/{a}" for a in args.analyst if a)})
     pb_grpc.add_ResearcherServicer_to_server(ResearcherService(tracker, log, args.timeout, readers), server)

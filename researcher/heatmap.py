@@ -7,7 +7,9 @@ per combination of the others. Each cell shows its value; a colour bar gives the
 
 from __future__ import annotations
 
+import contextlib
 import io
+import threading
 from typing import Any
 
 import numpy as np
@@ -49,6 +51,19 @@ def _annotate(ax: Any, values: npt.NDArray[np.float64]) -> None:
     middle = (float(values.min()) + float(values.max())) / 2
     for (r, c), v in np.ndenumerate(values):
         ax.text(c, r, f"{v:.3f}", ha="center", va="center", fontsize=7, color="black" if v > middle else "white")
+
+
+def prewarm() -> threading.Thread:
+    """Import matplotlib in a daemon thread (about 1 s), so a long-running researcher's first
+    release does not pay for it after the estimate is ready."""
+
+    def load() -> None:
+        with contextlib.suppress(ImportError):
+            import matplotlib.figure  # noqa: F401
+
+    thread = threading.Thread(target=load, name="matplotlib-prewarm", daemon=True)
+    thread.start()
+    return thread
 
 
 def heatmap_png(report: ReleaseReport) -> bytes | None:

@@ -12,6 +12,7 @@ import json
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -53,27 +54,44 @@ class Cluster:
     logs: dict[str, Path] = field(default_factory=dict)
 
     def start(self, name: str, args: Sequence[str], port_file: bool = True, timeout: float = 60.0) -> int | None:
+        """Start ``name`` and (``port_file``) wait until it reports the port it listens on."""
+        self.spawn(name, args, port_file)
+        return self.wait_port(name, timeout) if port_file else None
+
+    def spawn(self, name: str, args: Sequence[str], port_file: bool = True) -> None:
+        """Start ``name`` without waiting (its log is ``<root>/<name>.log``)."""
         pf = self.root / f"{name}.port"
         if pf.exists():
             pf.unlink()
         cmd = [sys.executable, *args] + (["--port-file", str(pf)] if port_file else [])
         log = self.root / f"{name}.log"
         self.logs[name] = log
-        fh = log.open("wb")
-        self.procs[name] = subprocess.Popen(
-            cmd, stdout=fh, stderr=subprocess.STDOUT, env=self.env, stdin=subprocess.DEVNULL
-        )
-        fh.close()
-        if not port_file:
-            return None
+        with log.open("wb") as fh:
+            self.procs[name] = subprocess.Popen(
+                cmd, stdout=fh, stderr=subprocess.STDOUT, env=self.env, stdin=subprocess.DEVNULL
+            )
+
+    def wait_port(self, name: str, timeout: float = 60.0) -> int:
+        """The port ``name`` reported; RuntimeError (with its log's tail) if it exits first or
+        reports none within ``timeout`` seconds (a process only binds and reports: it reads
+        its table after listening, so this wait does not grow with the data)."""
+        pf = self.root / f"{name}.port"
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if pf.exists() and pf.read_text().strip():
                 return int(pf.read_text())
             if self.procs[name].poll() is not None:
                 raise RuntimeError(f"{name} exited with {self.procs[name].returncode}:\n{self.tail(name)}")
-            time.sleep(0.05)
+            time.sleep(0.02)
         raise RuntimeError(f"{name} did not report its port within {timeout}s:\n{self.tail(name)}")
+
+    def stop(self, names: Sequence[str]) -> None:
+        """Terminate ``names`` (and forget them)."""
+        for name in names:
+            proc = self.procs.pop(name, None)
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
 
     def tail(self, name: str, lines: int = 30) -> str:
         try:
@@ -96,11 +114,33 @@ class Cluster:
 
 def set_budget(cluster: Cluster, keystore: Path, table: Path, epsilon: float) -> None:
     """The curator's budget for its demo table (a curator runs no release without one)."""
-    cmd = [sys.executable, "-m", "secure_release.curator", "budget", "set", "--keystore", str(keystore),
-           "--data", str(table), "--epsilon", repr(epsilon)]  # fmt: skip
-    done = subprocess.run(cmd, env=cluster.env, capture_output=True, text=True, timeout=60)
-    if done.returncode != 0:
-        raise RuntimeError(f"setting the budget of {table.name} failed: {done.stderr.strip()[-500:]}")
+    set_budgets(cluster, {keystore: table}, epsilon)
+
+
+def set_budgets(cluster: Cluster, tables: Mapping[Path, Path], epsilon: float) -> None:
+    """Every curator's budget for its demo table (keystore -> table), set concurrently (each
+    hashes its whole table file)."""
+    def budget_set(keystore: Path, table: Path) -> subprocess.Popen[str]:
+        cmd = [sys.executable, "-m", "secure_release.curator", "budget", "set", "--keystore", str(keystore),
+               "--data", str(table), "--epsilon", repr(epsilon)]  # fmt: skip
+        return subprocess.Popen(cmd, env=cluster.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    procs = {table: budget_set(keystore, table) for keystore, table in tables.items()}
+    for table, proc in procs.items():
+        _, err = proc.communicate(timeout=300)
+        if proc.returncode != 0:
+            raise RuntimeError(f"setting the budget of {table.name} failed: {err.strip()[-500:]}")
+
+
+def free_port() -> int:
+    """A port the OS just gave out on 127.0.0.1 and took back (a later bind may still lose a
+    race for it: :func:`launch_release` then starts again with other ports)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+PORT_TRIES = 3
 
 
 def launch_release(
@@ -131,17 +171,47 @@ def launch_release(
     grants = grants or {c: [researcher] for c in curators}
     extras = {"alice": list(alice_extra), "bob": list(bob_extra)}
     extras.update({k: list(v) for k, v in (curator_extra or {}).items()})
-    sport = cluster.start(
-        "server",
-        ["-m", "secure_release.server", "--listen", "127.0.0.1:0", "--store", str(root / "store"),
-         "--certs", str(certs), "--name", "server", *server_extra],
-    )  # fmt: skip
-    addrs = {"server": f"127.0.0.1:{sport}"}
-    _progress(f"server listening on {addrs['server']}")
+    set_budgets(cluster, {root / f"keystore-{c}": data / f"{c}.csv" for c in curators}, max(1.0, epsilon))
+    names = ["server", *curators, "researcher"]
+    for attempt in range(1, PORT_TRIES + 1):
+        # every address is fixed up front, so all processes start at once and the curators read
+        # their tables concurrently; a process that loses its port to another program fails to bind
+        addrs = {name: f"127.0.0.1:{free_port()}" for name in names}
+        commands = _commands(
+            addrs, data, certs, root, release_id, epsilon, m, cipher, align_key_file,
+            alphabet_sizes, grants, extras, server_extra, researcher, curators, sampling, alignment,
+        )  # fmt: skip
+        for name in names:
+            cluster.spawn(name, commands[name])
+        try:
+            for name in names:
+                cluster.wait_port(name)
+                _progress(f"{name} listening on {addrs[name]}")
+            return addrs
+        except RuntimeError as exc:
+            lost_port = "in use" in str(exc)
+            cluster.stop(names)
+            if not lost_port or attempt == PORT_TRIES:
+                raise
+            _progress(f"a port was taken meanwhile; starting again ({attempt}/{PORT_TRIES})")
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _commands(
+    addrs: Mapping[str, str], data: Path, certs: Path, root: Path, release_id: str, epsilon: float, m: int | None,
+    cipher: str, align_key_file: Path, alphabet_sizes: str | None, grants: Mapping[str, list[str]],
+    extras: Mapping[str, list[str]], server_extra: Sequence[str], researcher: str, curators: Sequence[str],
+    sampling: str, alignment: str,
+) -> dict[str, list[str]]:  # fmt: skip
+    """The command line of every process of one release (each listens on ``addrs[name]``)."""
+    commands = {
+        "server": ["-m", "secure_release.server", "--listen", addrs["server"], "--store", str(root / "store"),
+                   "--certs", str(certs), "--name", "server", *server_extra],
+    }  # fmt: skip
     common = [
         "--release-id", release_id, "--epsilon", repr(epsilon), "--cipher", cipher, "--server", addrs["server"],
         "--certs", str(certs), "--curators", ",".join(curators), "--alignment-key-file", str(align_key_file),
-        "--researcher", researcher, "--listen", "127.0.0.1:0", "--sampling", sampling, "--alignment", alignment,
+        "--researcher", researcher, "--sampling", sampling, "--alignment", alignment,
     ] + (["--m", str(m)] if m is not None else [])  # fmt: skip
     for i, name in enumerate(curators):
         role = (
@@ -150,25 +220,18 @@ def launch_release(
             else ["--leader-address", addrs[curators[0]]]
         )
         g = [x for r in grants.get(name, []) for x in ("--grant", r)]
-        set_budget(cluster, root / f"keystore-{name}", data / f"{name}.csv", max(1.0, epsilon))
-        port = cluster.start(
-            name,
-            ["-m", "secure_release.curator", "run", "--data", str(data / f"{name}.csv"),
-             "--schema", str(data / f"{name}.json"), "--name", name, "--keystore", str(root / f"keystore-{name}"),
-             *common, *g, *role, *extras.get(name, [])],
-        )  # fmt: skip
-        addrs[name] = f"127.0.0.1:{port}"
-        _progress(f"{name} listening on {addrs[name]}")
-    rport = cluster.start(
-        "researcher",
-        ["-m", "secure_release.researcher", "serve", "--listen", "127.0.0.1:0", "--certs", str(certs),
-         "--name", researcher, "--server", addrs["server"],
-         *(x for c in curators for x in ("--curator", f"{c}={addrs[c]}")),
-         "--out", str(root / "results"), "--analyst", "analyst", "--allow-partial"],
-    )  # fmt: skip
-    addrs["researcher"] = f"127.0.0.1:{rport}"
-    _progress(f"researcher listening on {addrs['researcher']}")
-    return addrs
+        commands[name] = [
+            "-m", "secure_release.curator", "run", "--data", str(data / f"{name}.csv"),
+            "--schema", str(data / f"{name}.json"), "--name", name, "--keystore", str(root / f"keystore-{name}"),
+            "--listen", addrs[name], *common, *g, *role, *extras.get(name, []),
+        ]  # fmt: skip
+    commands["researcher"] = [
+        "-m", "secure_release.researcher", "serve", "--listen", addrs["researcher"], "--certs", str(certs),
+        "--name", researcher, "--server", addrs["server"],
+        *(x for c in curators for x in ("--curator", f"{c}={addrs[c]}")),
+        "--out", str(root / "results"), "--analyst", "analyst", "--allow-partial",
+    ]  # fmt: skip
+    return commands
 
 
 def get_estimate(address: str, certs: Path, release_id: str, name: str = "analyst", timeout: float = 240.0) -> Any:

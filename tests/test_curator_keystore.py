@@ -1,0 +1,92 @@
+"""The keystore's on-disk formats: compact symbols, binary agreement tag files with digests."""
+
+from __future__ import annotations
+
+import base64
+import json
+import stat
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from secure_release.curator.keystore import Keystore, KeystoreError, ReleaseRecord
+from secure_release.mechanism.alignment import TAG_DTYPE
+from secure_release.mechanism.keys import PadKey, Seed
+from secure_release.mechanism.pads import CipherMode, new_release_pad
+from secure_release.mechanism.protocol import Agreement
+from secure_release.mechanism.variants import AlignmentMode, SamplingMode, VariantAgreement
+from tests.support import make_spec
+
+
+def _record(k: int, mode: CipherMode) -> ReleaseRecord:
+    spec = make_spec()
+    sample = ((np.arange(spec.m, dtype=np.int64) * 7919) % k).astype(np.uint32)
+    pad = new_release_pad(mode, k, spec.m, PadKey(bytes(range(32))) if mode is CipherMode.CHACHA20 else None)
+    return ReleaseRecord(spec, pad, sample, "f" * 64, "d", "s")
+
+
+@pytest.mark.parametrize("k,width", [(6, 1), (256, 1), (257, 2), (70_000, 4)])
+@pytest.mark.parametrize("mode", [CipherMode.OTP, CipherMode.CHACHA20])
+def test_a_record_stores_each_symbol_in_the_narrowest_width(tmp_path: Path, k: int, width: int, mode: CipherMode) -> None:
+    keystore = Keystore(tmp_path / "ks")
+    record = _record(k, mode)
+    keystore.save_record(record)
+    data = json.loads((tmp_path / "ks" / f"release-{record.spec.release_id}.json").read_text())
+    assert data["symbol_width"] == width and len(base64.b64decode(data["sample"])) == record.spec.m * width
+    back = keystore.load_record(record.spec.release_id)
+    assert back is not None and np.array_equal(back.sample, record.sample)
+    assert np.array_equal(back.ciphertext(), record.ciphertext())
+
+
+def test_a_record_of_the_older_four_byte_format_still_loads(tmp_path: Path) -> None:
+    keystore = Keystore(tmp_path / "ks")
+    record = _record(6, CipherMode.OTP)
+    data = record.to_dict()
+    del data["symbol_width"]
+    assert record.pad.pad_symbols is not None
+    data["sample"] = base64.b64encode(record.sample.astype("<u4").tobytes()).decode()
+    data["otp_pad"] = base64.b64encode(record.pad.pad_symbols.astype("<u4").tobytes()).decode()
+    (tmp_path / "ks" / f"release-{record.spec.release_id}.json").write_text(json.dumps(data))
+    back = keystore.load_record(record.spec.release_id)
+    assert back is not None and np.array_equal(back.ciphertext(), record.ciphertext())
+
+
+def _agreement() -> tuple[VariantAgreement, np.ndarray]:
+    rng = np.random.default_rng(3)
+    common = np.zeros(1000, dtype=TAG_DTYPE)
+    common["hi"], common["lo"] = np.sort(rng.integers(0, 2**63, 1000)), rng.integers(0, 2**63, 1000)
+    own = common[::2].copy()
+    base = Agreement(make_spec(), Seed(bytes(range(32))), common)
+    return VariantAgreement(base, SamplingMode.SEED, AlignmentMode.PSI), own
+
+
+def test_the_agreement_keeps_its_tags_in_binary_files_named_by_digest(tmp_path: Path) -> None:
+    keystore = Keystore(tmp_path / "ks")
+    agreement, own = _agreement()
+    keystore.save_agreement(agreement, {"alice": "a" * 64}, own)
+    rid = agreement.base.spec.release_id
+    common_file = tmp_path / "ks" / f"agreement-{rid}.common.tags"
+    assert common_file.stat().st_size == 16 * 1000  # raw records, not base64 in JSON
+    assert stat.S_IMODE(common_file.stat().st_mode) == 0o600
+    stored = keystore.load_agreement(rid)
+    assert stored is not None and stored.own_tags is not None
+    assert np.array_equal(stored.agreement.base.common, agreement.base.common)
+    assert np.array_equal(stored.own_tags, own) and stored.digests == {"alice": "a" * 64}
+    assert stored.agreement.alignment is AlignmentMode.PSI
+
+
+def test_a_tampered_or_missing_tag_file_is_refused(tmp_path: Path) -> None:
+    keystore = Keystore(tmp_path / "ks")
+    agreement, _ = _agreement()
+    keystore.save_agreement(agreement, {})
+    rid = agreement.base.spec.release_id
+    common_file = tmp_path / "ks" / f"agreement-{rid}.common.tags"
+    raw = bytearray(common_file.read_bytes())
+    raw[5] ^= 1
+    common_file.write_bytes(bytes(raw))
+    with pytest.raises(KeystoreError, match="malformed"):
+        keystore.load_agreement(rid)
+    common_file.unlink()
+    with pytest.raises(KeystoreError, match="malformed"):
+        keystore.load_agreement(rid)
