@@ -82,9 +82,11 @@ class ReleaseService(pb_grpc.ReleaseServerServicer):
         self._perturb_lock = threading.Lock()
 
     # ------------------------------------------------------------------ PRAM
-    def perturb_if_sealed(self, release_id: str) -> st.Release:
+    def perturb_if_sealed(self, release_id: str, curator: str | None = None) -> st.Release:
+        """Apply PRAM once the release is sealed (``curator``: the candidate that curator
+        committed to, which need not be bound yet; then there is nothing to do)."""
         with self._perturb_lock:
-            rel = self.store.release(release_id)
+            rel = self.store.release(release_id, curator)
             if rel.state != st.ReleaseState.SEALED:
                 return rel
             rel = self.store.perturb(release_id, self.key_factory)
@@ -162,7 +164,7 @@ class ReleaseService(pb_grpc.ReleaseServerServicer):
         log.info("upload", extra={"release": release_id, "curator": curator, "new_chunks": new})
         if committed:
             try:
-                self.perturb_if_sealed(release_id)
+                self.perturb_if_sealed(release_id, curator)
             except Exception as exc:
                 # The commit is durable; a sealed release is perturbed again at restart.
                 log.error("PRAM failed", extra={"release": release_id, "error": type(exc).__name__})

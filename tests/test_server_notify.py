@@ -191,3 +191,22 @@ def test_racing_seals_notify_once(certs: Path, tmp_path: Path) -> None:
     time.sleep(0.3)  # notify runs on its own thread
     assert calls == ["r-race"]
     store.close()
+
+
+def test_a_commit_before_the_others_register_is_no_pram_failure(tmp_path: Path) -> None:
+    """The leader registers, uploads and commits before a follower registers: the release is
+    not bound yet, so there is nothing to perturb and nothing to report as an error."""
+    store = Store(tmp_path / "store")
+    service = ReleaseService(store, lambda: KEY)
+    params = make_params("r-early")
+    store.register(wire.spec_from_pb(params), CURATORS[0], CURATORS[0])
+    col = np.zeros(M, dtype=np.uint32)
+    parts = [pack_symbols(col[i : i + CHUNK_ROWS], SIZES[0]) for i in range(0, M, CHUNK_ROWS)]
+    for seq, data in enumerate(parts):
+        store.put_chunk("r-early", CURATORS[0], CURATORS[0], seq, data)
+    store.commit("r-early", CURATORS[0], CURATORS[0], len(parts), hashlib.sha256(b"".join(parts)).digest())
+    rel = service.perturb_if_sealed("r-early", CURATORS[0])  # before the fix: UnknownReleaseError
+    assert rel.state.name == "UPLOADING" and rel.perturbed_digest == b""
+    with pytest.raises(Exception, match="registered by all its curators yet"):
+        service.perturb_if_sealed("r-early")  # without the curator nobody's candidate is meant
+    store.close()
