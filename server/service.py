@@ -25,7 +25,7 @@ from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
 from secure_release.server import state as st
 from secure_release.server.store import MAX_CHUNK_BYTES, Store
-from secure_release.server.tables import StoredTable
+from secure_release.server.tables import StoredTable, TableStreamError
 
 log = logging.getLogger("secure_release.server")
 
@@ -240,19 +240,16 @@ class ReleaseService(pb_grpc.ReleaseServerServicer):
         table: StoredTable | None = None
         new = 0
         for chunk in request_iterator:
-            if chunk.ByteSize() > MAX_TABLE_MESSAGE or len(chunk.symbols) > MAX_CHUNK_BYTES:
-                context.abort(
-                    grpc.StatusCode.INVALID_ARGUMENT,
-                    f"a table message carries at most {MAX_CHUNK_BYTES} symbol bytes "
-                    f"(chunks of {CHUNK_ROWS} rows); got {len(chunk.symbols)}",
-                )
             try:
+                if chunk.ByteSize() > MAX_TABLE_MESSAGE or len(chunk.symbols) > MAX_CHUNK_BYTES:
+                    raise TableStreamError(
+                        f"a table message carries at most {MAX_CHUNK_BYTES} symbol bytes "
+                        f"(chunks of {CHUNK_ROWS} rows); got {len(chunk.symbols)}"
+                    )
                 if declared is None:
                     declared = wire.table_declaration_from_pb(chunk)
                 elif (chunk.table_id, chunk.curator) != (declared.table_id, declared.curator):
-                    context.abort(
-                        grpc.StatusCode.INVALID_ARGUMENT, "one table stream carries one table and one curator"
-                    )
+                    raise TableStreamError("one table stream carries one table and one curator")
                 if chunk.commit:
                     table = self.store.commit_table(declared, ident.name, int(chunk.num_chunks), bytes(chunk.digest))
                     log.info(
@@ -264,8 +261,7 @@ class ReleaseService(pb_grpc.ReleaseServerServicer):
             except SecureReleaseError as exc:
                 _fail(context, exc, "StoreTable")
         if declared is None:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a table stream needs at least one message")
-            raise AssertionError("context.abort returned")  # pragma: no cover
+            _fail(context, TableStreamError("a table stream needs at least one message"), "StoreTable")
         log.info("table upload", extra={"table": declared.table_id, "curator": declared.curator, "new_chunks": new})
         return table_status_to_proto(table or self.store.table(declared.table_id, ident.name))
 

@@ -51,6 +51,10 @@ class TableStoredError(ServerStateError):
     kind = ErrorKind.ALREADY_EXISTS
 
 
+class TableStreamError(ServerStateError):
+    """A StoreTable stream that is empty, mixes tables or curators, or carries an oversized message."""
+
+
 class TableInUseError(ServerStateError):
     """The table cannot be deleted while a release from it is open (abort that release first)."""
 
