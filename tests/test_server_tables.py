@@ -217,3 +217,33 @@ def test_wire_conversions_round_trip_and_refuse() -> None:
     other = list(wire.sample_chunks("r2", "t1", 1 << 20, 600_000, packed))
     with pytest.raises(wire.SampleStreamError, match="expected 'r1'"):
         wire.sample_from_chunks(iter(other), big)
+
+
+def test_the_cli_offers_only_the_rekeyed_path_and_test_seeds_need_the_testing_switch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from secure_release.curator.cli import build_parser
+    from secure_release.curator.config import config_from_args
+    from secure_release.infra.config import ConfigError
+    from secure_release.server import cli as server_cli
+
+    base = ["run", "--sampling", "server", "--table-id", "t1", "--release-id", "r1", "--epsilon", "0.5",
+            "--curators", "alice,bob", "--server", "127.0.0.1:1", "--name", "bob", "--insecure"]  # fmt: skip
+    cfg = config_from_args(build_parser().parse_args(base))
+    assert cfg.server_sampled and cfg.table_id == "t1" and not cfg.leader and cfg.alignment_key is None
+    with pytest.raises(ConfigError, match="overlap exceeds m1 m2 / n"):
+        config_from_args(build_parser().parse_args([*base, "--key-path", "positions"]))
+    with pytest.raises(ConfigError, match="table_id|table-id"):
+        config_from_args(build_parser().parse_args([a for a in base if a not in ("--table-id", "t1")]))
+    store = ["store-table", "--table-id", "t1", "--data", "a.csv", "--schema", "a.json", "--curators", "alice,bob",
+             "--server", "127.0.0.1:1", "--name", "alice", "--leader", "--insecure", "--alignment", "psi"]  # fmt: skip
+    stored = config_from_args(build_parser().parse_args(store), storing=True)
+    assert stored.storing and not stored.server_sampled and stored.release_id == "t1"
+    monkeypatch.delenv("SECURE_RELEASE_TESTING", raising=False)
+    with pytest.raises(ConfigError, match="SECURE_RELEASE_TESTING=1"):
+        config_from_args(build_parser().parse_args([*store, "--insecure-test-table-key", "00" * 32]), storing=True)
+    args = server_cli.build_parser().parse_args(["--store", "s", "--insecure", "--insecure-test-sample-seed", "00" * 32])
+    with pytest.raises(ConfigError, match="tests only"):
+        server_cli.config_from_args(args)
+    monkeypatch.setenv("SECURE_RELEASE_TESTING", "1")
+    assert server_cli.config_from_args(args).test_sample_seed is not None
