@@ -192,7 +192,8 @@ def test_two_releases_from_one_stored_table_equal_the_in_memory_run_and_a_third_
         assert not [f.name for f in msg.DESCRIPTOR.fields if "position" in f.name or "sample" in f.name], msg
     with tls.secure_channel(world.server, world.certs, "researcher", peer_role="server") as ch:
         with pytest.raises(grpc.RpcError) as err:
-            list(pb_grpc.ReleaseServerStub(ch).FetchSample(pb.SampleRequest(release_id="s1", curator="alice"), timeout=5))
+            request = pb.SampleRequest(release_id="s1", curator="alice")
+            list(pb_grpc.ReleaseServerStub(ch).FetchSample(request, timeout=5))
         assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
     seen = world.log("researcher-s1") + (world.base / "results" / "s1.json").read_text()
     assert pack_indices(p1, ref.n).hex()[:32] not in seen

@@ -231,7 +231,7 @@ def test_the_cli_offers_only_the_rekeyed_path_and_test_seeds_need_the_testing_sw
             "--curators", "alice,bob", "--server", "127.0.0.1:1", "--name", "bob", "--insecure"]  # fmt: skip
     cfg = config_from_args(build_parser().parse_args(base))
     assert cfg.server_sampled and cfg.table_id == "t1" and not cfg.leader and cfg.alignment_key is None
-    with pytest.raises(ConfigError, match="overlap exceeds m1 m2 / n"):
+    with pytest.raises(ConfigError, match=r"overlap exceeds m1 m2 / n"):
         config_from_args(build_parser().parse_args([*base, "--key-path", "positions"]))
     with pytest.raises(ConfigError, match="table_id|table-id"):
         config_from_args(build_parser().parse_args([a for a in base if a not in ("--table-id", "t1")]))
@@ -242,7 +242,8 @@ def test_the_cli_offers_only_the_rekeyed_path_and_test_seeds_need_the_testing_sw
     monkeypatch.delenv("SECURE_RELEASE_TESTING", raising=False)
     with pytest.raises(ConfigError, match="SECURE_RELEASE_TESTING=1"):
         config_from_args(build_parser().parse_args([*store, "--insecure-test-table-key", "00" * 32]), storing=True)
-    args = server_cli.build_parser().parse_args(["--store", "s", "--insecure", "--insecure-test-sample-seed", "00" * 32])
+    flags = ["--store", "s", "--insecure", "--insecure-test-sample-seed", "00" * 32]
+    args = server_cli.build_parser().parse_args(flags)
     with pytest.raises(ConfigError, match="tests only"):
         server_cli.config_from_args(args)
     monkeypatch.setenv("SECURE_RELEASE_TESTING", "1")
