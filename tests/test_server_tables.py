@@ -231,9 +231,9 @@ def test_the_cli_offers_only_the_rekeyed_path_and_test_seeds_need_the_testing_sw
             "--curators", "alice,bob", "--server", "127.0.0.1:1", "--name", "bob", "--insecure"]  # fmt: skip
     cfg = config_from_args(build_parser().parse_args(base))
     assert cfg.server_sampled and cfg.table_id == "t1" and not cfg.leader and cfg.alignment_key is None
-    with pytest.raises(ConfigError, match=r"overlap exceeds m1 m2 / n"):
+    with pytest.raises(ConfigError, match="overlap exceeds m1 m2"):
         config_from_args(build_parser().parse_args([*base, "--key-path", "positions"]))
-    with pytest.raises(ConfigError, match="table_id|table-id"):
+    with pytest.raises(ConfigError, match=r"table[_-]id"):
         config_from_args(build_parser().parse_args([a for a in base if a not in ("--table-id", "t1")]))
     store = ["store-table", "--table-id", "t1", "--data", "a.csv", "--schema", "a.json", "--curators", "alice,bob",
              "--server", "127.0.0.1:1", "--name", "alice", "--leader", "--insecure", "--alignment", "psi"]  # fmt: skip
