@@ -1,8 +1,10 @@
 """The wire: the only module where protobuf messages become domain values and back.
 
-Release parameters <-> :class:`~secure_release.mechanism.spec.ReleaseSpec`, cipher enum <->
-:class:`~secure_release.mechanism.pads.CipherMode`, curator schemas, id-tag chunks, and the
-researcher's :class:`~secure_release.mechanism.report.ReleaseReport` <-> ``EstimateResponse``.
+Release parameters <-> :class:`~secure_release.mechanism.spec.ReleaseSpec` (with the release
+kind: curator- or server-sampled, and the stored table), cipher enum <->
+:class:`~secure_release.mechanism.pads.CipherMode`, curator schemas, id-tag chunks, stored-table
+chunks and status (server-side sampling), the server's sample chunks, and the researcher's
+:class:`~secure_release.mechanism.report.ReleaseReport` <-> ``EstimateResponse``.
 Decoding validates: a message that does not make a valid domain value raises a named error.
 """
 

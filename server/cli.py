@@ -74,8 +74,11 @@ def build_parser() -> argparse.ArgumentParser:
             "upload packed ciphertext in chunks; once every curator has committed, the server "
             "seals the release, applies gamma-diagonal PRAM exactly once with a fresh key, "
             "stores the result durably (SQLite, WAL, synchronous=FULL) and only then reports it "
-            "PERTURBED; the researcher then fetches it. The server never sees a key or "
-            "plaintext. Every RPC requires mutual TLS with a certificate from the project CA "
+            "PERTURBED; the researcher then fetches it. It also keeps stored tables (server-side "
+            "sampling: each curator's whole encrypted column, uploaded once; for each server-sampled "
+            "release it draws the positions from its OS CSPRNG, adds the curators' re-key columns and "
+            "applies PRAM). The server never sees a key or plaintext. Every RPC requires mutual TLS "
+            "with a certificate from the project CA "
             "('secure-release pki init') and passes the role table (infra/auth.py)."
         ),
         epilog=(
