@@ -13,8 +13,15 @@ from collections.abc import Sequence
 
 import grpc
 
-from secure_release.curator.commands import add_budget_parser, add_release_parser, budget, release
-from secure_release.curator.config import DEFAULT_KEY_RETENTION_S
+from secure_release.curator.commands import (
+    add_budget_parser,
+    add_release_parser,
+    add_table_parser,
+    budget,
+    release,
+    table,
+)
+from secure_release.curator.config import DEFAULT_KEY_RETENTION_S, POSITIONS_PATH_REFUSAL
 from secure_release.curator.keystore import KeystoreError, TableChangedError
 from secure_release.curator.table import BadRowsError, SchemaFileError
 from secure_release.infra.config import ConfigError, apply_env_and_config, subcommand_parser
@@ -73,9 +80,52 @@ leader comes first in --curators; see docs/own-data.md for the server and resear
       --grant researcher --keystore ks-bob
 """
 
+SERVER_SAMPLED_EPILOG = """
+Server-side sampling (--sampling server, issue 12): once the curators stored their aligned
+columns encrypted under table keys ('store-table'), each release needs only the table key:
+  1. every curator computes the same spec from its table record (n and alphabet sizes fixed when
+     the table was stored, --epsilon, --m) and registers it (no leader, no data file);
+  2. once every named curator registered it, the server draws a fresh uniform ordered m-tuple of
+     stored positions from its OS CSPRNG; each curator fetches it (never the researcher), charges
+     its ledger for the table (data set 'stored-table:ID'; budget set with 'budget set --table-id'),
+     and uploads its re-key column delta = (w - v_p) mod k for a fresh per-release pad w;
+  3. the server adds it to the stored rows, applies PRAM once and erases re-key columns and
+     positions; the researcher fetches and asks for keys exactly as for any release.
+Only the rekeyed key path runs here; """ + POSITIONS_PATH_REFUSAL + """.
+
+Example (after 'store-table --table-id adult'):
+  secure-release-curator budget set --keystore ks-alice --table-id adult --epsilon 2.0
+  secure-release-curator run --sampling server --table-id adult --release-id r1 --epsilon 0.5 \\
+      --server 127.0.0.1:7000 --certs certs --name alice --curators alice,bob --grant researcher \\
+      --keystore ks-alice --listen 127.0.0.1:7101
+"""
+
+STORE_DESCRIPTION = """\
+Store this curator's whole table once for server-side sampling (issue 12). The curators align
+exactly as for a release (keyed hash or PSI through the leader; --curators, --leader or
+--leader-address as for 'run'); then each encrypts its whole aligned column under a fresh table key
+(ChaCha20 pads seekable by row; the key stays in the keystore, 0600, and is never logged or sent),
+records the table (key, n, every curator's alphabet size, its schema) and uploads the ciphertext
+once to the server in chunks of at most 1 MiB with a digest. A restart resumes: identical chunks
+are replayed harmlessly; a table whose content would differ is refused (store it under a new id).
+Exit 0 once every curator of the table committed its column."""
+
+STORE_EPILOG = """\
+Example (two terminals; the leader comes first in --curators):
+  secure-release-curator store-table --table-id adult --data alice.csv --schema alice.json \\
+      --server 127.0.0.1:7000 --certs certs --name alice --curators alice,bob --leader \\
+      --listen 127.0.0.1:7101 --alignment-key-file align.key --keystore ks-alice
+  secure-release-curator store-table --table-id adult --data bob.csv --schema bob.json \\
+      --server 127.0.0.1:7000 --certs certs --name bob --curators alice,bob \\
+      --leader-address 127.0.0.1:7101 --alignment-key-file align.key --keystore ks-bob
+Then: 'budget set --table-id adult', 'run --sampling server --table-id adult ...', and when the
+table is no longer needed 'table delete adult' (the server erases its ciphertext; this curator
+forgets the table key).
+"""
+
 
 def build_parser() -> argparse.ArgumentParser:
-    """The curator's command line (one sub-command, ``run``)."""
+    """The curator's command line (``run``, ``store-table``, ``budget``, ``release``, ``table``)."""
     parser = argparse.ArgumentParser(
         prog="python -m secure_release.curator",
         description=__doc__,
@@ -84,36 +134,72 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     add_budget_parser(sub)
     add_release_parser(sub)
+    add_table_parser(sub)
     p = sub.add_parser(
         "run",
         help="take part in one release and serve keys afterwards",
         description="Take part in one release as a curator, then serve keys.",
-        epilog=EPILOG,
+        epilog=EPILOG + SERVER_SAMPLED_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    add_run_arguments(p, storing=False)
+    s = sub.add_parser(
+        "store-table",
+        help="align with the other curators and upload this curator's whole encrypted column once "
+        "(server-side sampling: releases then need no data file)",
+        description=STORE_DESCRIPTION,
+        epilog=STORE_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_run_arguments(s, storing=True)
+    return parser
+
+
+def add_run_arguments(p: argparse.ArgumentParser, storing: bool) -> None:
+    """The flags of ``run`` or (``storing``) ``store-table``, which aligns exactly like a release
+    but has no release settings."""
     p.add_argument("--config", help="JSON file of settings (keys: flag names)")
     g = p.add_argument_group("data")
-    g.add_argument("--data", help="CSV (or .parquet) file: an id column and the schema's attributes")
+    g.add_argument("--data", help="CSV (or .parquet) file: an id column and the schema's attributes"
+                   + ("" if storing else " (not with --sampling server)"))  # fmt: skip
     g.add_argument("--schema", help='schema JSON: {"curator", "id_column", "attributes": [...]}')
     g.add_argument("--dataset", help="the data set's name for people (the ledger keys it by its SHA-256)")
-    r = p.add_argument_group("release")
-    r.add_argument("--release-id", help="release identifier, the same at every curator (e.g. r1)")
-    r.add_argument("--epsilon", type=float, help="privacy level epsilon > 0 of this release")
-    r.add_argument("--m", type=int, default=None, help="sample size (default: m*, Cor. 3.6)")
+    r = p.add_argument_group("table" if storing else "release")
     r.add_argument(
-        "--cipher",
-        default="chacha20",
-        choices=["otp", "chacha20"],
-        help="pad kind: chacha20 (researcher gets a 32-byte key) or otp (gets the pad)",
+        "--table-id",
+        help="the stored table's id, the same at every curator (e.g. adult-2024)"
+        if storing
+        else "with --sampling server: the stored table the server samples (see 'store-table')",
     )
-    r.add_argument(
-        "--sampling",
-        default="seed",
-        choices=["seed", "indices"],
-        help="how the curators share the sample, the same at every curator: seed (the leader sends a "
-        "32-byte seed; the sample is pseudorandom, ChaCha20) or indices (the leader draws the ordered "
-        "m-tuple from the OS CSPRNG and sends it packed, ceil(log2 n) bits a position; truly random)",
-    )
+    if storing:
+        p.set_defaults(release_id=None, epsilon=None, m=None, cipher="chacha20", sampling="seed",
+                       researcher="researcher", grant=[], key_retention=DEFAULT_KEY_RETENTION_S,
+                       exit_after_keys=False, key_path="rekeyed")  # fmt: skip
+    else:
+        r.add_argument("--release-id", help="release identifier, the same at every curator (e.g. r1)")
+        r.add_argument("--epsilon", type=float, help="privacy level epsilon > 0 of this release")
+        r.add_argument("--m", type=int, default=None, help="sample size (default: m*, Cor. 3.6)")
+        r.add_argument(
+            "--cipher",
+            default="chacha20",
+            choices=["otp", "chacha20"],
+            help="pad kind: chacha20 (researcher gets a 32-byte key) or otp (gets the pad)",
+        )
+        r.add_argument(
+            "--sampling",
+            default="seed",
+            choices=["seed", "indices", "server"],
+            help="who samples, the same at every curator: seed (the leader sends a 32-byte seed; the sample "
+            "is pseudorandom, ChaCha20), indices (the leader draws the ordered m-tuple from the OS CSPRNG and "
+            "sends it packed, ceil(log2 n) bits a position; truly random) or server (the server draws the "
+            "m-tuple of a stored table, --table-id; no data file, no leader; see below)",
+        )
+        r.add_argument(
+            "--key-path",
+            default="rekeyed",
+            help="with --sampling server: rekeyed (the only path across the services: each curator re-keys "
+            "the sampled rows to a fresh per-release pad). 'positions' is refused: " + POSITIONS_PATH_REFUSAL,
+        )
     r.add_argument(
         "--alignment",
         default="hash",
@@ -131,24 +217,26 @@ def build_parser() -> argparse.ArgumentParser:
     )
     r.add_argument("--leader", action="store_true", help="this curator leads the agreement")
     r.add_argument("--leader-address", help="followers: HOST:PORT of the leading curator")
-    r.add_argument("--researcher", default="researcher", help="researcher the server notifies")
-    r.add_argument(
-        "--grant",
-        action="append",
-        default=[],
-        help="researcher certificate name allowed to fetch this curator's key (repeatable)",
-    )
-    r.add_argument("--keystore", help="directory of pads and the ledger (0600; default keystore-NAME)")
+    if not storing:
+        r.add_argument("--researcher", default="researcher", help="researcher the server notifies")
+        r.add_argument(
+            "--grant",
+            action="append",
+            default=[],
+            help="researcher certificate name allowed to fetch this curator's key (repeatable)",
+        )
+    r.add_argument("--keystore", help="directory of pads, table keys and the ledger (0600; default keystore-NAME)")
     r.add_argument(
         "--alignment-key-file",
         help="file holding the shared alignment key (64 hex digits); or set SECURE_RELEASE_ALIGNMENT_KEY",
     )
-    r.add_argument(
-        "--key-retention",
-        type=float,
-        default=DEFAULT_KEY_RETENTION_S,
-        help="seconds the key is served after the release is sealed (also after a restart)",
-    )
+    if not storing:
+        r.add_argument(
+            "--key-retention",
+            type=float,
+            default=DEFAULT_KEY_RETENTION_S,
+            help="seconds the key is served after the release is sealed (also after a restart)",
+        )
     r.add_argument(
         "--max-rows",
         type=int,
@@ -167,18 +255,21 @@ def build_parser() -> argparse.ArgumentParser:
         "--timeout",
         type=float,
         default=300.0,
-        help="seconds from start until the release is sealed (every wait ends then; then it is aborted)",
+        help="seconds from start until the table is stored (every wait ends then)"
+        if storing
+        else "seconds from start until the release is sealed (every wait ends then; then it is aborted)",
     )
-    n.add_argument(
-        "--exit-after-keys",
-        action="store_true",
-        help="exit once every granted researcher fetched the key (default: serve until SIGTERM)",
-    )
+    if not storing:
+        n.add_argument(
+            "--exit-after-keys",
+            action="store_true",
+            help="exit once every granted researcher fetched the key (default: serve until SIGTERM)",
+        )
     t = p.add_argument_group("testing only (need SECURE_RELEASE_TESTING=1)")
     t.add_argument("--insecure-test-seed", help=argparse.SUPPRESS)
     t.add_argument("--insecure-test-pad-key", help=argparse.SUPPRESS)
     t.add_argument("--insecure-test-psi-key", help=argparse.SUPPRESS)
-    return parser
+    t.add_argument("--insecure-test-table-key", help=argparse.SUPPRESS)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -187,10 +278,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     try:
-        if argv and argv[0] == "run":
-            apply_env_and_config(subcommand_parser(parser, "run"), argv[1:])
+        if argv and argv[0] in ("run", "store-table"):
+            apply_env_and_config(subcommand_parser(parser, argv[0]), argv[1:])
         args = parser.parse_args(argv)
-        if args.command not in ("run", "budget", "release") or getattr(args, "action", "") is None:
+        commands = ("run", "store-table", "budget", "release", "table")
+        if args.command not in commands or getattr(args, "action", "") is None:
             parser.print_help()
             return 2
         os.umask(0o077)  # keystores, ledgers, pads: every file 0600, every directory 0700
@@ -211,7 +303,19 @@ def _dispatch(args: argparse.Namespace) -> int:
         return budget(args)
     if args.command == "release":
         return release(args)
+    if args.command == "table":
+        return table(args)
     from secure_release.curator.config import config_from_args
+
+    if args.command == "store-table":
+        from secure_release.curator.stored import store_table
+
+        return store_table(config_from_args(args, storing=True))
+    config = config_from_args(args)
+    if config.server_sampled:
+        from secure_release.curator.stored import run_server_sampled
+
+        return run_server_sampled(config)
     from secure_release.curator.runner import run
 
-    return run(config_from_args(args))
+    return run(config)

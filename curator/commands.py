@@ -5,6 +5,10 @@
 - ``release status ID`` / ``release abort ID --reason TEXT``: the server's view of a release
   (with this curator's certificate) and the local ledger's; an abort refunds the local
   reservation once the server confirms ABORTED.
+- ``budget set --keystore K --table-id T --epsilon E``: the budget of stored table T (server-side
+  sampling; ledger data set ``stored-table:T``).
+- ``table status ID`` / ``table delete ID``: a stored table at the server; a delete erases its
+  ciphertext at the server and this curator's table key (``--keystore``).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from secure_release.curator.ledgerfile import LedgerFile, file_fingerprint
 from secure_release.infra.config import ConfigError, require
 from secure_release.infra.tls import secure_channel
 from secure_release.mechanism.ledger import PrivacyLedger
+from secure_release.mechanism.server_sampling import table_ledger_name
 from secure_release.mechanism.spec import check_name, check_party_name
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
@@ -36,12 +41,14 @@ def add_budget_parser(sub: Any) -> None:
     bsub = b.add_subparsers(dest="action", metavar="ACTION")
     s = bsub.add_parser("set", help="set the total epsilon budget of a data set")
     s.add_argument("--keystore", required=True, help="the curator's keystore directory")
-    s.add_argument("--data", required=True, help="the table file (identified by its SHA-256)")
-    s.add_argument("--dataset", help="a name for people (default: the file name)")
+    s.add_argument("--data", help="the table file (identified by its SHA-256)")
+    s.add_argument("--table-id", help="instead of --data: a stored table (server-side sampling)")
+    s.add_argument("--dataset", help="a name for people (default: the file name or table id)")
     s.add_argument("--epsilon", type=float, required=True, help="total budget, finite and > 0")
     w = bsub.add_parser("show", help="print the ledger's budgets, releases and entries (JSON)")
     w.add_argument("--keystore", required=True, help="the curator's keystore directory")
     w.add_argument("--data", help="only this table file's data set")
+    w.add_argument("--table-id", help="only this stored table's data set")
 
 
 def add_release_parser(sub: Any) -> None:
@@ -60,12 +67,39 @@ def add_release_parser(sub: Any) -> None:
             p.add_argument("--reason", required=True, help="shown to every party")
 
 
+def add_table_parser(sub: Any) -> None:
+    """``table status|delete ID``."""
+    t = sub.add_parser("table", help="a stored table (server-side sampling) at the server, or delete it")
+    tsub = t.add_subparsers(dest="action", metavar="ACTION")
+    for action, text in (
+        ("status", "print the stored table's state"),
+        ("delete", "delete it at the server (its ciphertext is erased) and forget its table key"),
+    ):
+        p = tsub.add_parser(action, help=text)
+        p.add_argument("table_id", metavar="ID")
+        p.add_argument("--server", required=True, help="HOST:PORT of the release server")
+        p.add_argument("--certs", help="directory with ca.pem, NAME.pem, NAME.key")
+        p.add_argument("--name", required=True, help="this curator's certificate name")
+        p.add_argument("--keystore", help="(delete) the keystore holding the table key to forget")
+        p.add_argument("--insecure", action="store_true", help="plaintext gRPC (tests/demos only!)")
+
+
+def _dataset(args: argparse.Namespace) -> tuple[str, str]:
+    """(ledger data set, name for people) of ``--data`` or ``--table-id``."""
+    if bool(args.data) == bool(getattr(args, "table_id", None)):
+        raise ConfigError("give exactly one of --data FILE or --table-id ID")
+    if args.data:
+        return file_fingerprint(args.data), args.dataset or Path(args.data).name
+    name = table_ledger_name(args.table_id)
+    return name, args.dataset or name
+
+
 def budget(args: argparse.Namespace) -> int:
     """``budget set|show``; 0 on success."""
     if args.action == "set":
         ledger = LedgerFile(args.keystore)
-        fingerprint = file_fingerprint(args.data)
-        entry = ledger.set_budget(fingerprint, args.dataset or Path(args.data).name, args.epsilon)
+        fingerprint, name = _dataset(args)
+        entry = ledger.set_budget(fingerprint, name, args.epsilon)
         sys.stdout.write(
             json.dumps(
                 {
@@ -80,7 +114,7 @@ def budget(args: argparse.Namespace) -> int:
         return 0
     if args.action == "show":
         led = LedgerFile(args.keystore).read()
-        only = file_fingerprint(args.data) if args.data else None
+        only = _dataset(args)[0] if args.data or args.table_id else None
         sys.stdout.write(json.dumps(ledger_summary(led, only), indent=1) + "\n")
         return 0
     raise ConfigError("budget needs an action: set or show")
@@ -159,3 +193,40 @@ def _local(args: argparse.Namespace, release_id: str, status: pb.ReleaseStatus |
         keystore.drop_record(release_id)
     known = keystore.ledger.read().releases().get(release_id)
     return {"state": known.state.value, "epsilon": known.epsilon} if known else {"state": "unknown"}
+
+
+def table(args: argparse.Namespace) -> int:
+    """``table status|delete ID``: 0 on success, 1 if the server refused."""
+    if args.action not in ("status", "delete"):
+        raise ConfigError("table needs an action: status or delete")
+    if not args.insecure:
+        require(args, "certs")
+    table_id, name = check_name(args.table_id, "table id"), check_party_name(args.name, "curator name")
+    certs = Path(args.certs) if args.certs else None
+    out: dict[str, Any] = {}
+    code = 0
+    with secure_channel(args.server, certs, name, args.insecure, role="curator", peer_role="server") as channel:
+        stub = pb_grpc.ReleaseServerStub(channel)
+        try:
+            if args.action == "delete":
+                status = stub.DeleteTable(pb.DeleteTableRequest(table_id=table_id, curator=name), timeout=CALL_S)
+            else:
+                status = stub.GetTableStatus(pb.TableStatusRequest(table_id=table_id), timeout=CALL_S)
+            out["server"] = {
+                "table_id": status.table_id,
+                "n": status.n,
+                "complete": status.complete,
+                "deleted": status.deleted,
+                "curators": {
+                    p.curator: {"committed": p.committed, "chunks_held": len(p.chunks_held)} for p in status.parts
+                },
+            }
+        except grpc.RpcError as exc:
+            out["server"] = {"error": f"{exc.code().name}: {exc.details()}"}
+            code = 1
+            status = None
+    if args.action == "delete" and args.keystore and status is not None:
+        Keystore(args.keystore).drop_table(table_id)
+        out["table_key"] = "forgotten"
+    sys.stdout.write(json.dumps(out, indent=1) + "\n")
+    return code

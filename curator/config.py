@@ -23,17 +23,37 @@ from secure_release.mechanism.errors import UnknownCipherError
 from secure_release.mechanism.keys import AlignmentKey, PadKey, Seed
 from secure_release.mechanism.pads import CipherMode
 from secure_release.mechanism.psi import PsiKey
+from secure_release.mechanism.server_sampling import TableKey
 from secure_release.mechanism.spec import check_name, check_names, check_party_name
 from secure_release.mechanism.variants import AlignmentMode, SamplingMode, UnknownVariantError
 
 #: Settings that hold secrets: allowed as flags or environment, never in a --config file.
 SECRET_SETTINGS = frozenset(
-    {"alignment_key", "alignment_key_hex", "insecure_test_seed", "insecure_test_pad_key", "insecure_test_psi_key"}
+    {
+        "alignment_key",
+        "alignment_key_hex",
+        "insecure_test_seed",
+        "insecure_test_pad_key",
+        "insecure_test_psi_key",
+        "insecure_test_table_key",
+    }
 )
 ALIGNMENT_KEY_ENV = "SECURE_RELEASE_ALIGNMENT_KEY"
 DEFAULT_KEY_RETENTION_S = 7 * 24 * 3600.0
 REQUIRED = ("data", "schema", "release_id", "epsilon", "curators", "server", "name")
-
+#: ``run --sampling server``: a release from a stored table needs no data file and no leader.
+REQUIRED_SERVER_SAMPLED = ("table_id", "release_id", "epsilon", "curators", "server", "name")
+#: ``store-table``: the alignment of a release, without a release.
+REQUIRED_STORE = ("table_id", "data", "schema", "curators", "server", "name")
+#: Why the positions key path (the researcher decrypts with long-lived table keys at the stored
+#: positions) is not offered across the services (docs/architectures.md section 3).
+POSITIONS_PATH_REFUSAL = (
+    "only the rekeyed key path runs across the services; the positions path stays in memory "
+    "(mechanism.server_sampling): positions repeat across releases of one table, so the researcher "
+    "would see which rows two releases share, which costs more than epsilon_1 + epsilon_2 whenever the "
+    "overlap exceeds m1 m2 / n (the ledger's pure-DP budget no longer holds), and a long-lived table key "
+    "in the researcher's hands would take away each curator's power to refuse a later release"
+)
 
 @dataclass(frozen=True)
 class CuratorConfig:
@@ -70,6 +90,14 @@ class CuratorConfig:
     sampling: SamplingMode = SamplingMode.SEED  # --sampling: seed or indices (must agree)
     alignment: AlignmentMode = AlignmentMode.KEYED_HASH  # --alignment: hash or psi (must agree)
     test_psi_key: PsiKey | None = None
+    table_id: str | None = None  # server-side sampling: the stored table (store-table or run --sampling server)
+    storing: bool = False  # store-table: align and upload the whole encrypted column once
+    test_table_key: TableKey | None = None
+
+    @property
+    def server_sampled(self) -> bool:
+        """``run --sampling server``: a release the server samples from stored table ``table_id``."""
+        return self.table_id is not None and not self.storing
 
     @property
     def researchers(self) -> tuple[str, ...]:
@@ -159,14 +187,24 @@ def _alignment_key(args: argparse.Namespace, mode: AlignmentMode) -> AlignmentKe
     )
 
 
+def _test_table_key(args: argparse.Namespace) -> TableKey | None:
+    text = getattr(args, "insecure_test_table_key", None)
+    if not text:
+        return None
+    if not testing_enabled():
+        raise ConfigError("--insecure-test-* flags are allowed only with SECURE_RELEASE_TESTING=1")
+    return TableKey.from_hex(text)
+
+
 def _test_secrets(args: argparse.Namespace) -> tuple[Seed | None, PadKey | None, PsiKey | None]:
     psi_hex = getattr(args, "insecure_test_psi_key", None)
-    if not (args.insecure_test_seed or args.insecure_test_pad_key or psi_hex):
+    if not (getattr(args, "insecure_test_seed", None) or getattr(args, "insecure_test_pad_key", None) or psi_hex):
         return None, None, None
     if not testing_enabled():
         raise ConfigError("--insecure-test-* flags are allowed only with SECURE_RELEASE_TESTING=1")
-    seed = Seed.from_hex(args.insecure_test_seed) if args.insecure_test_seed else None
-    pad_key = PadKey.from_hex(args.insecure_test_pad_key) if args.insecure_test_pad_key else None
+    seed_hex, pad_hex = getattr(args, "insecure_test_seed", None), getattr(args, "insecure_test_pad_key", None)
+    seed = Seed.from_hex(seed_hex) if seed_hex else None
+    pad_key = PadKey.from_hex(pad_hex) if pad_hex else None
     psi_key = PsiKey.from_hex(psi_hex) if psi_hex else None
     return seed, pad_key, psi_key
 
@@ -192,18 +230,46 @@ def _positive(value: float, flag: str) -> float:
     return float(value)
 
 
-def config_from_args(args: argparse.Namespace) -> CuratorConfig:
-    """The one typed config of a run (``args``: the ``run`` sub-command's parsed flags, env and
-    config-file defaults already applied). Raises a named error for any bad setting."""
-    require(args, *REQUIRED)
+def _server_sampled_settings(args: argparse.Namespace) -> None:
+    """``run --sampling server``: only the rekeyed key path; a stored table, no data file."""
+    key_path = str(getattr(args, "key_path", None) or "rekeyed").lower()
+    if key_path != "rekeyed":
+        raise ConfigError(f"--key-path {key_path}: {POSITIONS_PATH_REFUSAL}")
+    require(args, *REQUIRED_SERVER_SAMPLED)
+
+
+def _store_settings(args: argparse.Namespace) -> None:
+    """``store-table``: the alignment runs as a release's would, under the table id, with
+    placeholder release settings nobody registers (no sample is drawn from them)."""
+    require(args, *REQUIRED_STORE)
+    args.release_id = args.table_id
+    args.epsilon, args.m, args.cipher = 1.0, None, "chacha20"
+
+
+def config_from_args(args: argparse.Namespace, storing: bool = False) -> CuratorConfig:
+    """The one typed config of a run (``args``: the ``run`` or ``store-table`` sub-command's
+    parsed flags, env and config-file defaults already applied). Raises a named error for any
+    bad setting."""
+    server_sampled = not storing and str(getattr(args, "sampling", None) or "seed").lower() == "server"
+    if storing:
+        _store_settings(args)
+    elif server_sampled:
+        _server_sampled_settings(args)
+    else:
+        require(args, *REQUIRED)
     if not args.insecure:
         require(args, "certs")
     check_config_file(args.config)
     test_seed, test_pad_key, test_psi_key = _test_secrets(args)
-    sampling = parse_sampling(getattr(args, "sampling", None) or "seed")
+    test_table_key = _test_table_key(args)
+    plain = not (server_sampled or storing)
+    sampling = parse_sampling(getattr(args, "sampling", None) or "seed") if plain else SamplingMode.SEED
     alignment = parse_alignment(getattr(args, "alignment", None) or "hash")
     name = check_party_name(args.name, "curator name")
-    leader, leader_address = _role_settings(args, name)
+    table_id = check_name(args.table_id, "table id") if storing or server_sampled else None
+    # a release from a stored table needs no agreement between curators: the spec follows from the
+    # table record, and the server binds it once every curator registered the same one
+    leader, leader_address = (False, None) if server_sampled else _role_settings(args, name)
     if test_seed is not None and not leader:
         raise ConfigError("--insecure-test-seed is for the leading curator only (the leader picks the seed)")
     curators = parse_names(args.curators, "curator", minimum=2)
@@ -226,9 +292,9 @@ def config_from_args(args: argparse.Namespace) -> CuratorConfig:
         expected_sizes=parse_sizes(args.alphabet_sizes, curators) if leader else None,
         notify=check_party_name(args.researcher, "researcher"),
         grants=tuple(dict.fromkeys(check_party_name(g, "researcher") for g in args.grant if g)),
-        data=Path(args.data),
-        schema=Path(args.schema),
-        dataset=args.dataset or Path(args.data).name,
+        data=Path(args.data or ""),
+        schema=Path(args.schema or ""),
+        dataset=args.dataset or (f"stored-table:{table_id}" if server_sampled else Path(args.data).name),
         keystore=Path(args.keystore or f"keystore-{name}"),
         server=args.server,
         certs=Path(args.certs) if args.certs else None,
@@ -238,7 +304,7 @@ def config_from_args(args: argparse.Namespace) -> CuratorConfig:
         insecure=bool(args.insecure),
         timeout=_positive(args.timeout, "--timeout"),
         exit_after_keys=bool(args.exit_after_keys),
-        alignment_key=_alignment_key(args, alignment),
+        alignment_key=None if server_sampled else _alignment_key(args, alignment),
         key_retention=_positive(args.key_retention, "--key-retention"),
         max_rows=_max_rows(args.max_rows),
         test_seed=test_seed,
@@ -246,4 +312,7 @@ def config_from_args(args: argparse.Namespace) -> CuratorConfig:
         sampling=sampling,
         alignment=alignment,
         test_psi_key=test_psi_key,
+        table_id=table_id,
+        storing=storing,
+        test_table_key=test_table_key,
     )

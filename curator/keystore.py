@@ -1,6 +1,7 @@
-"""A curator's secrets on disk: per release, its pad and sample (``release-<id>.json``) and, at
-the leader, the agreement it serves (``agreement-<id>.json``). The privacy ledger lives beside
-them (:mod:`secure_release.curator.ledgerfile`).
+"""A curator's secrets on disk: per release, its pad and sample (``release-<id>.json``), at
+the leader, the agreement it serves (``agreement-<id>.json``), and per stored table (issue 12,
+server-side sampling) its table key and what a release from it needs (``table-<id>.json``). The
+privacy ledger lives beside them (:mod:`secure_release.curator.ledgerfile`).
 
 Every file is written atomically (temporary file in the same directory, fsync, rename, fsync of
 the directory) with mode 0600; the directory is 0700. A release record is written before the
@@ -28,7 +29,8 @@ from secure_release.mechanism.errors import ErrorKind, SecureReleaseError
 from secure_release.mechanism.keys import PadKey, Seed
 from secure_release.mechanism.pads import CipherMode, ReleasePad, encrypt
 from secure_release.mechanism.protocol import Agreement
-from secure_release.mechanism.schema import SymbolArray
+from secure_release.mechanism.schema import Attribute, CuratorSchema, SymbolArray
+from secure_release.mechanism.server_sampling import TableKey
 from secure_release.mechanism.spec import ReleaseSpec
 from secure_release.mechanism.variants import AlignmentMode, SamplingMode, VariantAgreement
 
@@ -78,11 +80,14 @@ class ReleaseRecord:
     seed_fingerprint: str  # the sample's fingerprint (the seed's, or the packed index tuple's)
     retention_until: float | None = None  # set once the release is sealed
     sampling: SamplingMode = SamplingMode.SEED  # how the sample was shared (says whether it is truly random)
+    table_id: str = ""  # server-sampled: the stored table; ``sample`` then holds -v_p mod k, not plaintext
 
     def ciphertext(self) -> SymbolArray:
         """The ciphertext this record always uploads: its pad over its own sample. Pad and
         sample are bound in one record, so a replay re-derives the same bytes and the pad never
-        meets other plaintext."""
+        meets other plaintext. For a server-sampled release (``table_id``) ``sample`` holds the
+        negated table pads at the server's positions, so this is the re-key column
+        delta = (w - v_p) mod k (``server_sampling.curator_rekey``)."""
         return encrypt(self.sample, self.pad.pad(), self.pad.alphabet_size)
 
     def check_table(self, fingerprint: str) -> None:
@@ -113,8 +118,12 @@ class ReleaseRecord:
             "dataset_name": self.dataset_name,
             "seed_fingerprint": self.seed_fingerprint,
             "retention_until": self.retention_until,
-            "sampling": self.sampling.value,
-            "sampling_randomness": self.sampling.randomness,
+            "sampling": "server" if self.table_id else self.sampling.value,
+            "sampling_randomness": (
+                "truly random (the server's OS CSPRNG, exact uniform ordered tuple)" if self.table_id
+                else self.sampling.randomness
+            ),
+            **({"table_id": self.table_id} if self.table_id else {}),
         }
 
     @classmethod
@@ -136,7 +145,8 @@ class ReleaseRecord:
             str(data["dataset_name"]),
             str(data["seed_fingerprint"]),
             None if until is None else float(until),
-            SamplingMode.parse(str(data.get("sampling", "seed"))),
+            SamplingMode.SEED if data.get("table_id") else SamplingMode.parse(str(data.get("sampling", "seed"))),
+            str(data.get("table_id", "")),
         )
 
 
@@ -176,6 +186,65 @@ class StoredAgreement:
     agreement: VariantAgreement
     digests: dict[str, str]
     own_tags: TagArray | None = None  # PSI only: the leader's tags (its scalar is not kept)
+
+
+def schema_to_dict(schema: CuratorSchema) -> dict[str, Any]:
+    attributes = [{"name": a.name, "categories": list(a.categories)} for a in schema.attributes]
+    return {"curator": schema.name, "attributes": attributes}
+
+
+def schema_from_dict(data: dict[str, Any]) -> CuratorSchema:
+    attributes = tuple(Attribute(str(a["name"]), tuple(str(c) for c in a["categories"])) for a in data["attributes"])
+    return CuratorSchema(str(data["curator"]), attributes)
+
+
+@dataclass(frozen=True)
+class TableRecord:
+    """A curator's stored table (server-side sampling): its table key (never leaves the
+    keystore), the table's curators, n and alphabet sizes from the store-time agreement, this
+    curator's schema (for the researcher's labels) and the digest of the ciphertext it uploaded.
+    A release from the table needs only this record, not the data file."""
+
+    table_id: str
+    key: TableKey
+    curators: tuple[str, ...]
+    n: int
+    alphabet_sizes: tuple[int, ...]
+    schema: CuratorSchema
+    table_fingerprint: str  # SHA-256 of the data file it was encrypted from
+    dataset_name: str
+    ciphertext_digest: str  # SHA-256 (hex) of the packed chunks uploaded
+    alignment: AlignmentMode = AlignmentMode.KEYED_HASH
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready (holds the table key: only ever written 0600)."""
+        return {
+            "table_id": self.table_id,
+            "table_key": self.key.reveal().hex(),
+            "curators": list(self.curators),
+            "n": self.n,
+            "alphabet_sizes": list(self.alphabet_sizes),
+            "schema": schema_to_dict(self.schema),
+            "table_fingerprint": self.table_fingerprint,
+            "dataset_name": self.dataset_name,
+            "ciphertext_digest": self.ciphertext_digest,
+            "alignment": self.alignment.value,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TableRecord:
+        return cls(
+            str(data["table_id"]),
+            TableKey(bytes.fromhex(data["table_key"])),
+            tuple(str(c) for c in data["curators"]),
+            int(data["n"]),
+            tuple(int(k) for k in data["alphabet_sizes"]),
+            schema_from_dict(data["schema"]),
+            str(data["table_fingerprint"]),
+            str(data["dataset_name"]),
+            str(data["ciphertext_digest"]),
+            AlignmentMode.parse(str(data.get("alignment", "keyed-hash"))),
+        )
 
 
 class Keystore:
@@ -225,6 +294,25 @@ class Keystore:
         record = replace(record, retention_until=until)
         self.save_record(record)
         return record
+
+    # ------------------------------------------------------------ stored tables
+    def save_table(self, record: TableRecord) -> None:
+        """Persist a table record (0600, fsync) - before the first chunk is uploaded."""
+        atomic_write(self._path("table", record.table_id), json.dumps(record.to_dict()).encode())
+
+    def load_table(self, table_id: str) -> TableRecord | None:
+        """The record of stored table ``table_id`` (None if this curator never stored it)."""
+        data = self._load(self._path("table", table_id))
+        if data is None:
+            return None
+        try:
+            return TableRecord.from_dict(data)
+        except (KeyError, ValueError, TypeError, SecureReleaseError) as exc:
+            raise KeystoreError(f"table record of {table_id!r} is malformed ({type(exc).__name__})") from exc
+
+    def drop_table(self, table_id: str) -> None:
+        """Forget a stored table's key (after the server deleted the table)."""
+        self._path("table", table_id).unlink(missing_ok=True)
 
     # ------------------------------------------------------------ the leader's agreement
     def _tag_path(self, kind: str, release_id: str) -> Path:

@@ -35,6 +35,10 @@ ACCESS: Mapping[str, frozenset[str]] = {
     _RS + "GetReleaseStatus": _ANY,
     _RS + "FetchPerturbed": frozenset({"researcher"}),
     _RS + "AbortRelease": frozenset({"curator"}),
+    _RS + "StoreTable": frozenset({"curator"}),  # per table: only its declared curators
+    _RS + "GetTableStatus": frozenset({"curator"}),  # per table: only its curators
+    _RS + "DeleteTable": frozenset({"curator"}),  # per table: only its curators
+    _RS + "FetchSample": frozenset({"curator"}),  # per release: only its registered curators
     _CU + "SubmitTags": frozenset({"curator"}),
     _CU + "GetAgreement": frozenset({"curator"}),
     _CU + "ReleaseKey": frozenset({"researcher"}),

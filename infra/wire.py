@@ -1,25 +1,31 @@
 """The wire: the only module where protobuf messages become domain values and back.
 
-Release parameters <-> :class:`~secure_release.mechanism.spec.ReleaseSpec`, cipher enum <->
-:class:`~secure_release.mechanism.pads.CipherMode`, curator schemas, id-tag chunks, and the
-researcher's :class:`~secure_release.mechanism.report.ReleaseReport` <-> ``EstimateResponse``.
+Release parameters <-> :class:`~secure_release.mechanism.spec.ReleaseSpec` (with the release
+kind: curator- or server-sampled, and the stored table), cipher enum <->
+:class:`~secure_release.mechanism.pads.CipherMode`, curator schemas, id-tag chunks, stored-table
+chunks and status (server-side sampling), the server's sample chunks, and the researcher's
+:class:`~secure_release.mechanism.report.ReleaseReport` <-> ``EstimateResponse``.
 Decoding validates: a message that does not make a valid domain value raises a named error.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import hashlib
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 from secure_release.mechanism.alignment import TAG_DTYPE, TagArray
-from secure_release.mechanism.errors import ShapeMismatchError, UnknownCipherError
+from secure_release.mechanism.errors import SecureReleaseError, ShapeMismatchError, UnknownCipherError
+from secure_release.mechanism.index_sharing import IndexArray, indices_fingerprint, packed_size, unpack_indices
+from secure_release.mechanism.packing import CHUNK_ROWS
 from secure_release.mechanism.pads import CipherMode
 from secure_release.mechanism.plan import ReleasePlan
 from secure_release.mechanism.psi import POINT_BYTES
 from secure_release.mechanism.report import CELL_COLUMNS, ReleaseReport
 from secure_release.mechanism.schema import Attribute, CuratorSchema
-from secure_release.mechanism.spec import ReleaseSpec
+from secure_release.mechanism.spec import ReleaseSpec, check_name, check_names, check_party_name
 from secure_release.mechanism.variants import AlignmentMode, SamplingMode, UnknownVariantError
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
 
@@ -120,8 +126,15 @@ def plan_from_pb(p: pb.ReleaseParams) -> ReleasePlan:
     )
 
 
+class ReleaseKindError(SecureReleaseError):
+    """A release kind that does not exist, or one that contradicts the table id (a server-sampled
+    release names its stored table; a curator-sampled one names none)."""
+
+
 def spec_to_pb(spec: ReleaseSpec) -> pb.ReleaseParams:
     return pb.ReleaseParams(
+        kind=pb.RELEASE_KIND_SERVER_SAMPLED if spec.table_id else pb.RELEASE_KIND_CURATOR_SAMPLED,
+        table_id=spec.table_id,
         release_id=spec.release_id,
         n=spec.plan.n,
         m=spec.plan.m,
@@ -135,14 +148,162 @@ def spec_to_pb(spec: ReleaseSpec) -> pb.ReleaseParams:
 
 
 def spec_from_pb(p: pb.ReleaseParams) -> ReleaseSpec:
-    """A validated spec (named errors for anything malformed)."""
+    """A validated spec (named errors for anything malformed). UNSPECIFIED kind reads as
+    curator-sampled (a peer from before server sampling)."""
+    if p.kind == pb.RELEASE_KIND_SERVER_SAMPLED:
+        if not p.table_id:
+            raise ReleaseKindError("a server-sampled release must name its stored table (table_id)")
+    elif p.kind in (pb.RELEASE_KIND_UNSPECIFIED, pb.RELEASE_KIND_CURATOR_SAMPLED):
+        if p.table_id:
+            raise ReleaseKindError("a curator-sampled release names no stored table; kind must be SERVER_SAMPLED")
+    else:
+        raise ReleaseKindError(f"unknown release kind {p.kind}; allowed: CURATOR_SAMPLED (1), SERVER_SAMPLED (2)")
     return ReleaseSpec(
+        table_id=p.table_id,
         release_id=p.release_id,
         curators=tuple(p.curators),
         cipher=cipher_from_pb(p.cipher),
         plan=plan_from_pb(p),
         researchers=tuple(p.researchers),
     ).validate()
+
+
+# ---------------------------------------------------------------------------------- stored tables
+@dataclass(frozen=True)
+class TableDeclaration:
+    """What the first message of a StoreTable stream declares (validated names and sizes)."""
+
+    table_id: str
+    curator: str
+    curators: tuple[str, ...]
+    n: int
+    alphabet_size: int
+
+
+def table_chunks(
+    declaration: TableDeclaration, chunks: Sequence[bytes], skip: frozenset[int] = frozenset()
+) -> Iterator[pb.TableChunk]:
+    """A StoreTable stream: the declaration on the first message, every chunk not in ``skip``
+    (packed, at most 1 MiB each), then the commit with the digest over all chunks and the count."""
+    d = declaration
+
+    def message(first: bool, **fields: object) -> pb.TableChunk:
+        msg = pb.TableChunk(table_id=d.table_id, curator=d.curator, **fields)  # type: ignore[arg-type]
+        if first:
+            msg.curators.extend(d.curators)
+            msg.n, msg.alphabet_size = d.n, d.alphabet_size
+        return msg
+
+    first = True
+    h = hashlib.sha256()
+    for seq, data in enumerate(chunks):
+        h.update(data)
+        if seq in skip:
+            continue
+        yield message(first, sequence=seq, symbols=data)
+        first = False
+    yield message(first, commit=True, digest=h.digest(), num_chunks=len(chunks))
+
+
+def table_declaration_from_pb(chunk: pb.TableChunk) -> TableDeclaration:
+    """The declaration of a StoreTable stream's first message (InvalidNameError, ShapeMismatchError)."""
+    table_id = check_name(chunk.table_id, "table id")
+    curators = check_names(list(chunk.curators), "curator", minimum=2)
+    curator = check_party_name(chunk.curator, "curator name")
+    if chunk.n < 1:
+        raise ShapeMismatchError(f"a stored table needs n >= 1 rows, got {chunk.n}")
+    if chunk.alphabet_size < 2:
+        raise ShapeMismatchError(f"alphabet size must be >= 2, got {chunk.alphabet_size}")
+    return TableDeclaration(table_id, curator, curators, int(chunk.n), int(chunk.alphabet_size))
+
+
+def table_num_chunks(n: int) -> int:
+    """Upload chunks of CHUNK_ROWS symbols a stored table of ``n`` rows takes."""
+    return -(-n // CHUNK_ROWS)
+
+
+@dataclass(frozen=True)
+class TablePartView:
+    """One curator's progress on a stored table, as the status reports it."""
+
+    alphabet_size: int
+    chunks_held: Iterable[int]
+    committed: bool
+
+
+def table_status_to_pb(
+    table_id: str, curators: Sequence[str], n: int, parts: Mapping[str, TablePartView], deleted: bool = False
+) -> pb.TableStatus:
+    """A stored table's status (complete once every curator committed)."""
+    return pb.TableStatus(
+        table_id=table_id,
+        curators=list(curators),
+        n=n,
+        parts=[
+            pb.TablePartProgress(
+                curator=c,
+                alphabet_size=parts[c].alphabet_size,
+                chunks_held=sorted(parts[c].chunks_held),
+                committed=parts[c].committed,
+            )
+            for c in curators
+            if c in parts
+        ],
+        complete=set(parts) == set(curators) and all(p.committed for p in parts.values()),
+        chunk_rows=CHUNK_ROWS,
+        deleted=deleted,
+    )
+
+
+# ---------------------------------------------------------------------------------- server samples
+class SampleStreamError(SecureReleaseError):
+    """A FetchSample stream that is out of order, too long, or whose fingerprint does not match."""
+
+
+def sample_chunks(release_id: str, table_id: str, n: int, m: int, packed: bytes) -> Iterator[pb.SampleChunk]:
+    """The server's packed position tuple as SampleChunk messages of at most 1 MiB; the last
+    carries its fingerprint."""
+    pieces = byte_pieces(packed) or [b""]
+    for seq, piece in enumerate(pieces):
+        last = seq == len(pieces) - 1
+        yield pb.SampleChunk(
+            release_id=release_id, table_id=table_id, n=n, m=m, sequence=seq, packed_positions=piece, last=last,
+            sample_fingerprint=indices_fingerprint(packed) if last else "",
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ServerSample:
+    """The positions a curator received for one server-sampled release (validated)."""
+
+    positions: IndexArray
+    packed: bytes
+    fingerprint: str
+
+
+def sample_from_chunks(chunks: Iterable[pb.SampleChunk], spec: ReleaseSpec) -> ServerSample:
+    """Join a FetchSample stream for ``spec``: chunks in order, for its release, table, n and m,
+    no more bytes than m positions over n take (checked while they arrive), then unpacked and
+    validated (range, distinctness: InvalidIndexTupleError) and the fingerprint checked."""
+    limit, got, pieces, fingerprint = packed_size(spec.n, spec.m), 0, [], ""
+    for seq, chunk in enumerate(chunks):
+        if chunk.sequence != seq:
+            raise SampleStreamError(f"the server sent sample chunk {chunk.sequence} where {seq} was due")
+        if (chunk.release_id, chunk.table_id, chunk.n, chunk.m) != (spec.release_id, spec.table_id, spec.n, spec.m):
+            raise SampleStreamError(
+                f"the server sent a sample of release {chunk.release_id!r} (table {chunk.table_id!r}, n = {chunk.n}, "
+                f"m = {chunk.m}); expected {spec.release_id!r} (table {spec.table_id!r}, n = {spec.n}, m = {spec.m})"
+            )
+        got += len(chunk.packed_positions)
+        if got > limit or len(chunk.packed_positions) > PIECE_BYTES:
+            raise SampleStreamError(f"the server sent more than the {limit} bytes m positions over n take")
+        pieces.append(chunk.packed_positions)
+        fingerprint = chunk.sample_fingerprint or fingerprint
+    packed = b"".join(pieces)
+    positions = unpack_indices(packed, spec.n, spec.m)
+    if fingerprint != indices_fingerprint(packed):
+        raise SampleStreamError("the sample's fingerprint does not match its positions")
+    return ServerSample(positions, packed, fingerprint)
 
 
 # ---------------------------------------------------------------------------------- schemas

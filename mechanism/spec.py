@@ -82,12 +82,20 @@ class ReleaseSpec:
     cipher: CipherMode
     plan: ReleasePlan
     researchers: tuple[str, ...] = ()  # granted researchers (certificate names)
+    table_id: str = ""  # server-sampled release (issue 12): the stored table the server samples
+
+    @property
+    def server_sampled(self) -> bool:
+        """True if the server draws the sample from stored table :attr:`table_id`."""
+        return bool(self.table_id)
 
     def validate(self) -> ReleaseSpec:
         """Raise a named error unless every field is well formed and consistent."""
         check_name(self.release_id, "release id")
         check_names(self.curators, "curator", minimum=2)
         check_names(self.researchers, "researcher")
+        if self.table_id:
+            check_name(self.table_id, "table id")
         if not isinstance(self.cipher, CipherMode):
             raise SecureReleaseError(f"cipher must be a CipherMode, got {self.cipher!r}")
         if len(self.plan.alphabet_sizes) != len(self.curators):
@@ -120,7 +128,12 @@ class ReleaseSpec:
     def differences(self, other: ReleaseSpec) -> list[str]:
         """The fields (other than granted researchers) in which ``other`` differs, readable."""
         mine, theirs = self.to_dict(), other.to_dict()
-        return [f"{k} ({theirs[k]!r} != {mine[k]!r})" for k in mine if k != "researchers" and mine[k] != theirs[k]]
+        keys = [*mine, *(k for k in theirs if k not in mine)]
+        return [
+            f"{k} ({theirs.get(k)!r} != {mine.get(k)!r})"
+            for k in keys
+            if k != "researchers" and mine.get(k) != theirs.get(k)
+        ]
 
     # ------------------------------------------------------------------ JSON (stores, files)
     def to_dict(self) -> dict[str, Any]:
@@ -130,6 +143,7 @@ class ReleaseSpec:
             "cipher": self.cipher.value,
             "researchers": list(self.researchers),
             **self.plan.to_dict(),
+            **({"table_id": self.table_id} if self.table_id else {}),  # curator-sampled: as before
         }
 
     @classmethod
@@ -147,4 +161,5 @@ class ReleaseSpec:
             cipher=CipherMode.parse(str(d["cipher"])),
             plan=plan,
             researchers=tuple(str(r) for r in d.get("researchers", ())),
+            table_id=str(d.get("table_id", "")),
         )

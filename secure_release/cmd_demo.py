@@ -3,6 +3,10 @@
 PKI (project CA) -> server, alice (leading curator), bob and the researcher as separate
 processes talking gRPC over mutual TLS on OS-chosen ports -> one release of the Adult table ->
 the analyst asks the researcher for the estimate -> a table of estimate vs truth.
+
+With ``--sampling server`` (issue 12): the curators store the aligned table once, encrypted under
+their table keys (``store-table``), then two releases run from it with no data file: the server
+draws a fresh sample for each, the curators re-key it and charge their table ledgers twice.
 """
 
 from __future__ import annotations
@@ -259,7 +263,8 @@ def register(sub: Any) -> None:
         ),
         epilog="Examples:\n  secure-release demo\n  secure-release demo --curators 3 --epsilon 1.0\n"
         "  secure-release demo --json > demo.json\n"
-        "  secure-release demo --sampling indices --alignment psi --rows 5000",
+        "  secure-release demo --sampling indices --alignment psi --rows 5000\n"
+        "  secure-release demo --sampling server     # store the table once, then two releases from it",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--epsilon", type=float, default=0.5, help="privacy level epsilon > 0 (default 0.5)")
@@ -269,10 +274,13 @@ def register(sub: Any) -> None:
     p.add_argument("--curators", type=int, default=2, help=f"number of curators, 2 to {MAX_CURATORS} (default 2)")
     p.add_argument(
         "--sampling",
-        choices=["seed", "indices"],
+        choices=["seed", "indices", "server"],
         default="seed",
         help="seed: the leader sends a 32-byte seed (pseudorandom sample); indices: it sends the packed "
-        "ordered m-tuple drawn from the OS CSPRNG (truly random; ceil(log2 n) bits a position)",
+        "ordered m-tuple drawn from the OS CSPRNG (truly random; ceil(log2 n) bits a position); server: the "
+        "curators store the whole table once, encrypted under their table keys, then run two releases "
+        "from it: the server draws each sample (never shown to the researcher), each curator re-keys the "
+        "sampled rows to a fresh per-release pad and charges its ledger for the table",
     )
     p.add_argument(
         "--alignment",
@@ -340,6 +348,8 @@ def run(args: argparse.Namespace) -> int:
         akey = root / "alignment.key"
         akey.write_text(secrets.token_hex(32))
         akey.chmod(0o600)
+        if args.sampling == "server":
+            return _server_sampled(cluster, root, akey, info, sizes, args)
         addrs = launch_release(
             cluster, root / "data", root / "certs", "demo-1", args.epsilon, args.m, args.cipher, akey,
             curators=curators, sampling=args.sampling, alignment=args.alignment,
@@ -369,6 +379,104 @@ def run(args: argparse.Namespace) -> int:
         cluster.close()
         if tmp is not None:
             tmp.cleanup()
+
+
+#: The stored table and the releases of ``demo --sampling server``.
+DEMO_TABLE = "demo-table"
+SERVER_RELEASES = ("demo-1", "demo-2")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _wait_exit(cluster: Cluster, names: Sequence[str], timeout: float = 600.0) -> None:
+    for name in names:
+        try:
+            code = cluster.procs[name].wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"{name} did not finish within {timeout:g} s:\n{cluster.tail(name)}") from None
+        if code != 0:
+            raise RuntimeError(f"{name} exited with {code}:\n{cluster.tail(name)}")
+
+
+def _server_sampled(
+    cluster: Cluster, root: Path, akey: Path, info: dict[str, Any], sizes: tuple[int, ...], args: argparse.Namespace
+) -> int:
+    """Store the table once, then two releases the server samples from it (``--sampling server``)."""
+    curators, certs, data = list(info["curators"]), root / "certs", root / "data"
+    sport = cluster.start("server", ["-m", "secure_release.server", "--listen", "127.0.0.1:0", "--store",
+                                     str(root / "store"), "--certs", str(certs), "--name", "server"])  # fmt: skip
+    server = f"127.0.0.1:{sport}"
+    _progress(f"server listening on {server}")
+    ports = {c: _free_port() for c in curators}  # each curator's key service, the same for every release
+    net = ["--server", server, "--certs", str(certs), "--curators", ",".join(curators)]
+    budget = max(1.0, 2 * args.epsilon)
+    leader_port = 0
+    for i, c in enumerate(curators):
+        keystore = root / f"keystore-{c}"
+        cmd = [sys.executable, "-m", "secure_release.curator", "budget", "set", "--keystore", str(keystore),
+               "--table-id", DEMO_TABLE, "--epsilon", repr(budget)]  # fmt: skip
+        done = subprocess.run(cmd, env=cluster.env, capture_output=True, text=True, timeout=60)
+        if done.returncode != 0:
+            raise RuntimeError(f"setting the table budget of {c} failed: {done.stderr.strip()[-500:]}")
+        role = ["--leader"] if i == 0 else ["--leader-address", f"127.0.0.1:{leader_port}"]
+        port = cluster.start(
+            f"{c}-store",
+            ["-m", "secure_release.curator", "store-table", "--table-id", DEMO_TABLE, "--data", str(data / f"{c}.csv"),
+             "--schema", str(data / f"{c}.json"), "--name", c, "--keystore", str(keystore), *net,
+             "--alignment-key-file", str(akey), "--alignment", args.alignment, "--listen", "127.0.0.1:0", *role],
+        )  # fmt: skip
+        leader_port = leader_port or int(port or 0)
+    _wait_exit(cluster, [f"{c}-store" for c in curators])
+    _progress(f"table {DEMO_TABLE!r} stored once: each curator's whole aligned column under its own table key")
+    rport = cluster.start(
+        "researcher",
+        ["-m", "secure_release.researcher", "serve", "--listen", "127.0.0.1:0", "--certs", str(certs),
+         "--name", "researcher", "--server", server,
+         *(x for c in curators for x in ("--curator", f"{c}=127.0.0.1:{ports[c]}")),
+         "--out", str(root / "results"), "--analyst", "analyst", "--allow-partial"],
+    )  # fmt: skip
+    results, text = [], []
+    for rid in SERVER_RELEASES:
+        for c in curators:
+            cluster.start(
+                f"{c}-{rid}",
+                ["-m", "secure_release.curator", "run", "--sampling", "server", "--table-id", DEMO_TABLE,
+                 "--release-id", rid, "--epsilon", repr(args.epsilon), "--cipher", args.cipher, "--name", c,
+                 "--keystore", str(root / f"keystore-{c}"), *net, "--grant", "researcher", "--exit-after-keys",
+                 "--listen", f"127.0.0.1:{ports[c]}", *(["--m", str(args.m)] if args.m is not None else [])],
+            )  # fmt: skip
+        _progress(f"release {rid}: the server samples the stored table; asking the researcher as analyst")
+        resp = get_estimate(f"127.0.0.1:{rport}", certs, rid)
+        _wait_exit(cluster, [f"{c}-{rid}" for c in curators])
+        report, truth = _report(resp, info, sizes)
+        result = _summary(report, truth, info)
+        result["sampling"], result["table_id"] = "server", DEMO_TABLE
+        results.append(result)
+        text.append(f"=== release {rid} (server-sampled from stored table {DEMO_TABLE!r}) ===\n"
+                    + display.explain(report, truth, result["l2_error"]))  # fmt: skip
+    ledgers = {c: _table_ledger(root / f"keystore-{c}") for c in curators}
+    if args.json:
+        print(json.dumps({"table_id": DEMO_TABLE, "releases": results, "ledgers": ledgers}))
+    else:
+        print("\n\n".join(text))
+        spent = ", ".join(f"{c}: spent {v['spent']:g} of {v['budget']:g}" for c, v in ledgers.items())
+        print(f"\nOne stored table, {len(SERVER_RELEASES)} releases with fresh server-drawn samples; "
+              f"every curator's ledger for the table was charged once per release ({spent}).")  # fmt: skip
+    return 0
+
+
+def _table_ledger(keystore: Path) -> dict[str, Any]:
+    from secure_release.curator.keystore import Keystore
+    from secure_release.mechanism.server_sampling import table_ledger_name
+
+    ledger = Keystore(keystore).ledger.read()
+    name = table_ledger_name(DEMO_TABLE)
+    releases = sorted(r for r, v in ledger.releases().items() if v.dataset == name)
+    return {"budget": ledger.budget(name), "spent": ledger.spent(name), "releases": releases}
 
 
 def parties(curators: Sequence[str]) -> list[tuple[str, str]]:

@@ -34,7 +34,7 @@ from secure_release.infra.exitcodes import exit_code_for
 from secure_release.infra.health import add_health_and_reflection
 from secure_release.infra.logs import setup_logging
 from secure_release.mechanism.errors import SecureReleaseError
-from secure_release.mechanism.keys import PramKey
+from secure_release.mechanism.keys import PramKey, Seed
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
 from secure_release.server.service import ReleaseService, make_notifier
 from secure_release.server.state import ServerLimits
@@ -62,6 +62,7 @@ class ServerConfig:
     retention_seconds: float
     calls_per_peer: int
     stream_idle_seconds: float
+    test_sample_seed: Seed | None = None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -73,8 +74,11 @@ def build_parser() -> argparse.ArgumentParser:
             "upload packed ciphertext in chunks; once every curator has committed, the server "
             "seals the release, applies gamma-diagonal PRAM exactly once with a fresh key, "
             "stores the result durably (SQLite, WAL, synchronous=FULL) and only then reports it "
-            "PERTURBED; the researcher then fetches it. The server never sees a key or "
-            "plaintext. Every RPC requires mutual TLS with a certificate from the project CA "
+            "PERTURBED; the researcher then fetches it. It also keeps stored tables (server-side "
+            "sampling: each curator's whole encrypted column, uploaded once; for each server-sampled "
+            "release it draws the positions from its OS CSPRNG, adds the curators' re-key columns and "
+            "applies PRAM). The server never sees a key or plaintext. Every RPC requires mutual TLS "
+            "with a certificate from the project CA "
             "('secure-release pki init') and passes the role table (infra/auth.py)."
         ),
         epilog=(
@@ -106,6 +110,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-m", type=int, default=bounds.max_m, help="largest m (rows) accepted")
     p.add_argument("--max-curators", type=int, default=bounds.max_curators, help="curators per release")
     p.add_argument("--max-releases", type=int, default=bounds.max_releases_in_flight, help="releases in flight at once")
+    p.add_argument(
+        "--max-tables",
+        type=int,
+        default=bounds.max_tables,
+        help="stored tables (server-side sampling) held at once; a curator of a table deletes it",
+    )
+    p.add_argument("--max-table-rows", type=int, default=bounds.max_table_rows, help="largest n of a stored table")
     p.add_argument("--calls-per-peer", type=int, default=4, help="calls one peer may have in flight")
     p.add_argument(
         "--retention-days",
@@ -125,6 +136,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="TESTS ONLY: use this 64-hex-digit PRAM key instead of a fresh one per release; "
         "refused unless SECURE_RELEASE_TESTING=1. Makes the noise predictable.",
     )
+    p.add_argument(
+        "--insecure-test-sample-seed",
+        metavar="HEX",
+        help="TESTS ONLY: draw every server-sampled release's positions from this 64-hex-digit seed "
+        "(with its release id) instead of a fresh OS seed; refused unless SECURE_RELEASE_TESTING=1",
+    )
     return p
 
 
@@ -141,8 +158,13 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         if not testing_enabled():
             raise ConfigError("--insecure-test-pram-key is for tests only; set SECURE_RELEASE_TESTING=1")
         key = PramKey.from_hex(str(args.insecure_test_pram_key))
+    sample_seed = None
+    if args.insecure_test_sample_seed:
+        if not testing_enabled():
+            raise ConfigError("--insecure-test-sample-seed is for tests only; set SECURE_RELEASE_TESTING=1")
+        sample_seed = Seed.from_hex(str(args.insecure_test_sample_seed))
     host, port = split_address(str(args.listen))
-    for flag in ("max_n", "max_m", "max_curators", "max_releases", "calls_per_peer"):
+    for flag in ("max_n", "max_m", "max_curators", "max_releases", "max_tables", "max_table_rows", "calls_per_peer"):
         if getattr(args, flag) < 1:
             raise ConfigError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
     return ServerConfig(
@@ -157,10 +179,13 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         log_level=str(args.log_level),
         grace=float(args.grace),
         test_pram_key=key,
-        limits=ServerLimits(args.max_n, args.max_m, args.max_curators, args.max_releases),
+        limits=ServerLimits(
+            args.max_n, args.max_m, args.max_curators, args.max_releases, args.max_tables, args.max_table_rows
+        ),
         retention_seconds=float(args.retention_days) * 86400.0,
         calls_per_peer=int(args.calls_per_peer),
         stream_idle_seconds=float(args.stream_idle_seconds),
+        test_sample_seed=sample_seed,
     )
 
 
@@ -186,7 +211,9 @@ def serve(config: ServerConfig) -> int:
         fixed = config.test_pram_key
         key_factory = lambda: fixed  # noqa: E731
         log.warning("using an injected PRAM key (tests only)")
-    store = Store(config.store, config.limits)
+    if config.test_sample_seed is not None:
+        log.warning("using an injected server sample seed (tests only)")
+    store = Store(config.store, config.limits, config.test_sample_seed)
     notify = None
     if config.researcher_address:
         notify = make_notifier(config.researcher_address, config.certs, config.name, config.insecure)

@@ -25,11 +25,14 @@ from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
 from secure_release.server import state as st
 from secure_release.server.store import MAX_CHUNK_BYTES, Store
+from secure_release.server.tables import StoredTable, TableStreamError
 
 log = logging.getLogger("secure_release.server")
 
 #: An upload message may exceed its symbol payload by this much (ids, numbers, digest).
 MAX_UPLOAD_MESSAGE = MAX_CHUNK_BYTES + 64 + 512
+#: A stored-table message may also declare up to 16 curator names of up to 63 characters.
+MAX_TABLE_MESSAGE = MAX_UPLOAD_MESSAGE + 16 * 66
 
 
 class NotGrantedError(SecureReleaseError):
@@ -63,6 +66,11 @@ def status_to_proto(rel: st.Release) -> pb.ReleaseStatus:
         chunk_rows=CHUNK_ROWS,
         abort_reason=rel.abort_reason,
     )
+
+
+def table_status_to_proto(table: StoredTable, deleted: bool = False) -> pb.TableStatus:
+    """A stored table's status (which chunks each curator stored, complete or not)."""
+    return wire.table_status_to_pb(table.table_id, table.curators, table.n, table.views(), deleted)
 
 
 class ReleaseService(pb_grpc.ReleaseServerServicer):
@@ -222,6 +230,68 @@ class ReleaseService(pb_grpc.ReleaseServerServicer):
             _fail(context, exc, "AbortRelease")
         log.info("aborted", extra={"release": request.release_id, "curator": ident.name})
         return status_to_proto(rel)
+
+
+    # ------------------------------------------------------------------ stored tables (issue 12)
+    def StoreTable(  # noqa: N802
+        self, request_iterator: Iterator[pb.TableChunk], context: Any
+    ) -> pb.TableStatus:
+        """A curator's whole encrypted column of a stored table, chunk by chunk (resumable)."""
+        ident = caller(context)
+        declared: wire.TableDeclaration | None = None
+        table: StoredTable | None = None
+        new = 0
+        for chunk in request_iterator:
+            try:
+                if chunk.ByteSize() > MAX_TABLE_MESSAGE or len(chunk.symbols) > MAX_CHUNK_BYTES:
+                    raise TableStreamError(
+                        f"a table message carries at most {MAX_CHUNK_BYTES} symbol bytes "
+                        f"(chunks of {CHUNK_ROWS} rows); got {len(chunk.symbols)}"
+                    )
+                if declared is None:
+                    declared = wire.table_declaration_from_pb(chunk)
+                elif (chunk.table_id, chunk.curator) != (declared.table_id, declared.curator):
+                    raise TableStreamError("one table stream carries one table and one curator")
+                if chunk.commit:
+                    table = self.store.commit_table(declared, ident.name, int(chunk.num_chunks), bytes(chunk.digest))
+                    log.info(
+                        "table committed",
+                        extra={"table": declared.table_id, "curator": declared.curator, "complete": table.complete},
+                    )
+                elif self.store.put_table_chunk(declared, ident.name, int(chunk.sequence), bytes(chunk.symbols)):
+                    new += 1
+            except SecureReleaseError as exc:
+                _fail(context, exc, "StoreTable")
+        if declared is None:
+            _fail(context, TableStreamError("a table stream needs at least one message"), "StoreTable")
+        log.info("table upload", extra={"table": declared.table_id, "curator": declared.curator, "new_chunks": new})
+        return table_status_to_proto(table or self.store.table(declared.table_id, ident.name))
+
+    def GetTableStatus(self, request: pb.TableStatusRequest, context: Any) -> pb.TableStatus:  # noqa: N802
+        ident = caller(context)
+        try:
+            return table_status_to_proto(self.store.table(request.table_id, ident.name))
+        except SecureReleaseError as exc:
+            _fail(context, exc, "GetTableStatus")
+
+    def DeleteTable(self, request: pb.DeleteTableRequest, context: Any) -> pb.TableStatus:  # noqa: N802
+        ident = caller(context)
+        try:
+            table = self.store.delete_table(request.table_id, request.curator, ident.name)
+        except SecureReleaseError as exc:
+            _fail(context, exc, "DeleteTable")
+        log.info("table deleted", extra={"table": request.table_id, "curator": ident.name})
+        return table_status_to_proto(table, deleted=True)
+
+    def FetchSample(self, request: pb.SampleRequest, context: Any) -> Iterator[pb.SampleChunk]:  # noqa: N802
+        """The positions the server drew, to a registered curator of the server-sampled release."""
+        ident = caller(context)
+        try:
+            spec, packed = self.store.sample(request.release_id, request.curator, ident.name)
+        except SecureReleaseError as exc:
+            _fail(context, exc, "FetchSample")
+        log.info("sample sent", extra={"release": request.release_id, "curator": ident.name, "m": spec.m})
+        yield from wire.sample_chunks(spec.release_id, spec.table_id, spec.n, spec.m, packed)
 
 
 def make_notifier(

@@ -30,6 +30,8 @@ class ServerLimits:
     max_m: int = 100_000_000
     max_curators: int = 16
     max_releases_in_flight: int = 64
+    max_tables: int = 16  # stored tables held at once (server-side sampling)
+    max_table_rows: int = 100_000_000  # n of one stored table
 
     def check(self, spec: ReleaseSpec) -> None:
         """Refuse a spec beyond these bounds (LimitExceededError says which and the limit)."""

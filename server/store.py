@@ -12,6 +12,17 @@ PRAM runs once per release: all perturbed chunks and the state change to PERTURB
 in one transaction, which also erases the pre-PRAM ciphertext (only its SHA-256 stays); the
 PRAM key lives only in memory during that call. A perturbed release
 is never perturbed again.
+
+Stored tables (server-side sampling, issue 12): ``tables`` (id, curators, n), ``table_parts``
+(per curator: alphabet size, committed, digest) and ``table_chunks`` (the long-lived ciphertext
+columns) persist what server/tables.py accepts; ``samples`` holds the positions the server drew
+for a server-sampled release (drawn from the OS CSPRNG in the transaction that binds the
+release). For such a release the curators upload re-key columns into ``chunks`` as ciphertext;
+PRAM gathers the stored rows at the positions chunk by chunk, adds the re-key columns and
+perturbs, and its transaction erases the re-key columns and the positions (their fingerprint
+stays); the gathered pre-PRAM rows only ever exist in memory. The stored table stays until a
+curator of it deletes it (``delete_table``: rows deleted with ``secure_delete`` on, the file
+vacuumed and the WAL checkpointed).
 """
 
 from __future__ import annotations
@@ -27,21 +38,30 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from secure_release.mechanism.errors import SecureReleaseError
-from secure_release.mechanism.keys import PramKey
+import numpy as np
+
+from secure_release.infra.wire import TableDeclaration
+from secure_release.mechanism.errors import ErrorKind, SecureReleaseError
+from secure_release.mechanism.index_sharing import IndexArray, indices_fingerprint, pack_indices, unpack_indices
+from secure_release.mechanism.keys import PramKey, Seed
 from secure_release.mechanism.packing import CHUNK_ROWS, pack_symbols, symbol_width, unpack_symbols
 from secure_release.mechanism.pram import PRAM_BLOCK_ROWS, perturb
+from secure_release.mechanism.schema import SymbolArray
+from secure_release.mechanism.server_sampling import server_apply_rekey, server_draw_sample
 from secure_release.mechanism.spec import ReleaseSpec
 from secure_release.server.state import (
     ChunkShapeError,
     LimitExceededError,
+    NotReadyError,
     Part,
     Release,
+    ReleaseAbortedError,
     ReleaseState,
     ServerLimits,
     ServerStateError,
     UnknownReleaseError,
 )
+from secure_release.server.tables import StoredTable, TableInUseError, TablePart, UnknownTableError
 
 assert CHUNK_ROWS == PRAM_BLOCK_ROWS, "upload chunk s must be PRAM block s"
 
@@ -50,6 +70,12 @@ MAX_CHUNK_BYTES = 4 * CHUNK_ROWS  # 1 MiB
 
 class StoreError(ServerStateError):
     """The store directory or database cannot be used (not a directory, corrupt, unreadable)."""
+
+
+class NotServerSampledError(ServerStateError):
+    """Positions were asked of a release the curators sample themselves."""
+
+    kind = ErrorKind.FAILED_PRECONDITION
 
 
 _SCHEMA = """
@@ -80,6 +106,33 @@ CREATE TABLE IF NOT EXISTS chunks (
     sha256 BLOB NOT NULL,
     PRIMARY KEY (release_id, curator, seq)
 );
+CREATE TABLE IF NOT EXISTS tables (
+    table_id TEXT PRIMARY KEY,
+    curators TEXT NOT NULL,
+    n INTEGER NOT NULL,
+    created_at REAL NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS table_parts (
+    table_id TEXT NOT NULL,
+    curator TEXT NOT NULL,
+    alphabet_size INTEGER NOT NULL,
+    committed INTEGER NOT NULL DEFAULT 0,
+    digest BLOB NOT NULL DEFAULT x'',
+    PRIMARY KEY (table_id, curator)
+);
+CREATE TABLE IF NOT EXISTS table_chunks (
+    table_id TEXT NOT NULL,
+    curator TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    data BLOB NOT NULL,
+    sha256 BLOB NOT NULL,
+    PRIMARY KEY (table_id, curator, seq)
+);
+CREATE TABLE IF NOT EXISTS samples (
+    release_id TEXT PRIMARY KEY,
+    packed BLOB NOT NULL,
+    fingerprint TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS perturbed (
     release_id TEXT NOT NULL,
     seq INTEGER NOT NULL,
@@ -109,9 +162,12 @@ class FetchedChunk:
 class Store:
     """Durable release store. Thread-safe (one connection behind a lock)."""
 
-    def __init__(self, directory: Path, limits: ServerLimits | None = None) -> None:
+    def __init__(self, directory: Path, limits: ServerLimits | None = None, sample_seed: Seed | None = None) -> None:
+        """``sample_seed``: tests only (the server's sample seed of every server-sampled release;
+        the release id still enters each draw). Otherwise each release's seed is fresh."""
         directory = Path(directory)
         self.limits = limits or ServerLimits()
+        self.sample_seed = sample_seed
         self.path = directory / "releases.sqlite3"
         try:
             directory.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -128,6 +184,7 @@ class Store:
             # Per release id, its candidate specs; once every curator of one has registered,
             # that one is bound and the others are discarded (nobody can squat an id).
             self._releases: dict[str, list[Release]] = {}
+            self._tables: dict[str, StoredTable] = {}
             self._load()
         except (OSError, sqlite3.DatabaseError, KeyError, ValueError) as exc:
             raise StoreError(
@@ -158,6 +215,14 @@ class Store:
             part.registered, part.committed, part.digest = bool(reg), bool(com), bytes(dig)
         for rid, cur, seq, sha in self._db.execute("SELECT release_id, curator, seq, sha256 FROM chunks"):
             self._find(rid, cur).parts[cur].chunks[int(seq)] = bytes(sha)
+        for tid, curators_json, n in self._db.execute("SELECT table_id, curators, n FROM tables"):
+            self._tables[tid] = StoredTable(tid, tuple(json.loads(curators_json)), int(n))
+        for tid, cur, k, com, dig in self._db.execute(
+            "SELECT table_id, curator, alphabet_size, committed, digest FROM table_parts"
+        ):
+            self._tables[tid].parts[cur] = TablePart(int(k), {}, bool(com), bytes(dig))
+        for tid, cur, seq, sha in self._db.execute("SELECT table_id, curator, seq, sha256 FROM table_chunks"):
+            self._tables[tid].parts[cur].chunks[int(seq)] = bytes(sha)
 
     # -------------------------------------------------------------------- lookup
     def _find(self, release_id: str, curator: str | None = None) -> Release:
@@ -236,6 +301,11 @@ class Store:
         the id's other candidates, which nobody else agreed to, are discarded."""
         self.limits.check(spec)
         with self._lock:
+            if spec.table_id:
+                table = self._tables.get(spec.table_id)
+                if table is None:
+                    raise UnknownTableError(f"no stored table {spec.table_id!r}; store it first (store-table)")
+                table.check_release(spec)
             existing = self._target_for_registration(spec, curator)
             if existing is None:
                 self._check_new_candidate(spec)
@@ -256,10 +326,175 @@ class Store:
                 )
                 for loser in losers:
                     self._discard(loser)
+                if rel.is_bound and rel.spec.table_id:
+                    self._draw_sample(rel.spec)
             self._keep(rel)
             if losers:
                 self._releases[spec.release_id] = [rel]
             return copy.deepcopy(rel)
+
+    def _draw_sample(self, spec: ReleaseSpec) -> None:
+        """The server's fresh uniform ordered m-tuple of stored positions for a just-bound
+        server-sampled release (inside its binding transaction); the seed is dropped here."""
+        positions, _ = server_draw_sample(spec.n, spec.m, spec.release_id, self.sample_seed)
+        packed = pack_indices(positions, spec.n)
+        self._db.execute(
+            "INSERT OR REPLACE INTO samples (release_id, packed, fingerprint) VALUES (?, ?, ?)",
+            (spec.release_id, packed, indices_fingerprint(packed)),
+        )
+
+    def sample(self, release_id: str, curator: str, caller: str) -> tuple[ReleaseSpec, bytes]:
+        """The spec and packed positions of a server-sampled release, for one of its registered
+        curators, once every curator registered it and until PRAM (or an abort) erased them."""
+        with self._lock:
+            rel = self._find(release_id, curator)
+            rel.check_member(curator, caller)
+            if not rel.spec.table_id:
+                raise NotServerSampledError(f"release {release_id!r} is sampled by its curators, not the server")
+            if rel.state == ReleaseState.ABORTED:
+                raise ReleaseAbortedError(f"release {release_id!r} was aborted: {rel.abort_reason}")
+            if not rel.is_bound:
+                pending = [c for c, p in rel.parts.items() if not p.registered]
+                raise NotReadyError(f"release {release_id!r} is not registered by {pending} yet; no sample drawn")
+            row = self._db.execute("SELECT packed FROM samples WHERE release_id = ?", (release_id,)).fetchone()
+            if row is None or not row[0]:
+                raise NotReadyError(f"release {release_id!r} is {rel.state.name.lower()}; its positions are erased")
+            return copy.deepcopy(rel.spec), bytes(row[0])
+
+    # -------------------------------------------------------------------- stored tables
+    def table(self, table_id: str, caller: str) -> StoredTable:
+        """A snapshot of a stored table, for its curators only."""
+        with self._lock:
+            table = self._tables.get(table_id)
+            if table is None:
+                raise UnknownTableError(f"no stored table {table_id!r}")
+            table.check_member(caller, caller)
+            return copy.deepcopy(table)
+
+    def _table_for(self, d: TableDeclaration, caller: str) -> tuple[StoredTable, bool]:
+        """A working copy of the declared table (created if new, within the limits) with the
+        caller's declaration checked and applied, and whether the table is new."""
+        existing = self._tables.get(d.table_id)
+        if existing is None:
+            if len(self._tables) >= self.limits.max_tables:
+                raise LimitExceededError(
+                    f"{len(self._tables)} tables are stored; this server keeps at most {self.limits.max_tables}; "
+                    "delete one first"
+                )
+            table = StoredTable.create(d, self.limits.max_table_rows)
+        else:
+            table = copy.deepcopy(existing)
+        table.declare(d, caller)
+        return table, existing is None
+
+    def _persist_declaration(self, table: StoredTable, new_table: bool, curator: str, new_part: bool) -> None:
+        if new_table:
+            self._db.execute(
+                "INSERT INTO tables (table_id, curators, n, created_at) VALUES (?, ?, ?, ?)",
+                (table.table_id, json.dumps(list(table.curators)), table.n, time.time()),
+            )
+        if new_part:
+            self._db.execute(
+                "INSERT INTO table_parts (table_id, curator, alphabet_size) VALUES (?, ?, ?)",
+                (table.table_id, curator, table.parts[curator].alphabet_size),
+            )
+
+    def put_table_chunk(self, d: TableDeclaration, caller: str, seq: int, data: bytes) -> bool:
+        """Validate and durably store one chunk of a curator's stored column (with the table
+        and the curator's declaration if new, in the same transaction: a refused chunk stores
+        nothing). True if new, False if an identical repeat."""
+        if len(data) > MAX_CHUNK_BYTES:
+            raise ChunkShapeError(f"a chunk holds at most {MAX_CHUNK_BYTES} bytes, got {len(data)}")
+        sha = hashlib.sha256(data).digest()
+        with self._lock:
+            table, new_table = self._table_for(d, caller)
+            new_part = new_table or d.curator not in self._tables[d.table_id].parts
+            if table.is_replay(d.curator, seq, sha):
+                return False
+            symbols = unpack_symbols(data, d.alphabet_size)  # range and whole-symbol length
+            if not table.accept_chunk(d.curator, caller, seq, int(symbols.size), sha):
+                return False
+            with self._tx():
+                self._persist_declaration(table, new_table, d.curator, new_part)
+                self._db.execute(
+                    "INSERT INTO table_chunks (table_id, curator, seq, data, sha256) VALUES (?, ?, ?, ?, ?)",
+                    (d.table_id, d.curator, seq, data, sha),
+                )
+            self._tables[d.table_id] = table
+            return True
+
+    def commit_table(self, d: TableDeclaration, caller: str, num_chunks: int, digest: bytes) -> StoredTable:
+        """Commit a curator's column (the digest over its stored chunks must match)."""
+        with self._lock:
+            table, new_table = self._table_for(d, caller)
+            new_part = new_table or d.curator not in self._tables[d.table_id].parts
+            computed = b""
+            if table.check_commit(d.curator, caller, num_chunks, digest):
+                h = hashlib.sha256()
+                for seq in range(num_chunks):
+                    h.update(self._table_chunk(d.table_id, d.curator, seq))
+                computed = h.digest()
+                table.commit(d.curator, caller, num_chunks, digest, computed)
+                with self._tx():
+                    self._persist_declaration(table, new_table, d.curator, new_part)
+                    self._db.execute(
+                        "UPDATE table_parts SET committed = 1, digest = ? WHERE table_id = ? AND curator = ?",
+                        (digest, d.table_id, d.curator),
+                    )
+                self._tables[d.table_id] = table
+            return copy.deepcopy(table)
+
+    def _table_chunk(self, table_id: str, curator: str, seq: int) -> bytes:
+        row = self._db.execute(
+            "SELECT data FROM table_chunks WHERE table_id = ? AND curator = ? AND seq = ?", (table_id, curator, seq)
+        ).fetchone()
+        if row is None:  # pragma: no cover - the state machine checked presence
+            raise ChunkShapeError(f"chunk {seq} of {curator!r} in stored table {table_id!r} is missing")
+        return bytes(row[0])
+
+    def delete_table(self, table_id: str, curator: str, caller: str) -> StoredTable:
+        """Delete a stored table and erase its ciphertext (a curator of it asks). Refused while
+        a release from it is registered but not yet perturbed or aborted. Releases already
+        perturbed from it keep their perturbed rows (until their retention)."""
+        with self._lock:
+            table = self._tables.get(table_id)
+            if table is None:
+                raise UnknownTableError(f"no stored table {table_id!r}")
+            table.check_member(curator, caller)
+            done = (ReleaseState.PERTURBED, ReleaseState.ABORTED)
+            open_ = sorted(
+                {r.spec.release_id for rels in self._releases.values() for r in rels
+                 if r.spec.table_id == table_id and r.state not in done}
+            )  # fmt: skip
+            if open_:
+                raise TableInUseError(
+                    f"stored table {table_id!r} is sampled by open release(s) {open_}; abort them first"
+                )
+            self._db.execute("PRAGMA secure_delete=ON")
+            try:
+                with self._tx():
+                    for name in ("tables", "table_parts", "table_chunks"):
+                        self._db.execute(f"DELETE FROM {name} WHERE table_id = ?", (table_id,))
+                self._db.execute("PRAGMA incremental_vacuum")
+                self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            finally:
+                self._db.execute("PRAGMA secure_delete=OFF")
+            del self._tables[table_id]
+            return copy.deepcopy(table)
+
+    def _gather(self, table_id: str, curator: str, alphabet_size: int, positions: IndexArray) -> SymbolArray:
+        """The stored ciphertext of ``curator`` at ``positions`` (sample order), reading each
+        stored chunk the sample touches once (memory: the m gathered rows and one chunk)."""
+        out = np.empty(positions.size, dtype=np.uint32)
+        blocks = positions // CHUNK_ROWS
+        order = np.argsort(blocks, kind="stable")
+        uniq, starts = np.unique(blocks[order], return_index=True)
+        ends = [*starts[1:].tolist(), int(order.size)]
+        for block, start, end in zip(uniq.tolist(), starts.tolist(), ends, strict=True):
+            column = unpack_symbols(self._table_chunk(table_id, curator, block), alphabet_size)
+            at = order[start:end]
+            out[at] = column[positions[at] - block * CHUNK_ROWS]
+        return out
 
     def _discard(self, rel: Release) -> None:
         """Delete a candidate that lost its id to a bound spec (inside a transaction)."""
@@ -328,6 +563,7 @@ class Store:
                         (int(rel.state), rel.abort_reason, time.time(), release_id, spec_key(rel.spec)),
                     )
                     self._db.executemany("UPDATE chunks SET data = x'' WHERE release_id = ? AND curator = ?", mine)
+                    self._db.execute("UPDATE samples SET packed = x'' WHERE release_id = ?", (release_id,))
                 self._db.execute("PRAGMA incremental_vacuum")
                 self._keep(rel)
             return copy.deepcopy(rel)
@@ -366,6 +602,7 @@ class Store:
                 return rel
             p = rel.spec
             sizes, channel = p.plan.alphabet_sizes, p.plan.channel
+            gathered = self._gathered(p)
             key = key_factory()
             h = hashlib.sha256()
             with self._tx():
@@ -375,6 +612,9 @@ class Store:
                         unpack_symbols(self._chunk(release_id, c, seq), k)
                         for c, k in zip(p.curators, sizes, strict=True)
                     ]
+                    if gathered is not None:  # server-sampled: stored rows + re-key columns
+                        lo = seq * CHUNK_ROWS
+                        cols = server_apply_rekey([g[lo : lo + cols[0].size] for g in gathered], cols, sizes)
                     out = perturb(cols, sizes, channel, key, first_row=seq * CHUNK_ROWS)
                     for j, (col, k) in enumerate(zip(out, sizes, strict=True)):
                         packed = pack_symbols(col, k)
@@ -392,10 +632,27 @@ class Store:
                 # Data minimisation: the pre-PRAM ciphertext goes in the same transaction (its
                 # SHA-256 stays, so replays of identical chunks remain idempotent).
                 self._db.execute("UPDATE chunks SET data = x'' WHERE release_id = ?", (release_id,))
+                self._db.execute("UPDATE samples SET packed = x'' WHERE release_id = ?", (release_id,))
             self._db.execute("PRAGMA incremental_vacuum")
-            del key
+            del key, gathered
             self._keep(rel)
             return copy.deepcopy(rel)
+
+    def _gathered(self, spec: ReleaseSpec) -> list[SymbolArray] | None:
+        """Server-sampled: every curator's stored rows at the release's positions (None for a
+        curator-sampled release). In memory only, during PRAM."""
+        if not spec.table_id:
+            return None
+        row = self._db.execute("SELECT packed FROM samples WHERE release_id = ?", (spec.release_id,)).fetchone()
+        if row is None or not row[0]:
+            raise NotReadyError(f"release {spec.release_id!r} has no sample to perturb")
+        if spec.table_id not in self._tables:
+            raise UnknownTableError(f"stored table {spec.table_id!r} of release {spec.release_id!r} is gone")
+        positions = unpack_indices(bytes(row[0]), spec.n, spec.m)
+        return [
+            self._gather(spec.table_id, c, k, positions)
+            for c, k in zip(spec.curators, spec.plan.alphabet_sizes, strict=True)
+        ]
 
     def expire(self, finished_before: float) -> list[str]:
         """Delete every release that was perturbed or aborted before ``finished_before`` (a
@@ -410,7 +667,7 @@ class Store:
             if not gone:
                 return []
             with self._tx():
-                for table in ("releases", "parts", "chunks", "perturbed"):
+                for table in ("releases", "parts", "chunks", "perturbed", "samples"):
                     self._db.executemany(f"DELETE FROM {table} WHERE release_id = ?", [(r,) for r in gone])
             self._db.execute("PRAGMA incremental_vacuum")
             for rid in gone:

@@ -133,3 +133,11 @@ def test_every_service_answers_health_and_lists_itself_by_reflection(
             answer = next(reflection_pb2_grpc.ServerReflectionStub(ch).ServerReflectionInfo(iter([request]), timeout=5))
             listed = {s.name for s in answer.list_services_response.service}
             assert f"securerelease.v1.{short}" in listed and "grpc.health.v1.Health" in listed, listed
+
+
+def test_the_stored_table_rpcs_are_for_curators_only() -> None:
+    """Issue 12: storing, inspecting and deleting a stored table and fetching a server-drawn sample
+    are curator calls (the servicer then admits only the table's or release's own curators); a
+    researcher, the server or an analyst is refused by the table."""
+    for rpc in ("StoreTable", "GetTableStatus", "DeleteTable", "FetchSample"):
+        assert ACCESS[f"/securerelease.v1.ReleaseServer/{rpc}"] == frozenset({"curator"}), rpc

@@ -217,3 +217,165 @@ def test_bad_other_calls(live: tuple[Store, dict[str, Any]], name: str, who: str
     assert err.value.code() == code, err.value.details()
     assert words in (err.value.details() or ""), err.value.details()
     assert {r: store.release(r).state for r in ("open", "done")} == states
+
+
+# ------------------------------------------------------------------------------ stored tables (issue 12)
+TN, TK = 1000, (3, 4)  # a one-chunk stored table
+
+
+def tchunk(curator: str = "alice", tid: str = "t1", n: int = TN, k: int | None = None, seq: int = 0,
+           data: bytes | None = None, curators: tuple[str, ...] = support.CURATORS) -> pb.TableChunk:  # fmt: skip
+    k = TK[support.CURATORS.index(curator)] if k is None and curator in support.CURATORS else (k or 3)
+    if data is None:
+        data = pack_symbols(support.columns(TN, TK)[support.CURATORS.index(curator) if curator != "carol" else 0], k)
+    return pb.TableChunk(table_id=tid, curator=curator, curators=list(curators), n=n, alphabet_size=k, sequence=seq,
+                         symbols=data)  # fmt: skip
+
+
+def tcommit(chunk: pb.TableChunk, digest: bytes | None = None) -> pb.TableChunk:
+    done = pb.TableChunk()
+    done.CopyFrom(chunk)
+    done.symbols, done.commit, done.num_chunks = b"", True, 1
+    done.digest = digest if digest is not None else hashlib.sha256(chunk.symbols).digest()
+    return done
+
+
+def sspec(rid: str, tid: str = "t1", n: int = TN, sizes: tuple[int, ...] = TK) -> pb.ReleaseParams:
+    params = support.make_params(rid=rid, m=100, n=n, sizes=sizes)
+    params.kind, params.table_id = pb.RELEASE_KIND_SERVER_SAMPLED, tid
+    return params
+
+
+@pytest.fixture(scope="module")
+def tables_live(certs: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Store, dict[str, Any]]]:
+    """A complete table t1, a table 'half' only alice committed, an open server-sampled release
+    'sr' of t1 (sample drawn) and a curator-sampled release 'cs'."""
+    from secure_release.server.state import ServerLimits
+
+    store = Store(tmp_path_factory.mktemp("tables"), ServerLimits(max_table_rows=10_000))
+    server = tls.make_grpc_server()
+    pb_grpc.add_ReleaseServerServicer_to_server(ReleaseService(store), server)
+    port = tls.bind(server, "127.0.0.1", 0, certs, "server")
+    server.start()
+    names = ("alice", "bob", "carol", "researcher")
+    chans = {n: tls.secure_channel(f"127.0.0.1:{port}", certs, n, peer_role="server") for n in names}
+    stubs = {n: pb_grpc.ReleaseServerStub(c) for n, c in chans.items()}
+    for c in support.CURATORS:
+        first = tchunk(c)
+        stubs[c].StoreTable(iter([first, tcommit(first)]), timeout=5)
+    half = tchunk("alice", tid="half")
+    stubs["alice"].StoreTable(iter([half, tcommit(half)]), timeout=5)
+    support.register_all(stubs, sspec("sr"))
+    support.register_all(stubs, support.make_params(rid="cs", m=100, n=TN, sizes=TK))
+    yield store, stubs
+    for ch in chans.values():
+        ch.close()
+    server.stop(0).wait()
+    store.close()
+
+
+def _table_state(store: Store) -> dict[str, object]:
+    return {t: {c: (p.alphabet_size, dict(p.chunks), p.committed) for c, p in tbl.parts.items()}
+            for t, tbl in store._tables.items()}  # fmt: skip
+
+
+def sregister(p: pb.ReleaseParams) -> Callable[[Any], object]:
+    return lambda stub: stub.RegisterPart(pb.RegisterPartRequest(params=p, curator="alice"), timeout=5)
+
+
+def _bad_kind() -> pb.ReleaseParams:
+    params = sspec("sk")
+    params.table_id = ""
+    return params
+
+
+TABLE_CASES: list[tuple[str, str, Callable[[Any], object], grpc.StatusCode, str]] = [
+    ("store: oversized chunk", "alice",
+     lambda s: s.StoreTable(iter([tchunk(tid="x", data=b"\0" * ((1 << 20) + 65))]), timeout=5), C.INVALID_ARGUMENT,
+     "at most"),
+    ("store: empty stream", "alice", lambda s: s.StoreTable(iter([]), timeout=5), C.INVALID_ARGUMENT, "at least one"),
+    ("store: bad table id", "alice", lambda s: s.StoreTable(iter([tchunk(tid="../t")]), timeout=5),
+     C.INVALID_ARGUMENT, "table id"),
+    ("store: one curator", "alice", lambda s: s.StoreTable(iter([tchunk(tid="x", curators=("alice",))]), timeout=5),
+     C.INVALID_ARGUMENT, "at least 2"),
+    ("store: n over the limit", "alice", lambda s: s.StoreTable(iter([tchunk(tid="x", n=10_001)]), timeout=5),
+     C.RESOURCE_EXHAUSTED, "limit"),
+    ("store: symbol out of range", "alice",
+     lambda s: s.StoreTable(iter([tchunk(tid="x", data=b"\x03" * TN)]), timeout=5), C.INVALID_ARGUMENT, "outside"),
+    ("store: short chunk", "alice", lambda s: s.StoreTable(iter([tchunk(tid="x", data=b"\0" * 10)]), timeout=5),
+     C.INVALID_ARGUMENT, "exactly"),
+    ("store: as another curator", "alice", lambda s: s.StoreTable(iter([tchunk("bob", tid="x")]), timeout=5),
+     C.PERMISSION_DENIED, "may not act for"),
+    ("store: a non-member", "carol", lambda s: s.StoreTable(iter([tchunk("carol", k=3)]), timeout=5),
+     C.PERMISSION_DENIED, "not a curator"),
+    ("store: mismatched n", "bob", lambda s: s.StoreTable(iter([tchunk("bob", tid="half", n=TN + 1)]), timeout=5),
+     C.FAILED_PRECONDITION, "n = "),
+    ("store: mismatched curators", "bob",
+     lambda s: s.StoreTable(iter([tchunk("bob", tid="half", curators=("bob", "alice"))]), timeout=5),
+     C.FAILED_PRECONDITION, "curators"),
+    ("store: mismatched alphabet", "alice", lambda s: s.StoreTable(iter([tchunk(k=5)]), timeout=5),
+     C.FAILED_PRECONDITION, "alphabet size"),
+    ("store: replay with different bytes", "alice",
+     lambda s: s.StoreTable(iter([tchunk(data=b"\x01" * TN)]), timeout=5), C.ALREADY_EXISTS, "different bytes"),
+    ("store: commit with another digest", "alice",
+     lambda s: s.StoreTable(iter([tcommit(tchunk(), b"\1" * 32)]), timeout=5), C.ALREADY_EXISTS, "never changes"),
+    ("status: unknown table", "alice", lambda s: s.GetTableStatus(pb.TableStatusRequest(table_id="nope"), timeout=5),
+     C.NOT_FOUND, "no stored table"),
+    ("status: a non-member", "carol", lambda s: s.GetTableStatus(pb.TableStatusRequest(table_id="t1"), timeout=5),
+     C.PERMISSION_DENIED, "not a curator"),
+    ("status: a researcher", "researcher",
+     lambda s: s.GetTableStatus(pb.TableStatusRequest(table_id="t1"), timeout=5), C.PERMISSION_DENIED, "may not call"),
+    ("delete: unknown table", "alice",
+     lambda s: s.DeleteTable(pb.DeleteTableRequest(table_id="nope", curator="alice"), timeout=5), C.NOT_FOUND,
+     "no stored table"),
+    ("delete: for another curator", "alice",
+     lambda s: s.DeleteTable(pb.DeleteTableRequest(table_id="t1", curator="bob"), timeout=5), C.PERMISSION_DENIED,
+     "may not act for"),
+    ("delete: a non-member", "carol",
+     lambda s: s.DeleteTable(pb.DeleteTableRequest(table_id="t1", curator="carol"), timeout=5), C.PERMISSION_DENIED,
+     "not a curator"),
+    ("delete: a release from it is open", "alice",
+     lambda s: s.DeleteTable(pb.DeleteTableRequest(table_id="t1", curator="alice"), timeout=5),
+     C.FAILED_PRECONDITION, "abort them first"),
+    ("sample: unknown release", "alice",
+     lambda s: list(s.FetchSample(pb.SampleRequest(release_id="nope", curator="alice"), timeout=5)), C.NOT_FOUND,
+     "no release"),
+    ("sample: a curator-sampled release", "alice",
+     lambda s: list(s.FetchSample(pb.SampleRequest(release_id="cs", curator="alice"), timeout=5)),
+     C.FAILED_PRECONDITION, "not the server"),
+    ("sample: a non-member", "carol",
+     lambda s: list(s.FetchSample(pb.SampleRequest(release_id="sr", curator="carol"), timeout=5)),
+     C.PERMISSION_DENIED, "not a curator"),
+    ("sample: as another curator", "alice",
+     lambda s: list(s.FetchSample(pb.SampleRequest(release_id="sr", curator="bob"), timeout=5)),
+     C.PERMISSION_DENIED, "may not act for"),
+    ("sample: a researcher", "researcher",
+     lambda s: list(s.FetchSample(pb.SampleRequest(release_id="sr", curator="alice"), timeout=5)),
+     C.PERMISSION_DENIED, "may not call"),
+    ("register: unknown table", "alice", sregister(sspec("s9", tid="nope")), C.NOT_FOUND, "no stored table"),
+    ("register: incomplete table", "alice", sregister(sspec("s9", tid="half")), C.FAILED_PRECONDITION,
+     "not complete"),
+    ("register: mismatched n", "alice", sregister(sspec("s9", n=TN - 1)), C.FAILED_PRECONDITION, "n = "),
+    ("register: mismatched alphabets", "alice", sregister(sspec("s9", sizes=(3, 5))), C.FAILED_PRECONDITION,
+     "alphabet sizes"),
+    ("register: server-sampled without a table", "alice", sregister(_bad_kind()), C.INVALID_ARGUMENT,
+     "must name its stored table"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "who", "call", "code", "words"), TABLE_CASES, ids=[c[0] for c in TABLE_CASES])
+def test_bad_stored_table_calls(tables_live: tuple[Store, dict[str, Any]], name: str, who: str,
+                                call: Callable[[Any], object], code: grpc.StatusCode, words: str) -> None:  # fmt: skip
+    store, stubs = tables_live
+    before = _table_state(store)
+    states = {r: store.release(r).state for r in ("sr", "cs")}
+    with pytest.raises(grpc.RpcError) as err:
+        call(stubs[who])
+    assert err.value.code() == code, err.value.details()
+    assert words in (err.value.details() or ""), err.value.details()
+    if "may not call" not in words:
+        assert err.value.details().split(":")[0].endswith("Error"), err.value.details()  # a named error
+    assert _table_state(store) == before  # nothing half-stored: no new table, part or chunk
+    assert {r: store.release(r).state for r in ("sr", "cs")} == states
+    with pytest.raises(Exception, match="no release"):
+        store.release("s9")

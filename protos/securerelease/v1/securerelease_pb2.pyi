@@ -94,6 +94,30 @@ ALIGNMENT_MODE_PSI: AlignmentMode.ValueType  # 2
 """N-party ECDH PSI: tags of the fully blinded ids"""
 Global___AlignmentMode: _TypeAlias = AlignmentMode  # noqa: Y015
 
+class _ReleaseKind:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ReleaseKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ReleaseKind.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    RELEASE_KIND_UNSPECIFIED: _ReleaseKind.ValueType  # 0
+    """read as CURATOR_SAMPLED (peers before issue 12)"""
+    RELEASE_KIND_CURATOR_SAMPLED: _ReleaseKind.ValueType  # 1
+    """the curators sample and upload m ciphertext rows"""
+    RELEASE_KIND_SERVER_SAMPLED: _ReleaseKind.ValueType  # 2
+    """the server draws m positions of a stored table (table_id); the"""
+
+class ReleaseKind(_ReleaseKind, metaclass=_ReleaseKindEnumTypeWrapper):
+    """Who draws a release's sample (issue 12). The server samples only from a stored table."""
+
+RELEASE_KIND_UNSPECIFIED: ReleaseKind.ValueType  # 0
+"""read as CURATOR_SAMPLED (peers before issue 12)"""
+RELEASE_KIND_CURATOR_SAMPLED: ReleaseKind.ValueType  # 1
+"""the curators sample and upload m ciphertext rows"""
+RELEASE_KIND_SERVER_SAMPLED: ReleaseKind.ValueType  # 2
+"""the server draws m positions of a stored table (table_id); the"""
+Global___ReleaseKind: _TypeAlias = ReleaseKind  # noqa: Y015
+
 class _ReleaseState:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -142,6 +166,8 @@ class ReleaseParams(_message.Message):
     ALPHABET_SIZES_FIELD_NUMBER: _builtins.int
     CIPHER_FIELD_NUMBER: _builtins.int
     RESEARCHERS_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    TABLE_ID_FIELD_NUMBER: _builtins.int
     release_id: _builtins.str
     n: _builtins.int
     """aligned records"""
@@ -151,6 +177,9 @@ class ReleaseParams(_message.Message):
     gamma: _builtins.float
     """Eq. (2)"""
     cipher: Global___CipherMode.ValueType
+    kind: Global___ReleaseKind.ValueType
+    table_id: _builtins.str
+    """SERVER_SAMPLED: the stored table the server samples"""
     @_builtins.property
     def curators(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """curator names, in joint-code order"""
@@ -175,10 +204,12 @@ class ReleaseParams(_message.Message):
         alphabet_sizes: _abc.Iterable[_builtins.int] | None = ...,
         cipher: Global___CipherMode.ValueType = ...,
         researchers: _abc.Iterable[_builtins.str] | None = ...,
+        kind: Global___ReleaseKind.ValueType = ...,
+        table_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["alphabet_sizes", b"alphabet_sizes", "cipher", b"cipher", "curators", b"curators", "epsilon", b"epsilon", "gamma", b"gamma", "m", b"m", "n", b"n", "release_id", b"release_id", "researchers", b"researchers"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["alphabet_sizes", b"alphabet_sizes", "cipher", b"cipher", "curators", b"curators", "epsilon", b"epsilon", "gamma", b"gamma", "kind", b"kind", "m", b"m", "n", b"n", "release_id", b"release_id", "researchers", b"researchers", "table_id", b"table_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -229,6 +260,251 @@ class CuratorSchema(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CuratorSchema: _TypeAlias = CuratorSchema  # noqa: Y015
+
+@_typing.final
+class TableChunk(_message.Message):
+    """One piece of a curator's stored-table upload. The first message of every stream declares the
+    table (curators, n, this curator's alphabet size); chunk s holds rows [s * chunk_rows, ...).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TABLE_ID_FIELD_NUMBER: _builtins.int
+    CURATOR_FIELD_NUMBER: _builtins.int
+    CURATORS_FIELD_NUMBER: _builtins.int
+    N_FIELD_NUMBER: _builtins.int
+    ALPHABET_SIZE_FIELD_NUMBER: _builtins.int
+    SEQUENCE_FIELD_NUMBER: _builtins.int
+    SYMBOLS_FIELD_NUMBER: _builtins.int
+    COMMIT_FIELD_NUMBER: _builtins.int
+    DIGEST_FIELD_NUMBER: _builtins.int
+    NUM_CHUNKS_FIELD_NUMBER: _builtins.int
+    table_id: _builtins.str
+    curator: _builtins.str
+    """the uploading curator (must match its certificate)"""
+    n: _builtins.int
+    """first message: aligned rows (the same for every curator)"""
+    alphabet_size: _builtins.int
+    """first message: this curator's alphabet size"""
+    sequence: _builtins.int
+    symbols: _builtins.bytes
+    """packed ciphertext symbols of this chunk (<= 1 MiB)"""
+    commit: _builtins.bool
+    """last message: no symbols; digest and count follow"""
+    digest: _builtins.bytes
+    """on commit: SHA-256 of the packed symbols of all chunks, in order"""
+    num_chunks: _builtins.int
+    """on commit"""
+    @_builtins.property
+    def curators(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """first message: every curator of the table, joint-code order"""
+
+    def __init__(
+        self,
+        *,
+        table_id: _builtins.str = ...,
+        curator: _builtins.str = ...,
+        curators: _abc.Iterable[_builtins.str] | None = ...,
+        n: _builtins.int = ...,
+        alphabet_size: _builtins.int = ...,
+        sequence: _builtins.int = ...,
+        symbols: _builtins.bytes = ...,
+        commit: _builtins.bool = ...,
+        digest: _builtins.bytes = ...,
+        num_chunks: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["alphabet_size", b"alphabet_size", "commit", b"commit", "curator", b"curator", "curators", b"curators", "digest", b"digest", "n", b"n", "num_chunks", b"num_chunks", "sequence", b"sequence", "symbols", b"symbols", "table_id", b"table_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TableChunk: _TypeAlias = TableChunk  # noqa: Y015
+
+@_typing.final
+class TablePartProgress(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CURATOR_FIELD_NUMBER: _builtins.int
+    ALPHABET_SIZE_FIELD_NUMBER: _builtins.int
+    CHUNKS_HELD_FIELD_NUMBER: _builtins.int
+    COMMITTED_FIELD_NUMBER: _builtins.int
+    curator: _builtins.str
+    alphabet_size: _builtins.int
+    """0 until this curator declared its part"""
+    committed: _builtins.bool
+    @_builtins.property
+    def chunks_held(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """so a restarted curator resumes"""
+
+    def __init__(
+        self,
+        *,
+        curator: _builtins.str = ...,
+        alphabet_size: _builtins.int = ...,
+        chunks_held: _abc.Iterable[_builtins.int] | None = ...,
+        committed: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["alphabet_size", b"alphabet_size", "chunks_held", b"chunks_held", "committed", b"committed", "curator", b"curator"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TablePartProgress: _TypeAlias = TablePartProgress  # noqa: Y015
+
+@_typing.final
+class TableStatus(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TABLE_ID_FIELD_NUMBER: _builtins.int
+    CURATORS_FIELD_NUMBER: _builtins.int
+    N_FIELD_NUMBER: _builtins.int
+    PARTS_FIELD_NUMBER: _builtins.int
+    COMPLETE_FIELD_NUMBER: _builtins.int
+    CHUNK_ROWS_FIELD_NUMBER: _builtins.int
+    DELETED_FIELD_NUMBER: _builtins.int
+    table_id: _builtins.str
+    n: _builtins.int
+    complete: _builtins.bool
+    """every curator committed: releases may sample it"""
+    chunk_rows: _builtins.int
+    deleted: _builtins.bool
+    """DeleteTable: the table and its ciphertext are gone"""
+    @_builtins.property
+    def curators(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def parts(self) -> _containers.RepeatedCompositeFieldContainer[Global___TablePartProgress]:
+        """one per curator, joint-code order"""
+
+    def __init__(
+        self,
+        *,
+        table_id: _builtins.str = ...,
+        curators: _abc.Iterable[_builtins.str] | None = ...,
+        n: _builtins.int = ...,
+        parts: _abc.Iterable[Global___TablePartProgress] | None = ...,
+        complete: _builtins.bool = ...,
+        chunk_rows: _builtins.int = ...,
+        deleted: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunk_rows", b"chunk_rows", "complete", b"complete", "curators", b"curators", "deleted", b"deleted", "n", b"n", "parts", b"parts", "table_id", b"table_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TableStatus: _TypeAlias = TableStatus  # noqa: Y015
+
+@_typing.final
+class TableStatusRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TABLE_ID_FIELD_NUMBER: _builtins.int
+    table_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        table_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["table_id", b"table_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TableStatusRequest: _TypeAlias = TableStatusRequest  # noqa: Y015
+
+@_typing.final
+class DeleteTableRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TABLE_ID_FIELD_NUMBER: _builtins.int
+    CURATOR_FIELD_NUMBER: _builtins.int
+    table_id: _builtins.str
+    curator: _builtins.str
+    """the calling curator (must match its certificate)"""
+    def __init__(
+        self,
+        *,
+        table_id: _builtins.str = ...,
+        curator: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["curator", b"curator", "table_id", b"table_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteTableRequest: _TypeAlias = DeleteTableRequest  # noqa: Y015
+
+@_typing.final
+class SampleRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RELEASE_ID_FIELD_NUMBER: _builtins.int
+    CURATOR_FIELD_NUMBER: _builtins.int
+    release_id: _builtins.str
+    curator: _builtins.str
+    """the calling curator (must match its certificate)"""
+    def __init__(
+        self,
+        *,
+        release_id: _builtins.str = ...,
+        curator: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["curator", b"curator", "release_id", b"release_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SampleRequest: _TypeAlias = SampleRequest  # noqa: Y015
+
+@_typing.final
+class SampleChunk(_message.Message):
+    """The server's ordered m-tuple of stored positions, packed ceil(log2 n) bits a position
+    (mechanism/index_sharing.py), in pieces of at most 1 MiB.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RELEASE_ID_FIELD_NUMBER: _builtins.int
+    TABLE_ID_FIELD_NUMBER: _builtins.int
+    N_FIELD_NUMBER: _builtins.int
+    M_FIELD_NUMBER: _builtins.int
+    SEQUENCE_FIELD_NUMBER: _builtins.int
+    PACKED_POSITIONS_FIELD_NUMBER: _builtins.int
+    LAST_FIELD_NUMBER: _builtins.int
+    SAMPLE_FINGERPRINT_FIELD_NUMBER: _builtins.int
+    release_id: _builtins.str
+    table_id: _builtins.str
+    n: _builtins.int
+    m: _builtins.int
+    sequence: _builtins.int
+    packed_positions: _builtins.bytes
+    last: _builtins.bool
+    sample_fingerprint: _builtins.str
+    """on the last chunk: SHA-256 of the whole packed tuple"""
+    def __init__(
+        self,
+        *,
+        release_id: _builtins.str = ...,
+        table_id: _builtins.str = ...,
+        n: _builtins.int = ...,
+        m: _builtins.int = ...,
+        sequence: _builtins.int = ...,
+        packed_positions: _builtins.bytes = ...,
+        last: _builtins.bool = ...,
+        sample_fingerprint: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["last", b"last", "m", b"m", "n", b"n", "packed_positions", b"packed_positions", "release_id", b"release_id", "sample_fingerprint", b"sample_fingerprint", "sequence", b"sequence", "table_id", b"table_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SampleChunk: _TypeAlias = SampleChunk  # noqa: Y015
 
 @_typing.final
 class RegisterPartRequest(_message.Message):

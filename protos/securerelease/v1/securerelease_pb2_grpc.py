@@ -60,6 +60,26 @@ class ReleaseServerStub:
                 request_serializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.AbortRequest.SerializeToString,
                 response_deserializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.ReleaseStatus.FromString,
                 _registered_method=True)
+        self.StoreTable = channel.stream_unary(
+                '/securerelease.v1.ReleaseServer/StoreTable',
+                request_serializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.TableChunk.SerializeToString,
+                response_deserializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.TableStatus.FromString,
+                _registered_method=True)
+        self.GetTableStatus = channel.unary_unary(
+                '/securerelease.v1.ReleaseServer/GetTableStatus',
+                request_serializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.TableStatusRequest.SerializeToString,
+                response_deserializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.TableStatus.FromString,
+                _registered_method=True)
+        self.DeleteTable = channel.unary_unary(
+                '/securerelease.v1.ReleaseServer/DeleteTable',
+                request_serializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.DeleteTableRequest.SerializeToString,
+                response_deserializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.TableStatus.FromString,
+                _registered_method=True)
+        self.FetchSample = channel.unary_stream(
+                '/securerelease.v1.ReleaseServer/FetchSample',
+                request_serializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.SampleRequest.SerializeToString,
+                response_deserializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.SampleChunk.FromString,
+                _registered_method=True)
 
 
 class ReleaseServerServicer:
@@ -101,6 +121,36 @@ class ReleaseServerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StoreTable(self, request_iterator, context):
+        """curator of the table: upload its whole encrypted column of a stored table once (chunked,
+        resumable: identical chunks replay; different bytes under the same table and curator are refused).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetTableStatus(self, request, context):
+        """curator of the table: where the stored table stands (which chunks each curator stored).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteTable(self, request, context):
+        """curator of the table: delete it and erase its ciphertext (refused while a release from it is open).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def FetchSample(self, request, context):
+        """curator of a server-sampled release: the positions the server drew (packed), once every
+        curator registered the release and until PRAM erases them. Never served to a researcher.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ReleaseServerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -128,6 +178,26 @@ def add_ReleaseServerServicer_to_server(servicer, server):
                     servicer.AbortRelease,
                     request_deserializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.AbortRequest.FromString,
                     response_serializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.ReleaseStatus.SerializeToString,
+            ),
+            'StoreTable': grpc.stream_unary_rpc_method_handler(
+                    servicer.StoreTable,
+                    request_deserializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.TableChunk.FromString,
+                    response_serializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.TableStatus.SerializeToString,
+            ),
+            'GetTableStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetTableStatus,
+                    request_deserializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.TableStatusRequest.FromString,
+                    response_serializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.TableStatus.SerializeToString,
+            ),
+            'DeleteTable': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteTable,
+                    request_deserializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.DeleteTableRequest.FromString,
+                    response_serializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.TableStatus.SerializeToString,
+            ),
+            'FetchSample': grpc.unary_stream_rpc_method_handler(
+                    servicer.FetchSample,
+                    request_deserializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.SampleRequest.FromString,
+                    response_serializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.SampleChunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -266,6 +336,114 @@ class ReleaseServer:
             '/securerelease.v1.ReleaseServer/AbortRelease',
             secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.AbortRequest.SerializeToString,
             secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.ReleaseStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StoreTable(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/securerelease.v1.ReleaseServer/StoreTable',
+            secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.TableChunk.SerializeToString,
+            secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.TableStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetTableStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/securerelease.v1.ReleaseServer/GetTableStatus',
+            secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.TableStatusRequest.SerializeToString,
+            secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.TableStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteTable(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/securerelease.v1.ReleaseServer/DeleteTable',
+            secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.DeleteTableRequest.SerializeToString,
+            secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.TableStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FetchSample(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/securerelease.v1.ReleaseServer/FetchSample',
+            secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.SampleRequest.SerializeToString,
+            secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.SampleChunk.FromString,
             options,
             channel_credentials,
             insecure,

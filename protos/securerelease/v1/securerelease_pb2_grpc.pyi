@@ -49,6 +49,18 @@ class ReleaseServerStub:
     """researcher: the perturbed joint rows, chunk by chunk (only once PERTURBED)."""
     AbortRelease: _grpc.UnaryUnaryMultiCallable[_securerelease_pb2.AbortRequest, _securerelease_pb2.ReleaseStatus]
     """curator of the release: stop it before it is sealed (idempotent); every party sees ABORTED."""
+    StoreTable: _grpc.StreamUnaryMultiCallable[_securerelease_pb2.TableChunk, _securerelease_pb2.TableStatus]
+    """curator of the table: upload its whole encrypted column of a stored table once (chunked,
+    resumable: identical chunks replay; different bytes under the same table and curator are refused).
+    """
+    GetTableStatus: _grpc.UnaryUnaryMultiCallable[_securerelease_pb2.TableStatusRequest, _securerelease_pb2.TableStatus]
+    """curator of the table: where the stored table stands (which chunks each curator stored)."""
+    DeleteTable: _grpc.UnaryUnaryMultiCallable[_securerelease_pb2.DeleteTableRequest, _securerelease_pb2.TableStatus]
+    """curator of the table: delete it and erase its ciphertext (refused while a release from it is open)."""
+    FetchSample: _grpc.UnaryStreamMultiCallable[_securerelease_pb2.SampleRequest, _securerelease_pb2.SampleChunk]
+    """curator of a server-sampled release: the positions the server drew (packed), once every
+    curator registered the release and until PRAM erases them. Never served to a researcher.
+    """
 
 @_typing.type_check_only
 class ReleaseServerAsyncStub(ReleaseServerStub):
@@ -65,6 +77,18 @@ class ReleaseServerAsyncStub(ReleaseServerStub):
     """researcher: the perturbed joint rows, chunk by chunk (only once PERTURBED)."""
     AbortRelease: _aio.UnaryUnaryMultiCallable[_securerelease_pb2.AbortRequest, _securerelease_pb2.ReleaseStatus]  # type: ignore[assignment]
     """curator of the release: stop it before it is sealed (idempotent); every party sees ABORTED."""
+    StoreTable: _aio.StreamUnaryMultiCallable[_securerelease_pb2.TableChunk, _securerelease_pb2.TableStatus]  # type: ignore[assignment]
+    """curator of the table: upload its whole encrypted column of a stored table once (chunked,
+    resumable: identical chunks replay; different bytes under the same table and curator are refused).
+    """
+    GetTableStatus: _aio.UnaryUnaryMultiCallable[_securerelease_pb2.TableStatusRequest, _securerelease_pb2.TableStatus]  # type: ignore[assignment]
+    """curator of the table: where the stored table stands (which chunks each curator stored)."""
+    DeleteTable: _aio.UnaryUnaryMultiCallable[_securerelease_pb2.DeleteTableRequest, _securerelease_pb2.TableStatus]  # type: ignore[assignment]
+    """curator of the table: delete it and erase its ciphertext (refused while a release from it is open)."""
+    FetchSample: _aio.UnaryStreamMultiCallable[_securerelease_pb2.SampleRequest, _securerelease_pb2.SampleChunk]  # type: ignore[assignment]
+    """curator of a server-sampled release: the positions the server drew (packed), once every
+    curator registered the release and until PRAM erases them. Never served to a researcher.
+    """
 
 class ReleaseServerServicer(metaclass=_abc_1.ABCMeta):
     """---------------------------------------------------------------- server"""
@@ -108,6 +132,42 @@ class ReleaseServerServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_securerelease_pb2.ReleaseStatus, _abc.Awaitable[_securerelease_pb2.ReleaseStatus]]:
         """curator of the release: stop it before it is sealed (idempotent); every party sees ABORTED."""
+
+    @_abc_1.abstractmethod
+    def StoreTable(
+        self,
+        request_iterator: _MaybeAsyncIterator[_securerelease_pb2.TableChunk],
+        context: _ServicerContext,
+    ) -> _typing.Union[_securerelease_pb2.TableStatus, _abc.Awaitable[_securerelease_pb2.TableStatus]]:
+        """curator of the table: upload its whole encrypted column of a stored table once (chunked,
+        resumable: identical chunks replay; different bytes under the same table and curator are refused).
+        """
+
+    @_abc_1.abstractmethod
+    def GetTableStatus(
+        self,
+        request: _securerelease_pb2.TableStatusRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_securerelease_pb2.TableStatus, _abc.Awaitable[_securerelease_pb2.TableStatus]]:
+        """curator of the table: where the stored table stands (which chunks each curator stored)."""
+
+    @_abc_1.abstractmethod
+    def DeleteTable(
+        self,
+        request: _securerelease_pb2.DeleteTableRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_securerelease_pb2.TableStatus, _abc.Awaitable[_securerelease_pb2.TableStatus]]:
+        """curator of the table: delete it and erase its ciphertext (refused while a release from it is open)."""
+
+    @_abc_1.abstractmethod
+    def FetchSample(
+        self,
+        request: _securerelease_pb2.SampleRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_securerelease_pb2.SampleChunk], _abc.AsyncIterator[_securerelease_pb2.SampleChunk]]:
+        """curator of a server-sampled release: the positions the server drew (packed), once every
+        curator registered the release and until PRAM erases them. Never served to a researcher.
+        """
 
 def add_ReleaseServerServicer_to_server(servicer: ReleaseServerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 
