@@ -5,8 +5,9 @@
 - ``release status ID`` / ``release abort ID --reason TEXT``: the server's view of a release
   (with this curator's certificate) and the local ledger's; an abort refunds the local
   reservation once the server confirms ABORTED.
-- ``budget set --keystore K --table-id T --epsilon E``: the budget of stored table T (server-side
-  sampling; ledger data set ``stored-table:T``).
+- ``budget set|show --keystore K --table-id T``: the same as ``--data`` of the file stored table T
+  was encrypted from: releases from a stored table (server-side sampling) and ordinary releases of
+  the same file draw on one budget, so storing a table never doubles it.
 - ``table status ID`` / ``table delete ID``: a stored table at the server; a delete erases its
   ciphertext at the server and this curator's table key (``--keystore``).
 """
@@ -27,7 +28,6 @@ from secure_release.curator.ledgerfile import LedgerFile, file_fingerprint
 from secure_release.infra.config import ConfigError, require
 from secure_release.infra.tls import secure_channel
 from secure_release.mechanism.ledger import PrivacyLedger
-from secure_release.mechanism.server_sampling import table_ledger_name
 from secure_release.mechanism.spec import check_name, check_party_name
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
@@ -42,13 +42,13 @@ def add_budget_parser(sub: Any) -> None:
     s = bsub.add_parser("set", help="set the total epsilon budget of a data set")
     s.add_argument("--keystore", required=True, help="the curator's keystore directory")
     s.add_argument("--data", help="the table file (identified by its SHA-256)")
-    s.add_argument("--table-id", help="instead of --data: a stored table (server-side sampling)")
+    s.add_argument("--table-id", help="instead of --data: the data file a stored table was made from (one budget)")
     s.add_argument("--dataset", help="a name for people (default: the file name or table id)")
     s.add_argument("--epsilon", type=float, required=True, help="total budget, finite and > 0")
     w = bsub.add_parser("show", help="print the ledger's budgets, releases and entries (JSON)")
     w.add_argument("--keystore", required=True, help="the curator's keystore directory")
     w.add_argument("--data", help="only this table file's data set")
-    w.add_argument("--table-id", help="only this stored table's data set")
+    w.add_argument("--table-id", help="only the data set of the file this stored table was made from")
 
 
 def add_release_parser(sub: Any) -> None:
@@ -90,8 +90,13 @@ def _dataset(args: argparse.Namespace) -> tuple[str, str]:
         raise ConfigError("give exactly one of --data FILE or --table-id ID")
     if args.data:
         return file_fingerprint(args.data), args.dataset or Path(args.data).name
-    name = table_ledger_name(args.table_id)
-    return name, args.dataset or name
+    record = Keystore(args.keystore).load_table(args.table_id)
+    if record is None:
+        raise ConfigError(
+            f"this keystore has stored no table {args.table_id!r}: a stored table's budget is its data file's, "
+            "so set it with --data FILE (before or after 'store-table')"
+        )
+    return record.table_fingerprint, args.dataset or record.dataset_name
 
 
 def budget(args: argparse.Namespace) -> int:

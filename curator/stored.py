@@ -58,7 +58,6 @@ from secure_release.mechanism.server_sampling import (
     charge_table_release,
     curator_rekey,
     curator_store_table,
-    table_ledger_name,
 )
 from secure_release.mechanism.spec import ReleaseSpec
 from secure_release.mechanism.variants import AlignmentMode
@@ -275,7 +274,7 @@ def refuse(run: StoredRun, spec: ReleaseSpec, exc: SecureReleaseError) -> None:
 def prepare_stored(run: StoredRun, spec: ReleaseSpec) -> ReleaseRecord:
     """Register, get the positions, reserve epsilon on the table's ledger, re-key, persist."""
     config, table = run.config, run.table
-    dataset = table_ledger_name(table.table_id)
+    dataset = table.table_fingerprint  # one budget for the data file, however it is released
     try:
         run.keystore.ledger.read().check_reserve(dataset, config.release_id, config.epsilon, None)
     except SecureReleaseError as exc:
@@ -288,7 +287,7 @@ def prepare_stored(run: StoredRun, spec: ReleaseSpec) -> ReleaseRecord:
         _, entry = run.keystore.ledger.update(
             lambda led: charge_table_release(
                 copy.deepcopy(led), table.table_id, config.release_id, spec.plan.epsilon, sample.fingerprint,
-                time.time(),
+                time.time(), dataset,
             )
         )  # fmt: skip
     except SecureReleaseError as exc:  # e.g. a repeated sample: nothing reserved; everybody stops

@@ -25,8 +25,9 @@ NEIGHBOURING = (
     "adding or removing a record changes n, and with it gamma and m"
 )
 MECHANISM = (
-    "uniform sample of m of the n aligned records without replacement (secret seed shared by the "
-    "curators), then gamma-diagonal PRAM on each sampled record's joint cell (K-ary randomized "
+    "uniform sample of m of the n aligned records without replacement (drawn by the curators from a "
+    "shared secret seed or index tuple, or by the server from a stored table; never shown to the "
+    "researcher), then gamma-diagonal PRAM on each sampled record's joint cell (K-ary randomized "
     "response with local epsilon ln(gamma)), applied once"
 )
 THEOREM = "Lin, Wang, Rane, Theorem 3.2: epsilon = ln(1 + (m/n)(gamma - 1)), tight (Example 3.3)"

@@ -203,12 +203,24 @@ def researcher_decrypt_stored(
 
 
 def charge_table_release(
-    ledger: PrivacyLedger, table_id: str, release_id: str, epsilon: float, sample_fingerprint: str, now: float = 0.0
+    ledger: PrivacyLedger,
+    table_id: str,
+    release_id: str,
+    epsilon: float,
+    sample_fingerprint: str,
+    now: float = 0.0,
+    dataset: str | None = None,
 ) -> LedgerEntry | None:
-    """Reserve one release from a stored table on that table's ledger (refuses a repeated
-    release id or sample, or a release past the budget; records nothing then). The caller
-    commits it when the server seals the release, or refunds it if the release aborts."""
-    entry = ledger.reserve(table_ledger_name(table_id), table_id, release_id, epsilon, sample_fingerprint, now)
+    """Reserve one release from a stored table on the ledger data set ``dataset`` (refuses a
+    repeated release id or sample, or a release past the budget; records nothing then). The
+    caller commits it when the server seals the release, or refunds it if the release aborts.
+
+    ``dataset`` is the fingerprint of the data the table was encrypted from, so releases from
+    the stored table and ordinary releases of the same file draw on one budget (the curators'
+    services pass it); without it the table has a data set of its own,
+    :func:`table_ledger_name` (the in-memory simulation)."""
+    name = table_ledger_name(table_id) if dataset is None else dataset
+    entry = ledger.reserve(name, table_id, release_id, epsilon, sample_fingerprint, now)
     if entry is not None:
         ledger.append(entry)
     return entry

@@ -418,7 +418,7 @@ def _server_sampled(
     for i, c in enumerate(curators):
         keystore = root / f"keystore-{c}"
         cmd = [sys.executable, "-m", "secure_release.curator", "budget", "set", "--keystore", str(keystore),
-               "--table-id", DEMO_TABLE, "--epsilon", repr(budget)]  # fmt: skip
+               "--data", str(data / f"{c}.csv"), "--epsilon", repr(budget)]  # fmt: skip
         done = subprocess.run(cmd, env=cluster.env, capture_output=True, text=True, timeout=60)
         if done.returncode != 0:
             raise RuntimeError(f"setting the table budget of {c} failed: {done.stderr.strip()[-500:]}")
@@ -471,10 +471,11 @@ def _server_sampled(
 
 def _table_ledger(keystore: Path) -> dict[str, Any]:
     from secure_release.curator.keystore import Keystore
-    from secure_release.mechanism.server_sampling import table_ledger_name
 
+    record = Keystore(keystore).load_table(DEMO_TABLE)
+    assert record is not None, "the demo stores its table before any release"
     ledger = Keystore(keystore).ledger.read()
-    name = table_ledger_name(DEMO_TABLE)
+    name = record.table_fingerprint  # the data file's budget: stored-table releases share it
     releases = sorted(r for r, v in ledger.releases().items() if v.dataset == name)
     return {"budget": ledger.budget(name), "spent": ledger.spent(name), "releases": releases}
 

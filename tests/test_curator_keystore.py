@@ -28,7 +28,9 @@ def _record(k: int, mode: CipherMode) -> ReleaseRecord:
 
 @pytest.mark.parametrize("k,width", [(6, 1), (256, 1), (257, 2), (70_000, 4)])
 @pytest.mark.parametrize("mode", [CipherMode.OTP, CipherMode.CHACHA20])
-def test_a_record_stores_each_symbol_in_the_narrowest_width(tmp_path: Path, k: int, width: int, mode: CipherMode) -> None:
+def test_a_record_stores_each_symbol_in_the_narrowest_width(
+    tmp_path: Path, k: int, width: int, mode: CipherMode
+) -> None:
     keystore = Keystore(tmp_path / "ks")
     record = _record(k, mode)
     keystore.save_record(record)
@@ -90,3 +92,19 @@ def test_a_tampered_or_missing_tag_file_is_refused(tmp_path: Path) -> None:
     common_file.unlink()
     with pytest.raises(KeystoreError, match="malformed"):
         keystore.load_agreement(rid)
+
+
+def test_a_stored_tables_budget_is_its_data_files(tmp_path: Path) -> None:
+    """``budget set --table-id`` before the table is stored is refused (exit 2, saying to use
+    --data): a stored table shares its data file's budget, so storing never doubles it."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=str(root))
+    cmd = [sys.executable, "-m", "secure_release.curator", "budget", "set", "--keystore", str(tmp_path / "ks"),
+           "--table-id", "t9", "--epsilon", "1"]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode == 2, done.stderr
+    assert "stored no table 't9'" in done.stderr and "--data" in done.stderr
