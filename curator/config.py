@@ -70,6 +70,7 @@ class CuratorConfig:
     sampling: SamplingMode = SamplingMode.SEED  # --sampling: seed or indices (must agree)
     alignment: AlignmentMode = AlignmentMode.KEYED_HASH  # --alignment: hash or psi (must agree)
     test_psi_key: PsiKey | None = None
+    psi_workers: int = 1  # --psi-workers: processes sharing this curator's PSI work
 
     @property
     def researchers(self) -> tuple[str, ...]:
@@ -186,6 +187,12 @@ def _max_rows(value: int) -> int:
     return int(value)
 
 
+def _psi_workers(value: int) -> int:
+    if not 1 <= value <= 64:
+        raise ConfigError(f"--psi-workers must be an integer from 1 to 64, got {value}")
+    return int(value)
+
+
 def _positive(value: float, flag: str) -> float:
     if not math.isfinite(value) or value <= 0:
         raise ConfigError(f"{flag} must be a finite number > 0, got {value!r}")
@@ -246,4 +253,5 @@ def config_from_args(args: argparse.Namespace) -> CuratorConfig:
         sampling=sampling,
         alignment=alignment,
         test_psi_key=test_psi_key,
+        psi_workers=_psi_workers(getattr(args, "psi_workers", 1)),
     )

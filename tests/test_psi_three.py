@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CURATORS = ("alice", "bob", "carol")
 PSI = {c: PsiKey(bytes([20 + j]) * 32) for j, c in enumerate(CURATORS)}
 PADS = {c: PadKey(bytes([30 + j]) * 32) for j, c in enumerate(CURATORS)}
-ROWS, DROP, M, EPS, RID = 330, 30, 90, 1.0, "psi3"
+ROWS, DROP, M, EPS, RID = 1030, 30, 200, 1.0, "psi3"
 
 
 def _cut(data: Path) -> None:
@@ -71,9 +71,32 @@ def _args(role: str, root: Path, certs: Path, ports: dict[str, int]) -> list[str
             "--insecure-test-pad-key", PADS[role].reveal().hex(), "--timeout", "60"]  # fmt: skip
 
 
+def _start(role: str, root: Path, certs: Path, ports: dict[str, int], drop_test_key: bool = False,
+           mode: str = "wb") -> subprocess.Popen[bytes]:  # fmt: skip
+    args = _args(role, root, certs, ports)
+    if drop_test_key:  # a restart that can only succeed with the scalar the curator kept
+        at = args.index("--insecure-test-psi-key")
+        del args[at : at + 2]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "SECURE_RELEASE_TESTING": "1"}
+    with (root / f"{role}.log").open(mode) as fh:
+        fh.write(f"=== start ({mode})\n".encode())
+        fh.flush()
+        return subprocess.Popen([sys.executable, *args], stdout=fh, stderr=subprocess.STDOUT, env=env,
+                                stdin=subprocess.DEVNULL)  # fmt: skip
+
+
+def _log(root: Path, role: str) -> str:
+    path = root / f"{role}.log"
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
+@pytest.mark.parametrize("kill", [None, "carol"])
 def test_three_curator_psi_over_the_services_aligns_on_the_triple_intersection(
-    certs: Path, tmp_path: Path
+    certs: Path, tmp_path: Path, kill: str | None
 ) -> None:
+    """``kill``: that follower is killed (-9) right after its own list reached the leader, i.e.
+    during the ring, and restarted without its injected PSI key: it resumes with the scalar it
+    kept in its keystore, and the release is the same."""
     data = tmp_path / "data"
     write_demo_data(data, rows=ROWS, seed=3, curators=3)
     _cut(data)
@@ -87,14 +110,23 @@ def test_three_curator_psi_over_the_services_aligns_on_the_triple_intersection(
         LedgerFile(tmp_path / f"ks-{c}").set_budget(file_fingerprint(data / f"{c}.csv"), c, 2.0)
 
     ports = dict(zip(("server", *CURATORS), free_ports(4), strict=True))
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "SECURE_RELEASE_TESTING": "1"}
     procs: dict[str, subprocess.Popen[bytes]] = {}
     try:
         for role in ("server", *CURATORS, "researcher"):
-            with (tmp_path / f"{role}.log").open("wb") as fh:
-                procs[role] = subprocess.Popen([sys.executable, *_args(role, tmp_path, certs, ports)], stdout=fh,
-                                               stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL)  # fmt: skip
+            procs[role] = _start(role, tmp_path, certs, ports)
         end = time.monotonic() + 90
+        if kill is not None:
+            sent = f'"sender": "{kill}"'
+            while time.monotonic() < end and not any(
+                '"psi_received"' in line and sent in line and '"hop": 1' in line
+                for line in _log(tmp_path, "alice").splitlines()
+            ):
+                time.sleep(0.01)
+            procs[kill].kill()
+            procs[kill].wait()
+            killed_log = _log(tmp_path, kill)
+            assert "psi_aligned" not in killed_log and list((tmp_path / f"ks-{kill}").glob("psi-key-*.json"))
+            procs[kill] = _start(kill, tmp_path, certs, ports, drop_test_key=True, mode="ab")
         while time.monotonic() < end and procs["researcher"].poll() is None:
             time.sleep(0.05)
         code = procs["researcher"].poll()
@@ -108,8 +140,8 @@ def test_three_curator_psi_over_the_services_aligns_on_the_triple_intersection(
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-    logs = {r: (tmp_path / f"{r}.log").read_text(errors="replace") for r in procs}
-    assert code == 0, (code, logs["researcher"][-2000:], logs["alice"][-3000:])
+    logs = {r: _log(tmp_path, r) for r in procs}
+    assert code == 0, (code, logs["researcher"][-2000:], logs["alice"][-3000:], logs["carol"][-3000:])
 
     # the in-memory ring with the same scalars: one canonical order, the triple intersection
     aligned = align_tables(tables, "psi", psi_keys=[PSI[c] for c in CURATORS])
@@ -126,8 +158,11 @@ def test_three_curator_psi_over_the_services_aligns_on_the_triple_intersection(
         assert f'"matched": {len(triple)}' in logs[c] and f'"unmatched": {len(sets[j]) - len(triple)}' in logs[c]
         record = Keystore(tmp_path / f"ks-{c}").load_record(RID)
         assert record is not None and np.array_equal(record.sample, aligned.symbols[j][positions])
-        # two hops of the others' lists, then its own list home: no scalar in any log
+        # two hops of the others' lists, then its own list home: no scalar in any log, none kept
         assert logs[c].count('"psi_aligned"') == 1 and PSI[c].reveal().hex() not in logs[c]
+        assert not list((tmp_path / f"ks-{c}").glob("psi-key-*"))
+    if kill is not None:  # the restarted follower took the scalar it kept
+        assert logs[kill].count("=== start") == 2 and '"resumed": true' in logs[kill].split("=== start")[-1]
 
     ref = run_variant_release(tables, EPS, M, "seed", "psi", "chacha20", RID, seed=SEED,
                               psi_keys=[PSI[c] for c in CURATORS], pram_key=PRAM,
