@@ -118,7 +118,7 @@ class PsiWorkers:
     exit). The scalar goes to the workers over the pool's local pipe, like any argument; it is
     never logged."""
 
-    def __init__(self, count: int, min_points: int = 4096) -> None:
+    def __init__(self, count: int, min_points: int = 1000) -> None:
         if count < 1:
             raise ShapeMismatchError(f"PSI workers must be at least 1, got {count}")
         self.count, self.min_points = count, min_points

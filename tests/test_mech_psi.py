@@ -168,6 +168,7 @@ def test_worker_processes_give_bit_identical_lists_and_still_reject_bad_points()
                 psi_reblind(back[:-32] + bad, KEYS[1], pool)  # the last piece: done by the worker
             with pytest.raises(InvalidPointError):
                 psi_finish(two, back[:-32] + bad, pool)
-    assert PsiWorkers(2).pieces(100) == [(0, 100)]  # short lists stay in the calling process
+    with PsiWorkers(2) as pool:
+        assert pool.pieces(999) == [(0, 999)]  # short lists stay in the calling process
     with pytest.raises(ShapeMismatchError):
         PsiWorkers(0)

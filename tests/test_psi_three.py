@@ -1,7 +1,8 @@
 """``--alignment psi`` with three curators (alice leads, bob, carol) as real processes over mutual
 TLS, with the server and the researcher: each list makes two hops through the leader's mailbox
 before it comes home. The id sets are cut so that every pair of curators shares ids the third
-lacks (each pairwise intersection is larger than the triple one); the release must align every
+lacks (each pairwise intersection is larger than the triple one), and bob shares its blinding
+with a worker process (``--psi-workers 2``); the release must align every
 curator on the triple intersection in one canonical order and give the in-memory
 ``mechanism.variants.run_variant_release`` estimate with the same keys and seed."""
 
@@ -24,7 +25,7 @@ from secure_release.curator.ledgerfile import LedgerFile, file_fingerprint
 from secure_release.curator.table import load_schema, read_table
 from secure_release.demo_data import write_demo_data
 from secure_release.mechanism.keys import PadKey
-from secure_release.mechanism.psi import PsiKey
+from secure_release.mechanism.psi import PsiKey, PsiWorkers
 from secure_release.mechanism.variants import agreement_positions, align_tables, run_variant_release
 from tests.test_faults_kill import PRAM, SEED, free_ports
 
@@ -68,7 +69,8 @@ def _args(role: str, root: Path, certs: Path, ports: dict[str, int]) -> list[str
             "--server", server, *net, "--curators", ",".join(CURATORS), *own,
             "--listen", f"127.0.0.1:{ports[role]}", "--keystore", str(root / f"ks-{role}"), "--grant", "researcher",
             "--alignment", "psi", "--insecure-test-psi-key", PSI[role].reveal().hex(),
-            "--insecure-test-pad-key", PADS[role].reveal().hex(), "--timeout", "60"]  # fmt: skip
+            "--insecure-test-pad-key", PADS[role].reveal().hex(), "--timeout", "60",
+            *(["--psi-workers", "2"] if role == "bob" else [])]  # fmt: skip
 
 
 def _start(role: str, root: Path, certs: Path, ports: dict[str, int], drop_test_key: bool = False,
@@ -161,6 +163,7 @@ def test_three_curator_psi_over_the_services_aligns_on_the_triple_intersection(
         # two hops of the others' lists, then its own list home: no scalar in any log, none kept
         assert logs[c].count('"psi_aligned"') == 1 and PSI[c].reveal().hex() not in logs[c]
         assert not list((tmp_path / f"ks-{c}").glob("psi-key-*"))
+    assert '"workers": 2' in logs["bob"] and len(sets[1]) >= PsiWorkers(1).min_points  # bob's lists were split
     if kill is not None:  # the restarted follower took the scalar it kept
         assert logs[kill].count("=== start") == 2 and '"resumed": true' in logs[kill].split("=== start")[-1]
 
