@@ -1,6 +1,17 @@
 """Alignment cost, PSI against the keyed hash, and the server-sampled variant (a script, not a test).
 
 Run:  PYTHONPATH=. python bench/bench_psi.py [--sizes 10000,100000] [--json]
+      PYTHONPATH=. python bench/bench_psi.py --deployed [--curators 2] [--workers 1] [--sizes ...]
+
+``--deployed``: each curator's side of the ring in its own process, as deployed (the lists pass
+between the processes through pipes, standing in for the leader's mailbox). Per curator, in the
+same run: the keyed hash of its ids (``id_tags``), then (after a barrier) the PSI wall time from
+its start to its tags (``psi_start``, N - 1 hops, ``psi_finish``, waits included) and the part
+spent computing (wall, and the process's CPU seconds, which the machine's load does not
+inflate); the leader's ``common_tags`` over all tags is checked against the true
+intersection. Curator j holds the s/2 shared ids and s - s/2 of its own. ``--workers W``: each
+curator spreads its per-element calls over W processes (``PsiWorkers``). The load average is
+reported before and after.
 
 For each size s: two curators with s ids each, half of them shared. Reported in the same run:
 - keyed hash: mechanism.alignment.id_tags for both curators + common_tags (seconds);
@@ -15,14 +26,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
+import os
 import time
+from typing import Any
 
 import numpy as np
 
-from secure_release.mechanism.alignment import common_tags, id_tags
+from secure_release.mechanism.alignment import TAG_DTYPE, common_tags, id_tags
 from secure_release.mechanism.keys import AlignmentKey
 from secure_release.mechanism.protocol import CuratorTable
-from secure_release.mechanism.psi import PsiKey, run_psi
+from secure_release.mechanism.psi import PsiKey, PsiWorkers, psi_finish, psi_reblind, psi_start, run_psi
 from secure_release.mechanism.schema import Attribute, CuratorSchema
 from secure_release.mechanism.variants import StoredRelease, run_server_sampled_release
 
@@ -52,6 +66,82 @@ def bench_alignment(size: int) -> dict[str, float]:
     }
 
 
+def _own_ids(size: int, curator: int) -> np.ndarray:
+    """Curator ``curator``'s ids: the size // 2 shared ids, then size - size // 2 of its own."""
+    shared = [f"person-{i:09d}" for i in range(size // 2)]
+    return np.array(shared + [f"c{curator}-person-{i:09d}" for i in range(size - size // 2)])
+
+
+def _curator(j: int, num: int, size: int, workers: int, akey: bytes, inbox: Any, outbox: Any, start: Any,
+             results: Any) -> None:  # fmt: skip
+    """One curator's side (a process): keyed hash, then the PSI ring through ``inbox``/``outbox``."""
+    ids = _own_ids(size, j)
+    t0 = time.perf_counter()
+    hashed = id_tags(ids, AlignmentKey(akey))
+    t_hash = time.perf_counter() - t0
+    key = PsiKey.generate()  # fresh per run
+    with PsiWorkers(workers) as pool:
+        pool.run(len, [[0], [0]] * (workers > 1))  # start the worker processes before the clock
+        start.wait()
+        cpu0 = time.process_time()
+        t0 = busy = time.perf_counter()
+        own = psi_start(ids, key, pool)
+        busy = time.perf_counter() - busy
+        outbox.put((j, 1, own.sent))
+        for hop in range(1, num):
+            owner, got_hop, points = inbox.get()
+            assert (owner, got_hop) == ((j - hop) % num, hop)
+            t1 = time.perf_counter()
+            points = psi_reblind(points, key, pool)
+            busy += time.perf_counter() - t1
+            outbox.put((owner, hop + 1, points))
+        owner, got_hop, points = inbox.get()
+        assert (owner, got_hop) == (j, num)
+        t1 = time.perf_counter()
+        tags = psi_finish(own, points, pool)
+        t_end = time.perf_counter()
+        cpu = time.process_time() - cpu0
+    results.put((j, t_hash, t_end - t0, busy + t_end - t1, tags.tobytes(), hashed.tobytes(), cpu))
+
+
+def bench_deployed(size: int, num: int = 2, workers: int = 1) -> dict[str, Any]:
+    """One ring of ``num`` curator processes with ``size`` ids each (module doc)."""
+    ctx = multiprocessing.get_context("spawn")
+    inboxes = [ctx.Queue() for _ in range(num)]
+    start, results = ctx.Barrier(num), ctx.Queue()
+    akey = AlignmentKey.generate().reveal()
+    load_before = os.getloadavg()
+    procs = [ctx.Process(target=_curator, args=(j, num, size, workers, akey, inboxes[j], inboxes[(j + 1) % num],
+                                                start, results)) for j in range(num)]  # fmt: skip
+    for p in procs:
+        p.start()
+    got = sorted(results.get() for _ in range(num))
+    for p in procs:
+        p.join()
+    load_after = os.getloadavg()
+    t0 = time.perf_counter()
+    psi_common = common_tags([np.frombuffer(g[4], dtype=TAG_DTYPE) for g in got])
+    t_leader = time.perf_counter() - t0
+    hash_common = common_tags([np.frombuffer(g[5], dtype=TAG_DTYPE) for g in got])
+    assert psi_common.size == hash_common.size == size // 2, (psi_common.size, hash_common.size)
+    psi_s = max(g[2] for g in got)
+    hash_s = max(g[1] for g in got)
+    return {
+        "ids_per_curator": size,
+        "curators": num,
+        "workers_per_curator": workers,
+        "psi_per_curator_s": [round(g[2], 3) for g in got],
+        "psi_busy_per_curator_s": [round(g[3], 3) for g in got],
+        "psi_cpu_per_curator_s": [round(g[6], 3) for g in got],  # this process only (not its workers)
+        "psi_us_per_id_per_curator": 1e6 * psi_s / size,
+        "keyed_hash_per_curator_s": [round(g[1], 4) for g in got],
+        "leader_common_tags_s": t_leader,
+        "ratio_psi_to_hash": psi_s / hash_s,
+        "load_before": [round(x, 2) for x in load_before],
+        "load_after": [round(x, 2) for x in load_after],
+    }
+
+
 def bench_server_sampled(n: int, releases: int = 3) -> dict[str, object]:
     rng = np.random.default_rng(0)
     ids = _ids(n, 0)
@@ -77,7 +167,21 @@ def main() -> int:
     parser.add_argument("--sizes", default="10000,100000")
     parser.add_argument("--stored", default="1000000,10000000", help="n of the server-sampled runs")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--deployed", action="store_true", help="each curator in its own process (module doc)")
+    parser.add_argument("--curators", type=int, default=2, help="--deployed: curators in the ring")
+    parser.add_argument("--workers", type=int, default=1, help="--deployed: processes per curator")
     args = parser.parse_args()
+    if args.deployed:
+        for s in args.sizes.split(","):
+            r = bench_deployed(int(s), args.curators, args.workers)
+            print(json.dumps(r) if args.json else
+                  f"{r['ids_per_curator']:>8} ids x {r['curators']} curators, {r['workers_per_curator']} worker(s): "
+                  f"PSI per curator {r['psi_per_curator_s']} s (computing {r['psi_busy_per_curator_s']}, "
+                  f"CPU {r['psi_cpu_per_curator_s']}), "
+                  f"{r['psi_us_per_id_per_curator']:.0f} us/id; keyed hash {r['keyed_hash_per_curator_s']} s; "
+                  f"ratio {r['ratio_psi_to_hash']:.0f}x; load {r['load_before']} -> {r['load_after']}",
+                  flush=True)  # fmt: skip
+        return 0
     rows = [bench_alignment(int(s)) for s in args.sizes.split(",") if s]
     stored = [bench_server_sampled(int(s)) for s in args.stored.split(",") if s]
     if args.json:

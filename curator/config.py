@@ -90,6 +90,7 @@ class CuratorConfig:
     sampling: SamplingMode = SamplingMode.SEED  # --sampling: seed or indices (must agree)
     alignment: AlignmentMode = AlignmentMode.KEYED_HASH  # --alignment: hash or psi (must agree)
     test_psi_key: PsiKey | None = None
+    psi_workers: int = 1  # --psi-workers: processes sharing this curator's PSI work
     table_id: str | None = None  # server-side sampling: the stored table (store-table or run --sampling server)
     storing: bool = False  # store-table: align and upload the whole encrypted column once
     test_table_key: TableKey | None = None
@@ -224,6 +225,12 @@ def _max_rows(value: int) -> int:
     return int(value)
 
 
+def _psi_workers(value: int) -> int:
+    if not 1 <= value <= 64:
+        raise ConfigError(f"--psi-workers must be an integer from 1 to 64, got {value}")
+    return int(value)
+
+
 def _positive(value: float, flag: str) -> float:
     if not math.isfinite(value) or value <= 0:
         raise ConfigError(f"{flag} must be a finite number > 0, got {value!r}")
@@ -315,4 +322,5 @@ def config_from_args(args: argparse.Namespace, storing: bool = False) -> Curator
         table_id=table_id,
         storing=storing,
         test_table_key=test_table_key,
+        psi_workers=_psi_workers(getattr(args, "psi_workers", 1)),
     )

@@ -29,6 +29,7 @@ from secure_release.mechanism.errors import ErrorKind, SecureReleaseError
 from secure_release.mechanism.keys import PadKey, Seed
 from secure_release.mechanism.pads import CipherMode, ReleasePad, encrypt
 from secure_release.mechanism.protocol import Agreement
+from secure_release.mechanism.psi import PsiKey
 from secure_release.mechanism.schema import Attribute, CuratorSchema, SymbolArray
 from secure_release.mechanism.server_sampling import TableKey
 from secure_release.mechanism.spec import ReleaseSpec
@@ -270,8 +271,10 @@ class Keystore:
 
     # ------------------------------------------------------------ release records
     def save_record(self, record: ReleaseRecord) -> None:
-        """Persist a release record (0600, fsync) - before the first upload."""
+        """Persist a release record (0600, fsync) - before the first upload. A PSI scalar kept
+        for the release is deleted: aligned and sampled, this curator never needs the ring again."""
         atomic_write(self._path("release", record.spec.release_id), json.dumps(record.to_dict()).encode())
+        self.drop_psi_key(record.spec.release_id)
 
     def load_record(self, release_id: str) -> ReleaseRecord | None:
         """The stored record of ``release_id`` (None if this curator never prepared it)."""
@@ -286,6 +289,27 @@ class Keystore:
     def drop_record(self, release_id: str) -> None:
         """Remove a release record (its release was aborted: it is never resumed or served)."""
         self._path("release", release_id).unlink(missing_ok=True)
+        self.drop_psi_key(release_id)
+
+    # ------------------------------------------------------------ a follower's PSI scalar (ring to record)
+    def psi_key(self, release_id: str, fresh: PsiKey) -> tuple[PsiKey, bool]:
+        """The PSI key an earlier run of this curator kept for ``release_id`` (it was killed
+        during the ring or before its record: the same scalar makes every list it re-sends
+        identical, so the leader's mailbox takes them again), else ``fresh``, persisted now (0600,
+        fsync) before any list leaves. True if the kept one was taken. Deleted with the record's
+        save or drop."""
+        path = self._path("psi-key", release_id)
+        if path.exists():
+            try:
+                return PsiKey(bytes.fromhex(json.loads(path.read_text())["psi_key"])), True
+            except (OSError, ValueError, KeyError, TypeError, SecureReleaseError) as exc:
+                raise KeystoreError(f"the kept PSI key of {release_id!r} is unreadable ({type(exc).__name__})") from exc
+        atomic_write(path, json.dumps({"psi_key": fresh.reveal().hex()}).encode())
+        return fresh, False
+
+    def drop_psi_key(self, release_id: str) -> None:
+        """Delete the PSI key kept for ``release_id`` (if any)."""
+        self._path("psi-key", release_id).unlink(missing_ok=True)
 
     def set_retention(self, record: ReleaseRecord, until: float) -> ReleaseRecord:
         """Record when key service ends (kept if already set)."""

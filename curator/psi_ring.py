@@ -9,9 +9,14 @@ turns it into 128-bit tags (``psi_finish``). Those tags feed the keyed-hash path
 (``SubmitTags``, the leader's common tags, canonical order = ascending tag). The leader does the
 same against its own mailbox, without RPCs.
 
-The scalar is fresh from the OS per run and never stored; only point counts and timings are
-logged. Per element: a hash to the group and N scalar multiplications (about 1 ms per id per
-curator on a 2-core machine; ``docs/architectures.md``).
+The scalar is fresh from the OS per release. A follower keeps it in its keystore (0600) from
+before its first list leaves until its release record is saved (or dropped): restarted with the
+same flags after a kill during the ring, it takes the kept scalar, so every list it sends again is
+identical and the leader's mailbox (which keeps every list for the release) serves it again; the
+leader keeps no scalar (its mailbox dies with it). Only point counts and timings are logged.
+
+Per element: a hash to the group and N scalar multiplications (about 0.6 ms per id per curator at
+N = 2 on one core; ``--psi-workers`` spreads them over processes; ``docs/architectures.md``).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import numpy.typing as npt
 
 from secure_release.curator.config import CuratorConfig
 from secure_release.curator.errors import AgreementError, PsiNotReadyError
+from secure_release.curator.keystore import Keystore
 from secure_release.curator.leader import LeaderState
 from secure_release.curator.service import read_point_stream
 from secure_release.curator.waits import Deadline, retry_until
@@ -32,7 +38,7 @@ from secure_release.infra.logs import EventLog
 from secure_release.infra.tls import secure_channel
 from secure_release.infra.wire import point_chunks
 from secure_release.mechanism.alignment import TagArray
-from secure_release.mechanism.psi import POINT_BYTES, PsiKey, psi_finish, psi_reblind, psi_start
+from secure_release.mechanism.psi import POINT_BYTES, PsiKey, PsiWorkers, psi_finish, psi_reblind, psi_start
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
 
@@ -94,16 +100,18 @@ def _remote(
 
 
 def ring(me: str, curators: tuple[str, ...], ids: npt.NDArray[np.str_], key: PsiKey, send: Send,
-         receive: Receive) -> TagArray:  # fmt: skip
+         receive: Receive, workers: int = 1) -> TagArray:  # fmt: skip
     """The ring as one curator sees it, over any transport (``send(owner, hop, points)``,
-    ``receive(owner, hop)``): start, N-1 re-blinding hops, finish."""
+    ``receive(owner, hop)``): start, N-1 re-blinding hops, finish (the per-element calls shared
+    by ``workers`` processes)."""
     num, at = len(curators), curators.index(me)
-    own = psi_start(ids, key)
-    send(me, 1, own.sent)
-    for hop in range(1, num):
-        owner = curators[(at - hop) % num]
-        send(owner, hop + 1, psi_reblind(receive(owner, hop), key))
-    return psi_finish(own, receive(me, num))
+    with PsiWorkers(workers) as pool:
+        own = psi_start(ids, key, pool)
+        send(me, 1, own.sent)
+        for hop in range(1, num):
+            owner = curators[(at - hop) % num]
+            send(owner, hop + 1, psi_reblind(receive(owner, hop), key, pool))
+        return psi_finish(own, receive(me, num), pool)
 
 
 def run_ring(
@@ -113,11 +121,15 @@ def run_ring(
     curator leads and is the mailbox). Failures raise :class:`AgreementError` (the leader's
     refusal) or a wait timeout, like the agreement step."""
     key = config.test_psi_key or PsiKey.generate()
+    kept = False
+    if state is None:  # a follower keeps its scalar until its record is saved (a restart resumes the ring)
+        key, kept = Keystore(config.keystore).psi_key(config.release_id, key)
     t0 = time.perf_counter()
-    log("psi_started", release_id=config.release_id, ids=int(ids.size), curators=len(config.curators))
+    log("psi_started", release_id=config.release_id, ids=int(ids.size), curators=len(config.curators),
+        workers=config.psi_workers, resumed=kept)  # fmt: skip
     if state is not None:
         send, receive = _local(state, config.name, deadline)
-        tags = ring(config.name, config.curators, ids, key, send, receive)
+        tags = ring(config.name, config.curators, ids, key, send, receive, config.psi_workers)
     else:
         assert config.leader_address is not None
         leader = config.curators[0]
@@ -125,7 +137,7 @@ def run_ring(
                                  role="curator", peer_role="curator", peer_name=leader)  # fmt: skip
         try:
             send, receive = _remote(pb_grpc.CuratorStub(channel), config, log, deadline)
-            tags = ring(config.name, config.curators, ids, key, send, receive)
+            tags = ring(config.name, config.curators, ids, key, send, receive, config.psi_workers)
         except grpc.RpcError as exc:
             raise AgreementError(f"the leader {leader} refused: {exc.code().name}: {exc.details()}") from None
         finally:

@@ -36,8 +36,12 @@ call in a tight comprehension; that per-element loop is the unavoidable cost of 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+import itertools
+import multiprocessing
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -52,6 +56,8 @@ SCALAR_BYTES = 32
 GROUP_NAME = "edwards25519 prime-order subgroup (libsodium via PyNaCl)"
 _ID_DOMAIN = b"secure-release/v1|psi-id|"
 _TAG_PERSON = b"sr-psi-tag-v1"
+_T = TypeVar("_T")
+_R = TypeVar("_R")
 
 
 class InvalidPointError(SecureReleaseError):
@@ -79,45 +85,126 @@ def _encode_ids(ids: Sequence[str] | npt.NDArray[np.str_]) -> list[bytes]:
     return [str(x).encode("utf-8") for x in arr.tolist()]
 
 
-def hash_to_group(ids: Sequence[str] | npt.NDArray[np.str_]) -> list[bytes]:
-    """H(id) for every id (random-oracle hash to the prime-order subgroup; module doc)."""
-    out = []
-    for raw in _encode_ids(ids):
-        d = hashlib.sha512(_ID_DOMAIN + raw).digest()
-        out.append(
-            sodium.crypto_core_ed25519_add(
-                sodium.crypto_core_ed25519_from_uniform(d[:32]),
-                sodium.crypto_core_ed25519_from_uniform(d[32:]),
-            )
-        )
-    return out
+def _hash_piece(raw_ids: Sequence[bytes]) -> bytes:
+    """H(id) for encoded ids, packed (the per-element libsodium calls; runs in a worker too)."""
+    add, from_uniform, sha512 = sodium.crypto_core_ed25519_add, sodium.crypto_core_ed25519_from_uniform, hashlib.sha512
+    digests = [sha512(_ID_DOMAIN + raw).digest() for raw in raw_ids]
+    return b"".join([add(from_uniform(d[:32]), from_uniform(d[32:])) for d in digests])
 
 
-def split_points(data: bytes) -> list[bytes]:
-    """A packed list (concatenated 32-byte encodings) as a list of points; checks the length."""
-    if not isinstance(data, bytes | bytearray) or len(data) % POINT_BYTES:
-        size = len(data) if isinstance(data, bytes | bytearray) else type(data).__name__
-        raise InvalidPointError(f"a point list must be a whole number of {POINT_BYTES}-byte points, got {size}")
-    return [bytes(data[i : i + POINT_BYTES]) for i in range(0, len(data), POINT_BYTES)]
-
-
-def blind(points: Sequence[bytes], key: PsiKey) -> list[bytes]:
-    """P^s for every point, in the same order; each point is validated by libsodium."""
-    s = key.scalar()
+def _blind_piece(scalar: bytes, packed: bytes) -> bytes:
+    """P^s for every point of a packed list, packed; libsodium validates each point."""
     mult = sodium.crypto_scalarmult_ed25519_noclamp
     try:
-        return [mult(s, p) for p in points]
+        return b"".join([mult(scalar, packed[i : i + POINT_BYTES]) for i in range(0, len(packed), POINT_BYTES)])
     except (RuntimeError, TypeError, ValueError) as exc:  # libsodium returns -1 on a bad point
         raise InvalidPointError(
             "a received point is not a canonical, non-identity element of the prime-order subgroup"
         ) from exc
 
 
-def _sort_order(points: Sequence[bytes]) -> npt.NDArray[np.int64]:
-    """Indices that sort the 32-byte encodings ascending (four big-endian 64-bit words)."""
-    if not points:
+def _valid_piece(packed: bytes) -> bool:
+    """True if every point of a packed list is a canonical element of the prime-order subgroup."""
+    valid = sodium.crypto_core_ed25519_is_valid_point
+    return all(valid(packed[i : i + POINT_BYTES]) for i in range(0, len(packed), POINT_BYTES))
+
+
+class PsiWorkers:
+    """Worker processes that share one curator's per-element calls (``--psi-workers``): the list
+    is cut into ``count`` contiguous pieces, ``count - 1`` of them go to spawned processes (never
+    forked: a curator runs gRPC threads) and the calling process does the first; the pieces are
+    joined in order, so the result is bit-identical to ``count = 1``. Lists shorter than
+    ``min_points`` stay in the calling process. Use as a context manager (the processes end on
+    exit). The scalar goes to the workers over the pool's local pipe, like any argument; it is
+    never logged."""
+
+    def __init__(self, count: int, min_points: int = 1000) -> None:
+        if count < 1:
+            raise ShapeMismatchError(f"PSI workers must be at least 1, got {count}")
+        self.count, self.min_points = count, min_points
+        self._pool: ProcessPoolExecutor | None = None
+        if count > 1:
+            self._pool = ProcessPoolExecutor(count - 1, mp_context=multiprocessing.get_context("spawn"))
+
+    def __enter__(self) -> PsiWorkers:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """End the worker processes."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+    def pieces(self, size: int) -> list[tuple[int, int]]:
+        """[start, stop) of each piece of a list of ``size`` elements."""
+        count = self.count if self._pool is not None and size >= self.min_points else 1
+        edges = [size * k // count for k in range(count + 1)]
+        return list(itertools.pairwise(edges))
+
+    def run(self, fn: Callable[[_T], _R], args: Sequence[_T]) -> list[_R]:
+        """``[fn(a) for a in args]``, the first in this process, the others in the workers."""
+        if self._pool is None or len(args) < 2:
+            return [fn(a) for a in args]
+        futures = [self._pool.submit(fn, a) for a in args[1:]]
+        first = fn(args[0])
+        return [first, *(f.result() for f in futures)]
+
+
+_IN_PROCESS = PsiWorkers(1)
+
+
+def _hash_packed(raw_ids: list[bytes], workers: PsiWorkers) -> bytes:
+    cuts = workers.pieces(len(raw_ids))
+    return b"".join(workers.run(_hash_piece, [raw_ids[a:b] for a, b in cuts]))
+
+
+def _blind_packed(packed: bytes, scalar: bytes, workers: PsiWorkers) -> bytes:
+    cuts = workers.pieces(len(packed) // POINT_BYTES)
+    args = [(scalar, packed[a * POINT_BYTES : b * POINT_BYTES]) for a, b in cuts]
+    return b"".join(workers.run(_blind_args, args))
+
+
+def _blind_args(args: tuple[bytes, bytes]) -> bytes:
+    return _blind_piece(*args)
+
+
+def hash_to_group(ids: Sequence[str] | npt.NDArray[np.str_], workers: PsiWorkers = _IN_PROCESS) -> list[bytes]:
+    """H(id) for every id (random-oracle hash to the prime-order subgroup; module doc)."""
+    return _unpack(_hash_packed(_encode_ids(ids), workers))
+
+
+def _unpack(packed: bytes) -> list[bytes]:
+    return [packed[i : i + POINT_BYTES] for i in range(0, len(packed), POINT_BYTES)]
+
+
+def check_packed(data: bytes) -> None:
+    """:class:`InvalidPointError` unless ``data`` is a whole number of 32-byte encodings."""
+    if not isinstance(data, bytes | bytearray) or len(data) % POINT_BYTES:
+        size = len(data) if isinstance(data, bytes | bytearray) else type(data).__name__
+        raise InvalidPointError(f"a point list must be a whole number of {POINT_BYTES}-byte points, got {size}")
+
+
+def split_points(data: bytes) -> list[bytes]:
+    """A packed list (concatenated 32-byte encodings) as a list of points; checks the length."""
+    check_packed(data)
+    return [bytes(data[i : i + POINT_BYTES]) for i in range(0, len(data), POINT_BYTES)]
+
+
+def blind(points: Sequence[bytes], key: PsiKey, workers: PsiWorkers = _IN_PROCESS) -> list[bytes]:
+    """P^s for every point, in the same order; each point is validated by libsodium."""
+    if any(len(p) != POINT_BYTES for p in points):
+        raise InvalidPointError(f"a point must be {POINT_BYTES} bytes")
+    return _unpack(_blind_packed(b"".join(points), key.scalar(), workers))
+
+
+def _sort_order_packed(packed: bytes) -> npt.NDArray[np.int64]:
+    """Indices that sort the 32-byte encodings of a packed list ascending (four big-endian 64-bit words)."""
+    if not packed:
         return np.zeros(0, dtype=np.int64)
-    words = np.frombuffer(b"".join(points), dtype=">u8").reshape(len(points), 4).astype(np.uint64)
+    words = np.frombuffer(packed, dtype=">u8").reshape(-1, 4).astype(np.uint64)
     return np.asarray(np.lexsort(words.T[::-1]), dtype=np.int64)
 
 
@@ -131,16 +218,20 @@ class PsiOwnList:
     """row_of[i] = the own row whose point is the i-th of ``sent``."""
 
 
-def psi_start(ids: Sequence[str] | npt.NDArray[np.str_], key: PsiKey) -> PsiOwnList:
+def psi_start(
+    ids: Sequence[str] | npt.NDArray[np.str_], key: PsiKey, workers: PsiWorkers = _IN_PROCESS
+) -> PsiOwnList:
     """Step 1: hash the own ids to the group, blind with the own scalar, sort."""
-    blinded = blind(hash_to_group(ids), key)
-    order = _sort_order(blinded)
-    return PsiOwnList(b"".join(blinded[i] for i in order), order)
+    blinded = _blind_packed(_hash_packed(_encode_ids(ids), workers), key.scalar(), workers)
+    order = _sort_order_packed(blinded)
+    rows = np.frombuffer(blinded, dtype=np.dtype((np.void, POINT_BYTES)))
+    return PsiOwnList(rows[order].tobytes(), order)
 
 
-def psi_reblind(received: bytes, key: PsiKey) -> bytes:
+def psi_reblind(received: bytes, key: PsiKey, workers: PsiWorkers = _IN_PROCESS) -> bytes:
     """Step 2: raise every received point to the own scalar, keeping the order (one ring hop)."""
-    return b"".join(blind(split_points(received), key))
+    check_packed(received)
+    return _blind_packed(bytes(received), key.scalar(), workers)
 
 
 def blinded_tags(points: Sequence[bytes]) -> TagArray:
@@ -149,16 +240,18 @@ def blinded_tags(points: Sequence[bytes]) -> TagArray:
     return np.frombuffer(digest, dtype=TAG_DTYPE).copy()
 
 
-def psi_finish(own: PsiOwnList, returned: bytes) -> TagArray:
+def psi_finish(own: PsiOwnList, returned: bytes, workers: PsiWorkers = _IN_PROCESS) -> TagArray:
     """Step 3: the fully blinded own list (back after N - 1 hops) as tags in own row order."""
     points = split_points(returned)
     if len(points) != own.row_of.size:
         raise ShapeMismatchError(
             f"the returned list holds {len(points)} points, but {own.row_of.size} were sent"
         )
-    for p in points:  # the list came over the wire: reject anything outside the group
-        if not sodium.crypto_core_ed25519_is_valid_point(p):
-            raise InvalidPointError("a returned point is not in the prime-order subgroup")
+    # the list came over the wire: reject anything outside the group
+    packed = bytes(returned)
+    if not all(workers.run(_valid_piece, [packed[a * POINT_BYTES : b * POINT_BYTES]
+                                          for a, b in workers.pieces(len(points))])):  # fmt: skip
+        raise InvalidPointError("a returned point is not in the prime-order subgroup")
     tags = np.zeros(own.row_of.size, dtype=TAG_DTYPE)
     tags[own.row_of] = blinded_tags(points)
     return tags
@@ -181,20 +274,22 @@ class PsiRun:
     """received[i]: (owner, hop, list) for every ring message curator i received."""
 
 
-def run_psi(id_lists: Sequence[Sequence[str] | npt.NDArray[np.str_]], keys: Sequence[PsiKey]) -> PsiRun:
+def run_psi(
+    id_lists: Sequence[Sequence[str] | npt.NDArray[np.str_]], keys: Sequence[PsiKey], workers: PsiWorkers = _IN_PROCESS
+) -> PsiRun:
     """Steps 1-3 for N curators in memory (the ring, hop by hop); step 4 is the keyed-hash
     mode's leader step on the returned tags."""
     num = len(id_lists)
     if num < 2 or len(keys) != num:
         raise ShapeMismatchError(f"PSI needs N >= 2 curators and one key each; got {num} and {len(keys)}")
-    own = [psi_start(ids, k) for ids, k in zip(id_lists, keys, strict=True)]
+    own = [psi_start(ids, k, workers) for ids, k in zip(id_lists, keys, strict=True)]
     received: list[list[tuple[int, int, bytes]]] = [[] for _ in range(num)]
     tags = []
     for j in range(num):
         message = own[j].sent
         for hop, i in enumerate(ring_hops(j, num), start=1):
             received[i].append((j, hop, message))
-            message = psi_reblind(message, keys[i])
+            message = psi_reblind(message, keys[i], workers)
         received[j].append((j, num, message))
-        tags.append(psi_finish(own[j], message))
+        tags.append(psi_finish(own[j], message, workers))
     return PsiRun(tags, received)

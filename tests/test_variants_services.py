@@ -274,7 +274,7 @@ def test_a_follower_whose_sampling_differs_refuses_and_the_release_is_aborted(
 
 def test_cli_flags_reach_the_config(tmp_path: Path) -> None:
     from secure_release.curator.cli import build_parser
-    from secure_release.curator.config import config_from_args
+    from secure_release.curator.config import ConfigError, config_from_args
 
     _write(tmp_path)
     base = ["run", "--data", str(tmp_path / "bob.csv"), "--schema", str(tmp_path / "bob.json"), "--release-id", "r1",
@@ -282,6 +282,11 @@ def test_cli_flags_reach_the_config(tmp_path: Path) -> None:
             "--leader-address", "127.0.0.1:2", "--insecure"]  # fmt: skip
     cfg = config_from_args(build_parser().parse_args([*base, "--sampling", "indices", "--alignment", "psi"]))
     assert cfg.sampling is SamplingMode.INDICES and cfg.alignment is AlignmentMode.PSI and cfg.alignment_key is None
+    assert cfg.psi_workers == 1
+    psi = [*base, "--alignment", "psi", "--psi-workers"]
+    assert config_from_args(build_parser().parse_args([*psi, "2"])).psi_workers == 2
+    with pytest.raises(ConfigError, match="--psi-workers"):
+        config_from_args(build_parser().parse_args([*psi, "0"]))
     done = subprocess.run([sys.executable, "-m", "secure_release.curator", *base, "--sampling", "random"],
                           capture_output=True, text=True, timeout=60)  # fmt: skip
     assert done.returncode == 2 and "--sampling" in done.stderr
