@@ -31,7 +31,7 @@ import numpy as np
 from secure_release import display
 from secure_release.demo_data import MAX_CURATORS
 
-#: --alignment psi in the demo: at most this many rows (~1 ms per id per curator).
+#: --alignment psi in the demo: at most this many rows (~0.6 ms of one core per id per curator).
 MAX_PSI_ROWS = 20_000
 
 PARTIES = (
@@ -287,7 +287,7 @@ def register(sub: Any) -> None:
         choices=["hash", "psi"],
         default="hash",
         help="hash: keyed-hash id tags (fast); psi: N-party ECDH private set intersection through the "
-        f"leader, ~1 ms per id per curator, so only with a small --rows (at most {MAX_PSI_ROWS:,})",
+        f"leader, ~0.6 ms of one core per id per curator, so only with a small --rows (at most {MAX_PSI_ROWS:,})",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--keep", type=Path, default=None, help="keep the working directory here")
@@ -308,7 +308,7 @@ def check_args(args: argparse.Namespace) -> None:
         raise InvalidSampleSizeError(f"--m must be an integer >= 1, got {args.m}")
     if args.alignment == "psi" and (args.rows is None or args.rows > MAX_PSI_ROWS):
         raise InvalidSampleSizeError(
-            f"--alignment psi costs ~1 ms per id per curator; give --rows of at most {MAX_PSI_ROWS:,} "
+            f"--alignment psi costs ~0.6 ms of one core per id per curator; give --rows of at most {MAX_PSI_ROWS:,} "
             f"(got {'the 45,222 Adult records' if args.rows is None else args.rows})"
         )
 
