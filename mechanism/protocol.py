@@ -22,7 +22,7 @@ import numpy as np
 import numpy.typing as npt
 
 from secure_release.mechanism import estimators
-from secure_release.mechanism.alignment import TAG_DTYPE, Alignment, TagArray, align, common_tags, id_tags
+from secure_release.mechanism.alignment import TAG_DTYPE, Alignment, TagArray, align_all, common_tags, id_tags
 from secure_release.mechanism.errors import ShapeMismatchError, TooFewCuratorsError
 from secure_release.mechanism.keys import AlignmentKey, PadKey, PramKey, Seed
 from secure_release.mechanism.pads import CipherMode, ReleasePad, new_release_pad
@@ -62,8 +62,7 @@ def curator_tags(table: CuratorTable, key: AlignmentKey) -> TagArray:
 
 def agree_alignment(tag_lists: Sequence[TagArray]) -> list[Alignment]:
     """Step 1b: every curator's row order over the ids all of them hold."""
-    agreed = common_tags(tag_lists)
-    return [align(tags, agreed) for tags in tag_lists]
+    return align_all(tag_lists)[1]  # common_tags + align for each, each list sorted once
 
 
 class Agreement(NamedTuple):
