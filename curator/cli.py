@@ -95,6 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("data")
     g.add_argument("--data", help="CSV (or .parquet) file: an id column and the schema's attributes")
     g.add_argument("--schema", help='schema JSON: {"curator", "id_column", "attributes": [...]}')
+    g.add_argument("--query", help="SQL run on --data as a DuckDB database (.duckdb): its result is the table")
     g.add_argument("--dataset", help="the data set's name for people (the ledger keys it by its SHA-256)")
     r = p.add_argument_group("release")
     r.add_argument("--release-id", help="release identifier, the same at every curator (e.g. r1)")
