@@ -139,7 +139,7 @@ class EncodedTable(CuratorTable):
         object.__setattr__(self, "_ids", None)
 
     @property
-    def ids(self) -> npt.NDArray[np.str_]:  # type: ignore[override]
+    def ids(self) -> npt.NDArray[np.str_]:
         cached: npt.NDArray[np.str_] | None = self.__dict__["_ids"]
         if cached is None:
             cached = _numpy_text(self.id_array)
@@ -196,7 +196,11 @@ def _read_duckdb(path: Path, needed: list[str], query: str | None) -> tuple[list
         raise DataSourceError(f"{path}: no such DuckDB database file")
     try:
         with duckdb.connect(str(path), read_only=True) as con:
-            table = con.execute(query).fetch_arrow_table()
+            relation: Any = con.sql(query)
+            if relation is None:
+                raise DataSourceError(f"{path}: the query returned no rows or columns (a SELECT is needed)")
+            fetch = getattr(relation, "to_arrow_table", None) or relation.arrow  # duckdb 2 / 1.x
+            table = fetch()
     except duckdb.Error as exc:
         raise DataSourceError(f"{path}: the query failed ({type(exc).__name__}: {exc})") from exc
     header = list(table.column_names)
