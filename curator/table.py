@@ -157,7 +157,9 @@ class EncodedTable(CuratorTable):
         return self.encoded
 
 
-def _open_batches(path: Path, needed: list[str], names: list[str], query: str | None) -> tuple[list[str], pa.Table, int]:
+def _open_batches(
+    path: Path, needed: list[str], names: list[str], query: str | None
+) -> tuple[list[str], pa.Table, int]:
     """Header, the needed columns (bytes for CSV) and how many CSV records had a wrong width.
     ``names``: the attribute columns, read dictionary-encoded from Parquet."""
     suffix = path.suffix.lower()
@@ -166,8 +168,8 @@ def _open_batches(path: Path, needed: list[str], names: list[str], query: str | 
     if suffix in _PARQUET:
         pfile = pq.ParquetFile(path)
         header = list(pfile.schema_arrow.names)
-        text = [c for c in names if c in header
-                and (pa.types.is_string(pfile.schema_arrow.field(c).type) or pa.types.is_binary(pfile.schema_arrow.field(c).type))]
+        kinds = {c: pfile.schema_arrow.field(c).type for c in names if c in header}
+        text = [c for c, kind in kinds.items() if pa.types.is_string(kind) or pa.types.is_binary(kind)]
         if text:
             pfile = pq.ParquetFile(path, read_dictionary=text)
         present = [c for c in needed if c in header]
@@ -265,7 +267,8 @@ def _text(column: pa.ChunkedArray | pa.Array) -> tuple[pa.Array, npt.NDArray[np.
 def _offsets_data(arr: pa.Array) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.uint8]]:
     """Offsets (rows + 1) and data bytes of a string/binary array without nulls."""
     large = pa.types.is_large_string(arr.type) or pa.types.is_large_binary(arr.type)
-    offsets = np.frombuffer(arr.buffers()[1], dtype=np.int64 if large else np.int32)[arr.offset : arr.offset + len(arr) + 1]
+    width = np.int64 if large else np.int32
+    offsets = np.frombuffer(arr.buffers()[1], dtype=width)[arr.offset : arr.offset + len(arr) + 1]
     data_buffer = arr.buffers()[2]
     data = np.frombuffer(data_buffer, dtype=np.uint8) if data_buffer is not None else np.zeros(0, np.uint8)
     return offsets.astype(np.int64, copy=False), data
@@ -391,7 +394,8 @@ def _encode(attribute: Attribute, column: pa.ChunkedArray, problems: _Problems) 
         unknown = np.flatnonzero((found < 0) & ~bad_utf8)
         allowed = sorted(attribute.categories)
         for r in unknown.tolist():
-            problems.reasons.setdefault(int(rest[r]), []).append(f"{attribute.name}={text[r].as_py()!r} not in {allowed}")
+            message = f"{attribute.name}={text[r].as_py()!r} not in {allowed}"
+            problems.reasons.setdefault(int(rest[r]), []).append(message)
         problems.flag(rest[bad_utf8], f"{attribute.name} is not valid UTF-8 (the file must be UTF-8)")
         codes[codes < 0] = 0
     return codes
