@@ -146,7 +146,13 @@ def _cmac_matrix(key: bytes, matrix: ByteMatrix, lengths: I64) -> ByteMatrix:
 
 
 def _cmac_rows(key: bytes, data: ByteMatrix, starts: I64, lengths: I64, last: _LastBlock) -> ByteMatrix:
-    """CMAC of message i = data[starts[i] : starts[i] + lengths[i]] (any bytes around them)."""
+    """CMAC of message i = data[starts[i] : starts[i] + lengths[i]] (any bytes around them);
+    in steps of :data:`_CHUNK` rows, so each step's blocks stay in cache."""
+    if lengths.size > _CHUNK:
+        tags = np.empty((lengths.size, _BLOCK), dtype=np.uint8)
+        for start, stop in _chunks(lengths.size):
+            tags[start:stop] = _cmac_rows(key, data, starts[start:stop], lengths[start:stop], last)
+        return tags
     num_blocks = np.maximum(1, -(-lengths // _BLOCK))
     counts = np.flatnonzero(np.bincount(num_blocks))
     if counts.size == 1:  # the common case: no gather, no scatter
@@ -308,14 +314,21 @@ def _cmac_arrow(key: bytes, ids: Any) -> ByteMatrix:
     shortest, longest = int(lengths.min()), int(lengths.max())
     data_buffer = arr.buffers()[2]
     data = np.frombuffer(data_buffer, dtype=np.uint8) if data_buffer is not None else np.zeros(0, np.uint8)
-    out = np.empty(((rows + 1), _BLOCK), dtype=np.uint8)
+    out = np.empty((rows + 1, _BLOCK), dtype=np.uint8)  # update_into wants one spare block
     enc = Cipher(algorithms.AES(key), modes.ECB()).encryptor()
-    if shortest == longest and longest <= _BLOCK:  # one length, one block: rows at a fixed stride
-        first = int(offsets[0])
+    if shortest == longest:  # one length: rows at a fixed stride, block j a strided copy
+        first, count = int(offsets[0]), max(1, -(-longest // _BLOCK))
+        in_last = longest - (count - 1) * _BLOCK
+        scratch = np.empty((min(rows, _CHUNK) + 1, _BLOCK), dtype=np.uint8)  # CBC state, one spare row
         for start, stop in _chunks(rows):
-            blocks = _windows16(data, first + start * longest, longest, stop - start)
-            _mask_add(blocks, last, longest)
-            enc.update_into(blocks.reshape(-1).data, out[start : stop + 1].reshape(-1).data)
+            for j in range(count):
+                blocks = _windows16(data, first + start * longest + j * _BLOCK, longest, stop - start)
+                if j == count - 1:
+                    _mask_add(blocks, last, in_last)
+                if j:
+                    blocks ^= scratch[: stop - start]
+                target = out[start : stop + 1] if j == count - 1 else scratch[: stop - start + 1]
+                enc.update_into(blocks.reshape(-1).data, target.reshape(-1).data)
         return out[:rows]
     if longest <= _INLINE:  # every value inline in its zero-padded 16-byte binary view
         views = pc.cast(arr, pa.binary_view())
