@@ -54,6 +54,7 @@ from secure_release.mechanism.errors import SecureReleaseError
 from secure_release.mechanism.keys import AlignmentKey
 from secure_release.mechanism.protocol import CuratorTable
 from secure_release.mechanism.schema import Attribute, CuratorSchema, SymbolArray, mixed_radix_encode
+from secure_release.mechanism.stream import worker_pool
 
 #: Longest id accepted, in UTF-8 bytes (longer ones are refused, never truncated).
 MAX_ID_BYTES = 256
@@ -421,10 +422,14 @@ def read_table(data_path: str | Path, spec: TableSpec, query: str | None = None)
     missing = [c for c in needed if c not in header]
     if missing:
         raise BadRowsError(str(path), [(1, f"missing column(s) {missing}; header is {header}")])
-    problems = _Problems()
+    id_problems, problems = _Problems(), _Problems()
     ids, bad_id_utf8 = _text(table.column(spec.id_column))
-    _check_ids(ids, bad_id_utf8, problems)
+    # the id checks (a hash and a sort, both outside the GIL) overlap the attribute look-ups
+    id_check = worker_pool().submit(_check_ids, ids, bad_id_utf8, id_problems)
     digits = {a.name: _encode(a, table.column(a.name), problems) for a in spec.schema.attributes}
+    id_check.result()
+    for row, reasons in id_problems.reasons.items():  # id reasons first, as the report lists them
+        problems.reasons[row] = reasons + problems.reasons.get(row, [])
     if problems.reasons or wrong_width:
         is_csv = query is None and path.suffix.lower() not in _PARQUET + _ARROW + _DUCKDB
         raise BadRowsError(str(path), _report(path, problems, len(header), is_csv))
