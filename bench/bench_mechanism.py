@@ -5,16 +5,20 @@ Run:  PYTHONPATH=. python bench/bench_mechanism.py [--json] [--symbols N] [--rep
 Each figure is the best of R repetitions (default 3), measured in the same process as the raw
 ChaCha20 keystream rate (mechanism.stream.keystream_words), so every rate is also reported as a
 ratio to that rate: (symbols per second) / (keystream 8-byte words per second). Targets are
-ratios to the same-run keystream, so they hold on any machine: pad + encrypt (2 keystream bytes
+ratios to a same-run reference, so they hold on any machine: pad + encrypt (2 keystream bytes
 a symbol) >= 1.0 keystream words/s (0.25 of keystream alone; bench_scale.py adds the memcpy
 bound and targets 0.3 of keystream + memcpy), PRAM (8 bytes a row) >= 0.3, sampling 1 M of 10 M
->= 0.3 x (keystream time of its 10 M words) / time; estimate at K = 10^6 <= 50 ms (no keystream).
+>= 0.3 x (keystream time of its 10 M words) / time. The one-time pad draws 2 bytes a symbol
+from the OS CSPRNG instead of the keystream, so its reference is the same-run os.urandom of
+those bytes: time(os.urandom(2 N)) / time >= 0.3. The estimate at K = 10^6 uses no randomness
+and keeps its absolute target (<= 50 ms).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -60,6 +64,7 @@ def main() -> int:
 
     t_pad = best_of(lambda: encrypt(x_alice, chacha20_pad(pad_key, k_alice, 0, N), k_alice), reps)
     t_otp = best_of(lambda: encrypt(x_alice, otp_pad(k_alice, N), k_alice), reps)
+    t_os = best_of(lambda: os.urandom(2 * N), reps)  # the bytes otp_pad draws (16-bit words)
     gamma = 21.0
     channel = PramChannel(gamma, k_alice * k_bob)
     t_pram = best_of(lambda: perturb([x_alice, x_bob], (k_alice, k_bob), channel, pram_key), reps)
@@ -90,7 +95,13 @@ def main() -> int:
             "bytes_per_s": raw_bytes / t_ks,
         },
         "chacha20_pad_encrypt": rate(t_pad, 1.0),
-        "otp_pad_encrypt": rate(t_otp, 0.0),  # bound by the OS CSPRNG, reported only
+        "otp_pad_encrypt": {
+            **rate(t_otp, 0.0),
+            "os_random_seconds": t_os,
+            "ratio_to_os_random": t_os / t_otp,
+            "target_ratio_to_os_random": 0.3,
+            "pass": t_os / t_otp >= 0.3,
+        },
         "pram_two_columns": {**rate(t_pram, 0.3), "alphabets": [k_alice, k_bob], "gamma": gamma},
         "sampling": {
             "n": N,
@@ -123,7 +134,6 @@ def main() -> int:
     print("ratios below: symbols/s divided by keystream 8-byte words/s")
     for name, label in [
         ("chacha20_pad_encrypt", "chacha20 pad + encrypt"),
-        ("otp_pad_encrypt", "OTP pad + encrypt"),
         ("pram_two_columns", f"PRAM (2 cols, k=6,4, gamma={gamma:g})"),
     ]:
         r = results[name]
@@ -131,6 +141,12 @@ def main() -> int:
             f"{label:<34} {r['seconds']:.3f} s  {r['symbols_per_s'] / 1e6:7.1f} M symbols/s  "
             f"ratio {r['ratio_to_keystream']:.2f}  target >= {r['target_ratio_to_keystream']}  {verdict(r['pass'])}"
         )
+    o = results["otp_pad_encrypt"]
+    print(
+        f"{'OTP pad + encrypt':<34} {o['seconds']:.3f} s  {o['symbols_per_s'] / 1e6:7.1f} M symbols/s  "
+        f"ratio {o['ratio_to_os_random']:.2f} to os.urandom of its {2 * N / 1e6:.0f} MB  target >= 0.3  "
+        f"{verdict(o['pass'])}"
+    )
     s = results["sampling"]
     print(
         f"{'sampling 1 M of 10 M':<34} {s['seconds']:.3f} s  "

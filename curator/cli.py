@@ -163,6 +163,7 @@ def add_run_arguments(p: argparse.ArgumentParser, storing: bool) -> None:
     g.add_argument("--data", help="CSV (or .parquet) file: an id column and the schema's attributes"
                    + ("" if storing else " (not with --sampling server)"))  # fmt: skip
     g.add_argument("--schema", help='schema JSON: {"curator", "id_column", "attributes": [...]}')
+    g.add_argument("--query", help="SQL run on --data as a DuckDB database (.duckdb): its result is the table")
     g.add_argument("--dataset", help="the data set's name for people (the ledger keys it by its SHA-256)")
     r = p.add_argument_group("table" if storing else "release")
     r.add_argument(

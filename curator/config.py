@@ -88,6 +88,7 @@ class CuratorConfig:
     test_seed: Seed | None = None
     test_pad_key: PadKey | None = None
     sampling: SamplingMode = SamplingMode.SEED  # --sampling: seed or indices (must agree)
+    query: str | None = None  # --query: SQL on a DuckDB --data file (curator.table.read_table)
     alignment: AlignmentMode = AlignmentMode.KEYED_HASH  # --alignment: hash or psi (must agree)
     test_psi_key: PsiKey | None = None
     psi_workers: int = 1  # --psi-workers: processes sharing this curator's PSI work
@@ -300,6 +301,7 @@ def config_from_args(args: argparse.Namespace, storing: bool = False) -> Curator
         notify=check_party_name(args.researcher, "researcher"),
         grants=tuple(dict.fromkeys(check_party_name(g, "researcher") for g in args.grant if g)),
         data=Path(args.data or ""),
+        query=getattr(args, "query", None) or None,
         schema=Path(args.schema or ""),
         dataset=args.dataset or (f"stored-table:{table_id}" if server_sampled else Path(args.data).name),
         keystore=Path(args.keystore or f"keystore-{name}"),

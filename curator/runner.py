@@ -78,8 +78,8 @@ def own_schema(config: CuratorConfig) -> TableSpec:
 def load_table(config: CuratorConfig, log: EventLog, spec: TableSpec | None = None) -> CuratorTable:
     """Read the table against its schema (which must be this curator's)."""
     spec = spec or own_schema(config)
-    table = read_table(config.data, spec)
-    log("table_loaded", rows=int(table.ids.size), alphabet_size=spec.schema.alphabet_size)
+    table = read_table(config.data, spec, query=config.query)
+    log("table_loaded", rows=table.num_rows, alphabet_size=spec.schema.alphabet_size)
     return table
 
 

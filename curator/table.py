@@ -1,16 +1,35 @@
-"""Read a curator's table (CSV, Parquet or Arrow IPC) against its schema JSON, columnar.
+"""Read a curator's table (CSV, Parquet, Arrow IPC or a DuckDB query) against its schema JSON,
+columnar.
 
 Schema file: ``{"curator": "alice", "id_column": "id",
 "attributes": [{"name": "education", "categories": ["no college", ...]}, ...]}``.
 
 Engine: pyarrow (a core dependency of the curator). The file is parsed by Arrow's C++ readers
-(multi-threaded CSV, Parquet and IPC in record batches); the needed columns are read as raw
-bytes, checked for UTF-8, trimmed, and mapped to category codes with ``index_in`` against the
-schema's category list; missing, over-long and duplicate ids are found there too
-(``dictionary_encode``). Nothing is silently dropped or recoded: any bad row makes
-:class:`BadRowsError` list every bad line (what was wrong and what is allowed), and no table is
-returned. Line numbers are exact for CSV (a second, counting pass runs on the error path only)
-and are row index + 2 (the header is line 1) for Parquet and Arrow files.
+(multi-threaded CSV, Parquet and IPC in record batches; a DuckDB database through its embedded
+engine, ``duckdb`` being an optional extra). The happy path costs little beyond the read:
+
+* ids are checked for UTF-8 in one cast, trimmed only if some id starts or ends with a byte
+  that can begin or end whitespace (one vectorized look at the first and last bytes), checked
+  for missing and over-long values from their offsets, and checked for repeats by sorting
+  64-bit keys (the high words of AES-CMAC tags under a fixed public key, computed from the
+  Arrow buffers); only if two keys are equal does the exact, slower ``dictionary_encode`` pass
+  run, which names every repeated id with the line of its first occurrence (a key collision
+  without a repeat finds nothing there, so the check stays exact);
+* an attribute value is looked up as raw bytes among the categories that trimming leaves
+  unchanged (one hash look-up, or once per dictionary entry for dictionary-encoded columns);
+  only the rows not found there go through the full path (UTF-8 check, trim, look-up against
+  every category), and only they can be bad;
+* the ids stay an Arrow string array: the alignment hashes them from its buffers, and a numpy
+  text copy (4 bytes a character) is made only if someone asks for ``table.ids``.
+
+Nothing is silently dropped or recoded: any bad row makes :class:`BadRowsError` list every bad
+line (what was wrong and what is allowed), and no table is returned. Line numbers are exact for
+CSV (a second, counting pass runs on the error path only) and are row index + 2 (the header is
+line 1) for Parquet and Arrow files and DuckDB query results.
+
+DuckDB: ``read_table("people.duckdb", spec, query="SELECT id, edu, mar FROM people")`` runs the
+query read-only on the database file (``--data people.duckdb --query "..."`` for the curator);
+the result's columns are matched by name like a file's header.
 """
 
 from __future__ import annotations
@@ -30,18 +49,30 @@ import pyarrow.csv as pacsv
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
+from secure_release.mechanism.alignment import IdArray, id_tags
 from secure_release.mechanism.errors import SecureReleaseError
+from secure_release.mechanism.keys import AlignmentKey
 from secure_release.mechanism.protocol import CuratorTable
 from secure_release.mechanism.schema import Attribute, CuratorSchema, SymbolArray, mixed_radix_encode
+from secure_release.mechanism.stream import worker_pool
 
 #: Longest id accepted, in UTF-8 bytes (longer ones are refused, never truncated).
 MAX_ID_BYTES = 256
 _PARQUET = (".parquet", ".pq")
 _ARROW = (".arrow", ".feather", ".ipc", ".arrows")
+_DUCKDB = (".duckdb", ".ddb")
+_CSV_BLOCK = 1 << 22  # bytes per CSV block: several blocks per file keep both parser threads busy
+# Repeat check only (not secret): a fixed public key, so equal ids give equal keys.
+_REPEAT_KEY = AlignmentKey(b"secure-release: id repeat check".ljust(32, b"."))
 
 
 class SchemaFileError(SecureReleaseError):
     """The schema JSON file is missing a field or malformed."""
+
+
+class DataSourceError(SecureReleaseError):
+    """The table's source cannot be read as asked (a DuckDB file without a query, a failing
+    query, or the optional ``duckdb`` package missing)."""
 
 
 class BadRowsError(SecureReleaseError):
@@ -94,22 +125,54 @@ class _Labels(Mapping[str, npt.NDArray[np.str_]]):
         return len(self._digits)
 
 
-@dataclass(frozen=True)
 class EncodedTable(CuratorTable):
-    """A :class:`CuratorTable` whose symbols were computed at read time (columnar)."""
+    """A :class:`CuratorTable` whose symbols were computed at read time (columnar); the ids are
+    kept as an Arrow string array (:attr:`id_array`) and ``ids`` is its numpy text copy, made on
+    first use."""
 
-    encoded: SymbolArray = field(default_factory=lambda: np.zeros(0, dtype=np.uint32))
+    id_array: pa.Array
+    encoded: SymbolArray
+
+    def __init__(self, schema: CuratorSchema, id_array: pa.Array, columns: Mapping[str, npt.NDArray[np.str_]],
+                 encoded: SymbolArray) -> None:
+        for name, value in (("schema", schema), ("columns", columns), ("id_array", id_array), ("encoded", encoded)):
+            object.__setattr__(self, name, value)
+        object.__setattr__(self, "_ids", None)
+
+    @property
+    def ids(self) -> npt.NDArray[np.str_]:
+        cached: npt.NDArray[np.str_] | None = self.__dict__["_ids"]
+        if cached is None:
+            cached = _numpy_text(self.id_array)
+            object.__setattr__(self, "_ids", cached)
+        return cached
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.id_array)
+
+    def id_values(self) -> IdArray:
+        return self.id_array
 
     def symbols(self) -> SymbolArray:
         return self.encoded
 
 
-def _open_batches(path: Path, needed: list[str]) -> tuple[list[str], pa.Table, int]:
-    """Header, the needed columns (bytes for CSV) and how many CSV records had a wrong width."""
+def _open_batches(
+    path: Path, needed: list[str], names: list[str], query: str | None
+) -> tuple[list[str], pa.Table, int]:
+    """Header, the needed columns (bytes for CSV) and how many CSV records had a wrong width.
+    ``names``: the attribute columns, read dictionary-encoded from Parquet."""
     suffix = path.suffix.lower()
+    if query is not None or suffix in _DUCKDB:
+        return _read_duckdb(path, needed, query)
     if suffix in _PARQUET:
         pfile = pq.ParquetFile(path)
         header = list(pfile.schema_arrow.names)
+        kinds = {c: pfile.schema_arrow.field(c).type for c in names if c in header}
+        text = [c for c, kind in kinds.items() if pa.types.is_string(kind) or pa.types.is_binary(kind)]
+        if text:
+            pfile = pq.ParquetFile(path, read_dictionary=text)
         present = [c for c in needed if c in header]
         return header, pfile.read(columns=present, use_threads=True), 0
     if suffix in _ARROW:
@@ -122,6 +185,29 @@ def _open_batches(path: Path, needed: list[str]) -> tuple[list[str], pa.Table, i
         header = list(table.column_names)
         return header, table.select([c for c in needed if c in header]), 0
     return _read_csv(path, needed)
+
+
+def _read_duckdb(path: Path, needed: list[str], query: str | None) -> tuple[list[str], pa.Table, int]:
+    """The result of ``query`` on the DuckDB database ``path`` (opened read-only)."""
+    if not query:
+        raise DataSourceError(f"{path}: a DuckDB database needs a query (--query \"SELECT ... FROM ...\")")
+    try:
+        import duckdb  # the optional extra: pip install 'secure-release[duckdb]'
+    except ImportError as exc:
+        raise DataSourceError(f"{path}: reading DuckDB needs the duckdb package (pip install duckdb)") from exc
+    if not path.is_file():
+        raise DataSourceError(f"{path}: no such DuckDB database file")
+    try:
+        with duckdb.connect(str(path), read_only=True) as con:
+            relation: Any = con.sql(query)
+            if relation is None:
+                raise DataSourceError(f"{path}: the query returned no rows or columns (a SELECT is needed)")
+            fetch = getattr(relation, "to_arrow_table", None) or relation.arrow  # duckdb 2 / 1.x
+            table = fetch()
+    except duckdb.Error as exc:
+        raise DataSourceError(f"{path}: the query failed ({type(exc).__name__}: {exc})") from exc
+    header = list(table.column_names)
+    return header, table.select([c for c in needed if c in header]), 0
 
 
 def _read_csv(path: Path, needed: list[str]) -> tuple[list[str], pa.Table, int]:
@@ -138,7 +224,7 @@ def _read_csv(path: Path, needed: list[str]) -> tuple[list[str], pa.Table, int]:
 
     table = pacsv.read_csv(
         path,
-        read_options=pacsv.ReadOptions(column_names=header, skip_rows=1, block_size=1 << 24),
+        read_options=pacsv.ReadOptions(column_names=header, skip_rows=1, block_size=_CSV_BLOCK),
         parse_options=pacsv.ParseOptions(invalid_row_handler=skip),
         convert_options=pacsv.ConvertOptions(
             column_types={c: pa.binary() for c in header},
@@ -150,21 +236,59 @@ def _read_csv(path: Path, needed: list[str]) -> tuple[list[str], pa.Table, int]:
     return header, table, len(wrong_width)
 
 
-def _text(column: pa.ChunkedArray) -> tuple[pa.Array, npt.NDArray[np.bool_]]:
+def _plain(arr: Any) -> Any:
+    """Dictionary and view (chunked) arrays as plain string/binary ones."""
+    if pa.types.is_dictionary(arr.type):
+        arr = arr.cast(arr.type.value_type)
+    if pa.types.is_string_view(arr.type):
+        arr = arr.cast(pa.large_string())
+    elif pa.types.is_binary_view(arr.type):
+        arr = arr.cast(pa.large_binary())
+    return arr
+
+
+def _text(column: pa.ChunkedArray | pa.Array) -> tuple[pa.Array, npt.NDArray[np.bool_]]:
     """The column as trimmed UTF-8 strings and which rows were not valid UTF-8 (set to "")."""
-    arr = column.combine_chunks()
-    if pa.types.is_integer(arr.type):
-        arr = pc.cast(arr, pa.string())
+    plain = _plain(column)
+    arr = plain.combine_chunks() if isinstance(plain, pa.ChunkedArray) else plain
     bad = np.zeros(len(arr), dtype=bool)
     if pa.types.is_binary(arr.type) or pa.types.is_large_binary(arr.type):
         try:
-            arr = pc.cast(arr, pa.string())
+            arr = pc.cast(arr, pa.large_string() if pa.types.is_large_binary(arr.type) else pa.string())
         except pa.ArrowInvalid:
             bad = _invalid_utf8(arr)
             arr = pc.cast(pc.if_else(pa.array(bad), pa.scalar(b"", arr.type), arr), pa.string())
     elif not (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)):
         arr = pc.cast(arr, pa.string())
-    return pc.utf8_trim_whitespace(pc.fill_null(arr, "")), bad  # a null is a missing value
+    if arr.null_count:
+        arr = pc.fill_null(arr, "")  # a null is a missing value
+    return (pc.utf8_trim_whitespace(arr) if _may_need_trim(arr) else arr), bad
+
+
+def _offsets_data(arr: pa.Array) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.uint8]]:
+    """Offsets (rows + 1) and data bytes of a string/binary array without nulls."""
+    large = pa.types.is_large_string(arr.type) or pa.types.is_large_binary(arr.type)
+    width = np.int64 if large else np.int32
+    offsets = np.frombuffer(arr.buffers()[1], dtype=width)[arr.offset : arr.offset + len(arr) + 1]
+    data_buffer = arr.buffers()[2]
+    data = np.frombuffer(data_buffer, dtype=np.uint8) if data_buffer is not None else np.zeros(0, np.uint8)
+    return offsets.astype(np.int64, copy=False), data
+
+
+def _may_need_trim(arr: pa.Array) -> bool:
+    """False only if no value starts or ends with whitespace: every whitespace character Arrow
+    trims is an ASCII byte <= 0x20 or a multi-byte character, all of whose bytes are >= 0x80,
+    so a value whose first and last bytes lie in [0x21, 0x7e] is unchanged by trimming."""
+    if len(arr) == 0:
+        return False
+    offsets, data = _offsets_data(arr)
+    lengths = np.diff(offsets)
+    starts, ends = offsets[:-1], offsets[1:] - 1
+    if int(lengths.min()) == 0:
+        full = lengths > 0
+        starts, ends = starts[full], ends[full]
+    edges = np.concatenate([data[starts], data[ends]])
+    return bool(np.any((edges < 0x21) | (edges > 0x7E)))
 
 
 def _invalid_utf8(arr: pa.Array, piece: int = 4096) -> npt.NDArray[np.bool_]:
@@ -186,9 +310,8 @@ def _invalid_utf8(arr: pa.Array, piece: int = 4096) -> npt.NDArray[np.bool_]:
 def _numpy_text(arr: pa.Array) -> npt.NDArray[np.str_]:
     """A string array as a numpy unicode array (ASCII: from the buffers, no Python strings)."""
     arr = pc.fill_null(arr, "")
-    offsets_buf, data_buf = arr.buffers()[1], arr.buffers()[2]
-    offsets = np.frombuffer(offsets_buf, dtype=np.int32)[arr.offset : arr.offset + len(arr) + 1].astype(np.int64)
-    data = np.frombuffer(data_buf, dtype=np.uint8)[offsets[0] : offsets[-1]] if data_buf else np.zeros(0, np.uint8)
+    offsets, data = _offsets_data(arr)
+    data = data[offsets[0] : offsets[-1]]
     lengths = np.diff(offsets)
     width = int(lengths.max()) if lengths.size else 0
     if width == 0:
@@ -213,10 +336,28 @@ class _Problems:
 
 
 def _check_ids(ids: pa.Array, bad_utf8: npt.NDArray[np.bool_], problems: _Problems) -> None:
-    lengths = pc.binary_length(ids).to_numpy(zero_copy_only=False)
+    offsets, _ = _offsets_data(ids)
+    lengths = np.diff(offsets)
     problems.flag(np.flatnonzero(bad_utf8), "id is not valid UTF-8 (the file must be UTF-8)")
     problems.flag(np.flatnonzero((lengths == 0) & ~bad_utf8), "missing id (empty)")
     problems.flag(np.flatnonzero(lengths > MAX_ID_BYTES), f"id longer than {MAX_ID_BYTES} bytes")
+    if _may_repeat(ids):
+        _flag_repeats(ids, problems)
+
+
+def _may_repeat(ids: pa.Array) -> bool:
+    """False only if no two ids are equal: equal ids have equal keys (the high 64 bits of their
+    CMAC tags under a fixed key), and one int64 sort shows no two equal keys."""
+    if len(ids) < 2:
+        return False
+    keys = id_tags(ids, _REPEAT_KEY).view(">u8").reshape(-1, 2)[:, 0].astype(np.int64)
+    keys.sort()
+    return bool(np.any(keys[1:] == keys[:-1]))
+
+
+def _flag_repeats(ids: pa.Array, problems: _Problems) -> None:
+    """Every repeated id, with the row of its first occurrence (exact; runs only if
+    :func:`_may_repeat` found two equal keys)."""
     indices = pc.dictionary_encode(ids).indices.to_numpy(zero_copy_only=False)
     counts = np.bincount(indices)
     repeated = np.flatnonzero(counts[indices] > 1)
@@ -229,38 +370,77 @@ def _check_ids(ids: pa.Array, bad_utf8: npt.NDArray[np.bool_], problems: _Proble
 
 
 def _encode(attribute: Attribute, column: pa.ChunkedArray, problems: _Problems) -> npt.NDArray[np.int64]:
-    text, bad_utf8 = _text(column)
-    codes = pc.index_in(text, value_set=pa.array(list(attribute.categories), pa.string()))
-    unknown = np.flatnonzero(~np.asarray(pc.is_valid(codes)) & ~bad_utf8)
-    allowed = sorted(attribute.categories)
-    for r in unknown.tolist():
-        problems.reasons.setdefault(r, []).append(f"{attribute.name}={text[r].as_py()!r} not in {allowed}")
-    problems.flag(np.flatnonzero(bad_utf8), f"{attribute.name} is not valid UTF-8 (the file must be UTF-8)")
-    return np.asarray(pc.fill_null(codes, 0).to_numpy(zero_copy_only=False), dtype=np.int64)
+    """Category code of every row: raw bytes looked up among the categories trimming leaves
+    unchanged (per dictionary entry for dictionary columns), then the full path (UTF-8 check,
+    trim, every category) for the rows not found."""
+    categories = pa.array(list(attribute.categories), pa.string())
+    plain = np.asarray(pc.equal(pc.utf8_trim_whitespace(categories), categories).to_numpy(zero_copy_only=False))
+    plain_codes = np.flatnonzero(plain)
+    plain_set = pc.take(categories, pa.array(plain_codes))
+    parts: list[npt.NDArray[np.int64]] = []
+    for chunk in column.chunks:
+        if pa.types.is_dictionary(chunk.type):
+            entries = _plain(chunk.dictionary)
+            found = _lookup(entries, plain_set, plain_codes)
+            indices = chunk.indices.fill_null(len(entries)).to_numpy(zero_copy_only=False)
+            parts.append(np.append(found, -1)[indices])
+        else:
+            parts.append(_lookup(_plain(chunk), plain_set, plain_codes))
+    codes = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+    rest = np.flatnonzero(codes < 0)
+    if rest.size:
+        text, bad_utf8 = _text(column.take(pa.array(rest)))
+        found = np.asarray(pc.fill_null(pc.index_in(text, value_set=categories), -1).to_numpy(zero_copy_only=False))
+        codes[rest] = found
+        unknown = np.flatnonzero((found < 0) & ~bad_utf8)
+        allowed = sorted(attribute.categories)
+        for r in unknown.tolist():
+            message = f"{attribute.name}={text[r].as_py()!r} not in {allowed}"
+            problems.reasons.setdefault(int(rest[r]), []).append(message)
+        problems.flag(rest[bad_utf8], f"{attribute.name} is not valid UTF-8 (the file must be UTF-8)")
+        codes[codes < 0] = 0
+    return codes
 
 
-def read_table(data_path: str | Path, spec: TableSpec) -> CuratorTable:
-    """The curator's table; raises :class:`BadRowsError` listing every bad line."""
+def _lookup(values: pa.Array, plain_set: pa.Array, plain_codes: npt.NDArray[np.intp]) -> npt.NDArray[np.int64]:
+    """Code of each value whose raw bytes are one of ``plain_set``, else -1 (nulls: -1)."""
+    if not (pa.types.is_string(values.type) or pa.types.is_large_string(values.type)
+            or pa.types.is_binary(values.type) or pa.types.is_large_binary(values.type)):
+        return np.full(len(values), -1, dtype=np.int64)
+    at = pc.index_in(values, value_set=plain_set.cast(values.type))
+    found = np.asarray(pc.fill_null(at, -1).to_numpy(zero_copy_only=False), dtype=np.int64)
+    return np.where(found >= 0, np.append(plain_codes, -1)[found], -1)
+
+
+def read_table(data_path: str | Path, spec: TableSpec, query: str | None = None) -> EncodedTable:
+    """The curator's table; raises :class:`BadRowsError` listing every bad line.
+    ``query``: SQL run on ``data_path`` as a DuckDB database (see the module docstring)."""
     path = Path(data_path)
-    needed = [spec.id_column] + [a.name for a in spec.schema.attributes]
-    header, table, wrong_width = _open_batches(path, needed)
+    names = [a.name for a in spec.schema.attributes]
+    needed = [spec.id_column, *names]
+    header, table, wrong_width = _open_batches(path, needed, names, query)
     missing = [c for c in needed if c not in header]
     if missing:
         raise BadRowsError(str(path), [(1, f"missing column(s) {missing}; header is {header}")])
-    problems = _Problems()
+    id_problems, problems = _Problems(), _Problems()
     ids, bad_id_utf8 = _text(table.column(spec.id_column))
-    _check_ids(ids, bad_id_utf8, problems)
+    # the id checks (a hash and a sort, both outside the GIL) overlap the attribute look-ups
+    id_check = worker_pool().submit(_check_ids, ids, bad_id_utf8, id_problems)
     digits = {a.name: _encode(a, table.column(a.name), problems) for a in spec.schema.attributes}
+    id_check.result()
+    for row, reasons in id_problems.reasons.items():  # id reasons first, as the report lists them
+        problems.reasons[row] = reasons + problems.reasons.get(row, [])
     if problems.reasons or wrong_width:
-        raise BadRowsError(str(path), _report(path, problems, len(header)))
+        is_csv = query is None and path.suffix.lower() not in _PARQUET + _ARROW + _DUCKDB
+        raise BadRowsError(str(path), _report(path, problems, len(header), is_csv))
     symbols = mixed_radix_encode([digits[a.name] for a in spec.schema.attributes], spec.schema.radices)
-    return EncodedTable(spec.schema, _numpy_text(ids), _Labels(spec.schema, digits), symbols.astype(np.uint32))
+    return EncodedTable(spec.schema, ids, _Labels(spec.schema, digits), symbols.astype(np.uint32))
 
 
-def _report(path: Path, problems: _Problems, width: int) -> list[tuple[int, str]]:
+def _report(path: Path, problems: _Problems, width: int, is_csv: bool) -> list[tuple[int, str]]:
     """(line, reasons) for every bad row, in file order (error path only)."""
     rows = sorted(problems.reasons)
-    if path.suffix.lower() in _PARQUET + _ARROW:
+    if not is_csv:
         lines = {r: r + 2 for r in rows}
         return [(lines[r], _rename_rows(", ".join(problems.reasons[r]), lines)) for r in rows]
     report: list[tuple[int, str]] = []

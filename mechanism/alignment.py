@@ -14,16 +14,28 @@ blocks, which is what makes it secure on variable-length input.
 
 Speed. The computation is column-wise: ids are grouped by block count, and CBC step j of every
 id in a group is one AES-ECB call over all ids at once (AES-NI in ``cryptography``), so there
-is no per-id Python work. The curators exchange tags (never ids), keep the ids all of them hold,
-and put them in one canonical order: ascending tag, found by one numeric sort of the tags' high
-64-bit words (the rare equal high words are broken by the low words) and merged with
-``searchsorted``. The server and the researcher never see tags or ids.
+is no per-id Python work. Arrow string/binary arrays are read straight from their buffers (no
+per-id objects, no numpy unicode copy): ids of at most 12 bytes through Arrow's binary-view
+layout, whose 16-byte views hold the bytes inline and zero-padded (the columnar spec requires
+it), ids of one common length as a reshaped data buffer, any others by a 16-byte gather at
+their offsets. The last block's 10* padding and subkey are one XOR with a 17-row table indexed
+by the bytes in that block; bytes past an id are cleared with a mask table.
+
+Alignment. The curators exchange tags (never ids), keep the ids all of them hold, and put them
+in one canonical order: ascending (hi, lo) tag words. :func:`common_tags` sorts the first
+list once (one int64 sort of the high words with the row packed into the low bits; ties of the
+packed bits are re-sorted by full words) and looks up the others in it; :func:`align` looks
+each own tag up in the agreed, sorted list. Look-ups go through a bucket table on the top bits
+of the high word (tags are pseudorandom, so a bucket holds about one tag) and step along a
+bucket only while the sorted entry is below the wanted tag, so the result is exact for any
+input. The server and the researcher never see tags or ids.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -31,15 +43,19 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from secure_release.mechanism.errors import SecureReleaseError, ShapeMismatchError
 from secure_release.mechanism.keys import AlignmentKey
-from secure_release.mechanism.sampling import sorted_by_key
 
 U64 = npt.NDArray[np.uint64]
+I64 = npt.NDArray[np.int64]
 ByteMatrix = npt.NDArray[np.uint8]
 TAG_DTYPE = np.dtype([("hi", ">u8"), ("lo", ">u8")])
 TagArray = npt.NDArray[np.void]
-IdArray = Sequence[str] | npt.NDArray[np.str_] | npt.NDArray[np.bytes_] | npt.NDArray[np.integer]
+#: numpy text/bytes/integer arrays, sequences of str, or pyarrow string/binary/integer
+#: (Chunked)Arrays (typed Any: pyarrow has no type stubs).
+IdArray = Sequence[str] | npt.NDArray[np.str_] | npt.NDArray[np.bytes_] | npt.NDArray[np.integer] | Any
 _BLOCK = 16
 _RB = 0x87  # the constant of the CMAC subkey doubling in GF(2^128)
+_INLINE = 12  # Arrow binary-view: values up to 12 bytes are inline in their 16-byte view
+_SIGN = np.uint64(1 << 63)
 
 
 class DuplicateIdError(SecureReleaseError):
@@ -49,8 +65,9 @@ class DuplicateIdError(SecureReleaseError):
 def _ecb(key: bytes, blocks: ByteMatrix) -> ByteMatrix:
     """AES-ECB of every 16-byte row of ``blocks`` (one call, no Python loop over rows)."""
     enc = Cipher(algorithms.AES(key), modes.ECB()).encryptor()
-    out = np.empty(blocks.size + _BLOCK, dtype=np.uint8)
-    written = enc.update_into(np.ascontiguousarray(blocks).reshape(-1).data, out.data)
+    flat = np.ascontiguousarray(blocks).reshape(-1)
+    out = np.empty(flat.size + _BLOCK, dtype=np.uint8)
+    written = enc.update_into(flat.data, out.data)
     return out[:written].reshape(-1, _BLOCK)
 
 
@@ -68,94 +85,282 @@ def cmac_subkeys(key: bytes) -> tuple[bytes, bytes]:
     return k1, _double(k1)
 
 
+@dataclass(frozen=True)
+class _LastBlock:
+    """Per count r in [0, 16] of message bytes in the last block: ``mask`` keeps those r bytes,
+    ``add`` is the 10* padding (r < 16) XOR the subkey (K1 if r == 16 else K2). Rows are 16 bytes,
+    also viewable as two native uint64 words or four uint32 words."""
+
+    mask: ByteMatrix
+    add: ByteMatrix
+
+    @classmethod
+    def of(cls, key: bytes) -> _LastBlock:
+        k1, k2 = (np.frombuffer(k, dtype=np.uint8) for k in cmac_subkeys(key))
+        mask = np.zeros((_BLOCK + 1, _BLOCK), dtype=np.uint8)
+        add = np.zeros((_BLOCK + 1, _BLOCK), dtype=np.uint8)
+        for r in range(_BLOCK + 1):
+            mask[r, :r] = 0xFF
+            if r < _BLOCK:
+                add[r, r] = 0x80
+            add[r] ^= k1 if r == _BLOCK else k2
+        return cls(mask, add)
+
+    def inline_pairs(self) -> npt.NDArray[np.uint32]:
+        """Rows ``add[r]`` with the (native int32) length r2 XORed into bytes 12..15, at
+        r * 13 + r2 for r, r2 in [0, 12]: the Arrow binary-view fast path of :func:`_cmac_arrow`."""
+        table = np.repeat(self.add[: _INLINE + 1], _INLINE + 1, axis=0).view(np.uint32).copy()
+        table[:, 3] ^= np.tile(np.arange(_INLINE + 1, dtype=np.int32), _INLINE + 1).view(np.uint32)
+        return table
+
+    def add_rows(self, counts: npt.NDArray[np.integer], dtype: type[np.unsignedinteger[Any]]) -> npt.NDArray[Any]:
+        """``add`` of each row's count, as rows of ``dtype`` words."""
+        return np.take(self.add.view(dtype), counts, axis=0)
+
+
 def aes_cmac(key: bytes, messages: ByteMatrix, lengths: npt.NDArray[np.integer]) -> ByteMatrix:
     """AES-CMAC tag (16 bytes) of each message: row i of ``messages`` holds message i in its
     first ``lengths[i]`` bytes and zeros after them. Key of 16, 24 or 32 bytes. Column-wise:
     one AES-ECB call per block position per group of messages with the same block count."""
-    lengths64: npt.NDArray[np.int64] = np.asarray(lengths, dtype=np.int64)
-    if lengths64.size == 0:
+    lengths64: I64 = np.asarray(lengths, dtype=np.int64)
+    matrix = np.ascontiguousarray(messages, dtype=np.uint8).reshape(lengths64.size, -1)
+    return _cmac_matrix(key, matrix, lengths64)
+
+
+def _cmac_matrix(key: bytes, matrix: ByteMatrix, lengths: I64) -> ByteMatrix:
+    """CMAC of zero-filled rows (the bytes of row i past lengths[i] are zero)."""
+    rows, width = matrix.shape
+    if rows == 0:
         return np.zeros((0, _BLOCK), dtype=np.uint8)
-    k1, k2 = (np.frombuffer(k, dtype=np.uint8) for k in cmac_subkeys(key))
-    num_blocks = np.maximum(1, -(-lengths64 // _BLOCK))
+    last = _LastBlock.of(key)
+    if width <= _BLOCK:  # one block each: rows at a fixed stride, bytes past a row cleared
+        blocks = _windows16(matrix.reshape(-1), 0, width, rows)
+        if bool(np.all(lengths == lengths[0])):
+            _mask_add(blocks, last, int(lengths[0]))
+        else:
+            _mask_add(blocks, last, width, add=False)
+            blocks.view(np.uint64)[:] ^= last.add_rows(lengths, np.uint64)
+        return _ecb(key, blocks)
+    starts = np.arange(rows, dtype=np.int64) * width
+    return _cmac_rows(key, matrix.reshape(-1), starts, lengths, last)
+
+
+def _cmac_rows(key: bytes, data: ByteMatrix, starts: I64, lengths: I64, last: _LastBlock) -> ByteMatrix:
+    """CMAC of message i = data[starts[i] : starts[i] + lengths[i]] (any bytes around them);
+    in steps of :data:`_CHUNK` rows, so each step's blocks stay in cache."""
+    if lengths.size > _CHUNK:
+        tags = np.empty((lengths.size, _BLOCK), dtype=np.uint8)
+        for start, stop in _chunks(lengths.size):
+            tags[start:stop] = _cmac_rows(key, data, starts[start:stop], lengths[start:stop], last)
+        return tags
+    num_blocks = np.maximum(1, -(-lengths // _BLOCK))
     counts = np.flatnonzero(np.bincount(num_blocks))
     if counts.size == 1:  # the common case: no gather, no scatter
-        return _cmac_group(key, messages, lengths64, int(counts[0]), k1, k2)
-    tags = np.zeros((lengths64.size, _BLOCK), dtype=np.uint8)
+        return _cmac_chain(key, data, starts, lengths, int(counts[0]), last)
+    tags = np.zeros((lengths.size, _BLOCK), dtype=np.uint8)
     for count in counts:
         rows = np.flatnonzero(num_blocks == count)
-        tags[rows] = _cmac_group(key, messages[rows], lengths64[rows], int(count), k1, k2)
+        tags[rows] = _cmac_chain(key, data, starts[rows], lengths[rows], int(count), last)
     return tags
 
 
-def _cmac_group(key: bytes, messages: ByteMatrix, lengths: npt.NDArray[np.int64], count: int,
-                k1: ByteMatrix, k2: ByteMatrix) -> ByteMatrix:
-    """CMAC of zero-filled messages that all take ``count`` blocks."""
-    width = count * _BLOCK
-    padded = np.zeros((lengths.size, width), dtype=np.uint8)
-    take = min(width, messages.shape[1])
-    padded[:, :take] = messages[:, :take]
-    partial = np.flatnonzero(lengths < width)
-    padded[partial, lengths[partial]] = 0x80  # 10* padding of an incomplete last block
-    last = padded[:, width - _BLOCK :]
-    last ^= k1
-    last[partial] ^= k1 ^ k2  # complete last blocks take K1, padded ones K2
-    state = padded[:, :_BLOCK]
+def _cmac_chain(key: bytes, data: ByteMatrix, starts: I64, lengths: I64, count: int, last: _LastBlock) -> ByteMatrix:
+    """CMAC of messages that all take ``count`` blocks: CBC, one ECB call per block position."""
+    state: ByteMatrix | None = None
     for j in range(count):
-        if j:
-            state ^= padded[:, j * _BLOCK : (j + 1) * _BLOCK]
-        state = _ecb(key, state)
+        block = _gather16(data, starts + j * _BLOCK)
+        if j == count - 1:
+            in_last = lengths - (count - 1) * _BLOCK
+            words = block.view(np.uint64)
+            words &= np.take(last.mask.view(np.uint64), in_last, axis=0)
+            words ^= last.add_rows(in_last, np.uint64)
+        if state is not None:
+            block ^= state
+        state = _ecb(key, block)
+    assert state is not None
     return state
 
 
-def id_bytes(ids: IdArray) -> tuple[ByteMatrix, npt.NDArray[np.int64]]:
+def _windows16(data: ByteMatrix, first: int, stride: int, rows: int) -> ByteMatrix:
+    """Rows of the 16 bytes data[first + i * stride :][:16] (zeros past the end of data):
+    one strided copy of 16-byte items."""
+    out = np.empty((rows, _BLOCK), dtype=np.uint8)
+    limit = data.size - _BLOCK  # a window starting at or below this lies inside data
+    inside = 0 if first > limit else rows if stride == 0 else min(rows, (limit - first) // stride + 1)
+    if inside:
+        windows = np.ndarray(shape=(inside,), dtype="V16", buffer=data, offset=first, strides=(stride,))
+        out.view("V16")[:inside, 0] = windows
+    if inside < rows:
+        out[inside:] = _gather16(data, first + stride * np.arange(inside, rows, dtype=np.int64))
+    return out
+
+
+def _mask_add(blocks: ByteMatrix, last: _LastBlock, count: int, add: bool = True) -> None:
+    """In place, every block keeps its first ``count`` bytes, then (``add``) takes the padding
+    and subkey of a last block with ``count`` message bytes."""
+    _row_op(np.bitwise_and, blocks, last.mask[count])
+    if add:
+        _row_op(np.bitwise_xor, blocks, last.add[count])
+
+
+_TILE = 256  # rows per tiled operand: a long inner loop instead of one 16-byte row at a time
+
+
+def _row_op(op: np.ufunc, blocks: ByteMatrix, row: ByteMatrix) -> None:
+    """blocks[i] = op(blocks[i], row) for every row, on uint64 words in tiles of rows."""
+    words = blocks.view(np.uint64)
+    row_words = np.ascontiguousarray(row).view(np.uint64)
+    full = words.shape[0] - words.shape[0] % _TILE
+    if full:
+        tiled = words[:full].reshape(-1, 2 * _TILE)
+        op(tiled, np.tile(row_words, _TILE), out=tiled)
+    op(words[full:], row_words, out=words[full:])
+
+
+def _gather16(data: ByteMatrix, pos: I64) -> ByteMatrix:
+    """Rows of the 16 bytes data[p : p + 16] for each p (zeros past the end of data)."""
+    out = np.empty((pos.size, _BLOCK), dtype=np.uint8)
+    if pos.size == 0:
+        return out
+    limit = data.size - _BLOCK  # a start at or below this has 16 bytes in data
+    inside = pos <= limit
+    if limit >= 0:
+        windows = np.ndarray(shape=(limit + 1,), dtype="V16", buffer=data, offset=0, strides=(1,))
+        if bool(inside.all()):
+            out.view("V16")[:, 0] = windows[pos]
+            return out
+        out.view("V16")[inside, 0] = windows[pos[inside]]
+    base = max(0, limit)
+    tail = np.zeros(data.size - base + 2 * _BLOCK, dtype=np.uint8)
+    tail[: data.size - base] = data[base:]
+    tail_windows = np.ndarray(shape=(tail.size - _BLOCK + 1,), dtype="V16", buffer=tail, offset=0, strides=(1,))
+    out.view("V16")[~inside, 0] = tail_windows[pos[~inside] - base]
+    return out
+
+
+def id_bytes(ids: IdArray) -> tuple[ByteMatrix, I64]:
     """The ids as a (rows, width) byte matrix of their UTF-8 bytes (zero-filled) and lengths.
 
     Integer ids become their decimal text. ASCII text (the common case) is narrowed from
     numpy's UTF-32 in one vectorized pass; other text goes through numpy's UTF-8 encoder.
     """
-    arr = np.asarray(ids)
+    arr, lengths = _numpy_bytes(ids)
+    width = arr.dtype.itemsize
+    if width == 0:
+        return np.zeros((arr.size, 1), dtype=np.uint8), np.zeros(arr.size, dtype=np.int64)
+    matrix = np.ascontiguousarray(arr).view(np.uint8).reshape(arr.size, width)
+    return matrix, lengths
+
+
+def _numpy_bytes(ids: IdArray) -> tuple[npt.NDArray[np.bytes_], I64]:
+    """UTF-8 bytes (zero-filled) and their lengths; ASCII text is narrowed from UTF-32."""
+    arr = np.asarray(ids).reshape(-1)
     if arr.dtype.kind in "iu":
         arr = arr.astype(np.bytes_)
     if arr.dtype.kind == "U":
-        arr = _utf8(arr)
+        width = arr.dtype.itemsize // 4
+        if width == 0:
+            return np.zeros(arr.size, dtype="S1"), np.zeros(arr.size, dtype=np.int64)
+        points = np.ascontiguousarray(arr).view(np.uint32).reshape(arr.size, width)
+        if not points.size or int(points.max()) < 0x80:  # ASCII: one byte per character
+            narrow = points.astype(np.uint8).view(f"S{width}").reshape(arr.size)
+            return narrow, np.asarray(np.strings.str_len(arr), dtype=np.int64)
+        arr = np.asarray(np.strings.encode(arr, "utf-8"))
     if arr.dtype.kind != "S":
         raise ShapeMismatchError(f"ids must be text or integers, got dtype {arr.dtype}")
-    width = max(arr.dtype.itemsize, 1)
-    matrix = np.ascontiguousarray(arr).view(np.uint8).reshape(arr.size, width) if arr.dtype.itemsize else (
-        np.zeros((arr.size, 1), dtype=np.uint8))
-    return matrix, _lengths(matrix)
+    return arr, np.asarray(np.strings.str_len(arr), dtype=np.int64)
 
 
-def _utf8(text: npt.NDArray[np.str_]) -> npt.NDArray[np.bytes_]:
-    width = text.dtype.itemsize // 4
-    if width == 0:
-        return np.zeros(text.size, dtype="S1")
-    points = np.ascontiguousarray(text).view(np.uint32).reshape(text.size, width)
-    if points.size and int(points.max()) >= 0x80:
-        return np.asarray(np.strings.encode(text, "utf-8"))
-    return points.astype(np.uint8).view(f"S{width}").reshape(text.size)
-
-
-def _lengths(matrix: ByteMatrix) -> npt.NDArray[np.int64]:
-    """Length of each zero-filled row: one past its last non-zero byte."""
-    width = matrix.shape[1]
-    nonzero = matrix != 0
-    last_from_end = np.argmax(nonzero[:, ::-1], axis=1)
-    return np.where(nonzero.any(axis=1), width - last_from_end, 0).astype(np.int64)
+def _is_arrow(ids: object) -> bool:
+    return type(ids).__module__.split(".")[0] == "pyarrow"
 
 
 def id_tags(ids: IdArray, key: AlignmentKey) -> TagArray:
-    """128-bit keyed tags of the ids: AES-256-CMAC under HKDF(key, "alignment-cmac")."""
-    matrix, lengths = id_bytes(ids)
-    tags = aes_cmac(key.derive("alignment-cmac"), matrix, lengths)
-    return tags.reshape(-1).view(TAG_DTYPE).copy()
+    """128-bit keyed tags of the ids: AES-256-CMAC under HKDF(key, "alignment-cmac").
+
+    ``ids``: a numpy text, bytes or integer array, a sequence of str, or a pyarrow string,
+    binary or integer (Chunked)Array without nulls (hashed from its buffers)."""
+    cmac_key = key.derive("alignment-cmac")
+    if _is_arrow(ids):
+        tags = _cmac_arrow(cmac_key, ids)
+    else:
+        matrix, lengths = id_bytes(ids)
+        tags = _cmac_matrix(cmac_key, matrix, lengths)
+    return tags.reshape(-1).view(TAG_DTYPE)
+
+
+def _cmac_arrow(key: bytes, ids: Any) -> ByteMatrix:
+    """CMAC of every value of an Arrow string/binary/integer array, from its buffers."""
+    import pyarrow as pa  # only callers holding Arrow arrays pay the import
+    import pyarrow.compute as pc
+
+    arr = ids.combine_chunks() if isinstance(ids, pa.ChunkedArray) else ids
+    if pa.types.is_integer(arr.type):
+        arr = pc.cast(arr, pa.string())
+    if pa.types.is_string_view(arr.type) or pa.types.is_binary_view(arr.type):
+        arr = pc.cast(arr, pa.large_binary())
+    if not (pa.types.is_string(arr.type) or pa.types.is_binary(arr.type)
+            or pa.types.is_large_string(arr.type) or pa.types.is_large_binary(arr.type)):
+        raise ShapeMismatchError(f"ids must be text or integers, got Arrow type {arr.type}")
+    if arr.null_count:
+        raise ShapeMismatchError(f"{arr.null_count} id(s) are null; every row needs an id")
+    rows = len(arr)
+    if rows == 0:
+        return np.zeros((0, _BLOCK), dtype=np.uint8)
+    last = _LastBlock.of(key)
+    large = pa.types.is_large_string(arr.type) or pa.types.is_large_binary(arr.type)
+    offsets = np.frombuffer(arr.buffers()[1], dtype=np.int64 if large else np.int32)[arr.offset : arr.offset + rows + 1]
+    lengths = np.diff(offsets)
+    shortest, longest = int(lengths.min()), int(lengths.max())
+    data_buffer = arr.buffers()[2]
+    data = np.frombuffer(data_buffer, dtype=np.uint8) if data_buffer is not None else np.zeros(0, np.uint8)
+    out = np.empty((rows + 1, _BLOCK), dtype=np.uint8)  # update_into wants one spare block
+    enc = Cipher(algorithms.AES(key), modes.ECB()).encryptor()
+    if shortest == longest:  # one length: rows at a fixed stride, block j a strided copy
+        first, count = int(offsets[0]), max(1, -(-longest // _BLOCK))
+        in_last = longest - (count - 1) * _BLOCK
+        scratch = np.empty((min(rows, _CHUNK) + 1, _BLOCK), dtype=np.uint8)  # CBC state, one spare row
+        for start, stop in _chunks(rows):
+            for j in range(count):
+                blocks = _windows16(data, first + start * longest + j * _BLOCK, longest, stop - start)
+                if j == count - 1:
+                    _mask_add(blocks, last, in_last)
+                if j:
+                    blocks ^= scratch[: stop - start]
+                target = out[start : stop + 1] if j == count - 1 else scratch[: stop - start + 1]
+                enc.update_into(blocks.reshape(-1).data, target.reshape(-1).data)
+        return out[:rows]
+    if longest <= _INLINE:  # every value inline in its zero-padded 16-byte binary view
+        views = pc.cast(arr, pa.binary_view())
+        words = np.frombuffer(views.buffers()[1], dtype=np.uint32)[4 * views.offset : 4 * (views.offset + rows)]
+        pair = lengths * (_INLINE + 1)
+        pair[:-1] += lengths[1:]
+        table = last.inline_pairs()
+        buffer = np.empty((min(rows, _CHUNK), 4), dtype=np.uint32)
+        for start, stop in _chunks(rows):
+            blocks32 = buffer[: stop - start]
+            np.take(table, pair[start:stop], axis=0, out=blocks32)
+            # XOR in view bytes 4..15 of each row and the length word of the next row, which
+            # the pair table (indexed by both lengths) holds too, so it cancels
+            end = min(4 * stop + 1, 4 * rows)
+            blocks32.reshape(-1)[: end - 4 * start - 1] ^= words[4 * start + 1 : end]
+            enc.update_into(blocks32.reshape(-1).view(np.uint8).data, out[start : stop + 1].reshape(-1).data)
+        return out[:rows]
+    return _cmac_rows(key, data, offsets[:-1].astype(np.int64), lengths.astype(np.int64), last)
+
+
+_CHUNK = 1 << 16  # rows per step of the Arrow paths: the working set stays in cache
+
+
+def _chunks(rows: int) -> list[tuple[int, int]]:
+    return [(start, min(rows, start + _CHUNK)) for start in range(0, rows, _CHUNK)]
 
 
 @dataclass(frozen=True)
 class Alignment:
     """One curator's view of the agreed alignment."""
 
-    row_order: npt.NDArray[np.int64]
+    row_order: I64
     """Indices into this curator's table, in the canonical (ascending tag) order."""
     num_rows: int
     num_matched: int
@@ -165,74 +370,182 @@ class Alignment:
         return self.num_rows - self.num_matched
 
 
+def _pairs(tags: TagArray) -> npt.NDArray[np.void]:
+    """The tags as contiguous 16-byte items (big-endian hi then lo: byte order = tag order)."""
+    return np.ascontiguousarray(tags, dtype=TAG_DTYPE).view("V16").reshape(-1)
+
+
 def _words(tags: TagArray) -> tuple[U64, U64]:
     """The (hi, lo) halves of tags as native uint64."""
-    return tags["hi"].astype(np.uint64), tags["lo"].astype(np.uint64)
+    pairs = np.ascontiguousarray(tags, dtype=TAG_DTYPE).view(">u8").reshape(-1, 2)
+    return pairs[:, 0].astype(np.uint64), pairs[:, 1].astype(np.uint64)
 
 
-def _tag_order(hi: U64, lo: U64) -> npt.NDArray[np.int64]:
-    """Order of tags by (hi, lo): one numeric sort of hi; lexsort only if two hi words tie
-    (probability about size^2 / 2^65)."""
-    order = sorted_by_key(hi, np.arange(hi.size, dtype=np.int64))
-    sorted_hi = hi[order]
-    if sorted_hi.size > 1 and bool(np.any(sorted_hi[1:] == sorted_hi[:-1])):
-        return np.lexsort((lo, hi))
-    return order
+def _as_tags(hi: U64, lo: U64) -> TagArray:
+    out = np.empty(hi.size, dtype=TAG_DTYPE)
+    out["hi"], out["lo"] = hi, lo
+    return out
 
 
-def _sorted_unique(tags: TagArray) -> tuple[U64, U64, npt.NDArray[np.int64], bool]:
-    """Sorted (hi, lo) words without repeats, the row of each, and whether there were repeats."""
-    hi, lo = _words(tags)
-    order = _tag_order(hi, lo)
-    hi, lo = hi[order], lo[order]
-    fresh = np.ones(order.size, dtype=bool)
-    fresh[1:] = (hi[1:] != hi[:-1]) | (lo[1:] != lo[:-1])
-    repeated = not bool(np.all(fresh))
-    return hi[fresh], lo[fresh], order[fresh], repeated
+def _keyed(tags: TagArray, bits: int) -> I64:
+    """The packs (top 63 - b bits of hi | 0 | b-bit row), sign-flipped so that int64 order is
+    unsigned order, ascending: one int64 sort, skipped if the tags come in that order already
+    (an agreed list, ascending by construction)."""
+    packed = np.ascontiguousarray(tags, dtype=TAG_DTYPE)["hi"].astype(np.uint64)
+    low = np.uint64((1 << (bits + 1)) - 1)
+    packed &= ~low
+    packed |= np.arange(packed.size, dtype=np.uint64)
+    packed ^= _SIGN
+    signed = packed.view(np.int64)
+    if signed.size > 1 and not bool(np.all(signed[1:] > signed[:-1])):
+        signed.sort()  # int64 sorts use the SIMD kernels; uint64 does not
+    return signed
 
 
-def _locate(hi: U64, lo: U64, want_hi: U64, want_lo: U64) -> npt.NDArray[np.intp]:
-    """For each wanted tag, its index in the sorted, repeat-free (hi, lo), or -1 if absent."""
-    at = np.searchsorted(hi, want_hi)
-    found = np.full(want_hi.size, -1, dtype=np.intp)
-    inside = at < hi.size
-    # equal hi words are rare; where one occurs, step along the run to the matching lo
-    while True:
-        cand = np.flatnonzero(inside)
-        if cand.size == 0:
-            return found
-        pos = at[cand]
-        same_hi = hi[pos] == want_hi[cand]
-        hit = same_hi & (lo[pos] == want_lo[cand])
-        found[cand[hit]] = pos[hit]
-        step = same_hi & ~hit
-        inside[:] = False
-        inside[cand[step]] = True
-        at[cand[step]] += 1
-        inside &= at < hi.size
+@dataclass(frozen=True)
+class _Matched:
+    """The tags every list holds, ascending, and for each list the row of each (its first
+    occurrence) and whether any of them occurs more than once in that list."""
+
+    tags: TagArray
+    rows: list[I64]
+    repeated: list[bool]
+
+
+def _match(tag_lists: Sequence[TagArray]) -> _Matched:
+    """Intersect tag lists exactly by (hi, lo), in ascending (hi, lo) order.
+
+    Fast part: each list is sorted once as packs of (top bits of hi, row) (:func:`_keyed`);
+    lists are merged in turn by one stable sort of two concatenated ascending runs (a linear
+    merge in numpy's timsort; a list bit under the prefix puts the earlier list first), and each
+    prefix match is confirmed on the full 16-byte tags. Prefixes that repeat within a list (a
+    repeated id, or distinct tags sharing the top 63 - b bits: about size^2 / 2^(64 - b) pairs)
+    are taken out of every list first and matched exactly in :func:`_match_exact`; the two
+    parts are then interleaved by prefix (disjoint by construction)."""
+    size = max(t.size for t in tag_lists)
+    bits = max(1, (size - 1).bit_length())
+    if bits > 39:  # too few prefix bits left: exact matching throughout
+        return _match_exact(tag_lists, [np.arange(t.size, dtype=np.int64) for t in tag_lists])
+    shift = np.int64(bits + 1)
+    row_mask = np.int64((1 << bits) - 1)
+    packs = [_keyed(t, bits) for t in tag_lists]
+    prefixes = [p >> shift for p in packs]
+    tied = [q[1:][q[1:] == q[:-1]] for q in prefixes]
+    slow_prefix = np.unique(np.concatenate(tied)) if any(t.size for t in tied) else np.zeros(0, np.int64)
+    slow_rows: list[I64] = []
+    if slow_prefix.size:
+        for i, q in enumerate(prefixes):
+            out = _in_sorted(q, slow_prefix)
+            slow_rows.append(np.sort(packs[i][out] & row_mask))
+            packs[i] = packs[i][~out]
+    pairs = [_pairs(t) for t in tag_lists]
+    current = packs[0]  # packs of list 0 still matched, ascending
+    rows: list[I64] = []
+    for i in range(1, len(packs)):
+        both = np.concatenate([current, packs[i] | np.int64(1 << bits)])
+        both.sort(kind="stable")
+        key = both >> shift
+        at = np.flatnonzero(key[1:] == key[:-1])  # one of each list, the earlier list first
+        mine, theirs = both[at], both[at + 1] & row_mask
+        same = _equal(pairs[0][mine & row_mask], pairs[i][theirs])
+        if rows:
+            keep = np.searchsorted(current, mine[same])
+            rows = [r[keep] for r in rows]
+        current = mine[same]
+        rows.append(theirs[same])
+    first = current & row_mask
+    rows = [first, *rows]
+    tags = pairs[0][first].view(TAG_DTYPE)
+    repeated = [False] * len(packs)
+    if slow_prefix.size:
+        exact = _match_exact(tag_lists, slow_rows)
+        exact_hi = (exact.tags["hi"].astype(np.uint64) ^ _SIGN).view(np.int64)
+        at_prefix = np.searchsorted(current >> shift, exact_hi >> shift)
+        tags = np.insert(tags, at_prefix, exact.tags)
+        rows = [np.insert(r, at_prefix, e) for r, e in zip(rows, exact.rows, strict=True)]
+        repeated = exact.repeated
+    return _Matched(tags, rows, repeated)
+
+
+def _equal(a: npt.NDArray[np.void], b: npt.NDArray[np.void]) -> npt.NDArray[np.bool_]:
+    """Whether 16-byte items are equal, compared as two uint64 words."""
+    wa, wb = a.view(np.uint64).reshape(-1, 2), b.view(np.uint64).reshape(-1, 2)
+    same: npt.NDArray[np.bool_] = wa[:, 0] == wb[:, 0]
+    same &= wa[:, 1] == wb[:, 1]
+    return same
+
+
+def _in_sorted(values: I64, wanted: I64) -> npt.NDArray[np.bool_]:
+    """Which of the ascending ``values`` are among ``wanted`` (ascending, few)."""
+    mark = np.zeros(values.size + 1, dtype=np.int64)
+    np.add.at(mark, np.searchsorted(values, wanted, "left"), 1)
+    np.add.at(mark, np.searchsorted(values, wanted, "right"), -1)
+    return np.cumsum(mark[:-1]) > 0
+
+
+def _match_exact(tag_lists: Sequence[TagArray], subsets: Sequence[I64]) -> _Matched:
+    """:func:`_match` restricted to the given rows of each list, by lexsort (slow, exact)."""
+    common: TagArray | None = None
+    for tags, rows in zip(tag_lists, subsets, strict=True):
+        mine = np.unique(_pairs(tags)[rows])
+        common = mine if common is None else np.intersect1d(common, mine, assume_unique=True)
+    assert common is not None
+    out_rows: list[I64] = []
+    repeated: list[bool] = []
+    for tags, rows in zip(tag_lists, subsets, strict=True):
+        values = _pairs(tags)[rows]
+        order = np.argsort(values, kind="stable")  # 16-byte items compare as their bytes
+        ordered = values[order]
+        first = np.searchsorted(ordered, common, "left")
+        last = np.searchsorted(ordered, common, "right")
+        out_rows.append(rows[order[first]].astype(np.int64))
+        repeated.append(bool(np.any(last - first > 1)))
+    return _Matched(common.view(TAG_DTYPE), out_rows, repeated)
 
 
 def common_tags(tag_lists: Sequence[TagArray]) -> TagArray:
     """The tags every curator holds, in ascending (hi, lo) order: the canonical order."""
     if not tag_lists:
         raise ShapeMismatchError("alignment needs the tags of at least one curator")
-    hi, lo, _, _ = _sorted_unique(tag_lists[0])
-    for other in tag_lists[1:]:
-        o_hi, o_lo, _, _ = _sorted_unique(other)
-        keep = _locate(o_hi, o_lo, hi, lo) >= 0
-        hi, lo = hi[keep], lo[keep]
-    common = np.empty(hi.size, dtype=TAG_DTYPE)
-    common["hi"], common["lo"] = hi, lo
-    return common
+    return _match(tag_lists).tags
+
+
+def _alignment(rows: I64, num_rows: int, repeated: bool, agreed_size: int) -> Alignment:
+    if repeated:
+        raise DuplicateIdError("an id occurs more than once in this curator's table; ids must be unique")
+    if rows.size != agreed_size:
+        raise ShapeMismatchError("an agreed tag is not among this curator's ids")
+    return Alignment(rows, num_rows, agreed_size)
 
 
 def align(own_tags: TagArray, agreed: TagArray) -> Alignment:
-    """This curator's row order for the agreed common tags (each must occur once here)."""
-    hi, lo, rows, repeated = _sorted_unique(own_tags)
-    if repeated:
-        raise DuplicateIdError("an id occurs more than once in this curator's table; ids must be unique")
-    ag_hi, ag_lo = _words(agreed)
-    at = _locate(hi, lo, ag_hi, ag_lo)
-    if np.any(at < 0):
-        raise ShapeMismatchError("an agreed tag is not among this curator's ids")
-    return Alignment(rows[at].astype(np.int64), int(own_tags.size), int(agreed.size))
+    """This curator's row order for the agreed common tags: each agreed tag must occur once
+    among ``own_tags`` (:class:`DuplicateIdError` if more often, ShapeMismatchError if not at
+    all). A repeat among own ids outside the agreed set cannot change the alignment (tables read
+    by ``curator.table.read_table`` refuse every repeated id, with its line numbers).
+
+    ``agreed`` is ascending as :func:`common_tags` returns it (then it is not sorted again);
+    another order is followed as given."""
+    matched = _match([agreed, own_tags])
+    if matched.repeated[0] or matched.tags.size != agreed.size:
+        if matched.repeated[1]:
+            raise DuplicateIdError("an id occurs more than once in this curator's table; ids must be unique")
+        raise ShapeMismatchError("an agreed tag is not among this curator's ids (or the agreed tags repeat)")
+    rows = matched.rows[1]
+    if rows.size > 1 and not bool(np.all(matched.rows[0][1:] > matched.rows[0][:-1])):
+        rows = np.empty_like(rows)  # agreed was not ascending: follow its order
+        rows[matched.rows[0]] = matched.rows[1]
+    return _alignment(rows, int(own_tags.size), matched.repeated[1], int(agreed.size))
+
+
+def align_all(tag_lists: Sequence[TagArray]) -> tuple[TagArray, list[Alignment]]:
+    """:func:`common_tags` and every list's :func:`align` to it, sorting each list once (the
+    in-memory protocol, where one process holds every curator's tags)."""
+    if not tag_lists:
+        raise ShapeMismatchError("alignment needs the tags of at least one curator")
+    matched = _match(tag_lists)
+    alignments = [
+        _alignment(rows, int(tags.size), repeated, int(matched.tags.size))
+        for tags, rows, repeated in zip(tag_lists, matched.rows, matched.repeated, strict=True)
+    ]
+    return matched.tags, alignments

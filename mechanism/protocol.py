@@ -22,7 +22,15 @@ import numpy as np
 import numpy.typing as npt
 
 from secure_release.mechanism import estimators
-from secure_release.mechanism.alignment import TAG_DTYPE, Alignment, TagArray, align, common_tags, id_tags
+from secure_release.mechanism.alignment import (
+    TAG_DTYPE,
+    Alignment,
+    IdArray,
+    TagArray,
+    align_all,
+    common_tags,
+    id_tags,
+)
 from secure_release.mechanism.errors import ShapeMismatchError, TooFewCuratorsError
 from secure_release.mechanism.keys import AlignmentKey, PadKey, PramKey, Seed
 from secure_release.mechanism.pads import CipherMode, ReleasePad, new_release_pad
@@ -51,19 +59,27 @@ class CuratorTable:
     def name(self) -> str:
         return self.schema.name
 
+    @property
+    def num_rows(self) -> int:
+        return len(self.ids)
+
     def symbols(self) -> SymbolArray:
         return self.schema.encode(self.columns)
+
+    def id_values(self) -> IdArray:
+        """The ids in the form :func:`alignment.id_tags` hashes fastest (a table read from a
+        file keeps them as an Arrow array)."""
+        return self.ids
 
 
 def curator_tags(table: CuratorTable, key: AlignmentKey) -> TagArray:
     """Step 1a: the tags a curator sends to the other curators (never the ids)."""
-    return id_tags(table.ids, key)
+    return id_tags(table.id_values(), key)
 
 
 def agree_alignment(tag_lists: Sequence[TagArray]) -> list[Alignment]:
     """Step 1b: every curator's row order over the ids all of them hold."""
-    agreed = common_tags(tag_lists)
-    return [align(tags, agreed) for tags in tag_lists]
+    return align_all(tag_lists)[1]  # common_tags + align for each, each list sorted once
 
 
 class Agreement(NamedTuple):

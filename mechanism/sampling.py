@@ -77,8 +77,7 @@ def sample_positions(
     key = seed.derive("sampling", release_id)
     fraction = (m + 8.0 * m**0.5 + 64.0) / n
     if fraction >= 0.5 and n <= _FULL_SORT_MAX:  # m close to n: one keystream, one numeric sort
-        keys = position_keys(key, 0, n)
-        return sorted_by_key(keys, np.arange(n, dtype=np.int64))[:m]
+        return _all_positions_ordered(position_keys(key, 0, n))[:m]
     if fraction < 0.5:
         cut = np.uint64(int(fraction * 2.0**64))
         kept_keys: list[npt.NDArray[np.uint64]] = []
@@ -116,6 +115,26 @@ def _streaming_smallest(
 def _ordered(keys: npt.NDArray[np.uint64], idx: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
     """Positions in ascending (r_i, i)."""
     return sorted_by_key(keys, idx)
+
+
+def _all_positions_ordered(keys: npt.NDArray[np.uint64]) -> npt.NDArray[np.int64]:
+    """``sorted_by_key(keys, arange(n))`` with fewer passes: the packs are built in one new
+    array and unpacked in place (the keys stay intact for the rare tie fix)."""
+    n = keys.size
+    bits = max(1, (n - 1).bit_length())
+    if bits > 40:
+        return sorted_by_key(keys, np.arange(n, dtype=np.int64))
+    low = np.uint64((1 << bits) - 1)
+    packed = np.bitwise_and(keys, ~low)
+    packed |= np.arange(n, dtype=np.uint64)
+    packed ^= np.uint64(1 << 63)
+    ordered = packed.view(np.int64)
+    ordered.sort()  # int64 sorts use the SIMD kernels; uint64 does not
+    tied = np.flatnonzero((ordered[1:] ^ ordered[:-1]).view(np.uint64) <= low)  # equal top bits
+    ordered &= np.int64((1 << bits) - 1)
+    if tied.size:
+        _fix_ties(ordered, keys, np.arange(n, dtype=np.int64), tied)
+    return ordered
 
 
 def sorted_by_key(keys: npt.NDArray[np.uint64], idx: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:

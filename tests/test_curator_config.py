@@ -167,3 +167,9 @@ def test_parse_cipher_and_sizes() -> None:
     for bad in ("6,x", "6,4,2", "6,1"):
         with pytest.raises(ConfigError):
             parse_sizes(bad, ("a", "b"))
+
+
+def test_duckdb_query_setting(key_file: Path) -> None:
+    assert _config(_base(key_file)).query is None
+    config = _config([*_base(key_file), "--query", "SELECT id, edu FROM people"])
+    assert config.query == "SELECT id, edu FROM people"
