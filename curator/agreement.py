@@ -18,15 +18,15 @@ from secure_release.curator.config import CuratorConfig
 from secure_release.curator.errors import AgreementError, AlphabetSizeMismatchError, SpecRefusedError
 from secure_release.curator.leader import LeaderState
 from secure_release.curator.waits import Deadline, retry_until
-from secure_release.infra.logs import EventLog
+from secure_release.infra.logs import EventLog, peak_rss_mib
 from secure_release.infra.tls import secure_channel
 from secure_release.infra.wire import (
     PIECE_BYTES,
+    TagBuffer,
     alignment_from_pb,
     sampling_from_pb,
     spec_from_pb,
     tag_chunks,
-    tags_from_bytes,
 )
 from secure_release.mechanism.alignment import TagArray
 from secure_release.mechanism.errors import SecureReleaseError
@@ -105,7 +105,7 @@ def agreement_from_chunks(chunks: Iterator[pb.AgreementChunk]) -> VariantAgreeme
     pack into (checked while it arrives, before it is buffered further) and then unpacked and
     validated (:class:`~secure_release.mechanism.index_sharing.InvalidIndexTupleError`)."""
     first: pb.AgreementChunk | None = None
-    tags: list[bytes] = []
+    tags = TagBuffer()
     indices: list[bytes] = []
     spec: ReleaseSpec | None = None
     sampling, limit, received = SamplingMode.SEED, 0, 0
@@ -119,12 +119,12 @@ def agreement_from_chunks(chunks: Iterator[pb.AgreementChunk]) -> VariantAgreeme
         received += len(chunk.packed_indices)
         if received > limit or len(chunk.packed_indices) > PIECE_BYTES:
             raise AgreementError(f"the leader sent more packed index bytes than m positions take ({limit})")
-        tags.append(chunk.common_tags)
+        tags.add(chunk.common_tags)
         indices.append(chunk.packed_indices)
     if first is None or spec is None:
         raise AgreementError("the leader sent no agreement")
     alignment = alignment_from_pb(first.alignment)
-    common = tags_from_bytes(b"".join(tags))
+    common = tags.tags()
     if sampling is SamplingMode.SEED:
         return VariantAgreement(Agreement(spec, Seed(first.sampling_seed), common), sampling, alignment)
     if first.sampling_seed:
@@ -215,5 +215,6 @@ def agree(
         alignment=agreement.alignment.value,
         sample_fingerprint=sample_fingerprint(agreement),
         sample_bytes=agreement.agreement_sample_bytes,
+        peak_rss_mib=peak_rss_mib(),
     )
     return agreement

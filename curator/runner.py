@@ -33,11 +33,11 @@ from secure_release.curator.keystore import Keystore, ReleaseRecord
 from secure_release.curator.leader import LeaderState
 from secure_release.curator.ledgerfile import file_fingerprint
 from secure_release.curator.service import SERVICE_NAME, CuratorService
-from secure_release.curator.table import TableSpec, load_schema, read_table
+from secure_release.curator.table import EncodedTable, TableSpec, load_schema, read_table
 from secure_release.curator.upload import ServerLink
 from secure_release.infra.config import ConfigError, write_port_file
 from secure_release.infra.health import add_health_and_reflection
-from secure_release.infra.logs import EventLog
+from secure_release.infra.logs import EventLog, peak_rss_mib
 from secure_release.infra.tls import bind, make_grpc_server
 from secure_release.mechanism.alignment import TAG_DTYPE, TagArray, align
 from secure_release.mechanism.errors import SecureReleaseError
@@ -79,7 +79,7 @@ def load_table(config: CuratorConfig, log: EventLog, spec: TableSpec | None = No
     """Read the table against its schema (which must be this curator's)."""
     spec = spec or own_schema(config)
     table = read_table(config.data, spec, query=config.query)
-    log("table_loaded", rows=table.num_rows, alphabet_size=spec.schema.alphabet_size)
+    log("table_loaded", rows=table.num_rows, alphabet_size=spec.schema.alphabet_size, peak_rss_mib=peak_rss_mib())
     return table
 
 
@@ -139,7 +139,13 @@ def prepare(
     fsync) before anything is uploaded."""
     spec, common = agreement.base.spec, agreement.base.common
     alignment = align(own.tags, common)
-    log("aligned", matched=alignment.num_matched, unmatched=alignment.num_unmatched, rows=alignment.num_rows)
+    log(
+        "aligned",
+        matched=alignment.num_matched,
+        unmatched=alignment.num_unmatched,
+        rows=alignment.num_rows,
+        peak_rss_mib=peak_rss_mib(),
+    )
     positions = agreement_positions(agreement)
     sample = own.table.symbols()[alignment.row_order[positions]]  # gathers m rows, not n
     pad = new_release_pad(spec.cipher, own.alphabet_size, spec.m, config.test_pad_key)
@@ -153,6 +159,7 @@ def prepare(
         sampling=agreement.sampling.value,
         sampling_randomness=agreement.sampling.randomness,
         sample_fingerprint=fingerprint,
+        peak_rss_mib=peak_rss_mib(),
     )
     return record
 
@@ -361,6 +368,8 @@ def open_run(
             refusal = exc
     if config.alignment_key is not None:
         tags = curator_tags(table, config.alignment_key)
+        if isinstance(table, EncodedTable):
+            table = table.without_ids()  # hashed: the ids are not needed again
     else:  # PSI: computed by the ring once the release is set up (not needed to resume)
         tags = np.zeros(0, dtype=TAG_DTYPE)
     own = OwnData(table, tags, fingerprint)

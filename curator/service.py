@@ -18,6 +18,7 @@ release, and this curator's grants. Every refusal is logged and sent as a named 
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -45,6 +46,7 @@ from secure_release.infra.logs import EventLog
 from secure_release.infra.wire import (
     PIECE_BYTES,
     TAG_BYTES,
+    TagBuffer,
     alignment_from_pb,
     alignment_to_pb,
     byte_pieces,
@@ -54,7 +56,6 @@ from secure_release.infra.wire import (
     schema_to_pb,
     spec_to_pb,
     tag_pieces,
-    tags_from_bytes,
 )
 from secure_release.mechanism.alignment import TagArray
 from secure_release.mechanism.errors import SecureReleaseError
@@ -87,7 +88,7 @@ def read_tag_stream(chunks: Iterable[pb.TagChunk], sender: str, admit: Callable[
     a release led here, and returns how many tag bytes the sender may send (more: a
     :class:`TagLimitError`). Named errors too if a chunk claims another curator, another
     release or the wrong sequence number."""
-    pieces: list[bytes] = []
+    pieces = TagBuffer()
     release_id, alphabet_size, limit, received = "", 0, 0, 0
     alignment = AlignmentMode.KEYED_HASH
     for expected_seq, chunk in enumerate(chunks):
@@ -108,20 +109,22 @@ def read_tag_stream(chunks: Iterable[pb.TagChunk], sender: str, admit: Callable[
             )
         release_id = chunk.release_id
         alphabet_size = alphabet_size or int(chunk.alphabet_size)
-        pieces.append(chunk.tags)
+        pieces.add(chunk.tags)
         if chunk.last:
             break
-    return TagSubmission(release_id, tags_from_bytes(b"".join(pieces)), alphabet_size, alignment)
+    return TagSubmission(release_id, pieces.tags(), alphabet_size, alignment)
 
 
 def agreement_chunks(agreement: VariantAgreement) -> Iterator[pb.AgreementChunk]:
     """The agreement as AgreementChunk messages: spec, modes and (seed sampling) the seed on the
     first; the common tags in pieces of at most 1 MiB; then (index sharing) the packed index
     tuple in pieces of at most 1 MiB. No chunk carries more than 1 MiB of tags plus indices."""
-    pieces = [(piece, b"") for piece in tag_pieces(agreement.base.common)]
-    pieces += [(b"", piece) for piece in byte_pieces(agreement.packed_indices or b"")]
+    tag_part = tag_pieces(agreement.base.common)  # each 1 MiB piece made as it is sent
+    index_part = byte_pieces(agreement.packed_indices or b"")
+    total = len(tag_part) + len(index_part)
+    pieces = itertools.chain(((t, b"") for t in tag_part), ((b"", i) for i in index_part))
     for seq, (tags, indices) in enumerate(pieces):
-        chunk = pb.AgreementChunk(sequence=seq, common_tags=tags, packed_indices=indices, last=seq == len(pieces) - 1)
+        chunk = pb.AgreementChunk(sequence=seq, common_tags=tags, packed_indices=indices, last=seq == total - 1)
         if seq == 0:
             chunk.params.CopyFrom(spec_to_pb(agreement.base.spec))
             chunk.sampling = sampling_to_pb(agreement.sampling)

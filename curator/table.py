@@ -111,12 +111,13 @@ def load_schema(path: str | Path) -> TableSpec:
 class _Labels(Mapping[str, npt.NDArray[np.str_]]):
     """Label columns computed on access from the category codes (no string column is kept)."""
 
-    def __init__(self, schema: CuratorSchema, digits: Mapping[str, npt.NDArray[np.int64]]) -> None:
+    def __init__(self, schema: CuratorSchema, digits: Mapping[str, npt.NDArray[np.unsignedinteger[Any]]]) -> None:
         self._schema, self._digits = schema, digits
 
     def __getitem__(self, name: str) -> npt.NDArray[np.str_]:
         attribute = next(a for a in self._schema.attributes if a.name == name)
-        return np.asarray(attribute.categories, dtype=str)[self._digits[name]]
+        labels: npt.NDArray[np.str_] = np.asarray(attribute.categories, dtype=str)[self._digits[name]]
+        return labels
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._digits)
@@ -149,7 +150,15 @@ class EncodedTable(CuratorTable):
 
     @property
     def num_rows(self) -> int:
-        return len(self.id_array)
+        rows: int | None = self.__dict__.get("_rows")
+        return len(self.id_array) if rows is None else rows
+
+    def without_ids(self) -> EncodedTable:
+        """This table without its ids (same rows, codes and symbols): once the ids are hashed,
+        a keyed-hash curator needs only the symbols, and the ids are the table's largest part."""
+        slim = EncodedTable(self.schema, pa.array([], pa.string()), self.columns, self.encoded)
+        object.__setattr__(slim, "_rows", self.num_rows)
+        return slim
 
     def id_values(self) -> IdArray:
         return self.id_array
@@ -433,8 +442,20 @@ def read_table(data_path: str | Path, spec: TableSpec, query: str | None = None)
     if problems.reasons or wrong_width:
         is_csv = query is None and path.suffix.lower() not in _PARQUET + _ARROW + _DUCKDB
         raise BadRowsError(str(path), _report(path, problems, len(header), is_csv))
+    del table  # the raw columns: only the ids, the codes and the symbols are kept
     symbols = mixed_radix_encode([digits[a.name] for a in spec.schema.attributes], spec.schema.radices)
-    return EncodedTable(spec.schema, ids, _Labels(spec.schema, digits), symbols.astype(np.uint32))
+    narrow = {name: codes.astype(_code_dtype(codes)) for name, codes in digits.items()}  # 1 byte a value, mostly
+    del digits
+    encoded = symbols.astype(np.uint32)
+    del symbols
+    pa.default_memory_pool().release_unused()  # hand Arrow's freed parse buffers back to the OS
+    return EncodedTable(spec.schema, ids, _Labels(spec.schema, narrow), encoded)
+
+
+def _code_dtype(codes: npt.NDArray[np.int64]) -> type[np.unsignedinteger[Any]]:
+    """The narrowest unsigned type holding these category codes."""
+    top = int(codes.max()) if codes.size else 0
+    return np.uint8 if top < 1 << 8 else np.uint16 if top < 1 << 16 else np.uint32
 
 
 def _report(path: Path, problems: _Problems, width: int, is_csv: bool) -> list[tuple[int, str]]:

@@ -68,6 +68,18 @@ def setup_logging(level: str = "INFO", stream: TextIO | None = None) -> None:
     root.propagate = False
 
 
+def peak_rss_mib() -> int | None:
+    """This process's peak resident memory so far (Linux VmHWM, MiB); None where unknown."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) // 1024
+    except OSError:
+        return None
+    return None
+
+
 class EventLog:
     """``log("event", field=value, ...)`` for one party: a thin front of :mod:`logging` that
     adds ``component`` and ``party`` to every record."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import overload
 
 import numpy as np
 
@@ -322,9 +323,50 @@ def schema_from_pb(s: pb.CuratorSchema, curator: str) -> CuratorSchema:
 
 
 # ---------------------------------------------------------------------------------- tags
-def _pieces(raw: bytes) -> list[bytes]:
-    step = TAGS_PER_CHUNK * TAG_BYTES
-    return [raw[i : i + step] for i in range(0, len(raw), step)] or [b""]
+class TagPieces(Sequence[bytes]):
+    """Tags as byte pieces of at most ``TAGS_PER_CHUNK`` tags (at least one piece), each made
+    when it is asked for: a sender never holds a second copy of all its tags."""
+
+    def __init__(self, tags: TagArray) -> None:
+        self._tags = np.ascontiguousarray(tags, dtype=TAG_DTYPE)
+
+    def __len__(self) -> int:
+        return max(1, -(-self._tags.size // TAGS_PER_CHUNK))
+
+    @overload
+    def __getitem__(self, index: int) -> bytes: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[bytes]: ...
+    def __getitem__(self, index: int | slice) -> bytes | list[bytes]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        if not -len(self) <= index < len(self):
+            raise IndexError(index)
+        start = (index % len(self)) * TAGS_PER_CHUNK
+        return self._tags[start : start + TAGS_PER_CHUNK].tobytes()
+
+
+def _pieces(tags: TagArray) -> TagPieces:
+    return TagPieces(tags)
+
+
+class TagBuffer:
+    """Tag bytes joined as they arrive, in one growing buffer (no list of pieces, no second
+    copy); :meth:`tags` views it as a TagArray."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+
+    def __len__(self) -> int:
+        return len(self._buffer)
+
+    def add(self, piece: bytes) -> None:
+        self._buffer += piece
+
+    def tags(self) -> TagArray:
+        if len(self._buffer) % TAG_BYTES:
+            raise ShapeMismatchError(f"{len(self._buffer)} tag bytes is not a multiple of {TAG_BYTES}")
+        return np.frombuffer(self._buffer, dtype=TAG_DTYPE)
 
 
 def tag_chunks(
@@ -335,7 +377,7 @@ def tag_chunks(
     alignment: AlignmentMode = AlignmentMode.KEYED_HASH,
 ) -> Iterator[pb.TagChunk]:
     """A curator's id tags (made by ``alignment``) as TagChunk messages of at most 1 MiB."""
-    pieces = _pieces(np.ascontiguousarray(tags, dtype=TAG_DTYPE).tobytes())
+    pieces = _pieces(tags)
     for seq, piece in enumerate(pieces):
         yield pb.TagChunk(
             release_id=release_id,
@@ -348,9 +390,9 @@ def tag_chunks(
         )
 
 
-def tag_pieces(tags: TagArray) -> list[bytes]:
-    """Tags as byte pieces of at most 1 MiB (for AgreementChunk.common_tags)."""
-    return _pieces(np.ascontiguousarray(tags, dtype=TAG_DTYPE).tobytes())
+def tag_pieces(tags: TagArray) -> TagPieces:
+    """Tags as byte pieces of at most 1 MiB (for AgreementChunk.common_tags), made lazily."""
+    return _pieces(tags)
 
 
 def tags_from_bytes(raw: bytes) -> TagArray:

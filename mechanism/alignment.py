@@ -421,7 +421,11 @@ def _match(tag_lists: Sequence[TagArray]) -> _Matched:
     prefix match is confirmed on the full 16-byte tags. Prefixes that repeat within a list (a
     repeated id, or distinct tags sharing the top 63 - b bits: about size^2 / 2^(64 - b) pairs)
     are taken out of every list first and matched exactly in :func:`_match_exact`; the two
-    parts are then interleaved by prefix (disjoint by construction)."""
+    parts are then interleaved by prefix (disjoint by construction).
+
+    Memory: each temporary of n words is dropped as soon as the next step has what it needs, so
+    at n = 10^7 the work beside the inputs stays near four arrays of n words (the curator's
+    peak memory is set here)."""
     size = max(t.size for t in tag_lists)
     bits = max(1, (size - 1).bit_length())
     if bits > 39:  # too few prefix bits left: exact matching throughout
@@ -429,30 +433,28 @@ def _match(tag_lists: Sequence[TagArray]) -> _Matched:
     shift = np.int64(bits + 1)
     row_mask = np.int64((1 << bits) - 1)
     packs = [_keyed(t, bits) for t in tag_lists]
-    prefixes = [p >> shift for p in packs]
-    tied = [q[1:][q[1:] == q[:-1]] for q in prefixes]
-    slow_prefix = np.unique(np.concatenate(tied)) if any(t.size for t in tied) else np.zeros(0, np.int64)
+    slow_prefix = _tied_prefixes(packs, shift)
     slow_rows: list[I64] = []
     if slow_prefix.size:
-        for i, q in enumerate(prefixes):
-            out = _in_sorted(q, slow_prefix)
-            slow_rows.append(np.sort(packs[i][out] & row_mask))
-            packs[i] = packs[i][~out]
+        for i, pack in enumerate(packs):
+            out = _in_sorted(pack >> shift, slow_prefix)
+            slow_rows.append(np.sort(pack[out] & row_mask))
+            packs[i] = pack[~out]
+            del out
     pairs = [_pairs(t) for t in tag_lists]
     current = packs[0]  # packs of list 0 still matched, ascending
+    packs[0] = np.zeros(0, dtype=np.int64)
     rows: list[I64] = []
     for i in range(1, len(packs)):
-        both = np.concatenate([current, packs[i] | np.int64(1 << bits)])
-        both.sort(kind="stable")
-        key = both >> shift
-        at = np.flatnonzero(key[1:] == key[:-1])  # one of each list, the earlier list first
-        mine, theirs = both[at], both[at + 1] & row_mask
+        mine, theirs = _merge_prefixes(current, packs[i], bits, shift, row_mask)
+        packs[i] = np.zeros(0, dtype=np.int64)
         same = _equal(pairs[0][mine & row_mask], pairs[i][theirs])
         if rows:
             keep = np.searchsorted(current, mine[same])
             rows = [r[keep] for r in rows]
         current = mine[same]
         rows.append(theirs[same])
+        del mine, theirs, same
     first = current & row_mask
     rows = [first, *rows]
     tags = pairs[0][first].view(TAG_DTYPE)
@@ -465,6 +467,35 @@ def _match(tag_lists: Sequence[TagArray]) -> _Matched:
         rows = [np.insert(r, at_prefix, e) for r, e in zip(rows, exact.rows, strict=True)]
         repeated = exact.repeated
     return _Matched(tags, rows, repeated)
+
+
+def _tied_prefixes(packs: Sequence[I64], shift: np.int64) -> I64:
+    """The prefixes that occur more than once within one list (ascending, usually few)."""
+    tied: list[I64] = []
+    for pack in packs:
+        prefix = pack >> shift
+        tied.append(prefix[1:][prefix[1:] == prefix[:-1]])
+        del prefix
+    return np.unique(np.concatenate(tied)) if any(t.size for t in tied) else np.zeros(0, np.int64)
+
+
+def _merge_prefixes(current: I64, other: I64, bits: int, shift: np.int64, row_mask: np.int64) -> tuple[I64, I64]:
+    """The packs of ``current`` whose prefix ``other`` holds too, and the row in ``other`` of
+    each (both ascending by prefix): one stable sort of the two concatenated runs."""
+    both = np.concatenate([current, other])
+    both[current.size :] |= np.int64(1 << bits)  # the later list sorts after on equal prefixes
+    both.sort(kind="stable")
+    key = both >> shift
+    hit = key[1:] == key[:-1]  # one of each list, the earlier list first
+    del key
+    at = np.flatnonzero(hit)
+    del hit
+    mine = both[at]
+    at += 1
+    theirs = both[at]
+    del both, at
+    theirs &= row_mask
+    return mine, theirs
 
 
 def _equal(a: npt.NDArray[np.void], b: npt.NDArray[np.void]) -> npt.NDArray[np.bool_]:

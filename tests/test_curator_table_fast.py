@@ -107,6 +107,16 @@ def test_ids_stay_arrow_and_hash_like_numpy(tmp_path: Path) -> None:
     assert table.ids is table.ids  # converted once
 
 
+def test_a_table_without_ids_keeps_rows_codes_and_symbols(tmp_path: Path) -> None:
+    (tmp_path / "d.csv").write_text("id,edu,mar\nx1,a,m\nx2,b,s\nx3,a,m\n")
+    table = read_table(tmp_path / "d.csv", _spec(tmp_path))
+    slim = table.without_ids()
+    assert len(slim.id_values()) == 0 and slim.num_rows == table.num_rows == 3
+    assert np.array_equal(slim.symbols(), table.symbols())
+    assert list(slim.columns["edu"]) == list(table.columns["edu"]) == ["a", "b", "a"]
+    assert table.columns["edu"].dtype.kind == "U" and len(table.ids) == 3  # the original is untouched
+
+
 duckdb = pytest.importorskip("duckdb")
 
 
