@@ -446,9 +446,12 @@ def _match(tag_lists: Sequence[TagArray]) -> _Matched:
     packs[0] = np.zeros(0, dtype=np.int64)
     rows: list[I64] = []
     for i in range(1, len(packs)):
-        mine, theirs = _merge_prefixes(current, packs[i], bits, shift, row_mask)
+        runs = [current, packs[i]]
         packs[i] = np.zeros(0, dtype=np.int64)
-        same = _equal(pairs[0][mine & row_mask], pairs[i][theirs])
+        if not rows:  # the previous matches are not needed after the merge: let it free them
+            current = np.zeros(0, dtype=np.int64)
+        mine, theirs = _merge_prefixes(runs, bits, shift, row_mask)
+        same = _same_tags(pairs[0], mine, row_mask, pairs[i], theirs)
         if rows:
             keep = np.searchsorted(current, mine[same])
             rows = [r[keep] for r in rows]
@@ -479,23 +482,44 @@ def _tied_prefixes(packs: Sequence[I64], shift: np.int64) -> I64:
     return np.unique(np.concatenate(tied)) if any(t.size for t in tied) else np.zeros(0, np.int64)
 
 
-def _merge_prefixes(current: I64, other: I64, bits: int, shift: np.int64, row_mask: np.int64) -> tuple[I64, I64]:
-    """The packs of ``current`` whose prefix ``other`` holds too, and the row in ``other`` of
-    each (both ascending by prefix): one stable sort of the two concatenated runs."""
-    both = np.concatenate([current, other])
-    both[current.size :] |= np.int64(1 << bits)  # the later list sorts after on equal prefixes
+def _merge_prefixes(runs: list[I64], bits: int, shift: np.int64, row_mask: np.int64) -> tuple[I64, I64]:
+    """The packs of ``runs[0]`` whose prefix ``runs[1]`` holds too, and the row in ``runs[1]``
+    of each (both ascending by prefix): one stable sort of the two concatenated runs. The runs
+    are emptied (freed once the caller holds no other reference)."""
+    both = np.concatenate(runs)
+    both[runs[0].size :] |= np.int64(1 << bits)  # the later list sorts after on equal prefixes
+    runs.clear()
     both.sort(kind="stable")
-    key = both >> shift
-    hit = key[1:] == key[:-1]  # one of each list, the earlier list first
-    del key
-    at = np.flatnonzero(hit)
-    del hit
+    at = _equal_neighbours(both, shift)  # one of each list, the earlier list first
     mine = both[at]
     at += 1
     theirs = both[at]
     del both, at
     theirs &= row_mask
     return mine, theirs
+
+
+def _equal_neighbours(values: I64, shift: np.int64, step: int = 1 << 20) -> I64:
+    """Indices i with values[i] >> shift == values[i + 1] >> shift, in pieces of ``step`` (no
+    temporary of the full length)."""
+    found: list[I64] = []
+    for start in range(0, max(0, values.size - 1), step):
+        window = values[start : start + step + 1] >> shift
+        found.append(np.flatnonzero(window[1:] == window[:-1]) + start)
+    return np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
+
+
+def _same_tags(
+    left: npt.NDArray[np.void], left_packs: I64, row_mask: np.int64, right: npt.NDArray[np.void], right_rows: I64,
+    step: int = 1 << 20,
+) -> npt.NDArray[np.bool_]:  # fmt: skip
+    """Whether left[left_packs & row_mask] equals right[right_rows], item by item, gathered in
+    pieces of ``step`` (the full 16-byte tags confirm each prefix match)."""
+    same = np.empty(left_packs.size, dtype=bool)
+    for start in range(0, left_packs.size, step):
+        piece = slice(start, start + step)
+        same[piece] = _equal(left[left_packs[piece] & row_mask], right[right_rows[piece]])
+    return same
 
 
 def _equal(a: npt.NDArray[np.void], b: npt.NDArray[np.void]) -> npt.NDArray[np.bool_]:

@@ -157,3 +157,21 @@ def test_align_follows_an_agreed_list_in_any_order_and_refuses_bad_ones() -> Non
     # a repeat outside the agreed set cannot change the alignment and is not an error here
     extra = id_tags(np.array(["x", "bob", "carol", "zed", "zed"]), KEY)
     assert np.array_equal(extra[align(extra, agreed).row_order], agreed)
+
+
+@pytest.mark.parametrize("step", [1, 2, 3, 7, 1 << 20])
+def test_the_chunked_merge_steps_equal_the_whole_array_ones(step: int) -> None:
+    from secure_release.mechanism.alignment import _equal, _equal_neighbours, _same_tags
+
+    rng = np.random.default_rng(step)
+    values = np.sort(rng.integers(0, 1 << 20, 200, dtype=np.int64))  # many equal neighbours after >> 4
+    shift = np.int64(4)
+    key = values >> shift
+    assert np.array_equal(_equal_neighbours(values, shift, step), np.flatnonzero(key[1:] == key[:-1]))
+    tags = rng.integers(0, 4, (50, 2), dtype=np.int64).view(np.uint64).view("V16").reshape(-1)
+    left_rows, right_rows = rng.integers(0, 50, 120), rng.integers(0, 50, 120)
+    mask = np.int64((1 << 10) - 1)
+    packs = (rng.integers(0, 1 << 20, 120, dtype=np.int64) << 11) | left_rows  # rows under the mask
+    expected = _equal(tags[left_rows], tags[right_rows])
+    assert np.array_equal(_same_tags(tags, packs, mask, tags, right_rows, step), expected)
+    assert expected.any() and not expected.all()
