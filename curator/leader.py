@@ -156,6 +156,15 @@ class LeaderState:
         with self.cond:
             self.agreement, self.digests = agreement, dict(digests)
 
+    def forget_tags(self) -> None:
+        """Drop every curator's tags once the agreement is fixed and persisted, keeping their
+        digests (an identical resubmission is still recognised): at n = 10^7 each list is 160 MB
+        the leader no longer needs."""
+        with self.cond:
+            if self.agreement is not None and self.tags:
+                self.digests = {c: tags_digest(t) for c, t in self.tags.items()}
+                self.tags.clear()
+
     def tag_digests(self) -> dict[str, str]:
         """Every curator's tag digest (what :meth:`restore` needs after a restart)."""
         with self.cond:

@@ -205,6 +205,7 @@ def setup_release(run: Run) -> ReleaseRecord:
     if run.state is not None:
         psi_own = run.own.tags if config.alignment is AlignmentMode.PSI else None
         run.keystore.save_agreement(agreement, run.state.tag_digests(), psi_own)
+        run.state.forget_tags()
     try:
         reserve(config, run.keystore, run.own.fingerprint, sample_fingerprint(agreement), run.log)
     except SecureReleaseError as exc:

@@ -8,7 +8,7 @@ import tempfile
 from pathlib import Path
 
 
-def atomic_write(path: Path, data: bytes, mode: int = 0o600) -> None:
+def atomic_write(path: Path, data: bytes | memoryview, mode: int = 0o600) -> None:
     """Write ``data`` to ``path`` atomically with permissions ``mode``: a temporary file in the
     same directory, fsync, rename, then fsync of the directory. A crash leaves the old file or
     the new one, never a torn one, and the bytes never exist with looser permissions."""

@@ -275,3 +275,20 @@ def test_follower_gets_the_leaders_agreement_over_grpc(tmp_path: Path) -> None:
             assert check(channel, SERVICE_NAME) == "SERVING"
     finally:
         server.stop(0).wait()
+
+
+def test_the_leader_forgets_tags_once_the_agreement_is_fixed_but_knows_a_resubmission() -> None:
+    from secure_release.curator.errors import AgreementFixedError
+
+    _, state = _leading()
+    state.add_tags("alice", _tags(50), 6)
+    state.add_tags("bob", _tags(40, offset=20), 4)
+    digests = state.tag_digests()
+    state.forget_tags()  # before the agreement: nothing is dropped
+    assert set(state.tags) == {"alice", "bob"}
+    state.collect(5.0)
+    state.forget_tags()
+    assert state.tags == {} and state.tag_digests() == digests
+    state.add_tags("bob", _tags(40, offset=20), 4)  # the same tags again: a no-op
+    with pytest.raises(AgreementFixedError):
+        state.add_tags("bob", _tags(40, offset=21), 4)
