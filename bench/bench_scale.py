@@ -25,6 +25,9 @@ run at least once, so limit time <= stage time can only be missed by doing less 
                                                        rule orders n 64-bit keys (shown because
                                                        the keystream limit alone leaves out that
                                                        sort; no exact sampler here does less)
+                  From n >= sampling.PARALLEL_MIN (2^18) on 2+ cores the stage splits its
+                  keystream and sort over two threads, so both sampling rows set its wall time
+                  against single-thread limits; a /sort ratio above 1 means the second core.
   pad_encrypt     ReleasePad(chacha20).encrypt         keystream (2 B/symbol) + memcpy in/out
   pram            perturb, 2 curators                  keystream of its words + memcpy in/out
 plus the cost of a 2-row release (pad, encrypt, decrypt) with ChaCha20 vs one-time pads.
