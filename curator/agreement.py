@@ -40,7 +40,7 @@ from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
 
 SUBMIT_TIMEOUT_S = 60.0
-AGREEMENT_CALL_S = 5.0  # one GetAgreement call waits this long at most (then asks again)
+AGREEMENT_CALL_S = 20.0  # one GetAgreement call: the leader waits up to half of it, then streams
 
 
 def leader_state(config: CuratorConfig, own_size: int) -> LeaderState:

@@ -38,6 +38,7 @@ from secure_release.curator.upload import ServerLink
 from secure_release.infra.config import ConfigError, write_port_file
 from secure_release.infra.health import add_health_and_reflection
 from secure_release.infra.logs import EventLog, peak_rss_mib
+from secure_release.infra.memory import release_free_memory
 from secure_release.infra.tls import bind, make_grpc_server
 from secure_release.mechanism.alignment import TAG_DTYPE, TagArray, align
 from secure_release.mechanism.errors import SecureReleaseError
@@ -139,6 +140,7 @@ def prepare(
     fsync) before anything is uploaded."""
     spec, common = agreement.base.spec, agreement.base.common
     alignment = align(own.tags, common)
+    release_free_memory()
     log(
         "aligned",
         matched=alignment.num_matched,
@@ -206,6 +208,7 @@ def setup_release(run: Run) -> ReleaseRecord:
         psi_own = run.own.tags if config.alignment is AlignmentMode.PSI else None
         run.keystore.save_agreement(agreement, run.state.tag_digests(), psi_own)
         run.state.forget_tags()
+        release_free_memory()
     try:
         reserve(config, run.keystore, run.own.fingerprint, sample_fingerprint(agreement), run.log)
     except SecureReleaseError as exc:
@@ -371,6 +374,7 @@ def open_run(
         tags = curator_tags(table, config.alignment_key)
         if isinstance(table, EncodedTable):
             table = table.without_ids()  # hashed: the ids are not needed again
+        release_free_memory()
     else:  # PSI: computed by the ring once the release is set up (not needed to resume)
         tags = np.zeros(0, dtype=TAG_DTYPE)
     own = OwnData(table, tags, fingerprint)

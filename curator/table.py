@@ -49,6 +49,7 @@ import pyarrow.csv as pacsv
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
+from secure_release.infra.memory import release_free_memory
 from secure_release.mechanism.alignment import IdArray, id_tags
 from secure_release.mechanism.errors import SecureReleaseError
 from secure_release.mechanism.keys import AlignmentKey
@@ -448,7 +449,7 @@ def read_table(data_path: str | Path, spec: TableSpec, query: str | None = None)
     del digits
     encoded = symbols.astype(np.uint32)
     del symbols
-    pa.default_memory_pool().release_unused()  # hand Arrow's freed parse buffers back to the OS
+    release_free_memory()  # hand Arrow's freed parse buffers (and glibc's free heap) back to the OS
     return EncodedTable(spec.schema, ids, _Labels(spec.schema, narrow), encoded)
 
 
