@@ -9,7 +9,8 @@ One synthetic Adult-shaped table of N rows (default 1.5 M, split between alice a
   ``Cluster`` + ``launch_release``: server, alice (leader), bob and the researcher as separate
   processes over mutual TLS with a fresh project CA), then the analyst's ``GetEstimate``. Wall
   time = first process started -> estimate received (includes interpreter start-up, reading the
-  CSVs, alignment, upload, PRAM, fetch, decryption and estimation).
+  CSVs, alignment, upload, PRAM, fetch, decryption and estimation; not the one-time ``budget
+  set`` of each data set, done before).
 * in-process: ``curator.table.read_table`` of both CSVs + ``mechanism.protocol.run_release`` on
   the same tables, same epsilon, m and cipher, measured in the same run.
 
@@ -39,7 +40,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from secure_release.cmd_demo import PARTIES, Cluster, get_estimate, launch_release  # noqa: E402
+from secure_release.cmd_demo import PARTIES, Cluster, get_estimate, launch_release, set_budgets  # noqa: E402
 from secure_release.curator.table import load_schema, read_table  # noqa: E402
 from secure_release.demo_data import write_demo_data  # noqa: E402
 from secure_release.infra.pki import init_pki  # noqa: E402
@@ -87,9 +88,11 @@ def run_services(
     cluster = Cluster(work, env=env)
     poller = RssPoller(cluster)
     poller.start()
+    # the operator sets each curator's budget once per data set, before any release: not timed
+    set_budgets(cluster, {work / f"keystore-{c}": data / f"{c}.csv" for c in ("alice", "bob")}, max(1.0, epsilon))
     try:
         t0 = time.perf_counter()
-        addrs = launch_release(cluster, data, certs, f"bench-{m}", epsilon, m, cipher, akey)
+        addrs = launch_release(cluster, data, certs, f"bench-{m}", epsilon, m, cipher, akey, budgets=False)
         resp = get_estimate(addrs["researcher"], certs, f"bench-{m}", timeout=900)
         wall = time.perf_counter() - t0
         poller.sample()  # every process is still alive here: the last (= peak) VmHWM

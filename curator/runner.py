@@ -21,6 +21,7 @@ import contextlib
 import signal
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 import grpc
@@ -359,9 +360,11 @@ def open_run(
     from secure_release.curator.waits import Deadline
 
     spec, service, state = opened.spec, opened.service, opened.state
-    table = load_table(config, log, spec)
+    with ThreadPoolExecutor(1, thread_name_prefix="fingerprint") as pool:
+        hashing = pool.submit(file_fingerprint, config.data)  # SHA-256 of the file, beside the read
+        table = load_table(config, log, spec)
+        fingerprint = hashing.result()
     keystore = Keystore(config.keystore)
-    fingerprint = file_fingerprint(config.data)
     record = resumable_record(config, keystore, fingerprint)
     refusal = None
     if record is None:

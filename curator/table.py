@@ -194,7 +194,7 @@ def _open_batches(
                 table = ipc.open_stream(source).read_all()
         header = list(table.column_names)
         return header, table.select([c for c in needed if c in header]), 0
-    return _read_csv(path, needed)
+    return _read_csv(path, needed, names)
 
 
 def _read_duckdb(path: Path, needed: list[str], query: str | None) -> tuple[list[str], pa.Table, int]:
@@ -220,7 +220,9 @@ def _read_duckdb(path: Path, needed: list[str], query: str | None) -> tuple[list
     return header, table.select([c for c in needed if c in header]), 0
 
 
-def _read_csv(path: Path, needed: list[str]) -> tuple[list[str], pa.Table, int]:
+def _read_csv(path: Path, needed: list[str], names: list[str]) -> tuple[list[str], pa.Table, int]:
+    """The needed columns as bytes; the attribute columns ``names`` dictionary-encoded while
+    they are parsed (a few distinct values each: every lookup is then per dictionary entry)."""
     with path.open("rb") as fh:
         first = fh.readline()
     if not first.strip():
@@ -237,7 +239,7 @@ def _read_csv(path: Path, needed: list[str]) -> tuple[list[str], pa.Table, int]:
         read_options=pacsv.ReadOptions(column_names=header, skip_rows=1, block_size=_CSV_BLOCK),
         parse_options=pacsv.ParseOptions(invalid_row_handler=skip),
         convert_options=pacsv.ConvertOptions(
-            column_types={c: pa.binary() for c in header},
+            column_types={c: pa.dictionary(pa.int32(), pa.binary()) if c in names else pa.binary() for c in header},
             include_columns=[c for c in needed if c in header],
             strings_can_be_null=False,
             quoted_strings_can_be_null=False,

@@ -166,6 +166,7 @@ def launch_release(
     curator_extra: Mapping[str, Sequence[str]] | None = None,
     sampling: str = "seed",
     alignment: str = "hash",
+    budgets: bool = True,
 ) -> dict[str, str]:
     """Start the server, the curators (the first one leads; each reads ``data/<name>.csv`` and
     ``.json``) and the researcher; return their addresses. ``alice_extra``/``bob_extra`` are
@@ -175,7 +176,8 @@ def launch_release(
     grants = grants or {c: [researcher] for c in curators}
     extras = {"alice": list(alice_extra), "bob": list(bob_extra)}
     extras.update({k: list(v) for k, v in (curator_extra or {}).items()})
-    set_budgets(cluster, {root / f"keystore-{c}": data / f"{c}.csv" for c in curators}, max(1.0, epsilon))
+    if budgets:  # (a benchmark sets them beforehand: a budget is set once per data set, not per release)
+        set_budgets(cluster, {root / f"keystore-{c}": data / f"{c}.csv" for c in curators}, max(1.0, epsilon))
     names = ["server", *curators, "researcher"]
     for attempt in range(1, PORT_TRIES + 1):
         # every address is fixed up front, so all processes start at once and the curators read
