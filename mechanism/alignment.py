@@ -412,7 +412,29 @@ class _Matched:
     repeated: list[bool]
 
 
-def _match(tag_lists: Sequence[TagArray]) -> _Matched:
+@dataclass(frozen=True)
+class SortedTags:
+    """A curator's tags sorted for :func:`align` ahead of time (while it waits for the
+    agreement): the packs of :func:`_keyed` for lists of up to ``2^bits`` tags."""
+
+    tags: TagArray
+    bits: int
+    packs: I64
+
+
+def _prefix_bits(size: int) -> int:
+    return max(1, (size - 1).bit_length())
+
+
+def sort_tags(tags: TagArray) -> SortedTags:
+    """``tags`` sorted for a later :func:`align` against agreed tags no more numerous (the
+    sort is the larger part of ``align``; numpy's sort releases the GIL, so a thread can do it
+    while the curator waits)."""
+    bits = _prefix_bits(int(tags.size))
+    return SortedTags(tags, bits, _keyed(tags, bits) if bits <= 39 else np.zeros(0, dtype=np.int64))
+
+
+def _match(tag_lists: Sequence[TagArray], presorted: SortedTags | None = None) -> _Matched:
     """Intersect tag lists exactly by (hi, lo), in ascending (hi, lo) order.
 
     Fast part: each list is sorted once as packs of (top bits of hi, row) (:func:`_keyed`);
@@ -427,12 +449,15 @@ def _match(tag_lists: Sequence[TagArray]) -> _Matched:
     at n = 10^7 the work beside the inputs stays near four arrays of n words (the curator's
     peak memory is set here)."""
     size = max(t.size for t in tag_lists)
-    bits = max(1, (size - 1).bit_length())
+    bits = _prefix_bits(size)
     if bits > 39:  # too few prefix bits left: exact matching throughout
         return _match_exact(tag_lists, [np.arange(t.size, dtype=np.int64) for t in tag_lists])
     shift = np.int64(bits + 1)
     row_mask = np.int64((1 << bits) - 1)
-    packs = [_keyed(t, bits) for t in tag_lists]
+    packs = [
+        presorted.packs if presorted is not None and presorted.tags is t and presorted.bits == bits else _keyed(t, bits)
+        for t in tag_lists
+    ]
     slow_prefix = _tied_prefixes(packs, shift)
     slow_rows: list[I64] = []
     if slow_prefix.size:
@@ -573,15 +598,16 @@ def _alignment(rows: I64, num_rows: int, repeated: bool, agreed_size: int) -> Al
     return Alignment(rows, num_rows, agreed_size)
 
 
-def align(own_tags: TagArray, agreed: TagArray) -> Alignment:
+def align(own_tags: TagArray, agreed: TagArray, presorted: SortedTags | None = None) -> Alignment:
     """This curator's row order for the agreed common tags: each agreed tag must occur once
     among ``own_tags`` (:class:`DuplicateIdError` if more often, ShapeMismatchError if not at
     all). A repeat among own ids outside the agreed set cannot change the alignment (tables read
     by ``curator.table.read_table`` refuse every repeated id, with its line numbers).
 
     ``agreed`` is ascending as :func:`common_tags` returns it (then it is not sorted again);
-    another order is followed as given."""
-    matched = _match([agreed, own_tags])
+    another order is followed as given. ``presorted``: :func:`sort_tags` of ``own_tags``, done
+    ahead (used when it fits; the result is the same either way)."""
+    matched = _match([agreed, own_tags], presorted)
     if matched.repeated[0] or matched.tags.size != agreed.size:
         if matched.repeated[1]:
             raise DuplicateIdError("an id occurs more than once in this curator's table; ids must be unique")

@@ -175,3 +175,19 @@ def test_the_chunked_merge_steps_equal_the_whole_array_ones(step: int) -> None:
     expected = _equal(tags[left_rows], tags[right_rows])
     assert np.array_equal(_same_tags(tags, packs, mask, tags, right_rows, step), expected)
     assert expected.any() and not expected.all()
+
+
+def test_align_with_tags_sorted_ahead_equals_align() -> None:
+    from secure_release.mechanism.alignment import TAG_DTYPE, align, common_tags, sort_tags
+
+    rng = np.random.default_rng(11)
+    own = np.zeros(5000, dtype=TAG_DTYPE)
+    own["hi"] = rng.integers(0, 1 << 40, own.size).astype(np.uint64) << np.uint64(20)  # shared prefixes
+    own["lo"] = rng.integers(0, 1 << 63, own.size).astype(np.uint64)
+    other = own[rng.permutation(own.size)[:3000]].copy()
+    agreed = common_tags([own, other])
+    plain = align(own, agreed)
+    ahead = align(own, agreed, sort_tags(own))
+    assert np.array_equal(plain.row_order, ahead.row_order) and ahead.num_matched == 3000
+    stranger = sort_tags(own.copy())  # sorted from another array: not used, same result
+    assert np.array_equal(align(own, agreed, stranger).row_order, plain.row_order)
