@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 
 import grpc
+import numpy as np
 
 from secure_release.curator.config import CuratorConfig
 from secure_release.curator.errors import AgreementError, AlphabetSizeMismatchError, SpecRefusedError
@@ -22,13 +23,14 @@ from secure_release.infra.logs import EventLog, peak_rss_mib
 from secure_release.infra.tls import secure_channel
 from secure_release.infra.wire import (
     PIECE_BYTES,
+    ROW_BYTES,
     TagBuffer,
     alignment_from_pb,
     sampling_from_pb,
     spec_from_pb,
     tag_chunks,
 )
-from secure_release.mechanism.alignment import TagArray
+from secure_release.mechanism.alignment import Alignment, RowOrder, SortedTags, TagArray, align
 from secure_release.mechanism.errors import SecureReleaseError
 from secure_release.mechanism.index_sharing import packed_size, unpack_indices
 from secure_release.mechanism.keys import Seed
@@ -88,7 +90,7 @@ def check_agreement(config: CuratorConfig, own_size: int, agreement: VariantAgre
     registers at the server); :class:`SpecRefusedError` if the leader's spec or its sampling or
     alignment mode differs from ours."""
     base = agreement.base
-    problems = spec_differences(config, own_size, base.spec, int(base.common.size))
+    problems = spec_differences(config, own_size, base.spec, agreement.num_common)
     if agreement.sampling is not config.sampling:
         problems.append(f"sampling ({agreement.sampling.value!r} != {config.sampling.value!r})")
     if agreement.alignment is not config.alignment:
@@ -106,6 +108,7 @@ def agreement_from_chunks(chunks: Iterator[pb.AgreementChunk]) -> VariantAgreeme
     validated (:class:`~secure_release.mechanism.index_sharing.InvalidIndexTupleError`)."""
     first: pb.AgreementChunk | None = None
     tags = TagBuffer()
+    rows = bytearray()
     indices: list[bytes] = []
     spec: ReleaseSpec | None = None
     sampling, limit, received = SamplingMode.SEED, 0, 0
@@ -116,24 +119,56 @@ def agreement_from_chunks(chunks: Iterator[pb.AgreementChunk]) -> VariantAgreeme
             first, spec = chunk, spec_from_pb(chunk.params)
             sampling = sampling_from_pb(chunk.sampling)
             limit = packed_size(spec.n, spec.m) if sampling is SamplingMode.INDICES else 0
+        assert spec is not None
         received += len(chunk.packed_indices)
         if received > limit or len(chunk.packed_indices) > PIECE_BYTES:
             raise AgreementError(f"the leader sent more packed index bytes than m positions take ({limit})")
+        if len(rows) + len(chunk.own_rows) > ROW_BYTES * spec.n or len(chunk.own_rows) > PIECE_BYTES:
+            raise AgreementError(f"the leader sent more row bytes than n = {spec.n} rows take")
         tags.add(chunk.common_tags)
+        rows += chunk.own_rows
         indices.append(chunk.packed_indices)
     if first is None or spec is None:
         raise AgreementError("the leader sent no agreement")
     alignment = alignment_from_pb(first.alignment)
     common = tags.tags()
+    own_rows = None
+    if rows:
+        if len(common) or len(rows) != ROW_BYTES * spec.n:
+            got = f"{len(rows) // ROW_BYTES} rows (and {len(common)} tags)"
+            raise AgreementError(f"the leader sent {got} for n = {spec.n}")
+        own_rows = np.frombuffer(rows, dtype="<u4").astype(np.int64)
     if sampling is SamplingMode.SEED:
-        return VariantAgreement(Agreement(spec, Seed(first.sampling_seed), common), sampling, alignment)
+        return VariantAgreement(
+            Agreement(spec, Seed(first.sampling_seed), common), sampling, alignment, own_rows=own_rows
+        )
     if first.sampling_seed:
         raise AgreementError("an index-sampled agreement must not carry a seed")
     packed = b"".join(indices)
     unpack_indices(packed, spec.n, spec.m)  # validate now: length, padding, range, distinctness
     # No seed travels with index sharing: the base agreement holds a fresh local seed nobody uses
     # (``agreement_positions`` and ``sample_fingerprint`` read the packed tuple).
-    return VariantAgreement(Agreement(spec, Seed.generate(), common), sampling, alignment, packed)
+    return VariantAgreement(Agreement(spec, Seed.generate(), common), sampling, alignment, packed, own_rows)
+
+
+def own_alignment(
+    agreement: VariantAgreement, own_tags: TagArray, presorted: SortedTags | None = None,
+    leader_rows: RowOrder | None = None,
+) -> Alignment:  # fmt: skip
+    """This curator's rows in the canonical order: as the leader sent them (a follower: each
+    must be one of its rows, none twice, n in all), as the leader computed them for itself, or
+    (an agreement that carries the common tags) by matching its own tags against them."""
+    rows = agreement.own_rows if agreement.own_rows is not None else leader_rows
+    if rows is None:
+        return align(own_tags, agreement.base.common, presorted)
+    num_rows = int(own_tags.size)
+    seen = np.zeros(num_rows, dtype=bool)
+    if rows.size and (int(rows.min()) < 0 or int(rows.max()) >= num_rows):
+        raise AgreementError(f"the leader's row order names a row outside this curator's {num_rows} rows")
+    seen[rows] = True
+    if int(np.count_nonzero(seen)) != rows.size or rows.size != agreement.num_common:
+        raise AgreementError("the leader's row order names a row twice, or not n rows")
+    return Alignment(rows, num_rows, int(rows.size))
 
 
 def _fetch_agreement(stub: pb_grpc.CuratorStub, config: CuratorConfig, timeout: float) -> VariantAgreement:

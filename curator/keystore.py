@@ -15,11 +15,12 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from secure_release.curator.ledgerfile import LedgerFile, private_dir
 from secure_release.infra.fileio import atomic_write
@@ -187,6 +188,7 @@ class StoredAgreement:
     agreement: VariantAgreement
     digests: dict[str, str]
     own_tags: TagArray | None = None  # PSI only: the leader's tags (its scalar is not kept)
+    rows: dict[str, npt.NDArray[np.int64]] = field(default_factory=dict)  # each curator's rows, canonical order
 
 
 def schema_to_dict(schema: CuratorSchema) -> dict[str, Any]:
@@ -343,30 +345,50 @@ class Keystore:
         return self.directory / f"agreement-{_safe(release_id)}.{kind}.tags"
 
     def save_agreement(
-        self, agreement: VariantAgreement, tag_digests: dict[str, str], own_tags: TagArray | None = None
+        self,
+        agreement: VariantAgreement,
+        tag_digests: dict[str, str],
+        own_tags: TagArray | None = None,
+        rows: dict[str, npt.NDArray[np.int64]] | None = None,
     ) -> None:
         """Persist the agreement before any follower is served it: the tags as raw 16-byte
-        records in ``agreement-<id>.common.tags`` (and ``.own.tags``), written first, and the
-        JSON naming their SHA-256 last (a crash in between leaves no agreement)."""
+        records in ``agreement-<id>.common.tags`` (and ``.own.tags``), each curator's rows as
+        uint32 in ``.rows-<curator>.tags``, written first, and the JSON naming their SHA-256
+        last (a crash in between leaves no agreement)."""
         release_id = agreement.base.spec.release_id
         files: dict[str, str] = {}
-        for kind, tags in (("common", agreement.base.common), ("own", own_tags)):
-            if tags is not None:
-                raw = np.ascontiguousarray(tags).view(np.uint8).data  # a memoryview: no copy of 16 n bytes
+        arrays: list[tuple[str, Any]] = [("common", agreement.base.common), ("own", own_tags)]
+        arrays += [(f"rows-{c}", r.astype("<u4")) for c, r in (rows or {}).items()]
+        for kind, values in arrays:
+            if values is not None:
+                raw = np.ascontiguousarray(values).view(np.uint8).data  # a memoryview: no copy
                 atomic_write(self._tag_path(kind, release_id), raw)
                 files[kind] = hashlib.sha256(raw).hexdigest()
         data = agreement_to_dict(agreement, tag_digests, files)
         atomic_write(self._path("agreement", release_id), json.dumps(data).encode())
 
-    def _load_tags(self, data: dict[str, Any], kind: str, release_id: str) -> TagArray | None:
-        """The tag file ``kind`` the agreement names, checked against its SHA-256."""
+    def _load_raw(self, data: dict[str, Any], kind: str, release_id: str) -> bytes | None:
+        """The bytes of file ``kind`` the agreement names, checked against its SHA-256."""
         digest = data["tag_files"].get(kind)
         if digest is None:
             return None
         raw = self._tag_path(kind, release_id).read_bytes()
         if hashlib.sha256(raw).hexdigest() != digest:
-            raise ValueError(f"the {kind} tag file does not match the agreement's digest")
-        return tags_from_bytes(raw)
+            raise ValueError(f"the {kind} file does not match the agreement's digest")
+        return raw
+
+    def _load_tags(self, data: dict[str, Any], kind: str, release_id: str) -> TagArray | None:
+        raw = self._load_raw(data, kind, release_id)
+        return None if raw is None else tags_from_bytes(raw)
+
+    def _load_rows(self, data: dict[str, Any], release_id: str) -> dict[str, npt.NDArray[np.int64]]:
+        rows = {}
+        for kind in data["tag_files"]:
+            if kind.startswith("rows-"):
+                raw = self._load_raw(data, kind, release_id)
+                assert raw is not None
+                rows[kind.removeprefix("rows-")] = np.frombuffer(raw, dtype="<u4").astype(np.int64)
+        return rows
 
     def load_agreement(self, release_id: str) -> StoredAgreement | None:
         """The stored agreement, tag digests and (PSI) own tags (None if none was fixed)."""
@@ -389,6 +411,7 @@ class Keystore:
                 agreement,
                 {str(k): str(v) for k, v in data["tag_digests"].items()},
                 self._load_tags(data, "own", release_id),
+                self._load_rows(data, release_id),
             )
         except (KeyError, ValueError, TypeError, OSError, SecureReleaseError) as exc:
             raise KeystoreError(f"agreement of {release_id!r} is malformed ({type(exc).__name__})") from exc

@@ -19,7 +19,7 @@ from secure_release.curator.errors import (
     PsiStreamError,
 )
 from secure_release.curator.keystore import tags_digest
-from secure_release.mechanism.alignment import TagArray
+from secure_release.mechanism.alignment import RowOrder, TagArray, align_all
 from secure_release.mechanism.errors import SecureReleaseError
 from secure_release.mechanism.keys import Seed
 from secure_release.mechanism.pads import CipherMode
@@ -52,6 +52,7 @@ class LeaderState:
     agreement: VariantAgreement | None = None
     published: bool = False  # followers are served the agreement only once the leader registered it
     digests: dict[str, str] = field(default_factory=dict)  # each curator's tag digest (taken as they arrive)
+    rows: dict[str, RowOrder] = field(default_factory=dict)  # each curator's rows in the canonical order
     told: set[str] = field(default_factory=set)  # followers already sent the failure
     error: str | None = None
     cond: threading.Condition = field(default_factory=threading.Condition)
@@ -146,11 +147,20 @@ class LeaderState:
                 raise AgreementError(self.error)
             return self.psi_lists.get((owner, hop))
 
-    def restore(self, agreement: VariantAgreement, digests: dict[str, str]) -> None:
+    def restore(
+        self, agreement: VariantAgreement, digests: dict[str, str], rows: dict[str, RowOrder] | None = None
+    ) -> None:
         """Take back the agreement a previous run of this leader fixed and persisted (not yet
-        published: the leader registers it first)."""
+        published: the leader registers it first), with every curator's row order."""
         with self.cond:
             self.agreement, self.digests = agreement, dict(digests)
+            self.rows = dict(rows or {})
+
+    def rows_of(self, curator: str) -> RowOrder | None:
+        """``curator``'s rows in the canonical order (None: not known here, e.g. an agreement
+        persisted by an older version; the common tags are served instead)."""
+        with self.cond:
+            return self.rows.get(curator)
 
     def forget_tags(self) -> None:
         """Drop every curator's tags once the agreement is fixed and persisted, keeping their
@@ -262,6 +272,10 @@ class LeaderState:
         with self.cond:
             if self.agreement is None:
                 try:
+                    common = None
+                    if set(self.curators) <= set(self.tags):  # one matching gives every curator's rows
+                        common, alignments = align_all([self.tags[c] for c in self.curators])
+                        self.rows = {c: a.row_order for c, a in zip(self.curators, alignments, strict=True)}
                     self.agreement = leader_agree_variant(
                         self.release_id,
                         self.curators,
@@ -274,6 +288,7 @@ class LeaderState:
                         self.alignment,
                         self.researchers,
                         seed=self.seed,
+                        common=common,
                     )
                 except SecureReleaseError as exc:  # e.g. no common ids: tell the followers too
                     self._fail(f"{type(exc).__name__}: {exc}")

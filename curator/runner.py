@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 import grpc
 import numpy as np
 
-from secure_release.curator.agreement import agree, leader_state
+from secure_release.curator.agreement import agree, leader_state, own_alignment
 from secure_release.curator.config import CuratorConfig
 from secure_release.curator.errors import ReleaseAbortedError, SpecRefusedError
 from secure_release.curator.keystore import Keystore, ReleaseRecord
@@ -41,7 +41,7 @@ from secure_release.infra.health import add_health_and_reflection
 from secure_release.infra.logs import EventLog, peak_rss_mib
 from secure_release.infra.memory import release_free_memory
 from secure_release.infra.tls import bind, make_grpc_server
-from secure_release.mechanism.alignment import TAG_DTYPE, SortedTags, TagArray, align, sort_tags
+from secure_release.mechanism.alignment import TAG_DTYPE, RowOrder, SortedTags, TagArray, sort_tags
 from secure_release.mechanism.errors import SecureReleaseError
 from secure_release.mechanism.ledger import PrivacyLedger
 from secure_release.mechanism.pads import new_release_pad
@@ -135,14 +135,22 @@ def start_server(config: CuratorConfig, service: CuratorService, log: EventLog) 
 
 
 def prepare(
-    config: CuratorConfig, own: OwnData, agreement: VariantAgreement, keystore: Keystore, log: EventLog
+    config: CuratorConfig,
+    own: OwnData,
+    agreement: VariantAgreement,
+    keystore: Keystore,
+    log: EventLog,
+    leader_rows: RowOrder | None = None,
 ) -> ReleaseRecord:
     """Align to the common tags, take the agreed m rows (from the seed, or the leader's index
     tuple), encrypt them under a fresh pad and persist pad, sample and table fingerprint (0600,
     fsync) before anything is uploaded."""
-    spec, common = agreement.base.spec, agreement.base.common
-    presorted = own.sorted_tags.result() if own.sorted_tags is not None else None
-    alignment = align(own.tags, common, presorted)
+    spec = agreement.base.spec
+    if agreement.own_rows is None and leader_rows is None:  # match the common tags ourselves
+        presorted = own.sorted_tags.result() if own.sorted_tags is not None else None
+        alignment = own_alignment(agreement, own.tags, presorted)
+    else:  # the row order the leader computed (a follower checks it)
+        alignment = own_alignment(agreement, own.tags, leader_rows=leader_rows)
     release_free_memory()
     log(
         "aligned",
@@ -209,7 +217,7 @@ def setup_release(run: Run) -> ReleaseRecord:
         raise
     if run.state is not None:
         psi_own = run.own.tags if config.alignment is AlignmentMode.PSI else None
-        run.keystore.save_agreement(agreement, run.state.tag_digests(), psi_own)
+        run.keystore.save_agreement(agreement, run.state.tag_digests(), psi_own, run.state.rows)
         run.state.forget_tags()
         release_free_memory()
     try:
@@ -222,7 +230,8 @@ def setup_release(run: Run) -> ReleaseRecord:
     if run.state is not None:  # followers may align while the leader prepares its own part
         run.link.register(agreement.base.spec)
         run.state.publish()
-    return prepare(config, run.own, agreement, run.keystore, run.log)
+    leader_rows = run.state.rows_of(config.name) if run.state is not None else None
+    return prepare(config, run.own, agreement, run.keystore, run.log, leader_rows)
 
 
 def psi_tags(run: Run) -> TagArray:
@@ -345,7 +354,7 @@ def open_service(config: CuratorConfig, log: EventLog) -> Opened:
     if state is not None:
         stored = Keystore(config.keystore).load_agreement(config.release_id)
         if stored is not None:
-            state.restore(stored.agreement, stored.digests)
+            state.restore(stored.agreement, stored.digests, stored.rows)
             restored_tags = stored.own_tags
         service.lead(state)
     return Opened(spec, service, state, restored_tags)

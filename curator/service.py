@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from typing import NoReturn
 
 import grpc
+import numpy as np
+import numpy.typing as npt
 
 from secure_release.curator.errors import (
     AgreementNotReadyError,
@@ -45,6 +47,7 @@ from secure_release.infra.errors import abort_with
 from secure_release.infra.logs import EventLog
 from secure_release.infra.wire import (
     PIECE_BYTES,
+    ROWS_PER_PIECE,
     TAG_BYTES,
     TagBuffer,
     alignment_from_pb,
@@ -52,6 +55,7 @@ from secure_release.infra.wire import (
     byte_pieces,
     cipher_to_pb,
     point_chunks,
+    row_pieces,
     sampling_to_pb,
     schema_to_pb,
     spec_to_pb,
@@ -115,16 +119,27 @@ def read_tag_stream(chunks: Iterable[pb.TagChunk], sender: str, admit: Callable[
     return TagSubmission(release_id, pieces.tags(), alphabet_size, alignment)
 
 
-def agreement_chunks(agreement: VariantAgreement) -> Iterator[pb.AgreementChunk]:
+def agreement_chunks(
+    agreement: VariantAgreement, rows: npt.NDArray[np.int64] | None = None
+) -> Iterator[pb.AgreementChunk]:
     """The agreement as AgreementChunk messages: spec, modes and (seed sampling) the seed on the
-    first; the common tags in pieces of at most 1 MiB; then (index sharing) the packed index
-    tuple in pieces of at most 1 MiB. No chunk carries more than 1 MiB of tags plus indices."""
-    tag_part = tag_pieces(agreement.base.common)  # each 1 MiB piece made as it is sent
+    first; the recipient's own ``rows`` in the canonical order (4 bytes a row) or, without them,
+    the common tags (16 bytes a tag), in pieces of at most 1 MiB; then (index sharing) the
+    packed index tuple in pieces of at most 1 MiB. No chunk carries more than 1 MiB of them."""
+    if rows is not None:
+        num_main = max(1, -(-rows.size // ROWS_PER_PIECE))
+        main: Iterator[tuple[bytes, bytes]] = ((b"", r) for r in row_pieces(rows))  # made as sent
+    else:
+        tag_part = tag_pieces(agreement.base.common)
+        num_main = len(tag_part)
+        main = ((t, b"") for t in tag_part)
     index_part = byte_pieces(agreement.packed_indices or b"")
-    total = len(tag_part) + len(index_part)
-    pieces = itertools.chain(((t, b"") for t in tag_part), ((b"", i) for i in index_part))
-    for seq, (tags, indices) in enumerate(pieces):
-        chunk = pb.AgreementChunk(sequence=seq, common_tags=tags, packed_indices=indices, last=seq == total - 1)
+    total = num_main + len(index_part)
+    pieces = itertools.chain(((t, r, b"") for t, r in main), ((b"", b"", i) for i in index_part))
+    for seq, (tags, own_rows, indices) in enumerate(pieces):
+        chunk = pb.AgreementChunk(
+            sequence=seq, common_tags=tags, own_rows=own_rows, packed_indices=indices, last=seq == total - 1
+        )
         if seq == 0:
             chunk.params.CopyFrom(spec_to_pb(agreement.base.spec))
             chunk.sampling = sampling_to_pb(agreement.sampling)
@@ -302,7 +317,7 @@ class CuratorService(pb_grpc.CuratorServicer):
             sampling=agreement.sampling.value,
             sample_bytes=agreement.agreement_sample_bytes,
         )
-        yield from agreement_chunks(agreement)
+        yield from agreement_chunks(agreement, state.rows_of(ident.name) if state is not None else None)
 
     def _refuse(
         self,

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from secure_release.curator.agreement import agree, leader_state
+from secure_release.curator.agreement import agree, leader_state, own_alignment
 from secure_release.curator.config import CuratorConfig
 from secure_release.curator.errors import ReleaseAbortedError
 from secure_release.curator.keystore import Keystore, KeystoreError, ReleaseRecord, TableChangedError, TableRecord
@@ -47,7 +47,6 @@ from secure_release.infra.config import ConfigError
 from secure_release.infra.logs import EventLog
 from secure_release.infra.tls import secure_channel
 from secure_release.infra.wire import ServerSample, TableDeclaration, sample_from_chunks, table_chunks
-from secure_release.mechanism.alignment import align
 from secure_release.mechanism.errors import ErrorKind, SecureReleaseError, ShapeMismatchError
 from secure_release.mechanism.packing import digest_of
 from secure_release.mechanism.pads import decrypt
@@ -178,7 +177,7 @@ def store_table(config: CuratorConfig) -> int:
         if state is not None:
             state.publish()  # nothing to register first: the placeholder spec never reaches the server
         base = agreement.base
-        alignment = align(tags, base.common)
+        alignment = own_alignment(agreement, tags, leader_rows=state.rows_of(config.name) if state else None)
         log("aligned", matched=alignment.num_matched, unmatched=alignment.num_unmatched, rows=alignment.num_rows)
         aligned = table.symbols()[alignment.row_order]
         key: TableKey | None = known.key if known is not None else config.test_table_key

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import overload
 
 import numpy as np
+import numpy.typing as npt
 
 from secure_release.mechanism.alignment import TAG_DTYPE, TagArray
 from secure_release.mechanism.errors import SecureReleaseError, ShapeMismatchError, UnknownCipherError
@@ -388,6 +389,19 @@ def tag_chunks(
             alphabet_size=alphabet_size,
             alignment=alignment_to_pb(alignment),
         )
+
+
+ROW_BYTES = 4  # a row index in an agreement: uint32, little-endian
+ROWS_PER_PIECE = PIECE_BYTES // ROW_BYTES
+
+
+def row_pieces(rows: npt.NDArray[np.int64]) -> Iterator[bytes]:
+    """A curator's row order as uint32 little-endian pieces of at most 1 MiB, made lazily
+    (rows below 2^32: the leader takes at most --max-rows tags a curator)."""
+    if rows.size == 0:
+        yield b""
+    for start in range(0, rows.size, ROWS_PER_PIECE):
+        yield rows[start : start + ROWS_PER_PIECE].astype("<u4").tobytes()
 
 
 def tag_pieces(tags: TagArray) -> TagPieces:

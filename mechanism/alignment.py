@@ -356,6 +356,10 @@ def _chunks(rows: int) -> list[tuple[int, int]]:
     return [(start, min(rows, start + _CHUNK)) for start in range(0, rows, _CHUNK)]
 
 
+RowOrder = npt.NDArray[np.int64]
+"""One curator's table rows in the canonical (ascending tag) order."""
+
+
 @dataclass(frozen=True)
 class Alignment:
     """One curator's view of the agreed alignment."""

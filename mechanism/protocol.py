@@ -100,12 +100,14 @@ def leader_agree(
     cipher: CipherMode,
     researchers: Sequence[str] = (),
     seed: Seed | None = None,
+    common: TagArray | None = None,
 ) -> Agreement:
     """Step 1c, the leading curator: from every curator's tags and alphabet size, the common
     tags (ascending: the canonical order), n = their number, the plan (m defaults to m*) and a
     fresh sampling seed (``seed``: reproducible tests only), as a validated :class:`ReleaseSpec`.
 
-    ``curators`` is the joint-code order; the spec's alphabet sizes follow it.
+    ``curators`` is the joint-code order; the spec's alphabet sizes follow it. ``common``: the
+    common tags if the caller computed them already (with every list's rows, ``align_all``).
     """
     missing = [c for c in curators if c not in tags_by_curator or c not in sizes_by_curator]
     if missing:
@@ -113,7 +115,9 @@ def leader_agree(
             f"the agreement needs the tags and alphabet size of every curator in {list(curators)}; "
             f"missing {missing}"
         )
-    common = np.ascontiguousarray(common_tags([tags_by_curator[c] for c in curators]).astype(TAG_DTYPE))
+    if common is None:
+        common = common_tags([tags_by_curator[c] for c in curators])
+    common = np.ascontiguousarray(common.astype(TAG_DTYPE, copy=False))
     plan = plan_release(int(common.size), [sizes_by_curator[c] for c in curators], epsilon, m)
     spec = ReleaseSpec(release_id, tuple(curators), cipher, plan, tuple(researchers)).validate()
     return Agreement(spec, seed or Seed.generate(), common)

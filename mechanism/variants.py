@@ -122,6 +122,14 @@ class VariantAgreement:
     sampling: SamplingMode
     alignment: AlignmentMode
     packed_indices: bytes | None = None
+    own_rows: npt.NDArray[np.int64] | None = None
+    """As a follower received it: its own rows in the canonical order (the leader sends these, 4
+    bytes a row, instead of the common tags; ``base.common`` is then empty)."""
+
+    @property
+    def num_common(self) -> int:
+        """n: the number of ids every curator holds."""
+        return int(self.base.common.size) if self.own_rows is None else int(self.own_rows.size)
 
     @property
     def seed(self) -> Seed | None:
@@ -157,14 +165,16 @@ def leader_agree_variant(
     researchers: Sequence[str] = (),
     seed: Seed | None = None,
     indices: IndexArray | None = None,
+    common: TagArray | None = None,
 ) -> VariantAgreement:
     """The leader's agreement (``protocol.leader_agree``) with the sample fixed by a seed or by
     an OS-drawn index tuple. ``tags_by_curator`` are keyed-hash tags or PSI tags alike.
-    ``seed`` / ``indices``: reproducible tests only."""
+    ``seed`` / ``indices``: reproducible tests only. ``common``: the common tags, if the caller
+    matched the lists already (``alignment.align_all``)."""
     sampling_mode: SamplingMode = _mode(sampling, SamplingMode)
     alignment_mode: AlignmentMode = _mode(alignment, AlignmentMode)
     base = leader_agree(
-        release_id, curators, tags_by_curator, sizes_by_curator, epsilon, m, cipher, researchers, seed
+        release_id, curators, tags_by_curator, sizes_by_curator, epsilon, m, cipher, researchers, seed, common
     )
     if sampling_mode is SamplingMode.SEED:
         if indices is not None:

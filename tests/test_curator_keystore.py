@@ -108,3 +108,19 @@ def test_a_stored_tables_budget_is_its_data_files(tmp_path: Path) -> None:
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env)
     assert done.returncode == 2, done.stderr
     assert "stored no table 't9'" in done.stderr and "--data" in done.stderr
+
+
+def test_the_agreement_keeps_every_curators_row_order(tmp_path: Path) -> None:
+    keystore = Keystore(tmp_path / "ks")
+    agreement, _ = _agreement()
+    rows = {"bob": np.arange(999, -1, -1, dtype=np.int64), "carol": np.arange(1000, dtype=np.int64) * 3}
+    keystore.save_agreement(agreement, {}, None, rows)
+    rid = agreement.base.spec.release_id
+    rows_file = tmp_path / "ks" / f"agreement-{rid}.rows-bob.tags"
+    assert rows_file.stat().st_size == 4 * 1000  # uint32 a row
+    stored = keystore.load_agreement(rid)
+    assert stored is not None and set(stored.rows) == {"bob", "carol"}
+    assert all(np.array_equal(stored.rows[c], rows[c]) for c in rows)
+    rows_file.write_bytes(b"\x00\x00\x00\x00" + rows_file.read_bytes()[4:])  # row 999 -> 0
+    with pytest.raises(KeystoreError, match="malformed"):
+        keystore.load_agreement(rid)

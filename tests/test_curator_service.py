@@ -14,19 +14,19 @@ import grpc
 import numpy as np
 import pytest
 
-from secure_release.curator.agreement import follow_leader
+from secure_release.curator.agreement import agreement_from_chunks, follow_leader, own_alignment
 from secure_release.curator.config import CuratorConfig
 from secure_release.curator.errors import AgreementError
 from secure_release.curator.leader import LeaderState
 from secure_release.curator.runner import start_server
-from secure_release.curator.service import SERVICE_NAME, CuratorService
+from secure_release.curator.service import SERVICE_NAME, CuratorService, agreement_chunks
 from secure_release.curator.waits import Deadline
 from secure_release.infra.auth import AuthedContext
 from secure_release.infra.health import check
 from secure_release.infra.logs import EventLog
 from secure_release.infra.tls import Identity, secure_channel
-from secure_release.infra.wire import TAGS_PER_CHUNK, cipher_from_pb, spec_from_pb, tag_chunks, tags_from_bytes
-from secure_release.mechanism.alignment import TAG_DTYPE, TagArray
+from secure_release.infra.wire import ROWS_PER_PIECE, cipher_from_pb, spec_from_pb, tag_chunks, tags_from_bytes
+from secure_release.mechanism.alignment import TAG_DTYPE, TagArray, align
 from secure_release.mechanism.keys import AlignmentKey, Seed
 from secure_release.mechanism.packing import CHUNK_ROWS, unpack_symbols
 from secure_release.mechanism.pads import CipherMode, new_release_pad
@@ -85,9 +85,10 @@ def _aborted(call: Any) -> AbortedError:
 
 def test_submit_tags_and_serve_a_multi_chunk_agreement() -> None:
     service, state = _leading()
-    n = TAGS_PER_CHUNK + 10  # common tags need two AgreementChunks
+    n = ROWS_PER_PIECE + 10  # a follower's rows need two AgreementChunks (the common tags, five)
     state.add_tags("alice", _tags(n + 5), 6)
-    resp = service.SubmitTags(tag_chunks("r1", "bob", _tags(n + 3, offset=2), 4), _as("curator", "bob"))
+    bob_tags = _tags(n + 3, offset=2)[::-1].copy()  # bob's own row order differs from the canonical one
+    resp = service.SubmitTags(tag_chunks("r1", "bob", bob_tags, 4), _as("curator", "bob"))
     assert resp.tags_received == n + 3 and state.sizes == {"alice": 6, "bob": 4}
     agreement = state.collect(1.0).base
     state.publish()
@@ -95,7 +96,33 @@ def test_submit_tags_and_serve_a_multi_chunk_agreement() -> None:
     assert [c.sequence for c in chunks] == [0, 1] and chunks[-1].last and not chunks[0].last
     assert spec_from_pb(chunks[0].params) == agreement.spec and agreement.spec.n == n + 3
     assert chunks[0].sampling_seed == SEED.reveal() and not chunks[1].sampling_seed
+    # bob gets his own rows in the canonical order (4 bytes a row), not the common tags
+    assert not any(c.common_tags for c in chunks)
+    got = agreement_from_chunks(iter(chunks))
+    assert got.own_rows is not None and got.num_common == n + 3
+    assert np.array_equal(got.own_rows, align(bob_tags, agreement.common).row_order)
+    assert np.array_equal(own_alignment(got, bob_tags).row_order, got.own_rows)
+    # an agreement restored without row orders (an older leader's files) serves the common tags
+    state.rows = {}
+    chunks = list(service.GetAgreement(pb.AgreementRequest(release_id="r1", curator="bob"), _as("curator", "bob")))
     assert np.array_equal(tags_from_bytes(b"".join(c.common_tags for c in chunks)), agreement.common)
+    assert np.array_equal(own_alignment(agreement_from_chunks(iter(chunks)), bob_tags).row_order, got.own_rows)
+
+
+def test_a_follower_refuses_a_row_order_that_is_not_a_permutation_of_n_of_its_rows() -> None:
+    _, state = _leading()
+    state.add_tags("alice", _tags(50), 6)
+    state.add_tags("bob", _tags(40, offset=20), 4)
+    state.collect(1.0)
+    state.publish()
+    good = agreement_from_chunks(iter(agreement_chunks(state.agreement, state.rows["bob"])))
+    assert good.own_rows is not None
+    for bad in (np.append(good.own_rows[:-1], good.own_rows[0]), np.append(good.own_rows[:-1], 40)):
+        forged = agreement_from_chunks(iter(agreement_chunks(state.agreement, bad)))
+        with pytest.raises(AgreementError):
+            own_alignment(forged, _tags(40, offset=20))
+    with pytest.raises(AgreementError, match="rows"):  # more rows than n
+        agreement_from_chunks(iter(agreement_chunks(state.agreement, np.append(good.own_rows, 0))))
 
 
 @pytest.mark.parametrize(
@@ -266,7 +293,9 @@ def test_follower_gets_the_leaders_agreement_over_grpc(tmp_path: Path) -> None:
         assert state.agreement is not None
         fixed, got = state.agreement.base, variant.base
         assert got.spec == fixed.spec and got.spec.n == 30
-        assert got.seed.reveal() == SEED.reveal() and np.array_equal(got.common, fixed.common)
+        assert got.seed.reveal() == SEED.reveal() and got.common.size == 0  # rows travel instead
+        assert variant.own_rows is not None
+        assert np.array_equal(variant.own_rows, align(_tags(40, offset=20), fixed.common).row_order)
         address = f"127.0.0.1:{port}"
         with secure_channel(address, None, "res", insecure=True, role="researcher") as channel:
             with pytest.raises(grpc.RpcError) as info:  # the access table: researchers may not send tags

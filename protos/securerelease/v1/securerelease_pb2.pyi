@@ -902,6 +902,7 @@ class AgreementChunk(_message.Message):
     SAMPLING_FIELD_NUMBER: _builtins.int
     ALIGNMENT_FIELD_NUMBER: _builtins.int
     PACKED_INDICES_FIELD_NUMBER: _builtins.int
+    OWN_ROWS_FIELD_NUMBER: _builtins.int
     sampling_seed: _builtins.bytes
     """on the first chunk; curator-to-curator only"""
     sequence: _builtins.int
@@ -914,6 +915,10 @@ class AgreementChunk(_message.Message):
     """on the first chunk"""
     packed_indices: _builtins.bytes
     """INDICES: a piece of the packed m-tuple (ceil(log2 n) bits a position,"""
+    own_rows: _builtins.bytes
+    """mechanism/index_sharing.py); pieces follow the common tags, in order
+    instead of common_tags, to a follower: its own rows (uint32, little-endian)
+    """
     @_builtins.property
     def params(self) -> Global___ReleaseParams:
         """on the first chunk"""
@@ -929,10 +934,11 @@ class AgreementChunk(_message.Message):
         sampling: Global___SamplingMode.ValueType = ...,
         alignment: Global___AlignmentMode.ValueType = ...,
         packed_indices: _builtins.bytes = ...,
+        own_rows: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["params", b"params"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["alignment", b"alignment", "common_tags", b"common_tags", "last", b"last", "packed_indices", b"packed_indices", "params", b"params", "sampling", b"sampling", "sampling_seed", b"sampling_seed", "sequence", b"sequence"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["alignment", b"alignment", "common_tags", b"common_tags", "last", b"last", "own_rows", b"own_rows", "packed_indices", b"packed_indices", "params", b"params", "sampling", b"sampling", "sampling_seed", b"sampling_seed", "sequence", b"sequence"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
