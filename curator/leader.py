@@ -7,6 +7,7 @@ seed or by an OS-drawn index tuple; the tags are keyed-hash or PSI tags alike).
 from __future__ import annotations
 
 import threading
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from secure_release.curator.errors import (
@@ -19,7 +20,7 @@ from secure_release.curator.errors import (
     PsiStreamError,
 )
 from secure_release.curator.keystore import tags_digest
-from secure_release.mechanism.alignment import RowOrder, TagArray, align_all
+from secure_release.mechanism.alignment import RowOrder, SortedTags, TagArray, align_all
 from secure_release.mechanism.errors import SecureReleaseError
 from secure_release.mechanism.keys import Seed
 from secure_release.mechanism.pads import CipherMode
@@ -53,6 +54,7 @@ class LeaderState:
     published: bool = False  # followers are served the agreement only once the leader registered it
     digests: dict[str, str] = field(default_factory=dict)  # each curator's tag digest (taken as they arrive)
     rows: dict[str, RowOrder] = field(default_factory=dict)  # each curator's rows in the canonical order
+    own_sorted: Future[SortedTags] | None = None  # the leader's own tags, sorted in the background
     told: set[str] = field(default_factory=set)  # followers already sent the failure
     error: str | None = None
     cond: threading.Condition = field(default_factory=threading.Condition)
@@ -274,7 +276,8 @@ class LeaderState:
                 try:
                     common = None
                     if set(self.curators) <= set(self.tags):  # one matching gives every curator's rows
-                        common, alignments = align_all([self.tags[c] for c in self.curators])
+                        presorted = self.own_sorted.result() if self.own_sorted is not None else None
+                        common, alignments = align_all([self.tags[c] for c in self.curators], presorted)
                         self.rows = {c: a.row_order for c, a in zip(self.curators, alignments, strict=True)}
                     self.agreement = leader_agree_variant(
                         self.release_id,

@@ -209,6 +209,8 @@ def setup_release(run: Run) -> ReleaseRecord:
         raise run.refusal  # the leader fails the agreement: every follower is told the reason
     if config.alignment is AlignmentMode.PSI:
         run.own = replace(run.own, tags=psi_tags(run))
+    if run.state is not None:
+        run.state.own_sorted = run.own.sorted_tags  # the leader's matching reuses its own sort
     try:
         agreement = agree(config, run.own.tags, run.own.alphabet_size, run.state, run.log, deadline)
     except SpecRefusedError as exc:

@@ -43,6 +43,7 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from secure_release.mechanism.errors import SecureReleaseError, ShapeMismatchError
 from secure_release.mechanism.keys import AlignmentKey
+from secure_release.mechanism.stream import worker_pool
 
 U64 = npt.NDArray[np.uint64]
 I64 = npt.NDArray[np.int64]
@@ -458,10 +459,7 @@ def _match(tag_lists: Sequence[TagArray], presorted: SortedTags | None = None) -
         return _match_exact(tag_lists, [np.arange(t.size, dtype=np.int64) for t in tag_lists])
     shift = np.int64(bits + 1)
     row_mask = np.int64((1 << bits) - 1)
-    packs = [
-        presorted.packs if presorted is not None and presorted.tags is t and presorted.bits == bits else _keyed(t, bits)
-        for t in tag_lists
-    ]
+    packs = _sorted_packs(tag_lists, bits, presorted)
     slow_prefix = _tied_prefixes(packs, shift)
     slow_rows: list[I64] = []
     if slow_prefix.size:
@@ -499,6 +497,22 @@ def _match(tag_lists: Sequence[TagArray], presorted: SortedTags | None = None) -
         rows = [np.insert(r, at_prefix, e) for r, e in zip(rows, exact.rows, strict=True)]
         repeated = exact.repeated
     return _Matched(tags, rows, repeated)
+
+
+_PARALLEL_SORT = 1 << 18  # lists this long are sorted on the worker pool, one list a thread
+
+
+def _sorted_packs(tag_lists: Sequence[TagArray], bits: int, presorted: SortedTags | None) -> list[I64]:
+    """Every list's sorted packs: ``presorted``'s where it is that list's (same array, same
+    bits); long lists on the worker pool, one a thread (numpy's sort releases the GIL)."""
+    def packs_of(tags: TagArray) -> I64:
+        if presorted is not None and presorted.tags is tags and presorted.bits == bits:
+            return presorted.packs
+        return _keyed(tags, bits)
+
+    if sum(1 for t in tag_lists if t.size >= _PARALLEL_SORT) < 2:
+        return [packs_of(t) for t in tag_lists]
+    return list(worker_pool().map(packs_of, tag_lists))
 
 
 def _tied_prefixes(packs: Sequence[I64], shift: np.int64) -> I64:
@@ -623,12 +637,15 @@ def align(own_tags: TagArray, agreed: TagArray, presorted: SortedTags | None = N
     return _alignment(rows, int(own_tags.size), matched.repeated[1], int(agreed.size))
 
 
-def align_all(tag_lists: Sequence[TagArray]) -> tuple[TagArray, list[Alignment]]:
+def align_all(
+    tag_lists: Sequence[TagArray], presorted: SortedTags | None = None
+) -> tuple[TagArray, list[Alignment]]:
     """:func:`common_tags` and every list's :func:`align` to it, sorting each list once (the
-    in-memory protocol, where one process holds every curator's tags)."""
+    in-memory protocol, and the leader, which holds every curator's tags). ``presorted``:
+    :func:`sort_tags` of one of the lists, done ahead."""
     if not tag_lists:
         raise ShapeMismatchError("alignment needs the tags of at least one curator")
-    matched = _match(tag_lists)
+    matched = _match(tag_lists, presorted)
     alignments = [
         _alignment(rows, int(tags.size), repeated, int(matched.tags.size))
         for tags, rows, repeated in zip(tag_lists, matched.rows, matched.repeated, strict=True)

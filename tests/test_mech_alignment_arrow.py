@@ -191,3 +191,10 @@ def test_align_with_tags_sorted_ahead_equals_align() -> None:
     assert np.array_equal(plain.row_order, ahead.row_order) and ahead.num_matched == 3000
     stranger = sort_tags(own.copy())  # sorted from another array: not used, same result
     assert np.array_equal(align(own, agreed, stranger).row_order, plain.row_order)
+    from secure_release.mechanism.alignment import align_all
+
+    common, rows = align_all([own, other])
+    common_ahead, rows_ahead = align_all([own, other], sort_tags(own))
+    assert np.array_equal(common, common_ahead) and np.array_equal(common, agreed)
+    assert all(np.array_equal(a.row_order, b.row_order) for a, b in zip(rows, rows_ahead, strict=True))
+    assert np.array_equal(rows[0].row_order, plain.row_order)
