@@ -25,7 +25,7 @@ import numpy.typing as npt
 from secure_release.curator.ledgerfile import LedgerFile, private_dir
 from secure_release.infra.fileio import atomic_write
 from secure_release.infra.wire import tags_from_bytes
-from secure_release.mechanism.alignment import TagArray
+from secure_release.mechanism.alignment import TAG_DTYPE, TagArray
 from secure_release.mechanism.errors import ErrorKind, SecureReleaseError
 from secure_release.mechanism.keys import PadKey, Seed
 from secure_release.mechanism.pads import CipherMode, ReleasePad, encrypt
@@ -351,13 +351,16 @@ class Keystore:
         own_tags: TagArray | None = None,
         rows: dict[str, npt.NDArray[np.int64]] | None = None,
     ) -> None:
-        """Persist the agreement before any follower is served it: the tags as raw 16-byte
-        records in ``agreement-<id>.common.tags`` (and ``.own.tags``), each curator's rows as
-        uint32 in ``.rows-<curator>.tags``, written first, and the JSON naming their SHA-256
-        last (a crash in between leaves no agreement)."""
+        """Persist the agreement before any follower is served it: each curator's rows in the
+        canonical order as uint32 in ``agreement-<id>.rows-<curator>.tags`` (what a restarted
+        leader serves and prepares from; without them, the common tags as raw 16-byte records
+        in ``.common.tags``), with PSI the leader's own tags in ``.own.tags``, written first,
+        and the JSON naming their SHA-256 last (a crash in between leaves no agreement)."""
         release_id = agreement.base.spec.release_id
         files: dict[str, str] = {}
-        arrays: list[tuple[str, Any]] = [("common", agreement.base.common), ("own", own_tags)]
+        every_row_order = rows is not None and set(agreement.base.spec.curators) <= set(rows)
+        common = None if every_row_order else agreement.base.common  # 160 MB at 10^7 ids, not needed
+        arrays: list[tuple[str, Any]] = [("common", common), ("own", own_tags)]
         arrays += [(f"rows-{c}", r.astype("<u4")) for c, r in (rows or {}).items()]
         for kind, values in arrays:
             if values is not None:
@@ -396,10 +399,13 @@ class Keystore:
         if data is None:
             return None
         try:
+            spec = ReleaseSpec.from_dict(data["spec"])
+            rows = self._load_rows(data, release_id)
             common = self._load_tags(data, "common", release_id)
-            if common is None:
+            if common is None and not set(spec.curators) <= set(rows):
                 raise KeyError("common")
-            base = Agreement(ReleaseSpec.from_dict(data["spec"]), Seed(bytes.fromhex(data["seed"])), common)
+            common = np.zeros(0, dtype=TAG_DTYPE) if common is None else common
+            base = Agreement(spec, Seed(bytes.fromhex(data["seed"])), common)
             packed = data.get("packed_indices")
             agreement = VariantAgreement(
                 base,
@@ -411,7 +417,7 @@ class Keystore:
                 agreement,
                 {str(k): str(v) for k, v in data["tag_digests"].items()},
                 self._load_tags(data, "own", release_id),
-                self._load_rows(data, release_id),
+                rows,
             )
         except (KeyError, ValueError, TypeError, OSError, SecureReleaseError) as exc:
             raise KeystoreError(f"agreement of {release_id!r} is malformed ({type(exc).__name__})") from exc

@@ -356,7 +356,10 @@ def open_service(config: CuratorConfig, log: EventLog) -> Opened:
     if state is not None:
         stored = Keystore(config.keystore).load_agreement(config.release_id)
         if stored is not None:
-            state.restore(stored.agreement, stored.digests, stored.rows)
+            restored = stored.agreement
+            if config.name in stored.rows:  # persisted as row orders: the leader's own rows say n
+                restored = replace(restored, own_rows=stored.rows[config.name])
+            state.restore(restored, stored.digests, stored.rows)
             restored_tags = stored.own_tags
         service.lead(state)
     return Opened(spec, service, state, restored_tags)

@@ -124,3 +124,19 @@ def test_the_agreement_keeps_every_curators_row_order(tmp_path: Path) -> None:
     rows_file.write_bytes(b"\x00\x00\x00\x00" + rows_file.read_bytes()[4:])  # row 999 -> 0
     with pytest.raises(KeystoreError, match="malformed"):
         keystore.load_agreement(rid)
+
+
+def test_with_every_curators_rows_the_common_tags_are_not_written(tmp_path: Path) -> None:
+    keystore = Keystore(tmp_path / "ks")
+    agreement, _ = _agreement()
+    curators = agreement.base.spec.curators
+    rows = {c: np.arange(1000, dtype=np.int64)[:: 1 if i % 2 else -1].copy() for i, c in enumerate(curators)}
+    keystore.save_agreement(agreement, {}, None, rows)
+    rid = agreement.base.spec.release_id
+    assert not (tmp_path / "ks" / f"agreement-{rid}.common.tags").exists()  # 16 n bytes saved
+    stored = keystore.load_agreement(rid)
+    assert stored is not None and stored.agreement.base.common.size == 0
+    assert all(np.array_equal(stored.rows[c], rows[c]) for c in curators)
+    (tmp_path / "ks" / f"agreement-{rid}.rows-{curators[0]}.tags").unlink()
+    with pytest.raises(KeystoreError, match="malformed"):
+        keystore.load_agreement(rid)

@@ -31,7 +31,7 @@ from secure_release.curator.table import load_schema, read_table
 from secure_release.demo_data import write_demo_data
 from secure_release.infra.logs import EventLog
 from secure_release.infra.wire import PIECE_BYTES, point_chunks
-from secure_release.mechanism.alignment import TAG_DTYPE, align
+from secure_release.mechanism.alignment import TAG_DTYPE, align, common_tags
 from secure_release.mechanism.index_sharing import (
     InvalidIndexTupleError,
     indices_fingerprint,
@@ -160,12 +160,15 @@ def test_psi_across_the_curators_gives_one_canonical_order_and_the_in_memory_rel
     # the leader kept its own PSI tags with the agreement (a restart cannot redo the ring alone)
     stored = Keystore(tmp_path / "ks-alice").load_agreement("r1")
     assert stored is not None and stored.own_tags is not None and stored.agreement.alignment is AlignmentMode.PSI
-    common = stored.agreement.base.common
+    # the leader persisted every curator's rows in the canonical order (not the common tags)
+    assert stored.agreement.base.common.size == 0 and set(stored.rows) == {"alice", "bob"}
+    common = common_tags(_psi_tags(tables))
     assert common.size == 460
-    # both curators' rows in the canonical order name the same individuals
+    # both curators' rows in the canonical order name the same individuals, as the leader stored them
     ids = [t.ids[align(t_tags, common).row_order] for t, t_tags in
            zip(tables, _psi_tags(tables), strict=True)]  # fmt: skip
     assert np.array_equal(ids[0], ids[1])
+    assert all(np.array_equal(t.ids[stored.rows[c]], ids[0]) for t, c in zip(tables, ("alice", "bob"), strict=True))
 
 
 def _psi_tags(tables: list) -> list:  # type: ignore[type-arg]
