@@ -18,8 +18,9 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 
@@ -32,6 +33,7 @@ from secure_release.mechanism.spec import check_name, check_party_name
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
 
+T = TypeVar("T")
 CALL_S = 10.0
 
 
@@ -160,34 +162,36 @@ def _status_json(status: pb.ReleaseStatus) -> dict[str, Any]:
     }
 
 
+def _ask_server(args: argparse.Namespace, name: str, call: Callable[[pb_grpc.ReleaseServerStub], T]) -> T | str:
+    """One call to the release server with this curator's certificate: its answer, or the
+    refusal as "CODE: details" (the commands then exit 1)."""
+    if not args.insecure:
+        require(args, "certs")
+    certs = Path(args.certs) if args.certs else None
+    with secure_channel(args.server, certs, name, args.insecure, role="curator", peer_role="server") as channel:
+        try:
+            return call(pb_grpc.ReleaseServerStub(channel))
+        except grpc.RpcError as exc:
+            return f"{exc.code().name}: {exc.details()}"
+
+
 def release(args: argparse.Namespace) -> int:
     """``release status|abort ID``: 0 on success, 1 if the server refused (e.g. sealed)."""
     if args.action not in ("status", "abort"):
         raise ConfigError("release needs an action: status or abort")
-    if not args.insecure:
-        require(args, "certs")
     release_id, name = check_name(args.release_id, "release id"), check_party_name(args.name, "curator name")
-    certs = Path(args.certs) if args.certs else None
-    out: dict[str, Any] = {}
-    code = 0
-    with secure_channel(args.server, certs, name, args.insecure, role="curator", peer_role="server") as channel:
-        stub = pb_grpc.ReleaseServerStub(channel)
-        try:
-            if args.action == "abort":
-                status = stub.AbortRelease(
-                    pb.AbortRequest(release_id=release_id, curator=name, reason=args.reason), timeout=CALL_S
-                )
-            else:
-                status = stub.GetReleaseStatus(pb.ReleaseStatusRequest(release_id=release_id), timeout=CALL_S)
-            out["server"] = _status_json(status)
-        except grpc.RpcError as exc:
-            out["server"] = {"error": f"{exc.code().name}: {exc.details()}"}
-            code = 1
-            status = None
+    if args.action == "abort":
+        abort = pb.AbortRequest(release_id=release_id, curator=name, reason=args.reason)
+        answer = _ask_server(args, name, lambda stub: stub.AbortRelease(abort, timeout=CALL_S))
+    else:
+        ask = pb.ReleaseStatusRequest(release_id=release_id)
+        answer = _ask_server(args, name, lambda stub: stub.GetReleaseStatus(ask, timeout=CALL_S))
+    status = None if isinstance(answer, str) else answer
+    out: dict[str, Any] = {"server": {"error": answer} if status is None else _status_json(status)}
     if args.keystore:
         out["ledger"] = _local(args, release_id, status)
     sys.stdout.write(json.dumps(out, indent=1) + "\n")
-    return code
+    return 1 if status is None else 0
 
 
 def _local(args: argparse.Namespace, release_id: str, status: pb.ReleaseStatus | None) -> dict[str, Any]:
@@ -204,32 +208,22 @@ def table(args: argparse.Namespace) -> int:
     """``table status|delete ID``: 0 on success, 1 if the server refused."""
     if args.action not in ("status", "delete"):
         raise ConfigError("table needs an action: status or delete")
-    if not args.insecure:
-        require(args, "certs")
     table_id, name = check_name(args.table_id, "table id"), check_party_name(args.name, "curator name")
-    certs = Path(args.certs) if args.certs else None
-    out: dict[str, Any] = {}
-    code = 0
-    with secure_channel(args.server, certs, name, args.insecure, role="curator", peer_role="server") as channel:
-        stub = pb_grpc.ReleaseServerStub(channel)
-        try:
-            if args.action == "delete":
-                status = stub.DeleteTable(pb.DeleteTableRequest(table_id=table_id, curator=name), timeout=CALL_S)
-            else:
-                status = stub.GetTableStatus(pb.TableStatusRequest(table_id=table_id), timeout=CALL_S)
-            out["server"] = {
-                "table_id": status.table_id,
-                "n": status.n,
-                "complete": status.complete,
-                "deleted": status.deleted,
-                "curators": {
-                    p.curator: {"committed": p.committed, "chunks_held": len(p.chunks_held)} for p in status.parts
-                },
-            }
-        except grpc.RpcError as exc:
-            out["server"] = {"error": f"{exc.code().name}: {exc.details()}"}
-            code = 1
-            status = None
+    if args.action == "delete":
+        delete = pb.DeleteTableRequest(table_id=table_id, curator=name)
+        answer = _ask_server(args, name, lambda stub: stub.DeleteTable(delete, timeout=CALL_S))
+    else:
+        ask = pb.TableStatusRequest(table_id=table_id)
+        answer = _ask_server(args, name, lambda stub: stub.GetTableStatus(ask, timeout=CALL_S))
+    status = None if isinstance(answer, str) else answer
+    out: dict[str, Any] = {"server": {"error": answer}} if status is None else {"server": {
+        "table_id": status.table_id,
+        "n": status.n,
+        "complete": status.complete,
+        "deleted": status.deleted,
+        "curators": {p.curator: {"committed": p.committed, "chunks_held": len(p.chunks_held)} for p in status.parts},
+    }}  # fmt: skip
+    code = 1 if status is None else 0
     if args.action == "delete" and args.keystore and status is not None:
         Keystore(args.keystore).drop_table(table_id)
         out["table_key"] = "forgotten"

@@ -291,6 +291,13 @@ class CuratorService(pb_grpc.CuratorServicer):
         )
         return pb.SubmitTagsResponse(release_id=got.release_id, tags_received=int(got.tags.size))
 
+    def _asked_by(self, release_id: str, curator: str, certificate_name: str) -> LeaderState:
+        """The leader state of ``release_id`` for a call made as ``curator``, which must be the
+        caller's certificate name and a curator of the release."""
+        if curator != certificate_name:
+            raise CallerNotAllowedError(f"certificate name {certificate_name!r} may not ask as {curator!r}")
+        return self._leading_for(release_id, certificate_name)
+
     def GetAgreement(  # noqa: N802
         self, request: pb.AgreementRequest, context: grpc.ServicerContext
     ) -> Iterator[pb.AgreementChunk]:
@@ -299,9 +306,7 @@ class CuratorService(pb_grpc.CuratorServicer):
         timeout = _wait_seconds(context)
         state: LeaderState | None = None
         try:
-            if request.curator != ident.name:
-                raise CallerNotAllowedError(f"certificate name {ident.name!r} may not ask as {request.curator!r}")
-            state = self._leading_for(request.release_id, ident.name)
+            state = self._asked_by(request.release_id, request.curator, ident.name)
             if state.lacks_tags_of(ident.name):
                 raise TagsMissingError(f"no tags from {ident.name!r} for {request.release_id!r} here; send them again")
             agreement = state.wait_agreement(max(timeout, 0.0))
@@ -367,9 +372,7 @@ class CuratorService(pb_grpc.CuratorServicer):
         timeout = _wait_seconds(context)
         state: LeaderState | None = None
         try:
-            if request.curator != ident.name:
-                raise CallerNotAllowedError(f"certificate name {ident.name!r} may not ask as {request.curator!r}")
-            state = self._leading_for(request.release_id, ident.name)
+            state = self._asked_by(request.release_id, request.curator, ident.name)
             points = state.psi_get(ident.name, request.owner, int(request.hop), max(timeout, 0.0))
             if points is None:
                 raise PsiNotReadyError(

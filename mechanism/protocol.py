@@ -230,6 +230,32 @@ class ReleaseResult:
         return estimators.l2_error(self.estimate.raw, self.true_type)
 
 
+def release_from_positions(
+    aligned: Sequence[SymbolArray],
+    plan: ReleasePlan,
+    positions: npt.NDArray[np.int64],
+    cipher: CipherMode | str = CipherMode.CHACHA20,
+    pram_key: PramKey | None = None,
+    pad_keys: Sequence[PadKey] | None = None,
+    granted: Sequence[int] | None = None,
+) -> tuple[ReleaseEstimate, dict[str, Any], dict[str, Any]]:
+    """Steps 3-5 for a given sample of aligned columns: encrypt, PRAM, decrypt, estimate.
+    Returns the estimate, the server's view and the researcher's view."""
+    uploads = [
+        curator_encrypt(sym, positions, k, cipher, None if pad_keys is None else pad_keys[j])
+        for j, (sym, k) in enumerate(zip(aligned, plan.alphabet_sizes, strict=True))
+    ]
+    ciphertexts = [c for c, _ in uploads]
+    perturbed = server_perturb(ciphertexts, plan, pram_key or PramKey.generate())
+    subset = list(range(len(aligned))) if granted is None else list(granted)
+    pads = [uploads[j][1] for j in subset]
+    decrypted = researcher_decrypt([perturbed[j] for j in subset], pads)
+    estimate = researcher_estimate(decrypted, plan, subset)
+    server_view = {"plan": plan.to_dict(), "ciphertexts": ciphertexts, "perturbed": perturbed}
+    researcher_view = {"perturbed": perturbed, "pads": pads, "plan": plan.to_dict()}
+    return estimate, server_view, researcher_view
+
+
 def run_release(
     tables: Sequence[CuratorTable],
     epsilon: float,
@@ -260,16 +286,10 @@ def run_release(
     seed = seed or Seed.generate()
     positions = sample_positions(seed, plan.n, plan.m, release_id)
     aligned = [t.symbols()[a.row_order] for t, a in zip(tables, alignments, strict=True)]
-    uploads = [
-        curator_encrypt(sym, positions, k, cipher, None if pad_keys is None else pad_keys[j])
-        for j, (sym, k) in enumerate(zip(aligned, plan.alphabet_sizes, strict=True))
-    ]
-    ciphertexts = [c for c, _ in uploads]
-    perturbed = server_perturb(ciphertexts, plan, pram_key or PramKey.generate())
+    estimate, server_view, researcher_view = release_from_positions(
+        aligned, plan, positions, cipher, pram_key, pad_keys, granted
+    )
     subset = list(range(len(tables))) if granted is None else list(granted)
-    pads = [uploads[j][1] for j in subset]
-    decrypted = researcher_decrypt([perturbed[j] for j in subset], pads)
-    estimate = researcher_estimate(decrypted, plan, subset)
     full_codes = joint_codes(aligned, plan.alphabet_sizes)
     sub_codes = mixed_radix_encode([aligned[j] for j in subset], estimate.alphabet_sizes)
     sub_size = int(np.prod(estimate.alphabet_sizes))
@@ -282,6 +302,6 @@ def run_release(
         sample_type=sample_type,
         matched_rows={t.name: a.num_matched for t, a in zip(tables, alignments, strict=True)},
         unmatched_rows={t.name: a.num_unmatched for t, a in zip(tables, alignments, strict=True)},
-        server_view={"plan": plan.to_dict(), "ciphertexts": ciphertexts, "perturbed": perturbed},
-        researcher_view={"perturbed": perturbed, "pads": pads, "plan": plan.to_dict()},
+        server_view=server_view,
+        researcher_view=researcher_view,
     )

@@ -44,9 +44,9 @@ from secure_release.mechanism.protocol import (
     ReleaseEstimate,
     ReleaseResult,
     agree_alignment,
-    curator_encrypt,
     curator_tags,
     leader_agree,
+    release_from_positions,
     researcher_decrypt,
     researcher_estimate,
     server_perturb,
@@ -235,32 +235,6 @@ def align_tables(
     alignments = agree_alignment(tags)
     symbols = [t.symbols()[a.row_order] for t, a in zip(tables, alignments, strict=True)]
     return AlignedTables(mode_, tags, alignments, symbols)
-
-
-def release_from_positions(
-    aligned: Sequence[SymbolArray],
-    plan: ReleasePlan,
-    positions: IndexArray,
-    cipher: CipherMode | str = CipherMode.CHACHA20,
-    pram_key: PramKey | None = None,
-    pad_keys: Sequence[PadKey] | None = None,
-    granted: Sequence[int] | None = None,
-) -> tuple[ReleaseEstimate, dict[str, Any], dict[str, Any]]:
-    """Steps 3-5 of ``protocol`` for a given sample: encrypt, PRAM, decrypt, estimate.
-    Returns the estimate, the server's view and the researcher's view."""
-    uploads = [
-        curator_encrypt(sym, positions, k, cipher, None if pad_keys is None else pad_keys[j])
-        for j, (sym, k) in enumerate(zip(aligned, plan.alphabet_sizes, strict=True))
-    ]
-    ciphertexts = [c for c, _ in uploads]
-    perturbed = server_perturb(ciphertexts, plan, pram_key or PramKey.generate())
-    subset = list(range(len(aligned))) if granted is None else list(granted)
-    pads = [uploads[j][1] for j in subset]
-    decrypted = researcher_decrypt([perturbed[j] for j in subset], pads)
-    estimate = researcher_estimate(decrypted, plan, subset)
-    server_view = {"plan": plan.to_dict(), "ciphertexts": ciphertexts, "perturbed": perturbed}
-    researcher_view = {"perturbed": perturbed, "pads": pads, "plan": plan.to_dict()}
-    return estimate, server_view, researcher_view
 
 
 def _result(

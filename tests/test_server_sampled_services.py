@@ -205,3 +205,17 @@ def test_two_releases_from_one_stored_table_equal_the_in_memory_run_and_a_third_
         text = world.log(f"{c}-run-t1") + world.log(f"{c}-store-table-t1")
         assert TABLE_KEYS[c].reveal().hex() not in text and pack_indices(p1, ref.n).hex()[:32] not in text
         assert '"sample_received"' in text
+    # the operator commands: status, then delete (the table key is forgotten), then status refused
+    def table_cmd(*args: str) -> subprocess.CompletedProcess[str]:
+        cmd = [sys.executable, "-m", "secure_release.curator", "table", *args, "t1", "--server", world.server,
+               "--certs", str(world.certs), "--name", "alice", "--keystore", str(world.base / "ks-alice")]  # fmt: skip
+        return subprocess.run(cmd, env=world.env, capture_output=True, text=True, timeout=60)
+
+    shown = table_cmd("status")
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["server"]["complete"] is True
+    gone = table_cmd("delete")
+    assert gone.returncode == 0 and json.loads(gone.stdout)["table_key"] == "forgotten", gone.stdout + gone.stderr
+    assert Keystore(world.base / "ks-alice").load_table("t1") is None
+    again = table_cmd("status")
+    assert again.returncode == 1 and "error" in json.loads(again.stdout)["server"]
