@@ -106,6 +106,14 @@ class ReleaseService(pb_grpc.ReleaseServerServicer):
             threading.Thread(target=self._notify, args=(rel,), daemon=True).start()
         return rel
 
+    def _perturb_after_commit(self, release_id: str, curator: str) -> None:
+        """PRAM if that commit sealed the release; a failure is logged, not sent to the
+        committing curator (its commit is durable; a sealed release is perturbed at restart)."""
+        try:
+            self.perturb_if_sealed(release_id, curator)
+        except Exception as exc:
+            log.error("PRAM failed", extra={"release": release_id, "error": type(exc).__name__})
+
     def _notify(self, rel: st.Release) -> None:
         try:
             assert self.notify is not None
@@ -135,7 +143,6 @@ class ReleaseService(pb_grpc.ReleaseServerServicer):
     ) -> pb.UploadResponse:
         ident = caller(context)
         stream: tuple[str, str] | None = None  # (release_id, curator) of the first message
-        committed = False
         new = 0
         for chunk in request_iterator:
             if chunk.ByteSize() > MAX_UPLOAD_MESSAGE or len(chunk.symbols) > MAX_CHUNK_BYTES:
@@ -155,11 +162,14 @@ class ReleaseService(pb_grpc.ReleaseServerServicer):
             try:
                 if chunk.commit:
                     rel = self.store.commit(release_id, curator, ident.name, int(chunk.num_chunks), bytes(chunk.digest))
-                    committed = True
                     log.info(
                         "committed",
                         extra={"release": release_id, "curator": curator, "state": rel.state.name},
                     )
+                    # PRAM now, before reading on: a client that dies after its commit message
+                    # (the stream then ends in an error, not a half-close) must not leave the
+                    # release sealed and never perturbed.
+                    self._perturb_after_commit(release_id, curator)
                 else:
                     if self.store.put_chunk(release_id, curator, ident.name, int(chunk.sequence), bytes(chunk.symbols)):
                         new += 1
@@ -170,12 +180,6 @@ class ReleaseService(pb_grpc.ReleaseServerServicer):
             raise AssertionError("context.abort returned")  # pragma: no cover
         release_id, curator = stream
         log.info("upload", extra={"release": release_id, "curator": curator, "new_chunks": new})
-        if committed:
-            try:
-                self.perturb_if_sealed(release_id, curator)
-            except Exception as exc:
-                # The commit is durable; a sealed release is perturbed again at restart.
-                log.error("PRAM failed", extra={"release": release_id, "error": type(exc).__name__})
         rel = self.store.release(release_id, curator)
         part = rel.parts[curator]
         return pb.UploadResponse(

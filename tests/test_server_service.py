@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +19,7 @@ from secure_release.mechanism.pram import PramChannel, perturb
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
 from secure_release.server.service import ReleaseService
+from secure_release.server.state import ReleaseState
 from secure_release.server.store import Store
 from tests.support import SIZES, chunks_of, code_of, columns, make_params, register_all, upload
 
@@ -69,6 +72,41 @@ def test_pram_once_and_exact(env: tuple[Store, dict[str, pb_grpc.ReleaseServerSt
     assert store.chunk_bytes("r1", "alice", 0) == b""  # data minimisation: pre-PRAM bytes erased
     # a second PRAM request never re-perturbs
     assert store.perturb("r1", PramKey.generate).perturbed_digest == digest
+
+
+def test_a_commit_whose_client_dies_before_closing_the_stream_is_still_perturbed(
+    env: tuple[Store, dict[str, pb_grpc.ReleaseServerStub]],
+) -> None:
+    """The fault found by kill -9 in CI: the last curator's commit message sealed the release,
+    then the curator died before half-closing its stream; the server must perturb anyway."""
+    store, stubs = env
+    register_all(stubs, make_params())
+    cols = columns(M)
+    upload(stubs["alice"], "alice", chunks_of(cols[0], 3))
+    parts = chunks_of(cols[1], 4)
+    hold = threading.Event()
+
+    def messages() -> Iterator[pb.UploadChunk]:
+        for s, b in enumerate(parts):
+            yield pb.UploadChunk(release_id="r1", curator="bob", sequence=s, symbols=b)
+        yield pb.UploadChunk(release_id="r1", curator="bob", commit=True, num_chunks=len(parts),
+                             digest=hashlib.sha256(b"".join(parts)).digest())  # fmt: skip
+        hold.wait(30)  # the stream stays open: no half-close follows the commit
+
+    call = stubs["bob"].UploadCiphertext.future(messages(), timeout=30)
+    end = time.monotonic() + 20
+    while store.release("r1").state < ReleaseState.SEALED and time.monotonic() < end:
+        time.sleep(0.01)
+    call.cancel()  # the client dies
+    hold.set()
+    while store.release("r1").state != ReleaseState.PERTURBED and time.monotonic() < end:
+        time.sleep(0.01)
+    assert store.release("r1").state == ReleaseState.PERTURBED
+    expected = perturb(cols, SIZES, PramChannel(make_params().gamma, 12), KEY)
+    first = list(stubs["researcher"].FetchPerturbed(pb.FetchRequest(release_id="r1"), timeout=30))
+    got = [np.concatenate([unpack_symbols(c.columns[j], k) for c in first]) for j, k in enumerate(SIZES)]
+    for e, g in zip(expected, got, strict=True):
+        np.testing.assert_array_equal(e, g)
 
 
 def test_chunk_rules(env: tuple[Store, dict[str, pb_grpc.ReleaseServerStub]]) -> None:
