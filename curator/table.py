@@ -480,7 +480,8 @@ def _report(path: Path, problems: _Problems, width: int, is_csv: bool) -> list[t
             else:
                 kept_line.append(reader.line_num)
     lines = {r: kept_line[r] for r in rows if r < len(kept_line)}
-    report += [(lines[r], _rename_rows(", ".join(problems.reasons[r]), dict(enumerate(kept_line)))) for r in lines]
+    line_of = dict(enumerate(kept_line))  # built once: per bad row it made the report quadratic
+    report += [(lines[r], _rename_rows(", ".join(problems.reasons[r]), line_of)) for r in lines]
     return sorted(report)
 
 
