@@ -464,9 +464,9 @@ def _match(tag_lists: Sequence[TagArray], presorted: SortedTags | None = None) -
     slow_rows: list[I64] = []
     if slow_prefix.size:
         for i, pack in enumerate(packs):
-            out = _in_sorted(pack >> shift, slow_prefix)
+            out = _prefix_runs(pack, slow_prefix, shift)
             slow_rows.append(np.sort(pack[out] & row_mask))
-            packs[i] = pack[~out]
+            packs[i] = np.delete(pack, out)
             del out
     pairs = [_pairs(t) for t in tag_lists]
     current = packs[0]  # packs of list 0 still matched, ascending
@@ -492,9 +492,9 @@ def _match(tag_lists: Sequence[TagArray], presorted: SortedTags | None = None) -
     if slow_prefix.size:
         exact = _match_exact(tag_lists, slow_rows)
         exact_hi = (exact.tags["hi"].astype(np.uint64) ^ _SIGN).view(np.int64)
-        at_prefix = np.searchsorted(current >> shift, exact_hi >> shift)
-        tags = np.insert(tags, at_prefix, exact.tags)
-        rows = [np.insert(r, at_prefix, e) for r, e in zip(rows, exact.rows, strict=True)]
+        at = np.searchsorted(current, (exact_hi >> shift) << shift)  # before the prefix's place
+        tags = _insert(tags, at, exact.tags)
+        rows = [_insert(r, at, e) for r, e in zip(rows, exact.rows, strict=True)]
         repeated = exact.repeated
     return _Matched(tags, rows, repeated)
 
@@ -573,12 +573,38 @@ def _equal(a: npt.NDArray[np.void], b: npt.NDArray[np.void]) -> npt.NDArray[np.b
     return same
 
 
-def _in_sorted(values: I64, wanted: I64) -> npt.NDArray[np.bool_]:
-    """Which of the ascending ``values`` are among ``wanted`` (ascending, few)."""
-    mark = np.zeros(values.size + 1, dtype=np.int64)
-    np.add.at(mark, np.searchsorted(values, wanted, "left"), 1)
-    np.add.at(mark, np.searchsorted(values, wanted, "right"), -1)
-    return np.cumsum(mark[:-1]) > 0
+def _prefix_runs(packs: I64, prefixes: I64, shift: np.int64) -> I64:
+    """Indices of the ascending ``packs`` whose prefix (``pack >> shift``) is one of the
+    ascending ``prefixes``: two binary searches per prefix, no pass over ``packs``."""
+    low = (np.int64(1) << shift) - np.int64(1)
+    first = np.searchsorted(packs, prefixes << shift, "left")
+    end = np.searchsorted(packs, (prefixes << shift) | low, "right")
+    counts = end - first
+    total = int(counts.sum())
+    if total == 0:
+        return np.zeros(0, dtype=np.int64)
+    run_start = np.repeat(first - np.concatenate([[0], np.cumsum(counts)[:-1]]), counts)
+    return run_start + np.arange(total, dtype=np.int64)
+
+
+_FEW_SLOTS = 4096
+
+
+def _insert(base: npt.NDArray[Any], at: I64, extra: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    """``np.insert(base, at, extra)`` for ascending ``at``: few slots (ties of the prefix
+    sort, usually a handful) as block copies between them, many by one boolean mask."""
+    out = np.empty(base.size + extra.size, dtype=base.dtype)
+    slots = at + np.arange(at.size, dtype=np.int64)
+    out[slots] = extra
+    if at.size > _FEW_SLOTS:
+        keep = np.ones(out.size, dtype=bool)
+        keep[slots] = False
+        out[keep] = base
+        return out
+    edges = [0, *at.tolist(), base.size]
+    for k in range(len(edges) - 1):  # one block copy per gap between slots
+        out[edges[k] + k : edges[k + 1] + k] = base[edges[k] : edges[k + 1]]
+    return out
 
 
 def _match_exact(tag_lists: Sequence[TagArray], subsets: Sequence[I64]) -> _Matched:

@@ -14,6 +14,7 @@ from secure_release.mechanism.alignment import (
     DuplicateIdError,
     aes_cmac,
     align,
+    align_all,
     common_tags,
     id_bytes,
     id_tags,
@@ -138,3 +139,24 @@ def test_sort_merge_exact_with_tied_high_words(a: list[tuple[int, int]], b: list
     for tags, pairs in ((ta, a), (tb, b)):
         rows = align(tags, agreed).row_order
         assert [pairs[r] for r in rows.tolist()] == expected
+
+
+@pytest.mark.parametrize("tied_share", [0.0, 0.01, 0.5])
+def test_many_tied_prefixes_take_the_exact_path_and_agree_with_set_intersection(tied_share: float) -> None:
+    # n = 40,000 uses 16 row bits, so ids whose hi words differ only in their low 17 bits tie
+    # on the prefix; a share of them forces thousands of exact matches (both insert branches)
+    rng = np.random.default_rng(5)
+    n = 40_000
+    hi = rng.integers(0, 2**63, size=n, dtype=np.int64).astype(np.uint64) << np.uint64(1)
+    tied = rng.random(n) < tied_share
+    hi[tied] = hi[np.flatnonzero(tied) // 2 * 2] ^ rng.integers(1, 1 << 16, size=int(tied.sum()), dtype=np.uint64)
+    lo = rng.integers(0, 2**63, size=n, dtype=np.int64).astype(np.uint64)
+    pairs = list(zip(hi.tolist(), lo.tolist(), strict=True))
+    a = [pairs[i] for i in rng.permutation(n)[: 3 * n // 4]]
+    b = [pairs[i] for i in rng.permutation(n)[: 3 * n // 4]]
+    ta, tb = _tags(a), _tags(b)
+    expected = sorted(set(a) & set(b))
+    agreed, (al_a, al_b) = align_all([ta, tb])
+    assert list(zip(agreed["hi"].tolist(), agreed["lo"].tolist(), strict=True)) == expected
+    assert [a[r] for r in al_a.row_order.tolist()] == expected
+    assert [b[r] for r in al_b.row_order.tolist()] == expected
