@@ -260,6 +260,31 @@ def finish_upload(run: Run, record: ReleaseRecord) -> pb.ReleaseStatus:
     return status
 
 
+def abort_and_settle(
+    config: CuratorConfig, keystore: Keystore, link: ServerLink, log: EventLog, exc: Exception
+) -> None:
+    """If this curator reserved budget (or the release was aborted), abort the release at the
+    server with the reason, then refund once the server confirms ABORTED or never knew the
+    release (the record is dropped, so a restart cannot resume it); a release that sealed after
+    all is left to commit, and an unknown outcome keeps the reservation."""
+    reason = f"{type(exc).__name__}: {exc}"
+    reserved = config.release_id in keystore.ledger.read().releases()
+    if not (reserved or isinstance(exc, ReleaseAbortedError)):
+        return
+    status, unknown = link.abort(reason if isinstance(exc, ReleaseAbortedError) else f"{config.name}: {reason}")
+    if status is not None and status.state in (pb.RELEASE_STATE_SEALED, pb.RELEASE_STATE_PERTURBED):
+        log.warning("sealed_after_all", release_id=config.release_id)
+    elif (status is not None and status.state == pb.RELEASE_STATE_ABORTED) or unknown:
+        keystore.drop_record(config.release_id)
+        settle(config, keystore, sealed=False, log=log)
+    else:
+        log.warning(
+            "outcome_unknown",
+            release_id=config.release_id,
+            hint="the reservation stays until a rerun or 'release abort' settles it",
+        )
+
+
 def fail_release(run: Run, exc: Exception) -> None:
     """Tell every party the release failed (abort at the server; a leader that never published
     the agreement also keeps telling followers) and refund the reservation once the server
@@ -269,20 +294,7 @@ def fail_release(run: Run, exc: Exception) -> None:
     reason = f"{type(exc).__name__}: {exc}"
     if run.state is not None:
         run.state.fail(reason)
-    reserved = config.release_id in run.keystore.ledger.read().releases()
-    if reserved or isinstance(exc, ReleaseAbortedError):
-        status, unknown = run.link.abort(reason if isinstance(exc, ReleaseAbortedError) else f"{config.name}: {reason}")
-        if status is not None and status.state in (pb.RELEASE_STATE_SEALED, pb.RELEASE_STATE_PERTURBED):
-            run.log.warning("sealed_after_all", release_id=config.release_id)
-        elif (status is not None and status.state == pb.RELEASE_STATE_ABORTED) or unknown:
-            run.keystore.drop_record(config.release_id)
-            settle(config, run.keystore, sealed=False, log=run.log)
-        else:
-            run.log.warning(
-                "outcome_unknown",
-                release_id=config.release_id,
-                hint="the reservation stays until a rerun or 'release abort' settles it",
-            )
+    abort_and_settle(config, run.keystore, run.link, run.log, exc)
     if run.state is not None and not run.state.published:
         run.state.wait_all_told(min(LINGER_S, config.timeout))
 

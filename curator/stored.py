@@ -35,17 +35,29 @@ import grpc
 
 from secure_release.curator.agreement import agree, leader_state, own_alignment
 from secure_release.curator.config import CuratorConfig
-from secure_release.curator.errors import ReleaseAbortedError
 from secure_release.curator.keystore import Keystore, KeystoreError, ReleaseRecord, TableChangedError, TableRecord
 from secure_release.curator.leader import LeaderState
 from secure_release.curator.ledgerfile import file_fingerprint
-from secure_release.curator.runner import load_table, own_schema, settle, start_server, stop_on_sigterm
+from secure_release.curator.runner import (
+    abort_and_settle,
+    load_table,
+    own_schema,
+    settle,
+    start_server,
+    stop_on_sigterm,
+)
 from secure_release.curator.service import CuratorService
-from secure_release.curator.upload import STATUS_CALL_S, UPLOAD_CALL_S, ServerLink, pack_chunks, raise_if_aborted
+from secure_release.curator.upload import (
+    STATUS_CALL_S,
+    UPLOAD_CALL_S,
+    ServerChannel,
+    ServerLink,
+    pack_chunks,
+    raise_if_aborted,
+)
 from secure_release.curator.waits import TRANSIENT, Deadline, retry_until
 from secure_release.infra.config import ConfigError
 from secure_release.infra.logs import EventLog
-from secure_release.infra.tls import secure_channel
 from secure_release.infra.wire import ServerSample, TableDeclaration, sample_from_chunks, table_chunks
 from secure_release.mechanism.errors import ErrorKind, SecureReleaseError, ShapeMismatchError
 from secure_release.mechanism.packing import digest_of
@@ -61,7 +73,6 @@ from secure_release.mechanism.server_sampling import (
 from secure_release.mechanism.spec import ReleaseSpec
 from secure_release.mechanism.variants import AlignmentMode
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
-from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
 
 POLL_S = 0.25
 
@@ -73,18 +84,8 @@ class TableNotStoredError(SecureReleaseError):
 
 
 # ------------------------------------------------------------------------------ the server
-class TableLink:
+class TableLink(ServerChannel):
     """One curator's calls about a stored table: status, resumable upload, completion."""
-
-    def __init__(self, config: CuratorConfig, log: EventLog, deadline: Deadline) -> None:
-        self.config, self.log, self.deadline = config, log, deadline
-        self.channel = secure_channel(
-            config.server, config.certs, config.name, config.insecure, role="curator", peer_role="server"
-        )
-        self.stub = pb_grpc.ReleaseServerStub(self.channel)
-
-    def close(self) -> None:
-        self.channel.close()
 
     def status(self, table_id: str) -> pb.TableStatus | None:
         """The table's status (None: the server holds no such table yet)."""
@@ -309,17 +310,7 @@ def prepare_stored(run: StoredRun, spec: ReleaseSpec) -> ReleaseRecord:
 def fail_stored(run: StoredRun, exc: Exception) -> None:
     """Abort the release at the server with the reason; refund the reservation once the server
     confirms ABORTED (or never knew the release)."""
-    config = run.config
-    reason = f"{type(exc).__name__}: {exc}"
-    reserved = config.release_id in run.keystore.ledger.read().releases()
-    if not (reserved or isinstance(exc, ReleaseAbortedError)):
-        return
-    status, unknown = run.link.abort(reason if isinstance(exc, ReleaseAbortedError) else f"{config.name}: {reason}")
-    if status is not None and status.state in (pb.RELEASE_STATE_SEALED, pb.RELEASE_STATE_PERTURBED):
-        run.log.warning("sealed_after_all", release_id=config.release_id)
-    elif (status is not None and status.state == pb.RELEASE_STATE_ABORTED) or unknown:
-        run.keystore.drop_record(config.release_id)
-        settle(config, run.keystore, sealed=False, log=run.log)
+    abort_and_settle(run.config, run.keystore, run.link, run.log, exc)
 
 
 def serve_stored_keys(run: StoredRun, record: ReleaseRecord, stop: threading.Event) -> None:

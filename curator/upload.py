@@ -76,11 +76,11 @@ def raise_if_aborted(status: pb.ReleaseStatus | None) -> None:
         raise ReleaseAbortedError(f"release {status.release_id!r} was aborted: {status.abort_reason}")
 
 
-class ServerLink:
-    """One curator's channel to the release server for one run."""
+class ServerChannel:
+    """A curator's mutual-TLS channel to the release server, pinning the server's role."""
 
     def __init__(self, config: CuratorConfig, log: EventLog, deadline: Deadline) -> None:
-        """A mutual-TLS channel that pins the server's role; calls end at ``deadline``."""
+        """Open the channel; calls end at ``deadline``."""
         self.config, self.log, self.deadline = config, log, deadline
         self.channel = secure_channel(
             config.server, config.certs, config.name, config.insecure, role="curator", peer_role="server"
@@ -90,6 +90,10 @@ class ServerLink:
     def close(self) -> None:
         """Close the channel."""
         self.channel.close()
+
+
+class ServerLink(ServerChannel):
+    """One curator's channel to the release server for one run."""
 
     def status(self, what: str = "the release server") -> pb.ReleaseStatus | None:
         """The release's status as this curator sees it (None: the server does not know it)."""
