@@ -53,6 +53,15 @@ def add_budget_parser(sub: Any) -> None:
     w.add_argument("--table-id", help="only the data set of the file this stored table was made from")
 
 
+def _add_server_flags(p: Any, keystore_help: str) -> None:
+    """The flags every operator command needs to reach the server as this curator."""
+    p.add_argument("--server", required=True, help="HOST:PORT of the release server")
+    p.add_argument("--certs", help="directory with ca.pem, NAME.pem, NAME.key")
+    p.add_argument("--name", required=True, help="this curator's certificate name")
+    p.add_argument("--keystore", help=keystore_help)
+    p.add_argument("--insecure", action="store_true", help="plaintext gRPC (tests/demos only!)")
+
+
 def add_release_parser(sub: Any) -> None:
     """``release status|abort ID``."""
     r = sub.add_parser("release", help="a release's status at the server, or abort it")
@@ -60,11 +69,7 @@ def add_release_parser(sub: Any) -> None:
     for action, text in (("status", "print the release's state"), ("abort", "abort it before sealing")):
         p = rsub.add_parser(action, help=text)
         p.add_argument("release_id", metavar="ID")
-        p.add_argument("--server", required=True, help="HOST:PORT of the release server")
-        p.add_argument("--certs", help="directory with ca.pem, NAME.pem, NAME.key")
-        p.add_argument("--name", required=True, help="this curator's certificate name")
-        p.add_argument("--keystore", help="also show (and on abort, refund) the local ledger's entry")
-        p.add_argument("--insecure", action="store_true", help="plaintext gRPC (tests/demos only!)")
+        _add_server_flags(p, "also show (and on abort, refund) the local ledger's entry")
         if action == "abort":
             p.add_argument("--reason", required=True, help="shown to every party")
 
@@ -79,11 +84,7 @@ def add_table_parser(sub: Any) -> None:
     ):
         p = tsub.add_parser(action, help=text)
         p.add_argument("table_id", metavar="ID")
-        p.add_argument("--server", required=True, help="HOST:PORT of the release server")
-        p.add_argument("--certs", help="directory with ca.pem, NAME.pem, NAME.key")
-        p.add_argument("--name", required=True, help="this curator's certificate name")
-        p.add_argument("--keystore", help="(delete) the keystore holding the table key to forget")
-        p.add_argument("--insecure", action="store_true", help="plaintext gRPC (tests/demos only!)")
+        _add_server_flags(p, "(delete) the keystore holding the table key to forget")
 
 
 def _dataset(args: argparse.Namespace) -> tuple[str, str]:
