@@ -7,7 +7,6 @@ seed or by an OS-drawn index tuple; the tags are keyed-hash or PSI tags alike).
 from __future__ import annotations
 
 import threading
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from secure_release.curator.errors import (
@@ -54,7 +53,7 @@ class LeaderState:
     published: bool = False  # followers are served the agreement only once the leader registered it
     digests: dict[str, str] = field(default_factory=dict)  # each curator's tag digest (taken as they arrive)
     rows: dict[str, RowOrder] = field(default_factory=dict)  # each curator's rows in the canonical order
-    own_sorted: Future[SortedTags] | None = None  # the leader's own tags, sorted in the background
+    own_sorted: SortedTags | None = None  # the leader's own tags, sorted (its matching reuses the sort)
     told: set[str] = field(default_factory=set)  # followers already sent the failure
     error: str | None = None
     cond: threading.Condition = field(default_factory=threading.Condition)
@@ -276,8 +275,7 @@ class LeaderState:
                 try:
                     common = None
                     if set(self.curators) <= set(self.tags):  # one matching gives every curator's rows
-                        presorted = self.own_sorted.result() if self.own_sorted is not None else None
-                        common, alignments = align_all([self.tags[c] for c in self.curators], presorted)
+                        common, alignments = align_all([self.tags[c] for c in self.curators], self.own_sorted)
                         self.rows = {c: a.row_order for c, a in zip(self.curators, alignments, strict=True)}
                     self.agreement = leader_agree_variant(
                         self.release_id,

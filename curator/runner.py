@@ -21,7 +21,7 @@ import contextlib
 import signal
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 import grpc
@@ -34,14 +34,22 @@ from secure_release.curator.keystore import Keystore, ReleaseRecord
 from secure_release.curator.leader import LeaderState
 from secure_release.curator.ledgerfile import file_fingerprint
 from secure_release.curator.service import SERVICE_NAME, CuratorService
-from secure_release.curator.table import EncodedTable, TableSpec, load_schema, read_table
+from secure_release.curator.table import EncodedTable, TableSpec, load_schema, raise_repeats, read_table
 from secure_release.curator.upload import ServerLink
 from secure_release.infra.config import ConfigError, write_port_file
 from secure_release.infra.health import add_health_and_reflection
 from secure_release.infra.logs import EventLog, peak_rss_mib
 from secure_release.infra.memory import release_free_memory
 from secure_release.infra.tls import bind, make_grpc_server
-from secure_release.mechanism.alignment import TAG_DTYPE, RowOrder, SortedTags, TagArray, sort_tags
+from secure_release.mechanism.alignment import (
+    TAG_DTYPE,
+    DuplicateIdError,
+    RowOrder,
+    SortedTags,
+    TagArray,
+    has_repeated_tag,
+    sort_tags,
+)
 from secure_release.mechanism.errors import SecureReleaseError
 from secure_release.mechanism.ledger import PrivacyLedger
 from secure_release.mechanism.pads import new_release_pad
@@ -62,7 +70,7 @@ class OwnData:
     table: CuratorTable
     tags: TagArray
     fingerprint: str = ""
-    sorted_tags: Future[SortedTags] | None = None  # the tags sorted for align, in the background
+    sorted_tags: SortedTags | None = None  # the tags sorted for align (and the repeat check)
 
     @property
     def alphabet_size(self) -> int:
@@ -78,10 +86,13 @@ def own_schema(config: CuratorConfig) -> TableSpec:
     return spec
 
 
-def load_table(config: CuratorConfig, log: EventLog, spec: TableSpec | None = None) -> CuratorTable:
-    """Read the table against its schema (which must be this curator's)."""
+def load_table(
+    config: CuratorConfig, log: EventLog, spec: TableSpec | None = None, check_repeats: bool = True
+) -> CuratorTable:
+    """Read the table against its schema (which must be this curator's). ``check_repeats=False``:
+    the caller finds repeated ids in its own tag sort (:func:`hashed_tags`)."""
     spec = spec or own_schema(config)
-    table = read_table(config.data, spec, query=config.query)
+    table = read_table(config.data, spec, query=config.query, check_repeats=check_repeats)
     log("table_loaded", rows=table.num_rows, alphabet_size=spec.schema.alphabet_size, peak_rss_mib=peak_rss_mib())
     return table
 
@@ -147,8 +158,7 @@ def prepare(
     fsync) before anything is uploaded."""
     spec = agreement.base.spec
     if agreement.own_rows is None and leader_rows is None:  # match the common tags ourselves
-        presorted = own.sorted_tags.result() if own.sorted_tags is not None else None
-        alignment = own_alignment(agreement, own.tags, presorted)
+        alignment = own_alignment(agreement, own.tags, own.sorted_tags)
     else:  # the row order the leader computed (a follower checks it)
         alignment = own_alignment(agreement, own.tags, leader_rows=leader_rows)
     release_free_memory()
@@ -390,7 +400,7 @@ def open_run(
     spec, service, state = opened.spec, opened.service, opened.state
     with ThreadPoolExecutor(1, thread_name_prefix="fingerprint") as pool:
         hashing = pool.submit(file_fingerprint, config.data)  # SHA-256 of the file, beside the read
-        table = load_table(config, log, spec)
+        table = load_table(config, log, spec, check_repeats=config.alignment_key is None)
         fingerprint = hashing.result()
     keystore = Keystore(config.keystore)
     record = resumable_record(config, keystore, fingerprint)
@@ -401,26 +411,32 @@ def open_run(
         except SecureReleaseError as exc:  # refused visibly during the agreement (others are told)
             log.warning("ledger_refuses", release_id=config.release_id, reason=f"{type(exc).__name__}: {exc}")
             refusal = exc
+    sorted_tags = None
     if config.alignment_key is not None:
-        tags = curator_tags(table, config.alignment_key)
-        if isinstance(table, EncodedTable):
-            table = table.without_ids()  # hashed: the ids are not needed again
-        release_free_memory()
+        table, sorted_tags = hashed_tags(config, table)
+        tags = sorted_tags.tags
     else:  # PSI: computed by the ring once the release is set up (not needed to resume)
         tags = np.zeros(0, dtype=TAG_DTYPE)
-    own = OwnData(table, tags, fingerprint, _sort_in_background(tags) if tags.size else None)
+    own = OwnData(table, tags, fingerprint, sorted_tags)
     link = ServerLink(config, log, Deadline(config.timeout, deadline_stop))
     return Run(config, log, keystore, own, service, state, link, refusal, opened.restored_tags), record
 
 
-def _sort_in_background(tags: TagArray) -> Future[SortedTags]:
-    """Sort this curator's tags for :func:`align` while it waits for the agreement (numpy's
-    sort releases the GIL; at 10^7 ids this takes the sort off the critical path)."""
-    pool = ThreadPoolExecutor(1, thread_name_prefix="sort-tags")
-    try:
-        return pool.submit(sort_tags, tags)
-    finally:
-        pool.shutdown(wait=False)
+def hashed_tags(config: CuratorConfig, table: CuratorTable) -> tuple[CuratorTable, SortedTags]:
+    """The table without its ids and its keyed tags, sorted for :func:`align` (the sort the
+    leader's matching reuses); :class:`BadRowsError` (every repeated id with its lines) if two
+    tags are equal, before any tag leaves this process. ``table`` must have been read with
+    ``check_repeats=False`` or checked already (a repeat costs no second hash and sort here)."""
+    assert config.alignment_key is not None
+    sorted_tags = sort_tags(curator_tags(table, config.alignment_key))
+    if isinstance(table, EncodedTable):
+        if has_repeated_tag(sorted_tags):
+            raise_repeats(config.data, table, config.query)
+        table = table.without_ids()  # hashed: the ids are not needed again
+    elif has_repeated_tag(sorted_tags):
+        raise DuplicateIdError("an id occurs more than once in this curator's table; ids must be unique")
+    release_free_memory()
+    return table, sorted_tags
 
 
 def run(config: CuratorConfig) -> int:

@@ -10,11 +10,16 @@ engine, ``duckdb`` being an optional extra). The happy path costs little beyond 
 
 * ids are checked for UTF-8 in one cast, trimmed only if some id starts or ends with a byte
   that can begin or end whitespace (one vectorized look at the first and last bytes), checked
-  for missing and over-long values from their offsets, and checked for repeats by sorting
-  64-bit keys (the high words of AES-CMAC tags under a fixed public key, computed from the
-  Arrow buffers); only if two keys are equal does the exact, slower ``dictionary_encode`` pass
-  run, which names every repeated id with the line of its first occurrence (a key collision
-  without a repeat finds nothing there, so the check stays exact);
+  for missing and over-long values from their offsets (in pieces of 1 M rows, so no check
+  makes a temporary of n words), and checked for repeats by sorting 64-bit keys (the high
+  words of AES-CMAC tags under a fixed public key, computed from the Arrow buffers); only if
+  two keys are equal does the exact, slower ``dictionary_encode`` pass run, which names every
+  repeated id with the line of its first occurrence (a key collision without a repeat finds
+  nothing there, so the check stays exact). A curator that hashes the ids anyway reads with
+  ``check_repeats=False`` and finds repeats as equal tags in its own sort of them
+  (``curator.runner.hashed_tags``), then :func:`raise_repeats` gives the same report;
+* category codes are gathered straight into the narrowest type and the joint symbol is
+  built in place in uint32 (no int64 copy of any column);
 * an attribute value is looked up as raw bytes among the categories that trimming leaves
   unchanged (one hash look-up, or once per dictionary entry for dictionary-encoded columns);
   only the rows not found there go through the full path (UTF-8 check, trim, look-up against
@@ -63,6 +68,7 @@ _PARQUET = (".parquet", ".pq")
 _ARROW = (".arrow", ".feather", ".ipc", ".arrows")
 _DUCKDB = (".duckdb", ".ddb")
 _CSV_BLOCK = 1 << 22  # bytes per CSV block: several blocks per file keep both parser threads busy
+_PIECE = 1 << 20  # rows per step of the id checks and look-ups (temporaries of 1 M items, reused)
 # Repeat check only (not secret): a fixed public key, so equal ids give equal keys.
 _REPEAT_KEY = AlignmentKey(b"secure-release: id repeat check".ljust(32, b"."))
 
@@ -277,30 +283,38 @@ def _text(column: pa.ChunkedArray | pa.Array) -> tuple[pa.Array, npt.NDArray[np.
     return (pc.utf8_trim_whitespace(arr) if _may_need_trim(arr) else arr), bad
 
 
-def _offsets_data(arr: pa.Array) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.uint8]]:
-    """Offsets (rows + 1) and data bytes of a string/binary array without nulls."""
+def _offsets_data(arr: pa.Array) -> tuple[npt.NDArray[np.signedinteger[Any]], npt.NDArray[np.uint8]]:
+    """Offsets (rows + 1, in the array's own int32/int64 width: no copy) and data bytes of a
+    string/binary array without nulls."""
     large = pa.types.is_large_string(arr.type) or pa.types.is_large_binary(arr.type)
-    width = np.int64 if large else np.int32
-    offsets = np.frombuffer(arr.buffers()[1], dtype=width)[arr.offset : arr.offset + len(arr) + 1]
+    width: type[np.signedinteger[Any]] = np.int64 if large else np.int32
+    offsets: npt.NDArray[np.signedinteger[Any]] = np.frombuffer(arr.buffers()[1], dtype=width)
     data_buffer = arr.buffers()[2]
     data = np.frombuffer(data_buffer, dtype=np.uint8) if data_buffer is not None else np.zeros(0, np.uint8)
-    return offsets.astype(np.int64, copy=False), data
+    return offsets[arr.offset : arr.offset + len(arr) + 1], data
+
+
+def _pieces(rows: int) -> range:
+    """Starts of the :data:`_PIECE`-row steps of the id checks."""
+    return range(0, rows, _PIECE)
 
 
 def _may_need_trim(arr: pa.Array) -> bool:
     """False only if no value starts or ends with whitespace: every whitespace character Arrow
     trims is an ASCII byte <= 0x20 or a multi-byte character, all of whose bytes are >= 0x80,
-    so a value whose first and last bytes lie in [0x21, 0x7e] is unchanged by trimming."""
-    if len(arr) == 0:
-        return False
+    so a value whose first and last bytes lie in [0x21, 0x7e] is unchanged by trimming.
+    In :data:`_PIECE`-row steps: the temporaries are small and reused, not n words each."""
     offsets, data = _offsets_data(arr)
-    lengths = np.diff(offsets)
-    starts, ends = offsets[:-1], offsets[1:] - 1
-    if int(lengths.min()) == 0:
-        full = lengths > 0
-        starts, ends = starts[full], ends[full]
-    edges = np.concatenate([data[starts], data[ends]])
-    return bool(np.any((edges < 0x21) | (edges > 0x7E)))
+    for start in _pieces(len(arr)):
+        bounds = offsets[start : start + _PIECE + 1]
+        starts, ends = bounds[:-1], bounds[1:] - 1
+        full = ends >= starts
+        if not bool(full.all()):
+            starts, ends = starts[full], ends[full]
+        edges = np.concatenate([data[starts], data[ends]])
+        if bool(np.any((edges < 0x21) | (edges > 0x7E))):
+            return True
+    return False
 
 
 def _invalid_utf8(arr: pa.Array, piece: int = 4096) -> npt.NDArray[np.bool_]:
@@ -347,13 +361,21 @@ class _Problems:
             self.reasons.setdefault(int(r), []).append(message)
 
 
-def _check_ids(ids: pa.Array, bad_utf8: npt.NDArray[np.bool_], problems: _Problems) -> None:
+def _check_ids(ids: pa.Array, bad_utf8: npt.NDArray[np.bool_], problems: _Problems, repeats: bool = True) -> None:
+    """Flag invalid, missing, over-long and (``repeats``) repeated ids; lengths in
+    :data:`_PIECE`-row steps (no length array of n words)."""
     offsets, _ = _offsets_data(ids)
-    lengths = np.diff(offsets)
+    empty: list[npt.NDArray[np.intp]] = [np.zeros(0, dtype=np.intp)]
+    long: list[npt.NDArray[np.intp]] = [np.zeros(0, dtype=np.intp)]
+    for start in _pieces(len(ids)):
+        lengths = np.diff(offsets[start : start + _PIECE + 1])
+        empty.append(np.flatnonzero(lengths == 0) + start)
+        long.append(np.flatnonzero(lengths > MAX_ID_BYTES) + start)
+    empty_rows = np.concatenate(empty)
     problems.flag(np.flatnonzero(bad_utf8), "id is not valid UTF-8 (the file must be UTF-8)")
-    problems.flag(np.flatnonzero((lengths == 0) & ~bad_utf8), "missing id (empty)")
-    problems.flag(np.flatnonzero(lengths > MAX_ID_BYTES), f"id longer than {MAX_ID_BYTES} bytes")
-    if _may_repeat(ids):
+    problems.flag(empty_rows[~bad_utf8[empty_rows]], "missing id (empty)")
+    problems.flag(np.concatenate(long), f"id longer than {MAX_ID_BYTES} bytes")
+    if repeats and _may_repeat(ids):
         _flag_repeats(ids, problems)
 
 
@@ -381,24 +403,28 @@ def _flag_repeats(ids: pa.Array, problems: _Problems) -> None:
             problems.reasons.setdefault(r, []).append(f"duplicate id (first at row {f})")
 
 
-def _encode(attribute: Attribute, column: pa.ChunkedArray, problems: _Problems) -> npt.NDArray[np.int64]:
-    """Category code of every row: raw bytes looked up among the categories trimming leaves
-    unchanged (per dictionary entry for dictionary columns), then the full path (UTF-8 check,
-    trim, every category) for the rows not found."""
+def _encode(attribute: Attribute, column: pa.ChunkedArray, problems: _Problems) -> npt.NDArray[np.unsignedinteger[Any]]:
+    """Category code of every row, in the narrowest unsigned type: raw bytes looked up among
+    the categories trimming leaves unchanged (per dictionary entry for dictionary columns, then
+    one gather per chunk into the output), then the full path (UTF-8 check, trim, every
+    category) for the rows not found."""
     categories = pa.array(list(attribute.categories), pa.string())
     plain = np.asarray(pc.equal(pc.utf8_trim_whitespace(categories), categories).to_numpy(zero_copy_only=False))
     plain_codes = np.flatnonzero(plain)
     plain_set = pc.take(categories, pa.array(plain_codes))
-    parts: list[npt.NDArray[np.int64]] = []
+    signed = _signed_code_dtype(len(categories))
+    codes = np.empty(len(column), dtype=signed)  # -1: not found yet
+    at = 0
     for chunk in column.chunks:
+        out = codes[at : at + len(chunk)]
         if pa.types.is_dictionary(chunk.type):
             entries = _plain(chunk.dictionary)
-            found = _lookup(entries, plain_set, plain_codes)
+            table = np.append(_lookup(entries, plain_set, plain_codes), -1).astype(signed)
             indices = chunk.indices.fill_null(len(entries)).to_numpy(zero_copy_only=False)
-            parts.append(np.append(found, -1)[indices])
+            np.take(table, indices, out=out, mode="clip")  # every index is in range
         else:
-            parts.append(_lookup(_plain(chunk), plain_set, plain_codes))
-    codes = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+            out[:] = _lookup(_plain(chunk), plain_set, plain_codes)
+        at += len(chunk)
     rest = np.flatnonzero(codes < 0)
     if rest.size:
         text, bad_utf8 = _text(column.take(pa.array(rest)))
@@ -411,7 +437,12 @@ def _encode(attribute: Attribute, column: pa.ChunkedArray, problems: _Problems) 
             problems.reasons.setdefault(int(rest[r]), []).append(message)
         problems.flag(rest[bad_utf8], f"{attribute.name} is not valid UTF-8 (the file must be UTF-8)")
         codes[codes < 0] = 0
-    return codes
+    return codes.view(np.dtype(f"u{codes.itemsize}"))  # no negative code is left
+
+
+def _signed_code_dtype(num_categories: int) -> type[np.signedinteger[Any]]:
+    """The narrowest signed type holding codes 0..num_categories - 1 and the -1 of "not found"."""
+    return np.int8 if num_categories <= 1 << 7 else np.int16 if num_categories <= 1 << 15 else np.int32
 
 
 def _lookup(values: pa.Array, plain_set: pa.Array, plain_codes: npt.NDArray[np.intp]) -> npt.NDArray[np.int64]:
@@ -424,9 +455,14 @@ def _lookup(values: pa.Array, plain_set: pa.Array, plain_codes: npt.NDArray[np.i
     return np.where(found >= 0, np.append(plain_codes, -1)[found], -1)
 
 
-def read_table(data_path: str | Path, spec: TableSpec, query: str | None = None) -> EncodedTable:
+def read_table(
+    data_path: str | Path, spec: TableSpec, query: str | None = None, check_repeats: bool = True
+) -> EncodedTable:
     """The curator's table; raises :class:`BadRowsError` listing every bad line.
-    ``query``: SQL run on ``data_path`` as a DuckDB database (see the module docstring)."""
+    ``query``: SQL run on ``data_path`` as a DuckDB database (see the module docstring).
+    ``check_repeats=False``: repeated ids are looked for only if some row is bad anyway (so the
+    report stays complete); a caller that hashes the ids finds repeats as equal tags in its own
+    sort of them and then calls :func:`raise_repeats` (the curator: no second hash and sort)."""
     path = Path(data_path)
     names = [a.name for a in spec.schema.attributes]
     needed = [spec.id_column, *names]
@@ -437,28 +473,42 @@ def read_table(data_path: str | Path, spec: TableSpec, query: str | None = None)
     id_problems, problems = _Problems(), _Problems()
     ids, bad_id_utf8 = _text(table.column(spec.id_column))
     # the id checks (a hash and a sort, both outside the GIL) overlap the attribute look-ups
-    id_check = worker_pool().submit(_check_ids, ids, bad_id_utf8, id_problems)
+    id_check = worker_pool().submit(_check_ids, ids, bad_id_utf8, id_problems, check_repeats)
     digits = {a.name: _encode(a, table.column(a.name), problems) for a in spec.schema.attributes}
     id_check.result()
+    if not check_repeats and (problems.reasons or id_problems.reasons or wrong_width) and _may_repeat(ids):
+        _flag_repeats(ids, id_problems)  # error path: the report lists every bad line
     for row, reasons in id_problems.reasons.items():  # id reasons first, as the report lists them
         problems.reasons[row] = reasons + problems.reasons.get(row, [])
     if problems.reasons or wrong_width:
         is_csv = query is None and path.suffix.lower() not in _PARQUET + _ARROW + _DUCKDB
         raise BadRowsError(str(path), _report(path, problems, len(header), is_csv))
     del table  # the raw columns: only the ids, the codes and the symbols are kept
-    symbols = mixed_radix_encode([digits[a.name] for a in spec.schema.attributes], spec.schema.radices)
-    narrow = {name: codes.astype(_code_dtype(codes)) for name, codes in digits.items()}  # 1 byte a value, mostly
-    del digits
-    encoded = symbols.astype(np.uint32)
-    del symbols
+    codes = [digits[a.name] for a in spec.schema.attributes]
+    encoded = mixed_radix_encode(codes, spec.schema.radices, dtype=np.uint32)  # 4 bytes a row, no int64 pass
     release_free_memory()  # hand Arrow's freed parse buffers (and glibc's free heap) back to the OS
-    return EncodedTable(spec.schema, ids, _Labels(spec.schema, narrow), encoded)
+    return EncodedTable(spec.schema, ids, _Labels(spec.schema, digits), encoded)
 
 
-def _code_dtype(codes: npt.NDArray[np.int64]) -> type[np.unsignedinteger[Any]]:
-    """The narrowest unsigned type holding these category codes."""
-    top = int(codes.max()) if codes.size else 0
-    return np.uint8 if top < 1 << 8 else np.uint16 if top < 1 << 16 else np.uint32
+def raise_repeats(data_path: str | Path, table: EncodedTable, query: str | None = None) -> None:
+    """:class:`BadRowsError` naming every repeated id of ``table`` (read with
+    ``check_repeats=False``) with its line and the line of its first occurrence; returns if no
+    id repeats (exact: ``dictionary_encode`` of the ids)."""
+    problems = _Problems()
+    _flag_repeats(table.id_values(), problems)
+    if problems.reasons:
+        path = Path(data_path)
+        is_csv = query is None and path.suffix.lower() not in _PARQUET + _ARROW + _DUCKDB
+        raise BadRowsError(str(path), _report(path, problems, len(_header(path, query)), is_csv))
+
+
+def _header(path: Path, query: str | None) -> list[str]:
+    """The CSV header (the width of a record), or [] for other sources (error path only)."""
+    if query is not None or path.suffix.lower() in _PARQUET + _ARROW + _DUCKDB:
+        return []
+    with path.open("rb") as fh:
+        first = fh.readline()
+    return next(csv.reader([first.decode("utf-8", "replace")]))
 
 
 def _report(path: Path, problems: _Problems, width: int, is_csv: bool) -> list[tuple[int, str]]:

@@ -351,6 +351,7 @@ def _cmac_arrow(key: bytes, ids: Any) -> ByteMatrix:
 
 
 _CHUNK = 1 << 16  # rows per step of the Arrow paths: the working set stays in cache
+_STEP = 1 << 20  # items per piece of the full-length passes (temporaries of 8 MiB, reused)
 
 
 def _chunks(rows: int) -> list[tuple[int, int]]:
@@ -399,7 +400,9 @@ def _keyed(tags: TagArray, bits: int) -> I64:
     packed = np.ascontiguousarray(tags, dtype=TAG_DTYPE)["hi"].astype(np.uint64)
     low = np.uint64((1 << (bits + 1)) - 1)
     packed &= ~low
-    packed |= np.arange(packed.size, dtype=np.uint64)
+    for start in range(0, packed.size, _STEP):  # the row numbers, a piece at a time (no n-word temporary)
+        piece = packed[start : start + _STEP]
+        piece |= np.arange(start, start + piece.size, dtype=np.uint64)
     packed ^= _SIGN
     signed = packed.view(np.int64)
     if signed.size > 1 and not bool(np.all(signed[1:] > signed[:-1])):
@@ -439,16 +442,36 @@ def sort_tags(tags: TagArray) -> SortedTags:
     return SortedTags(tags, bits, _keyed(tags, bits) if bits <= 39 else np.zeros(0, dtype=np.int64))
 
 
+def has_repeated_tag(sorted_tags: SortedTags) -> bool:
+    """Whether a tag occurs more than once in ``sorted_tags.tags``, exactly. Equal ids have
+    equal tags, so this finds a repeated id in the sort the curator makes anyway (DESIGN 3.1):
+    equal tags have equal prefixes, adjacent in the sorted packs, and only the rows of a tied
+    prefix (about size^2 / 2^(64 - b) of them) are compared on their full 16 bytes."""
+    tags = sorted_tags.tags
+    if tags.size < 2:
+        return False
+    if sorted_tags.packs.size != tags.size:  # too many tags for packs: exact throughout
+        return bool(np.unique(_pairs(tags)).size != tags.size)
+    shift = np.int64(sorted_tags.bits + 1)
+    ties = _equal_neighbours(sorted_tags.packs, shift)
+    if not ties.size:
+        return False
+    prefixes = np.unique(sorted_tags.packs[ties] >> shift)
+    rows = sorted_tags.packs[_prefix_runs(sorted_tags.packs, prefixes, shift)] & np.int64((1 << sorted_tags.bits) - 1)
+    candidates = _pairs(tags)[rows]
+    return bool(np.unique(candidates).size != candidates.size)
+
+
 def _match(tag_lists: Sequence[TagArray], presorted: SortedTags | None = None) -> _Matched:
     """Intersect tag lists exactly by (hi, lo), in ascending (hi, lo) order.
 
     Fast part: each list is sorted once as packs of (top bits of hi, row) (:func:`_keyed`);
-    lists are merged in turn by one stable sort of two concatenated ascending runs (a linear
-    merge in numpy's timsort; a list bit under the prefix puts the earlier list first), and each
-    prefix match is confirmed on the full 16-byte tags. Prefixes that repeat within a list (a
-    repeated id, or distinct tags sharing the top 63 - b bits: about size^2 / 2^(64 - b) pairs)
-    are taken out of every list first and matched exactly in :func:`_match_exact`; the two
-    parts are then interleaved by prefix (disjoint by construction).
+    each further list is joined to the matches so far by a binary search of each of its
+    prefixes (:func:`_join_prefixes`, piece by piece), and each prefix match is confirmed on
+    the full 16-byte tags. Prefixes that repeat within a list (a repeated id, or distinct tags
+    sharing the top 63 - b bits: about size^2 / 2^(64 - b) pairs) are skipped by the join and
+    matched exactly in :func:`_match_exact`; the two parts are then interleaved by prefix
+    (disjoint by construction).
 
     Memory: each temporary of n words is dropped as soon as the next step has what it needs, so
     at n = 10^7 the work beside the inputs stays near four arrays of n words (the curator's
@@ -466,33 +489,32 @@ def _match(tag_lists: Sequence[TagArray], presorted: SortedTags | None = None) -
         for i, pack in enumerate(packs):
             out = _prefix_runs(pack, slow_prefix, shift)
             slow_rows.append(np.sort(pack[out] & row_mask))
-            packs[i] = np.delete(pack, out)
+            if len(packs) == 1:  # no join to skip them in
+                packs[i] = np.delete(pack, out)
             del out
     pairs = [_pairs(t) for t in tag_lists]
     current = packs[0]  # packs of list 0 still matched, ascending
     packs[0] = np.zeros(0, dtype=np.int64)
     rows: list[I64] = []
     for i in range(1, len(packs)):
-        runs = [current, packs[i]]
+        mine, theirs = _join_prefixes(current, packs[i], shift, row_mask, pairs[0], pairs[i], slow_prefix)
         packs[i] = np.zeros(0, dtype=np.int64)
-        if not rows:  # the previous matches are not needed after the merge: let it free them
-            current = np.zeros(0, dtype=np.int64)
-        mine, theirs = _merge_prefixes(runs, bits, shift, row_mask)
-        same = _same_tags(pairs[0], mine, row_mask, pairs[i], theirs)
         if rows:
-            keep = np.searchsorted(current, mine[same])
+            keep = np.searchsorted(current, mine)
             rows = [r[keep] for r in rows]
-        current = mine[same]
-        rows.append(theirs[same])
-        del mine, theirs, same
-    first = current & row_mask
-    rows = [first, *rows]
-    tags = pairs[0][first].view(TAG_DTYPE)
-    repeated = [False] * len(packs)
+        current = mine
+        rows.append(theirs)
+        del mine, theirs
     if slow_prefix.size:
         exact = _match_exact(tag_lists, slow_rows)
         exact_hi = (exact.tags["hi"].astype(np.uint64) ^ _SIGN).view(np.int64)
         at = np.searchsorted(current, (exact_hi >> shift) << shift)  # before the prefix's place
+    # the packs become rows: in place when they are this function's own (a join's output)
+    first = current & row_mask if len(packs) == 1 else np.bitwise_and(current, row_mask, out=current)
+    rows = [first, *rows]
+    tags = pairs[0][first].view(TAG_DTYPE)
+    repeated = [False] * len(packs)
+    if slow_prefix.size:
         tags = _insert(tags, at, exact.tags)
         rows = [_insert(r, at, e) for r, e in zip(rows, exact.rows, strict=True)]
         repeated = exact.repeated
@@ -517,32 +539,51 @@ def _sorted_packs(tag_lists: Sequence[TagArray], bits: int, presorted: SortedTag
 
 def _tied_prefixes(packs: Sequence[I64], shift: np.int64) -> I64:
     """The prefixes that occur more than once within one list (ascending, usually few)."""
-    tied: list[I64] = []
-    for pack in packs:
-        prefix = pack >> shift
-        tied.append(prefix[1:][prefix[1:] == prefix[:-1]])
-        del prefix
+    tied = [pack[_equal_neighbours(pack, shift)] >> shift for pack in packs]
     return np.unique(np.concatenate(tied)) if any(t.size for t in tied) else np.zeros(0, np.int64)
 
 
-def _merge_prefixes(runs: list[I64], bits: int, shift: np.int64, row_mask: np.int64) -> tuple[I64, I64]:
-    """The packs of ``runs[0]`` whose prefix ``runs[1]`` holds too, and the row in ``runs[1]``
-    of each (both ascending by prefix): one stable sort of the two concatenated runs. The runs
-    are emptied (freed once the caller holds no other reference)."""
-    both = np.concatenate(runs)
-    both[runs[0].size :] |= np.int64(1 << bits)  # the later list sorts after on equal prefixes
-    runs.clear()
-    both.sort(kind="stable")
-    at = _equal_neighbours(both, shift)  # one of each list, the earlier list first
-    mine = both[at]
-    at += 1
-    theirs = both[at]
-    del both, at
-    theirs &= row_mask
-    return mine, theirs
+def _join_prefixes(
+    current: I64, packs: I64, shift: np.int64, row_mask: np.int64,
+    current_tags: npt.NDArray[np.void], tags: npt.NDArray[np.void], skip: I64 | None = None, step: int = _STEP,
+) -> tuple[I64, I64]:  # fmt: skip
+    """The packs of ``current`` whose tag ``packs``' list holds too, and the row in that list
+    of each, both ascending, leaving out the prefixes ``skip`` (ascending: those tied within
+    some list, matched exactly apart). Every other prefix occurs at most once in each list, so
+    each of ``packs`` is looked up by one binary search of its prefix in ``current`` and a
+    prefix match confirmed on the full 16-byte tags; in :data:`_STEP`-item pieces, written
+    into outputs whose untouched tails never cost memory (no n-word temporaries)."""
+    size = min(current.size, packs.size)
+    mine, theirs = np.empty(size, dtype=np.int64), np.empty(size, dtype=np.int64)
+    found = 0
+    if size == 0:
+        return mine, theirs
+    for start in range(0, packs.size, step):
+        piece = packs[start : start + step]
+        prefix = piece >> shift
+        at = np.searchsorted(current, prefix << shift)  # the first pack with that prefix or above
+        np.minimum(at, current.size - 1, out=at)
+        candidate = current[at]
+        hit = np.flatnonzero((candidate >> shift) == prefix)
+        if skip is not None and skip.size:
+            hit = hit[~_member(prefix[hit], skip)]
+        candidate, rows = candidate[hit], piece[hit] & row_mask
+        same = _equal(current_tags[candidate & row_mask], tags[rows])
+        count = int(np.count_nonzero(same))
+        mine[found : found + count] = candidate[same]
+        theirs[found : found + count] = rows[same]
+        found += count
+    return mine[:found], theirs[:found]
 
 
-def _equal_neighbours(values: I64, shift: np.int64, step: int = 1 << 20) -> I64:
+def _member(values: I64, ascending: I64) -> npt.NDArray[np.bool_]:
+    """Whether each of ``values`` is one of the (non-empty) ``ascending``."""
+    at = np.minimum(np.searchsorted(ascending, values), ascending.size - 1)
+    found: npt.NDArray[np.bool_] = ascending[at] == values
+    return found
+
+
+def _equal_neighbours(values: I64, shift: np.int64, step: int = _STEP) -> I64:
     """Indices i with values[i] >> shift == values[i + 1] >> shift, in pieces of ``step`` (no
     temporary of the full length)."""
     found: list[I64] = []
@@ -550,19 +591,6 @@ def _equal_neighbours(values: I64, shift: np.int64, step: int = 1 << 20) -> I64:
         window = values[start : start + step + 1] >> shift
         found.append(np.flatnonzero(window[1:] == window[:-1]) + start)
     return np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
-
-
-def _same_tags(
-    left: npt.NDArray[np.void], left_packs: I64, row_mask: np.int64, right: npt.NDArray[np.void], right_rows: I64,
-    step: int = 1 << 20,
-) -> npt.NDArray[np.bool_]:  # fmt: skip
-    """Whether left[left_packs & row_mask] equals right[right_rows], item by item, gathered in
-    pieces of ``step`` (the full 16-byte tags confirm each prefix match)."""
-    same = np.empty(left_packs.size, dtype=bool)
-    for start in range(0, left_packs.size, step):
-        piece = slice(start, start + step)
-        same[piece] = _equal(left[left_packs[piece] & row_mask], right[right_rows[piece]])
-    return same
 
 
 def _equal(a: npt.NDArray[np.void], b: npt.NDArray[np.void]) -> npt.NDArray[np.bool_]:

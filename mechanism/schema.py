@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from math import prod
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -203,15 +204,17 @@ def check_symbols(symbols: npt.ArrayLike, alphabet_size: int) -> npt.NDArray[np.
 
 
 def mixed_radix_encode(
-    digits: Sequence[npt.NDArray[np.integer]], radices: Sequence[int]
-) -> CodeArray:
-    """Mixed-radix code of digit columns, the first column most significant."""
+    digits: Sequence[npt.NDArray[np.integer]], radices: Sequence[int], dtype: npt.DTypeLike = np.int64
+) -> npt.NDArray[Any]:
+    """Mixed-radix code of digit columns, the first column most significant, in ``dtype``
+    (which must hold the product of the radices; computed in place, no int64 copy of a digit
+    column)."""
     if len(digits) != len(radices):
         raise ShapeMismatchError(f"{len(digits)} digit columns for {len(radices)} radices")
-    code = np.zeros(len(digits[0]) if digits else 0, dtype=np.int64)
+    code = np.zeros(len(digits[0]) if digits else 0, dtype=dtype)
     for column, radix in zip(digits, radices, strict=True):
         code *= int(radix)
-        code += np.asarray(column, dtype=np.int64)
+        np.add(code, column, out=code, casting="unsafe")
     return code
 
 

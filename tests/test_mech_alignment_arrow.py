@@ -160,21 +160,33 @@ def test_align_follows_an_agreed_list_in_any_order_and_refuses_bad_ones() -> Non
 
 
 @pytest.mark.parametrize("step", [1, 2, 3, 7, 1 << 20])
-def test_the_chunked_merge_steps_equal_the_whole_array_ones(step: int) -> None:
-    from secure_release.mechanism.alignment import _equal, _equal_neighbours, _same_tags
+def test_the_chunked_steps_equal_the_whole_array_ones(step: int) -> None:
+    from secure_release.mechanism.alignment import _equal_neighbours, _join_prefixes
 
     rng = np.random.default_rng(step)
     values = np.sort(rng.integers(0, 1 << 20, 200, dtype=np.int64))  # many equal neighbours after >> 4
     shift = np.int64(4)
     key = values >> shift
     assert np.array_equal(_equal_neighbours(values, shift, step), np.flatnonzero(key[1:] == key[:-1]))
-    tags = rng.integers(0, 4, (50, 2), dtype=np.int64).view(np.uint64).view("V16").reshape(-1)
-    left_rows, right_rows = rng.integers(0, 50, 120), rng.integers(0, 50, 120)
-    mask = np.int64((1 << 10) - 1)
-    packs = (rng.integers(0, 1 << 20, 120, dtype=np.int64) << 11) | left_rows  # rows under the mask
-    expected = _equal(tags[left_rows], tags[right_rows])
-    assert np.array_equal(_same_tags(tags, packs, mask, tags, right_rows, step), expected)
-    assert expected.any() and not expected.all()
+    # the join: packs = (unique prefix << 11) | row; 60 prefixes shared, of which 20 with other tags
+    bits, row_mask = 10, np.int64((1 << 10) - 1)
+    prefixes = rng.choice(1 << 30, 200, replace=False).astype(np.int64)
+    left_prefix, right_prefix = prefixes[:100], np.concatenate([prefixes[:60], prefixes[100:140]])
+    left_tags = rng.integers(0, 1 << 62, (100, 2), dtype=np.int64).view(np.uint64).view("V16").reshape(-1)
+    right_tags = rng.integers(0, 1 << 62, (100, 2), dtype=np.int64).view(np.uint64).view("V16").reshape(-1)
+    right_tags[:40] = left_tags[:40]  # same prefix and same tag: a match; rows 40..59 differ in the tag
+    left_rows, right_rows = rng.permutation(100), rng.permutation(100)
+    left = np.sort((left_prefix << (bits + 1)) | left_rows)
+    right = np.sort((right_prefix << (bits + 1)) | right_rows)
+    shuffled_left = np.empty_like(left_tags)
+    shuffled_left[left_rows] = left_tags
+    shuffled_right = np.empty_like(right_tags)
+    shuffled_right[right_rows] = right_tags
+    mine, theirs = _join_prefixes(left, right, np.int64(bits + 1), row_mask, shuffled_left, shuffled_right, None, step)
+    expected = np.sort((left_prefix[:40] << (bits + 1)) | left_rows[:40])
+    assert np.array_equal(mine, expected)
+    assert np.array_equal(shuffled_left[mine & row_mask], shuffled_right[theirs])
+    assert theirs.size == 40
 
 
 def test_align_with_tags_sorted_ahead_equals_align() -> None:
