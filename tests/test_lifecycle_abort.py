@@ -6,6 +6,7 @@ operator's ``release abort``. Exit codes: 1 for an aborted release."""
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 import time
@@ -104,13 +105,19 @@ def test_a_follower_without_budget_aborts_and_the_leader_is_refunded(
 def test_a_follower_that_never_returns_is_aborted_at_the_leaders_deadline(
     world: dict[str, object], certs: Path, tmp_path: Path
 ) -> None:
-    dep = _deploy(world, certs, tmp_path, "a3", alice=["--timeout", "12"])
+    # bob's server address answers nothing (a bound, never listening port), so bob reserves and
+    # prepares but can never register or commit: killing it then is not a race with its commit
+    dead = socket.socket()
+    dead.bind(("127.0.0.1", 0))
+    dep = _deploy(world, certs, tmp_path, "a3", alice=["--timeout", "12"],
+                  bob=["--server", f"127.0.0.1:{dead.getsockname()[1]}"])  # fmt: skip
     try:
         for role in ROLES:
             dep.start(role)
         end = time.monotonic() + 30
         while not dep.seen("bob", '"prepared"') and time.monotonic() < end:
             time.sleep(0.01)
+        assert dep.seen("bob", '"prepared"') and not dep.seen("bob", '"registered"')
         dep.kill("bob")  # killed after reserving, before its commit; never restarted
         codes = _wait_all(dep, ("alice", "researcher"), 40)
         # bob never registered, but the server shows researchers an aborted candidate of an
@@ -120,6 +127,7 @@ def test_a_follower_that_never_returns_is_aborted_at_the_leaders_deadline(
         abort = _operator(dep, certs, "abort", "a3", "--reason", "bob is gone")
     finally:
         dep.close()
+        dead.close()
     assert codes == {"alice": 1, "researcher": 1}, codes
     assert "waiting for bob" in dep.log("researcher").read_text()
     assert shown["server"]["state"] == "ABORTED" and "waiting for bob" in shown["server"]["abort_reason"]
