@@ -20,8 +20,17 @@ time / the time pyarrow takes to read both CSVs in the same run (issue 10: at mo
 8 at m = n), and the curators' peak RSS against 1.5 GiB. Peak RSS per process is
 /proc/<pid>/status VmHWM, polled every 50 ms by a thread and read once more after the estimate
 is received, before the processes are stopped (VmHWM is a high-water mark, so the last reading
-is the peak). The server never holds more than one upload chunk of ciphertext at once, so its
-peak RSS should not grow with m; the script prints the ratio of the server's peaks.
+is the peak). CPU user and kernel seconds per process come from /proc/<pid>/stat at the same last
+reading: on a VM whose freed memory goes back to the host, the kernel time of first touching
+memory can exceed the work itself.
+
+``x fresh`` = services wall time / the same read as the curators must do it: two new interpreters
+started at once, each importing pyarrow and reading one curator's CSV (best of 2; process start
+to both exits). The warm reference pays neither start-up nor first touch of fresh memory; the
+fresh one shows what this machine gives a new process.
+
+The server never holds more than one upload chunk of ciphertext at once, so its peak RSS should
+not grow with m; the script prints the ratio of the server's peaks.
 """
 
 from __future__ import annotations
@@ -60,11 +69,23 @@ def vm_hwm_mib(pid: int) -> float | None:
     return None
 
 
+def cpu_seconds(pid: int) -> tuple[float, float] | None:
+    """(user, kernel) CPU seconds of a live process, from /proc/<pid>/stat (None elsewhere)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
 class RssPoller(threading.Thread):
     def __init__(self, cluster: Cluster) -> None:
         super().__init__(daemon=True)
         self.cluster = cluster
         self.peak: dict[str, float] = {}
+        self.cpu: dict[str, tuple[float, float]] = {}
         self.stop = threading.Event()
 
     def sample(self) -> None:
@@ -72,6 +93,9 @@ class RssPoller(threading.Thread):
             v = vm_hwm_mib(proc.pid)
             if v is not None:
                 self.peak[name] = max(self.peak.get(name, 0.0), v)
+            cpu = cpu_seconds(proc.pid)
+            if cpu is not None:
+                self.cpu[name] = cpu
 
     def run(self) -> None:
         while not self.stop.wait(0.05):
@@ -111,6 +135,7 @@ def run_services(
         "gamma": resp.privacy.gamma,
         "estimate": [c.estimate for c in resp.cells],
         "peak_rss_mib": {r: round(poller.peak.get(r, float("nan")), 1) for r in ROLES},
+        "cpu_user_kernel_s": {r: [round(x, 2) for x in poller.cpu[r]] for r in ROLES if r in poller.cpu},
     }
 
 
@@ -141,6 +166,26 @@ def pyarrow_read_seconds(data: Path, reps: int = 2) -> float:
         t = time.perf_counter()
         for c in ("alice", "bob"):
             pacsv.read_csv(data / f"{c}.csv")
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+_FRESH_READ = "import sys, pyarrow.csv; pyarrow.csv.read_csv(sys.argv[1])"
+
+
+def fresh_read_seconds(data: Path, reps: int = 2) -> float:
+    """Both CSVs read as the curators read them: two new interpreters started together, each
+    importing pyarrow and reading one file (wall time from start to both exits; best of ``reps``)."""
+    import subprocess
+
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        files = [str(data / f"{c}.csv") for c in ("alice", "bob")]
+        procs = [subprocess.Popen([sys.executable, "-c", _FRESH_READ, f]) for f in files]
+        codes = [proc.wait() for proc in procs]
+        if any(codes):
+            raise RuntimeError(f"a fresh pyarrow read failed (exit codes {codes})")
         best = min(best, time.perf_counter() - t)
     return best
 
@@ -183,6 +228,7 @@ def main() -> int:
         out["setup_seconds"] = time.perf_counter() - t
         for m in ms:
             read = pyarrow_read_seconds(root / "data")
+            fresh = fresh_read_seconds(root / "data")
             svc = run_services(root, root / "data", root / "certs", akey, m, args.epsilon, args.cipher)
             ref = None if args.no_inprocess else run_inprocess(root / "data", m, args.epsilon, args.cipher)
             assert svc["n"] == info["n"] and (ref is None or (ref["n"] == svc["n"] and svc["gamma"] == ref["gamma"]))
@@ -196,12 +242,15 @@ def main() -> int:
                 "services_seconds": round(svc["seconds"], 3),
                 "pyarrow_read_seconds": round(read, 3),
                 "multiple_of_pyarrow_read": round(multiple, 2),
+                "fresh_read_seconds": round(fresh, 3),
+                "multiple_of_fresh_read": round(svc["seconds"] / fresh, 2),
                 "target_multiple": target_multiple(m, n),
                 "pass_multiple": multiple <= target_multiple(m, n),
                 "curator_peak_rss_mib": curator_rss,
                 "pass_curator_rss": curator_rss <= CURATOR_RSS_TARGET_MIB,
                 "services_rows_per_s": round(n / svc["seconds"]),
                 "peak_rss_mib": svc["peak_rss_mib"],
+                "cpu_user_kernel_s": svc["cpu_user_kernel_s"],
             }
             if ref is not None:
                 run.update(
@@ -227,14 +276,16 @@ def main() -> int:
         f"cipher {args.cipher}, {out['cpus']} cpus; setup (data + PKI) {out['setup_seconds']:.1f} s"
     )
     print(
-        f"{'m':>9} {'services s':>11} {'pyarrow s':>10} {'x read':>7} {'target':>7} {'in-proc s':>10} "
+        f"{'m':>9} {'services s':>11} {'pyarrow s':>10} {'x read':>7} {'target':>7} {'fresh s':>8} {'x fresh':>8} "
+        f"{'in-proc s':>10} "
         f"{'ratio':>6} | peak RSS MiB: " + " ".join(f"{r:>10}" for r in ROLES)
     )
     for r in runs:
         inproc = f"{r['inprocess_seconds']:>10.2f} {r['ratio']:>6.2f}" if "ratio" in r else f"{'-':>10} {'-':>6}"
         print(
             f"{r['m']:>9} {r['services_seconds']:>11.2f} {r['pyarrow_read_seconds']:>10.2f} "
-            f"{r['multiple_of_pyarrow_read']:>7.2f} {'<= ' + format(r['target_multiple'], 'g'):>7} {inproc} |"
+            f"{r['multiple_of_pyarrow_read']:>7.2f} {'<= ' + format(r['target_multiple'], 'g'):>7} "
+            f"{r['fresh_read_seconds']:>8.2f} {r['multiple_of_fresh_read']:>8.2f} {inproc} |"
             "               " + " ".join(f"{r['peak_rss_mib'][x]:>10.1f}" for x in ROLES)
         )
     print(
@@ -242,6 +293,16 @@ def main() -> int:
         f"target <= {CURATOR_RSS_TARGET_MIB:g} MiB: "
         + ", ".join(f"m={r['m']}: {r['curator_peak_rss_mib']:.0f} MiB" for r in runs)
     )
+    print(
+        "x fresh = services wall time / both CSVs read by two new interpreters at once (start-up and fresh "
+        "memory included, as a curator pays them)"
+    )
+    for r in runs:
+        cpu = r["cpu_user_kernel_s"]
+        print(
+            f"CPU user / kernel s at m={r['m']}: "
+            + ", ".join(f"{name} {cpu[name][0]:.2f} / {cpu[name][1]:.2f}" for name in ROLES if name in cpu)
+        )
     if any("ratio" in r for r in runs):
         print(
             "in-process split (read CSVs / run_release): "

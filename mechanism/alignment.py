@@ -22,13 +22,15 @@ their offsets. The last block's 10* padding and subkey are one XOR with a 17-row
 by the bytes in that block; bytes past an id are cleared with a mask table.
 
 Alignment. The curators exchange tags (never ids), keep the ids all of them hold, and put them
-in one canonical order: ascending (hi, lo) tag words. :func:`common_tags` sorts the first
-list once (one int64 sort of the high words with the row packed into the low bits; ties of the
-packed bits are re-sorted by full words) and looks up the others in it; :func:`align` looks
-each own tag up in the agreed, sorted list. Look-ups go through a bucket table on the top bits
-of the high word (tags are pseudorandom, so a bucket holds about one tag) and step along a
-bucket only while the sorted entry is below the wanted tag, so the result is exact for any
-input. The server and the researcher never see tags or ids.
+in one canonical order: ascending (hi, lo) tag words. Each list is sorted once, as int64 packs
+of (top bits of the high word, row) (:func:`sort_tags`; a curator sorts its own while it checks
+for repeated ids, and the leader reuses that sort). :func:`common_tags` and :func:`align_all`
+join each further list to the matches so far by a binary search of its prefixes
+(``np.searchsorted``, piece by piece) and confirm every prefix match on the full 16-byte tags;
+prefixes shared by two tags of one list (a repeated id, or a rare collision of the top bits)
+are matched apart by an exact sort of the full tags, so the result is exact for any input.
+:func:`align` runs the same join of one curator's tags against the agreed, sorted list. The
+server and the researcher never see tags or ids.
 """
 
 from __future__ import annotations
