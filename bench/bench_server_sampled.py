@@ -34,7 +34,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from secure_release.cmd_demo import PARTIES, Cluster  # noqa: E402
+from secure_release.cluster import PARTIES, Cluster  # noqa: E402
 from secure_release.demo_data import write_demo_data  # noqa: E402
 from secure_release.infra.pki import init_pki  # noqa: E402
 

@@ -5,7 +5,7 @@ Run:  PYTHONPATH=. python bench/bench_services.py [--json] [--rows N] [--m 10000
 One synthetic Adult-shaped table of N rows (default 1.5 M, split between alice and bob as in
 ``secure-release demo``) is written once. For every m:
 
-* services: the same process startup as ``secure-release demo`` (secure_release.cmd_demo
+* services: the same process startup as ``secure-release demo`` (secure_release.commands.demo
   ``Cluster`` + ``launch_release``: server, alice (leader), bob and the researcher as separate
   processes over mutual TLS with a fresh project CA), then the analyst's ``GetEstimate``. Wall
   time = first process started -> estimate received (includes interpreter start-up, reading the
@@ -49,7 +49,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from secure_release.cmd_demo import PARTIES, Cluster, get_estimate, launch_release, set_budgets  # noqa: E402
+from secure_release.cluster import PARTIES, Cluster, get_estimate, launch_release, set_budgets  # noqa: E402
 from secure_release.curator.table import load_schema, read_table  # noqa: E402
 from secure_release.demo_data import write_demo_data  # noqa: E402
 from secure_release.infra.pki import init_pki  # noqa: E402

@@ -15,10 +15,13 @@ import sysconfig
 import tempfile
 from pathlib import Path
 
-# The repository root; the .proto is addressed through the secure_release/protos link so the
-# generated modules import ``secure_release.protos.securerelease.v1`` (the installed name).
-ROOT = Path(__file__).resolve().parent.parent
-PROTO = "secure_release/protos/securerelease/v1/securerelease.proto"
+# The repository's protos/ folder. protoc sees it under the virtual include path
+# ``secure_release/protos`` (``-Isecure_release/protos=<folder>``), so the generated modules
+# import ``secure_release.protos.securerelease.v1`` (the installed name) and name the .proto by
+# that path, with no link on disk.
+PROTOS = Path(__file__).resolve().parent
+VIRTUAL = "secure_release/protos"
+PROTO = "securerelease/v1/securerelease.proto"
 GENERATED = (
     "securerelease_pb2.py",
     "securerelease_pb2.pyi",
@@ -40,12 +43,12 @@ def generate(out_dir: Path) -> None:
     args = [
         "protoc",
         *(f"--plugin={name}={path}" for name, path in plugins.items()),
-        f"-I{ROOT}",
+        f"-I{VIRTUAL}={PROTOS}",
         f"--python_out={out_dir}",
         f"--grpc_python_out={out_dir}",
         f"--mypy_out={out_dir}",
         f"--mypy_grpc_out={out_dir}",
-        str(ROOT / PROTO),
+        f"{VIRTUAL}/{PROTO}",
     ]
     if protoc.main(args) != 0:
         raise SystemExit("protoc failed")
@@ -55,7 +58,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--check", action="store_true", help="fail if regenerating gives a diff")
     args = parser.parse_args()
-    target = ROOT / "protos/securerelease/v1"
+    target = PROTOS / "securerelease/v1"
+    if not (PROTOS / PROTO).is_file():
+        raise SystemExit(f"{PROTOS / PROTO} not found: regenerate from a checkout, not an installed package")
     with tempfile.TemporaryDirectory() as tmp:
         generate(Path(tmp))
         fresh = Path(tmp) / "secure_release/protos/securerelease/v1"

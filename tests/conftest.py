@@ -26,37 +26,15 @@ PARTIES = [
 ]
 
 
-#: Test files that start gRPC servers or processes: the integration tier (``make test`` runs
-#: both tiers; ``make test-unit`` only the fast unit tier).
-INTEGRATION_PREFIXES = (
-    "test_server_service",
-    "test_server_notify",
-    "test_server_restart",
-    "test_security",
-    "test_access",
-    "test_audit",
-    "test_lifecycle",
-    "test_faults",
-    "test_ledger_file",
-    "test_demo",
-    "test_tutorial",
-    "test_cli_",
-    "test_bad_inputs",
-    "test_e2e",
-    "test_compose_local",
-    "test_curator_shell",
-    "test_researcher_service",
-    "test_researcher_pipeline",
-    "test_smoke_cli",
-    "test_sim_cli",
-)
-
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark the integration tier by file name."""
+    """Mark each test with its tier, from the folder it lives in (``make test-unit`` runs only
+    ``tests/unit``; the integration and system tiers carry the ``integration`` marker too, so
+    ``-m "not integration"`` still selects the unit tier)."""
     for item in items:
-        if item.path.name.startswith(INTEGRATION_PREFIXES):
+        tier = item.path.parent.name
+        if tier in ("integration", "system"):
             item.add_marker(pytest.mark.integration)
+            item.add_marker(getattr(pytest.mark, tier))
 
 
 @pytest.fixture(scope="session")

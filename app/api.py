@@ -1,0 +1,453 @@
+"""The notebook API: plan a release, run one in memory from DataFrames, simulate, load results.
+
+    >>> from secure_release import api
+    >>> p = api.plan(n=45222, alphabet=[6, 4], epsilon=0.5)
+    >>> p.m, round(p.guarantee["epsilon"], 6), p.guarantee["delta"]
+    (1472, 0.5, 0.0)
+
+Every result converts to DataFrames (pandas by default, polars with ``backend="polars"``;
+``pip install 'secure-release[notebook]'``). The release itself needs neither: it runs on numpy
+(:func:`secure_release.mechanism.protocol.run_release`). ``docs/tutorial.md`` walks through it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from secure_release.frames import Backend, TableInputError, column_names, require, string_columns, to_frame
+from secure_release.mechanism import marginals
+from secure_release.mechanism.guarantee import privacy_guarantee, utility_check
+from secure_release.mechanism.keys import AlignmentKey, PadKey, PramKey, Seed
+from secure_release.mechanism.pads import CipherMode
+from secure_release.mechanism.plan import ReleasePlan, plan_release
+from secure_release.mechanism.protocol import CuratorTable, run_release
+from secure_release.mechanism.report import CELL_COLUMNS, ReleaseReport, build_report
+from secure_release.mechanism.schema import Attribute, CuratorSchema, JointSchema
+from secure_release.mechanism.simulation import ESTIMATORS, sweep
+
+FloatArray = npt.NDArray[np.float64]
+CODEBOOK_WARNING = (
+    "DRAFT SCHEMA: the category lists were read from the private data. Replace them with the "
+    "categories of a public codebook before any release: a category that appears only in the "
+    "private data (a rare value, a typo, a new code) is itself disclosive, and the schema is shared "
+    "with every party."
+)
+
+
+# ---------------------------------------------------------------------------------------- plan
+@dataclass(frozen=True)
+class Plan:
+    """A release plan with its privacy guarantee and a utility check (:func:`plan`)."""
+
+    plan: ReleasePlan
+
+    @property
+    def n(self) -> int:
+        return self.plan.n
+
+    @property
+    def m(self) -> int:
+        return self.plan.m
+
+    @property
+    def epsilon(self) -> float:
+        return self.plan.epsilon
+
+    @property
+    def gamma(self) -> float:
+        return self.plan.gamma
+
+    @property
+    def K(self) -> int:  # noqa: N802 - the paper's name
+        return self.plan.joint_size
+
+    @property
+    def guarantee(self) -> dict[str, Any]:
+        """The guarantee in standard form (:func:`~secure_release.mechanism.guarantee.privacy_guarantee`)."""
+        return privacy_guarantee(self.plan)
+
+    @property
+    def utility(self) -> dict[str, Any]:
+        """Predicted RMSE against the typical cell share 1/K, with a suggestion when too noisy."""
+        return utility_check(self.plan)
+
+    def to_dict(self) -> dict[str, Any]:
+        """``secure-release plan --json``: the plan's figures, ``guarantee`` and ``utility``."""
+        return {**self.plan.report(), "utility": self.utility}
+
+
+def plan(n: int, alphabet: Sequence[int], epsilon: float, m: int | None = None) -> Plan:
+    """Plan a release of ``n`` aligned records, one alphabet size per curator; m defaults to m*.
+    Warns (``UserWarning``) when the predicted RMSE exceeds the typical cell share 1/K."""
+    p = Plan(plan_release(n, alphabet, epsilon, m))
+    message = p.utility["message"]
+    if message:
+        warnings.warn(message, UserWarning, stacklevel=2)
+    return p
+
+
+# -------------------------------------------------------------------------------------- schema
+def schema(curator: str, attributes: Mapping[str, Sequence[str]]) -> CuratorSchema:
+    """A curator's schema from ``{attribute: [categories, in code order]}`` (from a public codebook)."""
+    return CuratorSchema(curator, tuple(Attribute(a, tuple(str(c) for c in cats)) for a, cats in attributes.items()))
+
+
+def schema_to_dict(s: CuratorSchema, id_column: str = "id") -> dict[str, Any]:
+    """The schema file format the curator CLI reads (docs/own-data.md)."""
+    return {
+        "curator": s.name,
+        "id_column": id_column,
+        "attributes": [{"name": a.name, "categories": list(a.categories)} for a in s.attributes],
+    }
+
+
+def load_schema(path: str | Path) -> CuratorSchema:
+    """A curator's schema JSON file (docs/own-data.md)."""
+    from secure_release.curator.table import load_schema as _load
+
+    return _load(path).schema
+
+
+def draft_schema(
+    table: Any, curator: str, id_column: str = "id", attributes: Sequence[str] | None = None, warn: bool = True
+) -> dict[str, Any]:
+    """A DRAFT schema dict from a table: each attribute's distinct values, sorted. It warns that
+    the categories must come from a public codebook (:data:`CODEBOOK_WARNING`)."""
+    names = list(attributes) if attributes is not None else [c for c in column_names(table) if c != id_column]
+    if not names:
+        raise TableInputError(f"no attribute columns besides the id column {id_column!r}")
+    cols = string_columns(table, names, f"curator {curator}")
+    if warn:
+        warnings.warn(CODEBOOK_WARNING, UserWarning, stacklevel=2)
+    return {
+        "curator": curator,
+        "id_column": id_column,
+        "attributes": [{"name": a, "categories": np.unique(cols[a]).tolist()} for a in names],
+    }
+
+
+def _as_schema(curator: str, spec: CuratorSchema | Mapping[str, Any] | str | Path) -> CuratorSchema:
+    if isinstance(spec, CuratorSchema):
+        return spec
+    if isinstance(spec, str | Path):
+        return load_schema(spec)
+    if "attributes" in spec and isinstance(spec["attributes"], list):
+        attrs = {str(a["name"]): [str(c) for c in a["categories"]] for a in spec["attributes"]}
+        return schema(str(spec.get("curator", curator)), attrs)
+    return schema(curator, spec)
+
+
+# ------------------------------------------------------------------------------------- results
+@dataclass(frozen=True)
+class Result:
+    """A released estimate (:class:`ReleaseReport`) with DataFrame views, marginals and plots.
+
+    ``truth`` (the true shares of the aligned table) is known only for in-memory releases.
+    """
+
+    report: ReleaseReport
+    truth: FloatArray | None = None
+    warnings: tuple[str, ...] = field(default=())
+
+    @property
+    def plan(self) -> ReleasePlan:
+        return self.report.plan
+
+    @property
+    def attributes(self) -> tuple[str, ...]:
+        return self.report.attributes
+
+    @property
+    def guarantee(self) -> dict[str, Any]:
+        """The privacy guarantee in standard form."""
+        return privacy_guarantee(self.report.plan)
+
+    @property
+    def l2_error(self) -> float | None:
+        """||estimate - truth||_2, when the truth is known."""
+        return None if self.truth is None else float(np.linalg.norm(self.report.estimate - self.truth))
+
+    def cells(self, backend: Backend = "pandas") -> Any:
+        """One row per cell: the attribute labels, estimate (raw A^-1), projected, mle,
+        standard_error, ci_low, ci_high (95%), observed, ci_spans_zero (and truth if known)."""
+        r = self.report
+        labels = np.asarray(r.labels, dtype=str).reshape(len(r.labels), len(r.attributes))
+        cols: dict[str, npt.ArrayLike] = {a: labels[:, j] for j, a in enumerate(r.attributes)}
+        cols.update({c: getattr(r, c) for c in CELL_COLUMNS})
+        cols["ci_spans_zero"] = (r.ci_low <= 0.0) & (r.ci_high >= 0.0)
+        if self.truth is not None:
+            cols["truth"] = self.truth
+        return to_frame(cols, backend)
+
+    def to_pandas(self) -> Any:
+        """:meth:`cells` as a pandas DataFrame."""
+        return self.cells("pandas")
+
+    def to_polars(self) -> Any:
+        """:meth:`cells` as a polars DataFrame."""
+        return self.cells("polars")
+
+    def marginal_table(self, *attributes: str) -> marginals.Marginal:
+        """The marginal over ``attributes`` as arrays (estimate, projected, SE, 95% CI)."""
+        r = self.report
+        return marginals.marginal(
+            r.attributes,
+            r.labels,
+            r.estimate,
+            r.projected,
+            attributes,
+            r.plan.n,
+            r.plan.m,
+            r.plan.channel.keep,
+            r.observed,
+        )
+
+    def marginal(self, *attributes: str, backend: Backend = "pandas") -> Any:
+        """The marginal over ``attributes`` as a DataFrame (estimate, projected, SE, 95% CI)."""
+        t = self.marginal_table(*attributes)
+        cols: dict[str, npt.ArrayLike] = {a: t.labels[:, j] for j, a in enumerate(t.attributes)}
+        cols.update(
+            estimate=t.estimate,
+            projected=t.projected,
+            standard_error=t.standard_error,
+            ci_low=t.ci_low,
+            ci_high=t.ci_high,
+        )
+        return to_frame(cols, backend)
+
+    def conditional(
+        self, target: Sequence[str] | str, given: Sequence[str] | str, backend: Backend = "pandas"
+    ) -> Any:
+        """P(target | given) from the projected estimate, one row per (given, target) combination."""
+        tgt = [target] if isinstance(target, str) else list(target)
+        giv = [given] if isinstance(given, str) else list(given)
+        r = self.report
+        labels, prob = marginals.conditional(r.attributes, r.labels, r.projected, tgt, giv)
+        cols: dict[str, npt.ArrayLike] = {a: labels[:, j] for j, a in enumerate([*giv, *tgt])}
+        cols["probability"] = prob
+        return to_frame(cols, backend)
+
+    def plot_marginal(self, attribute: str, ax: Any = None) -> Any:
+        """A bar chart of one attribute's marginal with 95% CI error bars (needs matplotlib)."""
+        t = self.marginal_table(attribute)
+        plt = require("matplotlib.pyplot")
+        if ax is None:
+            _, ax = plt.subplots(figsize=(5, 3))
+        x = np.arange(t.estimate.size)
+        ax.bar(x, t.estimate, yerr=1.959963984540054 * t.standard_error, capsize=4, color="#4c72b0")
+        ax.axhline(0.0, color="black", linewidth=0.8)
+        ax.set_xticks(x, [str(v) for v in t.labels[:, 0]])
+        ax.set_xlabel(attribute)
+        ax.set_ylabel("estimated share (95% CI)")
+        ax.set_title(f"{self.report.release_id}: {attribute} (epsilon {self.plan.epsilon:g}, m {self.plan.m})")
+        return ax
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report's JSON with ``guarantee`` and ``warnings`` (and ``truth`` if known)."""
+        d = {**self.report.to_dict(), "guarantee": self.guarantee, "warnings": list(self.warnings)}
+        if self.truth is not None:
+            d["truth"] = self.truth.tolist()
+        return d
+
+
+def _result(report: ReleaseReport, truth: FloatArray | None = None) -> Result:
+    message = utility_check(report.plan)["message"]
+    return Result(report, truth, (message,) if message else ())
+
+
+def load_result(path: str | Path) -> Result:
+    """A result file the researcher wrote (``<release>.json``, or the API's ``to_dict``)."""
+    return _result(ReleaseReport.from_dict(json.loads(Path(path).read_text(encoding="utf-8"))))
+
+
+# ------------------------------------------------------------------------------------- release
+@dataclass(frozen=True)
+class TestKeys:
+    """Every secret of a release derived from one integer: reproducible runs for tutorials and
+    tests ONLY (anyone who knows the integer can undo the sampling's secrecy and the pads)."""
+
+    __test__ = False  # not a pytest class
+    seed: Seed
+    alignment_key: AlignmentKey
+    pram_key: PramKey
+    pad_keys: tuple[PadKey, ...]
+
+    @classmethod
+    def from_int(cls, value: int, curators: int) -> TestKeys:
+        def derive(label: str) -> bytes:
+            return hashlib.sha256(f"secure-release test keys {value} {label}".encode()).digest()
+
+        pads = tuple(PadKey(derive(f"pad {j}")) for j in range(curators))
+        return cls(Seed(derive("seed")), AlignmentKey(derive("align")), PramKey(derive("pram")), pads)
+
+
+def curator_tables(
+    tables: Mapping[str, Any],
+    schemas: Mapping[str, CuratorSchema | Mapping[str, Any] | str | Path],
+    id_column: str = "id",
+) -> list[CuratorTable]:
+    """In-memory curator tables (joint-code order = the order of ``tables``) from DataFrames."""
+    if set(tables) != set(schemas):
+        raise TableInputError(f"tables for {sorted(tables)} but schemas for {sorted(schemas)}; give one of each")
+    out = []
+    for name, table in tables.items():
+        s = _as_schema(name, schemas[name])
+        cols = string_columns(table, [id_column, *(a.name for a in s.attributes)], f"curator {name}")
+        ids = cols.pop(id_column)
+        out.append(CuratorTable(CuratorSchema(name, s.attributes), ids, cols))
+    return out
+
+
+def release(
+    tables: Mapping[str, Any],
+    schemas: Mapping[str, CuratorSchema | Mapping[str, Any] | str | Path],
+    epsilon: float,
+    m: int | None = None,
+    *,
+    id_column: str = "id",
+    cipher: str = "chacha20",
+    release_id: str = "release-1",
+    granted: Sequence[str] | None = None,
+    test_keys: int | None = None,
+) -> Result:
+    """Run a whole release in memory (align, sample, encrypt, PRAM, decrypt, estimate) on one
+    table per curator (pandas/polars DataFrames, Arrow tables or mappings of columns), keyed by
+    curator name in joint-code order. ``schemas`` per curator: a CuratorSchema, a schema dict or
+    file, or ``{attribute: [categories]}``. ``granted``: curators whose keys the researcher gets
+    (default all; fewer gives a marginal). ``test_keys``: reproducible keys, tutorials/tests only.
+    Warns (``UserWarning``) when the plan's predicted RMSE exceeds the typical cell share 1/K.
+    """
+    ts = curator_tables(tables, schemas, id_column)
+    names = [t.name for t in ts]
+    keys = TestKeys.from_int(test_keys, len(ts)) if test_keys is not None else None
+    subset = None if granted is None else [names.index(g) for g in granted]
+    result = run_release(
+        ts, epsilon, m, CipherMode.parse(cipher), release_id,
+        seed=keys.seed if keys else None, alignment_key=keys.alignment_key if keys else None,
+        pram_key=keys.pram_key if keys else None, granted=subset, pad_keys=keys.pad_keys if keys else None,
+    )  # fmt: skip
+    covered = result.estimate.curators
+    joint = JointSchema(tuple(ts[j].schema for j in covered))
+    report = build_report(release_id, result.plan, names, result.estimate, joint)
+    out = _result(report, result.true_type)
+    for message in out.warnings:
+        warnings.warn(message, UserWarning, stacklevel=2)
+    return out
+
+
+# ---------------------------------------------------------------------------------- simulation
+@dataclass(frozen=True)
+class Simulation:
+    """Simulated releases on a count table: one summary row per (epsilon, m) point."""
+
+    rows: tuple[dict[str, Any], ...]
+
+    def to_frame(self, backend: Backend = "pandas") -> Any:
+        """The summary rows as a DataFrame (mean l2 errors, their SEs, predicted RMSE, bounds)."""
+        keys = [k for k, v in self.rows[0].items() if not isinstance(v, list)]
+        return to_frame({k: np.asarray([r[k] for r in self.rows], dtype=object) for k in keys}, backend)
+
+
+def simulate(
+    counts: npt.ArrayLike,
+    epsilon: float | Sequence[float],
+    m: int | Sequence[int] | None = None,
+    trials: int = 200,
+    alphabet_sizes: Sequence[int] | None = None,
+    seed: int = 0,
+    estimators: Sequence[str] = ESTIMATORS,
+) -> Simulation:
+    """Simulate ``trials`` releases per (epsilon, m) on a joint count table (curator-major codes);
+    m defaults to m* for each epsilon. Fast path: the exact distribution of the observed counts."""
+    from secure_release.mechanism.accounting import optimal_sample_size_int
+
+    c = np.asarray(counts, dtype=np.int64)
+    n, K = int(c.sum()), int(c.size)
+    epsilons = [float(epsilon)] if isinstance(epsilon, int | float) else [float(e) for e in epsilon]
+    points = [
+        (e, mm)
+        for e in epsilons
+        for mm in ([optimal_sample_size_int(n, K, e)] if m is None else [m] if isinstance(m, int) else list(m))
+    ]
+    out = sweep(c, points, trials, np.random.default_rng(seed), alphabet_sizes, estimators)
+    return Simulation(tuple(p.summary() for p in out))
+
+
+def fetch_result(address: str, certs: str | Path, name: str, release_id: str, timeout: float = 300.0) -> Result:
+    """An estimate from a running researcher service, as analyst ``name`` (mutual TLS)."""
+    from secure_release.analyst import fetch_report
+
+    return _result(fetch_report(address, Path(certs), name, release_id, wait=True, timeout=timeout))
+
+
+# ------------------------------------------------------------------------------- four services
+def release_over_services(
+    tables: Mapping[str, Any],
+    schemas: Mapping[str, CuratorSchema | Mapping[str, Any] | str | Path],
+    epsilon: float,
+    workdir: str | Path,
+    m: int | None = None,
+    *,
+    id_column: str = "id",
+    release_id: str = "release-1",
+    test_keys: int | None = None,
+) -> Result:
+    """The same release as :func:`release`, across real processes on this machine: a project CA,
+    the server, one curator per table (the first leads) and the researcher over mutual TLS; the
+    estimate is read as analyst. With the same ``test_keys`` the numbers equal :func:`release`'s
+    (that needs SECURE_RELEASE_TESTING=1 in the children's environment: set here)."""
+    import csv
+    import os
+
+    from secure_release.cluster import Cluster, get_estimate, launch_release, parties
+    from secure_release.infra.pki import init_pki
+
+    root = Path(workdir)
+    (root / "data").mkdir(parents=True, exist_ok=True)
+    ts = curator_tables(tables, schemas, id_column)
+    for t in ts:
+        names = [a.name for a in t.schema.attributes]
+        with (root / "data" / f"{t.name}.csv").open("w", newline="") as fh:
+            writer = csv.writer(fh)
+            writer.writerow([id_column, *names])
+            writer.writerows(zip(t.ids.tolist(), *(t.columns[a].tolist() for a in names), strict=True))
+        (root / "data" / f"{t.name}.json").write_text(json.dumps(schema_to_dict(t.schema, id_column)))
+    curators = [t.name for t in ts]
+    init_pki(root / "certs", parties(curators), force=True)
+    keys = TestKeys.from_int(test_keys, len(ts)) if test_keys is not None else None
+    align = keys.alignment_key if keys else AlignmentKey.generate()
+    (root / "align.key").write_text(align.reveal().hex())
+    (root / "align.key").chmod(0o600)
+    extra: dict[str, list[str]] = {}
+    server_extra: list[str] = []
+    env = dict(os.environ)
+    if keys is not None:
+        env["SECURE_RELEASE_TESTING"] = "1"
+        extra = {c: ["--insecure-test-pad-key", keys.pad_keys[j].reveal().hex()] for j, c in enumerate(curators)}
+        extra[curators[0]] += ["--insecure-test-seed", keys.seed.reveal().hex()]
+        server_extra = ["--insecure-test-pram-key", keys.pram_key.reveal().hex()]
+    cluster = Cluster(root, env=env)
+    try:
+        addrs = launch_release(
+            cluster, root / "data", root / "certs", release_id, epsilon, m, "chacha20", root / "align.key",
+            server_extra=server_extra, curators=curators, curator_extra=extra,
+        )  # fmt: skip
+        resp = get_estimate(addrs["researcher"], root / "certs", release_id)
+    finally:
+        cluster.close()
+    from dataclasses import replace
+
+    from secure_release.infra.wire import report_from_pb
+
+    report = report_from_pb(resp)
+    sizes = tuple(t.schema.alphabet_size for t in ts)
+    return _result(replace(report, plan=replace(report.plan, alphabet_sizes=sizes), curators=tuple(curators)))

@@ -1,0 +1,1 @@
+"""The paper's findings, reproduced: one function per finding (``secure-release reproduce``)."""

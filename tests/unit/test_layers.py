@@ -1,0 +1,152 @@
+"""The import layers of docs/design.md, checked on the source (an AST contract test).
+
+    secure_release.commands, .cli   the CLI: may import anything below
+    secure_release (other rooms)    api, cluster, reproduce, plotting, ...: anything below, never the CLI
+    curator | server | researcher   mechanism, protos, infra, itself (never another role)
+    infra                           mechanism, protos, itself
+    protos                          itself
+    mechanism                       itself (and no grpc: tests/system/test_mech_imports.py)
+
+Every module is imported by its installed name (``secure_release.<layer>``), never by the
+folder's bare name, anywhere in the repository (tests and benchmarks included).
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+LAYERS = ("mechanism", "protos", "infra", "curator", "server", "researcher")
+#: The folder of each installed package (pyproject's package-dir must say the same).
+FOLDERS = {"secure_release": "app", **{f"secure_release.{layer}": layer for layer in LAYERS}}
+#: The composition root's CLI rooms: only they may import each other.
+CLI_ROOMS = ("commands", "cli", "__main__")
+ALLOWED: dict[str, set[str]] = {
+    "mechanism": {"mechanism"},
+    "protos": {"protos"},
+    "infra": {"mechanism", "protos", "infra"},
+    "curator": {"mechanism", "protos", "infra", "curator"},
+    "server": {"mechanism", "protos", "infra", "server"},
+    "researcher": {"mechanism", "protos", "infra", "researcher"},
+    "root": {*LAYERS, "root"},
+    "cli": {*LAYERS, "root", "cli"},
+}
+#: Folder names that must never be imported bare (``import curator.errors``).
+BARE = {*LAYERS, "app", "commands", "reproduce"}
+
+
+def imported_modules(path: Path) -> list[str]:
+    """Every absolute module name ``path`` imports (at any depth, lazy imports included)."""
+    tree = ast.parse(path.read_text(), str(path))
+    names: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.append(node.module)
+            if node.module == "secure_release":
+                names += [f"secure_release.{a.name}" for a in node.names]
+    return names
+
+
+def layer_of(module: str) -> str | None:
+    """'mechanism', ..., 'root', 'cli' for a project module; None for anything else."""
+    parts = module.split(".")
+    if parts[0] in BARE:
+        return "bare:" + parts[0]
+    if parts[0] != "secure_release":
+        return None
+    if len(parts) > 1 and parts[1] in LAYERS:
+        return parts[1]
+    return "cli" if len(parts) > 1 and parts[1] in CLI_ROOMS else "root"
+
+
+def layer_of_file(root: Path, path: Path) -> str:
+    """The layer a source file belongs to, from its folder."""
+    rel = path.relative_to(root).parts
+    if rel[0] != "app":
+        return rel[0]
+    return "cli" if rel[1] in CLI_ROOMS or rel[1].removesuffix(".py") in CLI_ROOMS else "root"
+
+
+def violations(root: Path, folder: str) -> list[str]:
+    bad = []
+    for path in sorted((root / folder).rglob("*.py")):
+        layer = layer_of_file(root, path)
+        for module in imported_modules(path):
+            target = layer_of(module)
+            if target is not None and target not in ALLOWED[layer]:
+                bad.append(f"{path.relative_to(root)} ({layer}) imports {module} ({target})")
+    return bad
+
+
+@pytest.mark.parametrize("folder", [*LAYERS, "app"])
+def test_layer_imports_only_what_it_may(folder: str) -> None:
+    assert (ROOT / folder / "__init__.py").is_file(), f"{folder}/ is missing: not a checkout?"
+    assert violations(ROOT, folder) == []
+
+
+def test_the_checker_fails_on_a_planted_upward_import(tmp_path: Path) -> None:
+    """The check itself can fail: an upward import planted in each layer is caught, and so are
+    a role importing another role, the API importing the CLI, and a bare folder import."""
+    plants = {
+        "mechanism/bad.py": "from secure_release.infra import tls\n",
+        "infra/bad.py": "def f():\n    from secure_release.curator.service import X\n",
+        "curator/bad.py": "import secure_release.server.store\n",
+        "researcher/bad.py": "from secure_release import api\n",
+        "app/api.py": "from secure_release.commands import demo\n",
+        "app/cluster.py": "from secure_release.cli import main\n",
+        "server/bad.py": "import curator.errors\n",
+    }
+    for rel, text in plants.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    for folder in ("mechanism", "infra", "curator", "researcher", "app", "server"):
+        found = violations(tmp_path, folder)
+        assert found, folder
+    assert len(violations(tmp_path, "app")) == 2
+    (tmp_path / "app/commands").mkdir()
+    cli = "from secure_release import api, cluster\nfrom secure_release.commands import x\n"
+    (tmp_path / "app/commands/ok.py").write_text(cli)
+    assert len(violations(tmp_path, "app")) == 2  # the CLI may import the other rooms
+
+
+def test_no_bare_folder_import_anywhere() -> None:
+    """``import curator...`` would load a second copy of a module beside
+    ``secure_release.curator...`` (an ``except`` of one does not catch the other)."""
+    bad = []
+    for path in sorted(ROOT.rglob("*.py")):
+        rel = path.relative_to(ROOT)
+        if rel.parts[0] in {".venv", "build", ".git"} or "site-packages" in rel.parts:
+            continue
+        bad += [f"{rel} imports {m}" for m in imported_modules(path) if (layer_of(m) or "").startswith("bare:")]
+    assert bad == []
+
+
+def test_pyproject_declares_every_package_by_its_folder() -> None:
+    """package-dir maps each installed name to its folder, and every folder with an
+    __init__.py is listed as a package (a forgotten one would be missing from the wheel)."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert config["package-dir"] == FOLDERS
+    declared = set(config["packages"])
+    on_disk = set()
+    for name, folder in FOLDERS.items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            sub = init.parent.relative_to(ROOT / folder).parts
+            if not (name == "secure_release" and sub and sub[0] in LAYERS):
+                on_disk.add(".".join((name, *sub)))
+    assert on_disk and declared == on_disk
+
+
+def test_no_symlink_in_the_tree() -> None:
+    """A checkout without symlinks (core.symlinks=false, a zip) must build the same wheel."""
+    links = []
+    for dirpath, dirnames, filenames in os.walk(ROOT):
+        dirnames[:] = [d for d in dirnames if d not in {".git", ".venv", "build", "node_modules"}]
+        links += [os.path.join(dirpath, n) for n in dirnames + filenames if os.path.islink(os.path.join(dirpath, n))]
+    assert links == []

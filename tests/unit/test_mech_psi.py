@@ -1,0 +1,144 @@
+"""The N-party ECDH PSI (mechanism.psi): correctness against a plain set intersection, one
+canonical order at every curator, rejection of bad points, and what a curator receives.
+
+What is exactly testable about the received messages (with every curator's scalar fixed):
+1. the list a curator gets back (its own ids, fully blinded) and the agreed common tags are
+   bit-identical when a partner changes only ids outside the intersection;
+2. in the partner's list the curator receives, the points of intersection ids are unchanged, and
+   the points of non-intersection ids are the image of ids it does not hold under x -> H(x)^s
+   with s unknown to it; replacing exactly those points by fresh uniformly random group elements
+   (the simulator's view) leaves everything the curator computes unchanged (it forwards them
+   re-blinded and never matches them). That the real and simulated points cannot be told apart
+   is the DDH assumption, which no test can check.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import numpy as np
+import pytest
+from nacl import bindings as sodium
+
+from secure_release.mechanism.alignment import align, common_tags
+from secure_release.mechanism.psi import (
+    InvalidPointError,
+    PsiKey,
+    blind,
+    hash_to_group,
+    psi_finish,
+    psi_reblind,
+    psi_start,
+    ring_hops,
+    run_psi,
+    split_points,
+)
+
+KEYS = [PsiKey(hashlib.sha256(b"psi-%d" % j).digest()) for j in range(3)]
+
+
+def _ids(lo: int, hi: int, prefix: str = "id") -> np.ndarray:
+    return np.array([f"{prefix}{i}" for i in range(lo, hi)])
+
+
+def _aligned_ids(id_lists: list[np.ndarray], keys: list[PsiKey]) -> list[np.ndarray]:
+    run = run_psi(id_lists, keys)
+    common = common_tags(run.tags)
+    return [ids[align(t, common).row_order] for ids, t in zip(id_lists, run.tags, strict=True)]
+
+
+@pytest.mark.parametrize("num", [2, 3])
+def test_intersection_and_one_canonical_order(num: int) -> None:
+    rng = np.random.default_rng(5)
+    universe = _ids(0, 120)
+    id_lists = [rng.permutation(universe[rng.random(120) < 0.7]) for _ in range(num)]
+    aligned = _aligned_ids(id_lists, KEYS[:num])
+    truth = set(id_lists[0].tolist()).intersection(*[set(x.tolist()) for x in id_lists[1:]])
+    assert set(aligned[0].tolist()) == truth and len(aligned[0]) == len(truth)
+    for other in aligned[1:]:
+        assert np.array_equal(other, aligned[0])  # the same ids in the same canonical order
+    # the order does not depend on any curator's row order
+    again = _aligned_ids([x[::-1].copy() for x in id_lists], KEYS[:num])
+    assert np.array_equal(again[0], aligned[0])
+
+
+def test_order_depends_on_keys_and_looks_unrelated_to_ids() -> None:
+    ids = _ids(0, 200)
+    a = _aligned_ids([ids, ids], KEYS[:2])[0]
+    b = _aligned_ids([ids, ids], [PsiKey.generate(), PsiKey.generate()])[0]
+    assert sorted(a.tolist()) == sorted(b.tolist()) and not np.array_equal(a, b)
+    assert not np.array_equal(a, np.sort(ids))
+
+
+def test_empty_intersection_and_unicode() -> None:
+    run = run_psi([np.array(["ä", "b"]), np.array(["c"])], KEYS[:2])
+    assert common_tags(run.tags).size == 0
+    assert _aligned_ids([np.array(["ä", "b"]), np.array(["b", "ä"])], KEYS[:2])[0].tolist() != []
+
+
+def test_ring_routes() -> None:
+    assert ring_hops(0, 3) == [1, 2] and ring_hops(2, 3) == [0, 1] and ring_hops(1, 2) == [0]
+
+
+def test_commutative_blinding_and_hash_in_subgroup() -> None:
+    points = hash_to_group(["x", "y"])
+    assert all(sodium.crypto_core_ed25519_is_valid_point(p) for p in points)
+    ab = blind(blind(points, KEYS[0]), KEYS[1])
+    ba = blind(blind(points, KEYS[1]), KEYS[0])
+    assert ab == ba and ab[0] != ab[1]
+
+
+def test_bad_points_are_rejected() -> None:
+    good = psi_start(["x"], KEYS[0]).sent
+    identity = bytes([1]) + bytes(31)
+    small_order = bytes(32)  # y = 0: a point of order 4
+    order8 = bytes.fromhex("26e8958fc2b227b045c3f489f2ef98f0d5dfac05d3c63339b13802886d53fc05")
+    torsioned = sodium.crypto_core_ed25519_add(good, order8)  # leaves the prime-order subgroup
+    for bad in (identity, small_order, b"\xff" * 32, torsioned):
+        with pytest.raises(InvalidPointError):
+            psi_reblind(bad, KEYS[1])
+    with pytest.raises(InvalidPointError):
+        split_points(good + b"x")
+    own = psi_start(["x"], KEYS[0])
+    with pytest.raises(InvalidPointError):
+        psi_finish(own, b"\xff" * 32)
+
+
+def test_received_messages_do_not_depend_on_partner_ids_outside_the_intersection() -> None:
+    alice = _ids(0, 40)
+    common = _ids(20, 40)
+    bob1 = np.concatenate([common, _ids(100, 130, "x")])
+    bob2 = np.concatenate([common, _ids(500, 530, "y")])  # differs only outside the intersection
+    keys = KEYS[:2]
+    run1, run2 = run_psi([alice, bob1], keys), run_psi([alice, bob2], keys)
+    # (1) Alice's own list back, and the agreed tags: bit-identical
+    back1 = [m for owner, _, m in run1.received[0] if owner == 0]
+    back2 = [m for owner, _, m in run2.received[0] if owner == 0]
+    assert back1 == back2
+    assert np.array_equal(run1.tags[0], run2.tags[0])
+    assert np.array_equal(common_tags(run1.tags), common_tags(run2.tags))
+    # (2) Bob's list as Alice receives it: intersection points identical, the rest disjoint
+    got1 = set(split_points(next(m for owner, _, m in run1.received[0] if owner == 1)))
+    got2 = set(split_points(next(m for owner, _, m in run2.received[0] if owner == 1)))
+    assert len(got1 & got2) == common.size
+    assert got1 & got2 == set(blind(hash_to_group(common), keys[1]))
+
+
+def test_simulated_view_gives_the_same_outcome() -> None:
+    """Replace the points of Bob's non-intersection ids, as Alice receives them, by uniformly
+    random group elements: Alice's re-blinded answer on the intersection and the agreed
+    intersection are unchanged."""
+    alice, bob = _ids(0, 30), np.concatenate([_ids(10, 30), _ids(300, 320, "z")])
+    keys = KEYS[:2]
+    real = run_psi([alice, bob], keys)
+    bob_own = psi_start(bob, keys[1])
+    inter_points = set(blind(hash_to_group(_ids(10, 30)), keys[1]))
+    received = split_points(bob_own.sent)
+    simulated = [
+        p if p in inter_points else sodium.crypto_core_ed25519_from_uniform(os.urandom(32)) for p in received
+    ]
+    sim_back = psi_reblind(b"".join(simulated), keys[0])
+    bob_tags = psi_finish(bob_own, sim_back)
+    sim_common = common_tags([real.tags[0], bob_tags])
+    assert np.array_equal(sim_common, common_tags(real.tags))
