@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from secure_release import plotting
 from secure_release.mechanism import accounting
 from secure_release.mechanism.errors import InvalidSampleSizeError
 from secure_release.mechanism.estimators import INTERVAL_METHODS, check_level
@@ -349,7 +350,7 @@ def run(args: argparse.Namespace) -> int:
     for s in summaries:
         s["m_star"] = accounting.optimal_sample_size(table.n, table.joint_size, s["epsilon"])
     if args.plot:
-        plot(summaries, table, args.plot)
+        plotting.simulation_figure(summaries, table, args.plot)
     if args.json:
         print(
             json.dumps(
@@ -409,27 +410,3 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def plot(summaries: list[dict[str, Any]], table: CountTable, out: str) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        sys.stderr.write("secure-release simulate: matplotlib is not installed; --plot skipped\n")
-        return
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for eps in sorted({s["epsilon"] for s in summaries}):
-        pts = sorted((s for s in summaries if s["epsilon"] == eps), key=lambda s: s["m"])
-        ms = [s["m"] for s in pts]
-        line = ax.plot(ms, [s["mean_l2_error"] for s in pts], "o", label=f"eps={eps:g} raw")[0]
-        ax.plot(ms, [s["predicted_rmse"] for s in pts], "-", color=line.get_color(), alpha=0.6)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("m")
-    ax.set_ylabel("mean l2 error")
-    ax.set_title(f"{table.name} (n={table.n}, K={table.joint_size})")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out, dpi=90)
-    plt.close(fig)

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from secure_release.commands.reproduce import build_report, read_csv_rows
+from secure_release.reproduce.report import build_report
+from secure_release.reproduce.sweeps import read_csv_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 FIGS = ROOT / "docs" / "figures"
