@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from secure_release.commands import REGISTRY
 from secure_release.examples import own_data_text
 from secure_release.infra import exitcodes as exits
-from secure_release.mechanism.errors import SecureReleaseError
+from secure_release.infra.entry import run_main
 
 
 class _Parser(argparse.ArgumentParser):
@@ -62,29 +62,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run one subcommand; its exit code follows the convention in :mod:`secure_release.exits`
-    (0 ok, 1 runtime failure, 2 usage, 3 refused, 130 interrupted)."""
+    """Run one subcommand; its exit code follows the convention in
+    :mod:`secure_release.infra.exitcodes` (0 ok, 1 runtime failure, 2 usage, 3 refused,
+    130 interrupted)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return exits.USAGE
-    try:
-        return int(args.func(args))
-    except (SecureReleaseError, OSError, KeyboardInterrupt) as exc:
-        return _fail(args.command, exc)
-    except Exception as exc:
-        if exits.exit_code_for(exc) != exits.FAILURE or type(exc).__module__.startswith("grpc"):
-            return _fail(args.command, exc)
-        raise
-
-
-def _fail(command: str, exc: BaseException) -> int:
-    """Say what stopped ``command`` in one line and return its exit code."""
-    code = exits.exit_code_for(exc)
-    if code != exits.INTERRUPTED:
-        sys.stderr.write(f"secure-release {command}: error: {exits.describe(exc)}\n")
-    return code
+    return run_main(f"secure-release {args.command}", lambda: int(args.func(args)))
 
 
 if __name__ == "__main__":

@@ -7,11 +7,8 @@ or ``--config file.json`` (keys are flag names); flags win over env, env over th
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Sequence
-
-import grpc
 
 from secure_release.curator.commands import (
     add_budget_parser,
@@ -25,12 +22,12 @@ from secure_release.curator.config import DEFAULT_KEY_RETENTION_S, POSITIONS_PAT
 from secure_release.curator.keystore import KeystoreError, TableChangedError
 from secure_release.curator.table import BadRowsError, SchemaFileError
 from secure_release.infra.config import ConfigError, apply_env_and_config, subcommand_parser
-from secure_release.infra.exitcodes import USAGE, describe, exit_code_for
+from secure_release.infra.entry import run_main
+from secure_release.infra.exitcodes import USAGE
 from secure_release.infra.logs import setup_logging
 from secure_release.mechanism.errors import (
     InvalidNameError,
     NonFiniteInputError,
-    SecureReleaseError,
     UnknownCipherError,
 )
 from secure_release.mechanism.ledger import NoBudgetError
@@ -284,25 +281,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     0 success, 1 failed or aborted release, 2 usage, config or input error, 3 refused)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    try:
+
+    def body() -> int:
         if argv and argv[0] in ("run", "store-table"):
             apply_env_and_config(subcommand_parser(parser, argv[0]), argv[1:])
         args = parser.parse_args(argv)
         commands = ("run", "store-table", "budget", "release", "table")
         if args.command not in commands or getattr(args, "action", "") is None:
             parser.print_help()
-            return 2
-        os.umask(0o077)  # keystores, ledgers, pads: every file 0600, every directory 0700
+            return USAGE
         setup_logging()
         return _dispatch(args)
-    except KeyboardInterrupt:
-        return 130
-    except USAGE_ERRORS as exc:
-        sys.stderr.write(f"curator: error: {describe(exc)}\n")
-        return USAGE
-    except (SecureReleaseError, grpc.RpcError) as exc:  # one line, no traceback of secrets
-        sys.stderr.write(f"curator: error: {describe(exc)}\n")
-        return exit_code_for(exc)
+
+    return run_main("secure-release-curator", body, usage_errors=USAGE_ERRORS)
 
 
 def _dispatch(args: argparse.Namespace) -> int:

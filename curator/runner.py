@@ -37,6 +37,7 @@ from secure_release.curator.service import SERVICE_NAME, CuratorService
 from secure_release.curator.table import EncodedTable, TableSpec, load_schema, raise_repeats, read_table
 from secure_release.curator.upload import ServerLink
 from secure_release.infra.config import ConfigError, write_port_file
+from secure_release.infra.entry import stop_on_signals
 from secure_release.infra.health import add_health_and_reflection
 from secure_release.infra.logs import EventLog, peak_rss_mib
 from secure_release.infra.memory import release_free_memory
@@ -333,10 +334,7 @@ def serve_keys(run: Run, record: ReleaseRecord, stop: threading.Event) -> None:
 
 def stop_on_sigterm() -> threading.Event:
     """An event set by SIGTERM (installed only on the main thread, where Python allows it)."""
-    stop = threading.Event()
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    return stop
+    return stop_on_signals((signal.SIGTERM,))
 
 
 def resumable_record(config: CuratorConfig, keystore: Keystore, fingerprint: str) -> ReleaseRecord | None:

@@ -80,19 +80,68 @@ def peak_rss_mib() -> int | None:
     return None
 
 
-class EventLog:
-    """``log("event", field=value, ...)`` for one party: a thin front of :mod:`logging` that
-    adds ``component`` and ``party`` to every record."""
+#: Keyword arguments of :meth:`logging.Logger.log` itself; any other keyword is an event field.
+_LOG_KWARGS = frozenset({"exc_info", "stack_info", "stacklevel", "extra"})
 
-    def __init__(self, component: str, party: str) -> None:
-        self.component, self.party = component, party
-        self.logger = logging.getLogger(f"{ROOT_LOGGER}.{component}")
+
+class EventLog(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """The one logging front-end of every component: each record carries ``component``, ``party``
+    and, once bound with :meth:`for_release`, ``release_id``.
+
+    Two call styles give the same record: ``log("event", field=value)`` (and ``log.warning``,
+    ``log.error`` with fields as keywords) and the :mod:`logging` style
+    ``log.info("event", extra={"field": value})``. A field named ``release`` is recorded as
+    ``release_id``, so every component names a release the same way.
+    """
+
+    def __init__(self, component: str, party: str, release_id: str | None = None) -> None:
+        bound: dict[str, Any] = {"component": component, "party": party}
+        if release_id:
+            bound["release_id"] = release_id
+        super().__init__(logging.getLogger(f"{ROOT_LOGGER}.{component}"), bound)
+
+    @property
+    def component(self) -> str:
+        return str(self.bound["component"])
+
+    @property
+    def party(self) -> str:
+        return str(self.bound["party"])
+
+    @party.setter
+    def party(self, name: str) -> None:
+        self.bound["party"] = name
+
+    @property
+    def bound(self) -> dict[str, Any]:
+        assert isinstance(self.extra, dict)
+        return self.extra
+
+    def for_release(self, release_id: str) -> EventLog:
+        """The same component and party, every record naming ``release_id``."""
+        return EventLog(self.component, self.party, release_id)
+
+    def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
+        fields = {**self.bound, **(kwargs.get("extra") or {})}
+        if "release" in fields:
+            fields.setdefault("release_id", fields.pop("release"))
+        kwargs["extra"] = fields
+        return msg, kwargs
+
+    def _emit(self, level: int, event: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        fields = {k: kwargs.pop(k) for k in list(kwargs) if k not in _LOG_KWARGS}
+        if fields:
+            kwargs["extra"] = {**(kwargs.get("extra") or {}), **fields}
+        self.log(level, event, *args, **kwargs)
 
     def __call__(self, event: str, level: int = logging.INFO, **fields: Any) -> None:
-        self.logger.log(level, event, extra={"component": self.component, "party": self.party, **fields})
+        self._emit(level, event, (), fields)
 
-    def warning(self, event: str, **fields: Any) -> None:
-        self(event, logging.WARNING, **fields)
+    def info(self, event: Any, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
+        self._emit(logging.INFO, event, args, kwargs)
 
-    def error(self, event: str, **fields: Any) -> None:
-        self(event, logging.ERROR, **fields)
+    def warning(self, event: Any, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
+        self._emit(logging.WARNING, event, args, kwargs)
+
+    def error(self, event: Any, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
+        self._emit(logging.ERROR, event, args, kwargs)

@@ -18,14 +18,9 @@ Config: flags, SECURE_RELEASE_<FLAG> env, or --config file.json.
 from __future__ import annotations
 
 import argparse
-import os
-import signal
 import sys
-import threading
 from collections.abc import Sequence
 from pathlib import Path
-
-import grpc
 
 from secure_release.infra.config import (
     ConfigError,
@@ -35,11 +30,11 @@ from secure_release.infra.config import (
     subcommand_parser,
     write_port_file,
 )
-from secure_release.infra.exitcodes import USAGE, describe, exit_code_for
+from secure_release.infra.entry import run_main, serve_until_signal
+from secure_release.infra.exitcodes import USAGE
 from secure_release.infra.health import add_health_and_reflection
 from secure_release.infra.logs import EventLog, setup_logging
 from secure_release.infra.tls import bind, make_grpc_server
-from secure_release.mechanism.errors import SecureReleaseError
 from secure_release.mechanism.report import ReleaseReport
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
 from secure_release.researcher.client import Endpoints, check_seconds
@@ -194,11 +189,8 @@ def serve(args: argparse.Namespace, log: EventLog) -> int:
     server.start()
     write_port_file(args.port_file, bound)
     log("listening", address=f"{host}:{bound}", reloaded=len(tracker.finished()))
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
-        while not stop.wait(0.5):
-            pass
+        serve_until_signal()
     finally:
         health.enter_graceful_shutdown()
         server.stop(grace=1.0).wait()
@@ -212,19 +204,13 @@ def _out(args: argparse.Namespace) -> Path | None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``serve`` or ``fetch``; exit codes of the shared convention (infra/exitcodes.py): 1 if
     the release failed (aborted, a key missing, an RPC), 2 on a bad setting, 3 if refused."""
-    try:
+
+    def body() -> int:
         args = parse_args(list(sys.argv[1:] if argv is None else argv))
         if args is None:
-            return 2
-        os.umask(0o077)  # results and estimates: every file 0600, every directory 0700
+            return USAGE
         setup_logging()
         log = EventLog("researcher", args.name)
         return fetch(args, log) if args.command == "fetch" else serve(args, log)
-    except KeyboardInterrupt:
-        return 130
-    except (ConfigError, OSError) as exc:
-        sys.stderr.write(f"researcher: error: {describe(exc)}\n")
-        return USAGE
-    except (SecureReleaseError, grpc.RpcError) as exc:
-        sys.stderr.write(f"researcher: error: {describe(exc)}\n")
-        return exit_code_for(exc)
+
+    return run_main("secure-release-researcher", body, usage_errors=(ConfigError, OSError))

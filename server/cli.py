@@ -9,16 +9,10 @@ options, e.g. ``{"listen": "0.0.0.0:7000", "store": "/data"}``), environment var
 from __future__ import annotations
 
 import argparse
-import logging
-import os
-import signal
-import sys
-import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from secure_release.infra import tls
 from secure_release.infra.config import (
@@ -30,13 +24,13 @@ from secure_release.infra.config import (
     testing_enabled,
     write_port_file,
 )
-from secure_release.infra.exitcodes import exit_code_for
+from secure_release.infra.entry import run_main, serve_until_signal
 from secure_release.infra.health import add_health_and_reflection
 from secure_release.infra.logs import setup_logging
-from secure_release.mechanism.errors import SecureReleaseError
 from secure_release.mechanism.keys import PramKey, Seed
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
 from secure_release.server.service import ReleaseService, make_notifier
+from secure_release.server.service import log as service_log
 from secure_release.server.state import ServerLimits
 from secure_release.server.store import Store
 
@@ -192,20 +186,19 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse, configure and serve until SIGTERM/SIGINT; exit codes per infra/exitcodes.py."""
     parser = build_parser()
-    try:
+
+    def body() -> int:
         apply_env_and_config(parser, list(argv) if argv is not None else None)
-        config = config_from_args(parser.parse_args(argv))
-        return serve(config)
-    except SecureReleaseError as exc:
-        sys.stderr.write(f"secure-release-server: error: {type(exc).__name__}: {exc}\n")
-        return exit_code_for(exc)
+        return serve(config_from_args(parser.parse_args(argv)))
+
+    return run_main("secure-release-server", body)
 
 
 def serve(config: ServerConfig) -> int:
     """Open the store, finish any sealed release, serve, and stop gracefully on a signal."""
-    os.umask(0o077)  # every file this process creates: 0600, every directory: 0700
     setup_logging(config.log_level)
-    log = logging.getLogger("secure_release.server")
+    log = service_log
+    log.party = config.name
     key_factory = PramKey.generate
     if config.test_pram_key is not None:
         fixed = config.test_pram_key
@@ -234,20 +227,17 @@ def serve(config: ServerConfig) -> int:
     print(f"secure-release server listening on {config.host}:{bound}", flush=True)
     log.info("listening", extra={"host": config.host, "port": bound, "tls": not config.insecure})
 
-    stop = threading.Event()
-
-    def on_signal(signum: int, _frame: Any) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
     next_sweep = 0.0
-    while not stop.wait(0.5):
+
+    def sweep() -> None:
+        nonlocal next_sweep
         if time.monotonic() >= next_sweep:
             expired = store.expire(time.time() - config.retention_seconds)
             if expired:
                 log.info("expired", extra={"releases": len(expired)})
             next_sweep = time.monotonic() + 60.0
+
+    serve_until_signal(tick=sweep)
     log.info("stopping", extra={"grace": config.grace})
     health.enter_graceful_shutdown()
     server.stop(config.grace).wait()

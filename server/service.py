@@ -6,7 +6,6 @@ mechanism/. Logs carry ids, counts and digests, never key or symbol bytes.
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,6 +16,7 @@ import grpc
 from secure_release.infra import wire
 from secure_release.infra.auth import caller
 from secure_release.infra.errors import abort_with
+from secure_release.infra.logs import EventLog
 from secure_release.infra.tls import secure_channel
 from secure_release.mechanism.errors import ErrorKind, SecureReleaseError
 from secure_release.mechanism.keys import PramKey
@@ -27,7 +27,7 @@ from secure_release.server import state as st
 from secure_release.server.store import MAX_CHUNK_BYTES, Store
 from secure_release.server.tables import StoredTable, TableStreamError
 
-log = logging.getLogger("secure_release.server")
+log = EventLog("server", "server")
 
 #: An upload message may exceed its symbol payload by this much (ids, numbers, digest).
 MAX_UPLOAD_MESSAGE = MAX_CHUNK_BYTES + 64 + 512
