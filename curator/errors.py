@@ -114,3 +114,8 @@ class PsiNotReadyError(SecureReleaseError):
     """The PSI list asked for has not reached the leader yet; ask again later."""
 
     kind = ErrorKind.UNAVAILABLE
+
+
+class UploadRefusedError(SecureReleaseError):
+    """The server refused or did not commit this curator's part, upload or stored table; the
+    message carries the server's reason."""

@@ -35,6 +35,7 @@ import grpc
 
 from secure_release.curator.agreement import agree, leader_state, own_alignment
 from secure_release.curator.config import CuratorConfig
+from secure_release.curator.errors import UploadRefusedError
 from secure_release.curator.keystore import Keystore, KeystoreError, ReleaseRecord, TableChangedError, TableRecord
 from secure_release.curator.leader import LeaderState
 from secure_release.curator.ledgerfile import file_fingerprint
@@ -59,7 +60,7 @@ from secure_release.curator.waits import TRANSIENT, Deadline, retry_until
 from secure_release.infra.config import ConfigError
 from secure_release.infra.logs import EventLog
 from secure_release.infra.wire import ServerSample, TableDeclaration, sample_from_chunks, table_chunks
-from secure_release.mechanism.errors import ErrorKind, SecureReleaseError, ShapeMismatchError
+from secure_release.mechanism.errors import ErrorKind, SecureReleaseError
 from secure_release.mechanism.packing import digest_of
 from secure_release.mechanism.pads import decrypt
 from secure_release.mechanism.plan import plan_release
@@ -117,7 +118,7 @@ class TableLink(ServerChannel):
         try:
             status = retry_until(once, "the server to take our table", self.deadline, self.log, UPLOAD_CALL_S)
         except grpc.RpcError as exc:
-            raise ShapeMismatchError(f"the server refused {self.config.name}'s table: {exc.details()}") from exc
+            raise UploadRefusedError(f"the server refused {self.config.name}'s table: {exc.details()}") from exc
         self.log("table_committed", table_id=declaration.table_id, chunks=len(chunks))
         return status
 

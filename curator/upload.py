@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress
 
 from secure_release.curator.config import CuratorConfig
-from secure_release.curator.errors import ReleaseAbortedError, WaitTimeoutError
+from secure_release.curator.errors import ReleaseAbortedError, UploadRefusedError, WaitTimeoutError
 from secure_release.curator.waits import TRANSIENT, Deadline, retry_until
 from secure_release.infra.logs import EventLog
 from secure_release.infra.tls import secure_channel
@@ -120,7 +120,7 @@ class ServerLink(ServerChannel):
             )
         except grpc.RpcError as exc:
             raise_if_aborted(self.status())
-            raise ShapeMismatchError(f"the server refused {self.config.name}'s part: {exc.details()}") from exc
+            raise UploadRefusedError(f"the server refused {self.config.name}'s part: {exc.details()}") from exc
         self.log("registered", release_id=spec.release_id, n=spec.n, m=spec.m)
 
     def upload(self, spec: ReleaseSpec, ciphertext: SymbolArray) -> None:
@@ -144,9 +144,9 @@ class ServerLink(ServerChannel):
             resp = retry_until(once, "the server to take our upload", self.deadline, self.log, UPLOAD_CALL_S)
         except grpc.RpcError as exc:
             raise_if_aborted(self.status())
-            raise ShapeMismatchError(f"the server refused {self.config.name}'s upload: {exc.details()}") from exc
+            raise UploadRefusedError(f"the server refused {self.config.name}'s upload: {exc.details()}") from exc
         if not resp.committed:
-            raise ShapeMismatchError(f"the server did not commit {self.config.name}'s upload of {spec.release_id!r}")
+            raise UploadRefusedError(f"the server did not commit {self.config.name}'s upload of {spec.release_id!r}")
         self.log("committed", release_id=spec.release_id, chunks=len(chunks))
 
     def wait_sealed(self) -> pb.ReleaseStatus:

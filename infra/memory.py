@@ -10,15 +10,19 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 from functools import cache
 from typing import Any
 
 
 @cache
 def _libc() -> Any:
-    name = ctypes.util.find_library("c")
-    return ctypes.CDLL(name) if name else None
+    """The C library this process already runs on (``dlopen(NULL)``: the symbols of the process
+    and its loaded libraries). Not ``ctypes.util.find_library``, which on Linux starts an
+    ``ldconfig`` child process at every first call."""
+    try:
+        return ctypes.CDLL(None)
+    except OSError:
+        return None
 
 
 def release_free_memory() -> None:

@@ -17,8 +17,9 @@ import numpy.typing as npt
 
 from secure_release.mechanism.errors import (
     EmptyDomainError,
+    InvalidCountsError,
     InvalidSampleSizeError,
-    ShapeMismatchError,
+    UnknownDatasetError,
 )
 
 SYNTHETIC = ("uniform", "linear", "peaky", "zipf")
@@ -40,7 +41,7 @@ def shares(kind: str, joint_size: int) -> npt.NDArray[np.float64]:
     if kind == "zipf":
         weights = 1.0 / np.arange(1, K + 1, dtype=np.float64)
         return np.asarray(weights / weights.sum(), dtype=np.float64)
-    raise ShapeMismatchError(f"unknown synthetic dataset {kind!r}; choose one of {list(SYNTHETIC)}")
+    raise UnknownDatasetError(f"unknown synthetic dataset {kind!r}; choose one of {list(SYNTHETIC)}")
 
 
 def largest_remainder(weights: npt.ArrayLike, n: int) -> npt.NDArray[np.int64]:
@@ -49,7 +50,7 @@ def largest_remainder(weights: npt.ArrayLike, n: int) -> npt.NDArray[np.int64]:
         raise InvalidSampleSizeError(f"n must be an integer >= 1, got {n!r}")
     w = np.asarray(weights, dtype=np.float64)
     if w.ndim != 1 or w.size == 0 or not np.all(np.isfinite(w)) or np.any(w < 0) or w.sum() <= 0:
-        raise ShapeMismatchError("weights must be a non-empty vector of finite values >= 0, not all 0")
+        raise InvalidCountsError("weights must be a non-empty vector of finite values >= 0, not all 0")
     exact = w / w.sum() * int(n)
     base = np.floor(exact).astype(np.int64)
     short = int(n) - int(base.sum())

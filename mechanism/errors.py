@@ -52,6 +52,10 @@ class UnknownDatasetError(SecureReleaseError):
     """A named (bundled or synthetic) dataset that does not exist."""
 
 
+class UnknownEstimatorError(SecureReleaseError):
+    """An estimator name other than the supported ones (raw, projected, mle)."""
+
+
 class InvalidCountsError(SecureReleaseError):
     """A count table has negative, non-integer or no counts."""
 

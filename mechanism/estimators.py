@@ -16,6 +16,8 @@ import numpy.typing as npt
 
 from secure_release.mechanism.accounting import cell_variance, channel_cell_variance
 from secure_release.mechanism.errors import (
+    EmptySampleError,
+    InvalidCountsError,
     InvalidLevelError,
     NonFiniteInputError,
     ShapeMismatchError,
@@ -56,7 +58,7 @@ def estimate_joint(counts: npt.ArrayLike, channel: PramChannel) -> FloatArray:
         raise ShapeMismatchError(f"{c.size} counts for a joint alphabet of {channel.joint_size}")
     total = c.sum()
     if total <= 0:
-        raise ShapeMismatchError("no observed rows: cannot estimate from an empty sample")
+        raise EmptySampleError("no observed rows: cannot estimate from an empty sample")
     return invert_channel(c / total, channel.keep, channel.off_diagonal)
 
 
@@ -93,7 +95,7 @@ def estimate_marginal(counts_on_subset: npt.ArrayLike, channel: PramChannel) -> 
     c = np.asarray(counts_on_subset, dtype=np.float64)
     total = c.sum()
     if total <= 0:
-        raise ShapeMismatchError("no observed rows: cannot estimate from an empty sample")
+        raise EmptySampleError("no observed rows: cannot estimate from an empty sample")
     sub_size = c.size
     a = channel.keep
     return np.asarray((c / total - (1.0 - a) / sub_size) / a, dtype=np.float64)
@@ -622,5 +624,5 @@ def _check_cell_counts(counts: npt.ArrayLike, m: int) -> npt.NDArray[np.int64]:
         raise NonFiniteInputError("cell counts must be a non-empty array of finite numbers")
     ki = k.astype(np.int64)
     if np.any(ki != k) or np.any(ki < 0) or np.any(ki > m):
-        raise ShapeMismatchError(f"cell counts must be integers in [0, m] = [0, {m}]")
+        raise InvalidCountsError(f"cell counts must be integers in [0, m] = [0, {m}]")
     return ki

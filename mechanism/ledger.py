@@ -167,7 +167,7 @@ def check_charge(epsilon: float, what: str = "epsilon") -> float:
 
 
 @dataclass(frozen=True)
-class ReleaseRecord:
+class ReleaseCharge:
     """Where one release stands in a ledger."""
 
     release_id: str
@@ -189,14 +189,14 @@ class PrivacyLedger:
         values = [e.epsilon for e in self.entries if e.kind is EntryKind.BUDGET and e.dataset == dataset]
         return values[-1] if values else None
 
-    def releases(self) -> dict[str, ReleaseRecord]:
+    def releases(self) -> dict[str, ReleaseCharge]:
         """Every release this ledger knows, by id, in its latest state."""
-        out: dict[str, ReleaseRecord] = {}
+        out: dict[str, ReleaseCharge] = {}
         for e in self.entries:
             if e.kind is EntryKind.RESERVE:
-                out[e.release_id] = ReleaseRecord(e.release_id, e.dataset, e.epsilon, e.seed_fingerprint, e.kind)
+                out[e.release_id] = ReleaseCharge(e.release_id, e.dataset, e.epsilon, e.seed_fingerprint, e.kind)
             elif e.kind is not EntryKind.BUDGET and e.release_id in out:
-                out[e.release_id] = ReleaseRecord(**{**out[e.release_id].__dict__, "state": e.kind})
+                out[e.release_id] = ReleaseCharge(**{**out[e.release_id].__dict__, "state": e.kind})
         return out
 
     def spent(self, dataset: str) -> float:
@@ -253,7 +253,7 @@ class PrivacyLedger:
         return True
 
     @staticmethod
-    def _check_known(known: ReleaseRecord, dataset: str, epsilon: float, seed: str | None) -> bool:
+    def _check_known(known: ReleaseCharge, dataset: str, epsilon: float, seed: str | None) -> bool:
         same = known.dataset == dataset and known.epsilon == epsilon and seed in (None, known.seed_fingerprint)
         if not same:
             raise SeedReuseError(

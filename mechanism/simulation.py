@@ -28,7 +28,12 @@ import numpy as np
 import numpy.typing as npt
 
 from secure_release.mechanism import accounting
-from secure_release.mechanism.errors import NonFiniteInputError, ShapeMismatchError
+from secure_release.mechanism.errors import (
+    InvalidCountsError,
+    NonFiniteInputError,
+    ShapeMismatchError,
+    UnknownEstimatorError,
+)
 from secure_release.mechanism.estimators import (
     INTERVAL_METHODS,
     invert_channel,
@@ -51,14 +56,14 @@ def check_counts(counts: npt.ArrayLike) -> IntArray:
     """A 1-D vector of non-negative integer cell counts with a positive total."""
     c = np.asarray(counts)
     if c.ndim != 1 or c.size < 2:
-        raise ShapeMismatchError(f"counts must be a vector of at least 2 cells, got shape {c.shape}")
+        raise InvalidCountsError(f"counts must be a vector of at least 2 cells, got shape {c.shape}")
     if not np.all(np.isfinite(c.astype(np.float64))):
         raise NonFiniteInputError("counts must be finite")
     if np.any(c < 0) or np.any(np.asarray(c, dtype=np.float64) != np.floor(c.astype(np.float64))):
-        raise ShapeMismatchError("counts must be integers >= 0")
+        raise InvalidCountsError("counts must be integers >= 0")
     ci = c.astype(np.int64)
     if ci.sum() < 1:
-        raise ShapeMismatchError("counts must have a positive total")
+        raise InvalidCountsError("counts must have a positive total")
     return ci
 
 
@@ -294,7 +299,7 @@ def simulate_point(
         raise ShapeMismatchError(f"trials must be an integer >= 1, got {trials!r}")
     unknown = [e for e in estimators if e not in ESTIMATORS]
     if unknown or not estimators:
-        raise ShapeMismatchError(f"unknown estimator(s) {unknown}; choose from {list(ESTIMATORS)}")
+        raise UnknownEstimatorError(f"unknown estimator(s) {unknown}; choose from {list(ESTIMATORS)}")
     gamma = accounting.gamma_from_epsilon(n, m, epsilon)
     channel = PramChannel(gamma, K)
     truth = c / n

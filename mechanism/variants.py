@@ -26,7 +26,7 @@ import numpy.typing as npt
 
 from secure_release.mechanism import estimators
 from secure_release.mechanism.alignment import Alignment, TagArray
-from secure_release.mechanism.errors import SecureReleaseError, ShapeMismatchError
+from secure_release.mechanism.errors import SecureReleaseError, ShapeMismatchError, TooFewCuratorsError
 from secure_release.mechanism.index_sharing import (
     draw_index_tuple,
     indices_fingerprint,
@@ -286,7 +286,7 @@ def run_variant_release(
     Injected keys, ``seed`` and ``indices`` are for reproducible tests only.
     """
     if len(tables) < 2:
-        raise ShapeMismatchError(f"a release needs N >= 2 curators, got {len(tables)}")
+        raise TooFewCuratorsError(f"a release needs N >= 2 curators, got {len(tables)}")
     schema = JointSchema(tuple(t.schema for t in tables))
     cipher_mode = CipherMode.parse(cipher) if isinstance(cipher, str) else cipher
     aligned = align_tables(tables, alignment, alignment_key, psi_keys)
@@ -364,7 +364,7 @@ def run_server_sampled_release(
     Injected keys and seeds (one per curator / per release) are for reproducible tests only.
     """
     if len(tables) < 2:
-        raise ShapeMismatchError(f"a release needs N >= 2 curators, got {len(tables)}")
+        raise TooFewCuratorsError(f"a release needs N >= 2 curators, got {len(tables)}")
     path: KeyPath = _mode(key_path, KeyPath)
     schema = JointSchema(tuple(t.schema for t in tables))
     sizes = schema.alphabet_sizes

@@ -64,12 +64,12 @@ UNAVAILABLE_CODES = frozenset(
 )
 
 
-class ReleaseAbortedError(FetchError):
+class AbortedBeforeSealError(FetchError):
     """The release was aborted before sealing; the server recorded the reason. Nothing will be
     released under this id."""
 
 
-class Deadline:
+class FetchDeadline:
     """The end of one researcher operation (``--timeout`` applies end to end)."""
 
     def __init__(self, seconds: float) -> None:
@@ -158,10 +158,10 @@ def _status_or_none(stub: pb_grpc.ReleaseServerStub, release_id: str, seconds: f
     return status
 
 
-def wait_perturbed(endpoints: Endpoints, release_id: str, timeout: float | Deadline) -> PerturbedRelease:
+def wait_perturbed(endpoints: Endpoints, release_id: str, timeout: float | FetchDeadline) -> PerturbedRelease:
     """Poll the server until ``release_id`` is PERTURBED (until ``timeout``: seconds or a
-    :class:`Deadline`); an ABORTED release raises :class:`ReleaseAbortedError` with its reason."""
-    deadline = timeout if isinstance(timeout, Deadline) else Deadline(timeout)
+    :class:`FetchDeadline`); an ABORTED release raises :class:`AbortedBeforeSealError` with its reason."""
+    deadline = timeout if isinstance(timeout, FetchDeadline) else FetchDeadline(timeout)
     with endpoints.server_channel() as channel:
         stub = pb_grpc.ReleaseServerStub(channel)
         while True:
@@ -169,7 +169,7 @@ def wait_perturbed(endpoints: Endpoints, release_id: str, timeout: float | Deadl
             if status is not None and status.state == pb.RELEASE_STATE_PERTURBED:
                 return _perturbed_release(status, release_id)
             if status is not None and status.state == pb.RELEASE_STATE_ABORTED:
-                raise ReleaseAbortedError(f"release {release_id!r} was aborted: {status.abort_reason}")
+                raise AbortedBeforeSealError(f"release {release_id!r} was aborted: {status.abort_reason}")
             if deadline.left() <= 0:
                 raise ReleaseNotReadyError(
                     f"release {release_id!r} is not PERTURBED on {endpoints.server} after {deadline.seconds:g}s; "
@@ -286,7 +286,7 @@ def _curator_key(head: pb.KeyChunk, otp: bytes, spec: ReleaseSpec, curator: str)
 
 
 def _key_with_backoff(
-    endpoints: Endpoints, curator: str, address: str, release_id: str, deadline: Deadline, log: EventLog
+    endpoints: Endpoints, curator: str, address: str, release_id: str, deadline: FetchDeadline, log: EventLog
 ) -> tuple[pb.KeyChunk, bytes]:
     """Ask ``curator`` until it answers or says no; UNAVAILABLE-like codes are retried with
     backoff until ``deadline`` (then the last error is raised)."""
@@ -303,14 +303,14 @@ def _key_with_backoff(
 
 
 def fetch_key(
-    endpoints: Endpoints, spec: ReleaseSpec, curator: str, log: EventLog, deadline: Deadline | None = None
+    endpoints: Endpoints, spec: ReleaseSpec, curator: str, log: EventLog, deadline: FetchDeadline | None = None
 ) -> CuratorKey | tuple[str, str]:
     """``curator``'s checked key, or (``"refused"`` or ``"unavailable"``, why)."""
     address = endpoints.curators.get(curator)
     if address is None:
         log.warning("key_refused", release_id=spec.release_id, curator=curator, code="NO_ADDRESS")
         return "refused", f"no address for curator {curator!r}; pass --curator {curator}=HOST:PORT"
-    deadline = deadline or Deadline(KEY_RPC_SECONDS)
+    deadline = deadline or FetchDeadline(KEY_RPC_SECONDS)
     try:
         head, otp = _key_with_backoff(endpoints, curator, address, spec.release_id, deadline, log)
     except grpc.RpcError as exc:
@@ -327,7 +327,9 @@ def fetch_key(
     return key
 
 
-def fetch_keys(endpoints: Endpoints, spec: ReleaseSpec, log: EventLog, deadline: Deadline | None = None) -> KeyResults:
+def fetch_keys(
+    endpoints: Endpoints, spec: ReleaseSpec, log: EventLog, deadline: FetchDeadline | None = None
+) -> KeyResults:
     """Ask every curator of the release for its key (each until the shared ``deadline``)."""
     answers = {curator: fetch_key(endpoints, spec, curator, log, deadline) for curator in spec.curators}
     return KeyResults(

@@ -21,8 +21,8 @@ from secure_release.mechanism.report import ReleaseReport, build_report
 from secure_release.mechanism.schema import JointSchema, SymbolArray
 from secure_release.mechanism.spec import ReleaseSpec, check_name
 from secure_release.researcher.client import (
-    Deadline,
     Endpoints,
+    FetchDeadline,
     KeyResults,
     fetch_keys,
     fetch_perturbed,
@@ -77,7 +77,7 @@ def process_release(
     """Estimate ``release_id`` and (if ``out``) write its files; nothing is written on failure.
     ``timeout`` seconds cover everything; a missing key fails it unless ``allow_partial``."""
     check_name(release_id, "release id")
-    deadline = Deadline(timeout)
+    deadline = FetchDeadline(timeout)
     release = wait_perturbed(endpoints, release_id, deadline)
     perturbed = fetch_perturbed(endpoints, release, log, notified_digest)
     keys = fetch_keys(endpoints, release.spec, log, deadline)

@@ -69,7 +69,7 @@ class ParameterMismatchError(ServerStateError):
     kind = ErrorKind.FAILED_PRECONDITION
 
 
-class UnknownReleaseError(ServerStateError):
+class NoSuchReleaseError(ServerStateError):
     """No release with that id is registered."""
 
     kind = ErrorKind.NOT_FOUND
@@ -99,7 +99,7 @@ class ConflictingChunkError(ServerStateError):
     kind = ErrorKind.ALREADY_EXISTS
 
 
-class ReleaseAbortedError(ServerStateError):
+class AbortedAtServerError(ServerStateError):
     """The release was aborted; nothing more is accepted or served for it."""
 
     kind = ErrorKind.FAILED_PRECONDITION
@@ -164,7 +164,7 @@ class Release:
         if curator not in spec.curators:
             raise NotACuratorError(f"curator {curator!r} is not in the release's curator list {list(spec.curators)}")
         if self.state == ReleaseState.ABORTED:
-            raise ReleaseAbortedError(f"release {self.spec.release_id!r} was aborted: {self.abort_reason}")
+            raise AbortedAtServerError(f"release {self.spec.release_id!r} was aborted: {self.abort_reason}")
         diff = self.spec.differences(spec)
         if diff:
             raise ParameterMismatchError(
@@ -191,7 +191,7 @@ class Release:
     def check_open(self) -> None:
         """Refuse anything new once the release is aborted, sealed or perturbed."""
         if self.state == ReleaseState.ABORTED:
-            raise ReleaseAbortedError(f"release {self.spec.release_id!r} was aborted: {self.abort_reason}")
+            raise AbortedAtServerError(f"release {self.spec.release_id!r} was aborted: {self.abort_reason}")
         if self.state >= ReleaseState.SEALED:
             raise ReleaseSealedError(f"release {self.spec.release_id!r} is {self.state.name.lower()}; no more uploads")
 

@@ -50,16 +50,16 @@ from secure_release.mechanism.schema import SymbolArray
 from secure_release.mechanism.server_sampling import server_apply_rekey, server_draw_sample
 from secure_release.mechanism.spec import ReleaseSpec
 from secure_release.server.state import (
+    AbortedAtServerError,
     ChunkShapeError,
     LimitExceededError,
+    NoSuchReleaseError,
     NotReadyError,
     Part,
     Release,
-    ReleaseAbortedError,
     ReleaseState,
     ServerLimits,
     ServerStateError,
-    UnknownReleaseError,
 )
 from secure_release.server.tables import StoredTable, TableInUseError, TablePart, UnknownTableError
 
@@ -230,7 +230,7 @@ class Store:
         bound one, else one naming it); for anyone else, the bound release only."""
         candidates = self._releases.get(release_id)
         if not candidates:
-            raise UnknownReleaseError(f"no release {release_id!r} is registered")
+            raise NoSuchReleaseError(f"no release {release_id!r} is registered")
         if curator is not None:
             for rel in candidates:
                 if curator in rel.parts and rel.parts[curator].registered:
@@ -242,7 +242,7 @@ class Store:
             aborted = [r for r in candidates if r.state == ReleaseState.ABORTED]
             if aborted:  # a release that ended before every curator registered: say why
                 return aborted[0]
-            raise UnknownReleaseError(f"no release {release_id!r} is registered by all its curators yet")
+            raise NoSuchReleaseError(f"no release {release_id!r} is registered by all its curators yet")
         for rel in candidates:
             if curator in rel.parts:
                 return rel
@@ -352,7 +352,7 @@ class Store:
             if not rel.spec.table_id:
                 raise NotServerSampledError(f"release {release_id!r} is sampled by its curators, not the server")
             if rel.state == ReleaseState.ABORTED:
-                raise ReleaseAbortedError(f"release {release_id!r} was aborted: {rel.abort_reason}")
+                raise AbortedAtServerError(f"release {release_id!r} was aborted: {rel.abort_reason}")
             if not rel.is_bound:
                 pending = [c for c, p in rel.parts.items() if not p.registered]
                 raise NotReadyError(f"release {release_id!r} is not registered by {pending} yet; no sample drawn")

@@ -34,7 +34,7 @@ from secure_release.mechanism.errors import ErrorKind
 from secure_release.mechanism.pads import CipherMode
 from secure_release.mechanism.report import CELL_COLUMNS, ReleaseReport
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
-from secure_release.researcher.client import Endpoints, ReleaseAbortedError
+from secure_release.researcher.client import AbortedBeforeSealError, Endpoints
 from secure_release.researcher.errors import (
     DigestMismatchError,
     KeyMismatchError,
@@ -326,6 +326,6 @@ def test_missing_keys_fail_unless_partial_is_allowed(chacha: FakeRelease, tmp_pa
 def test_an_aborted_release_stops_the_wait_with_its_reason(chacha: FakeRelease) -> None:
     t0 = time.monotonic()
     fakes = running(AbortedServer(chacha), [FakeCurator(chacha, 0), FakeCurator(chacha, 1)])
-    with fakes as endpoints, pytest.raises(ReleaseAbortedError, match="bob: epsilon differs"):
+    with fakes as endpoints, pytest.raises(AbortedBeforeSealError, match="bob: epsilon differs"):
         process_release(endpoints, "r1", None, LOG, timeout=30)
     assert time.monotonic() - t0 < 5

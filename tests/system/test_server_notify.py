@@ -205,7 +205,7 @@ def test_a_commit_before_the_others_register_is_no_pram_failure(tmp_path: Path) 
     for seq, data in enumerate(parts):
         store.put_chunk("r-early", CURATORS[0], CURATORS[0], seq, data)
     store.commit("r-early", CURATORS[0], CURATORS[0], len(parts), hashlib.sha256(b"".join(parts)).digest())
-    rel = service.perturb_if_sealed("r-early", CURATORS[0])  # before the fix: UnknownReleaseError
+    rel = service.perturb_if_sealed("r-early", CURATORS[0])  # before the fix: NoSuchReleaseError
     assert rel.state.name == "UPLOADING" and rel.perturbed_digest == b""
     with pytest.raises(Exception, match="registered by all its curators yet"):
         service.perturb_if_sealed("r-early")  # without the curator nobody's candidate is meant

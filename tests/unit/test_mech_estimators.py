@@ -15,7 +15,7 @@ from scipy import stats
 
 from secure_release.mechanism import estimators as est
 from secure_release.mechanism.accounting import expected_squared_error, gamma_from_epsilon
-from secure_release.mechanism.errors import NonFiniteInputError, ShapeMismatchError
+from secure_release.mechanism.errors import EmptySampleError, NonFiniteInputError, ShapeMismatchError
 from secure_release.mechanism.keys import PramKey, Seed
 from secure_release.mechanism.pram import PramChannel, perturb
 from secure_release.mechanism.sampling import sample_positions
@@ -59,7 +59,7 @@ def test_estimate_joint_errors() -> None:
     ch = PramChannel(3.0, 4)
     with pytest.raises(ShapeMismatchError):
         est.estimate_joint(np.ones(5), ch)
-    with pytest.raises(ShapeMismatchError):
+    with pytest.raises(EmptySampleError, match="no observed rows"):
         est.estimate_joint(np.zeros(4), ch)
     with pytest.raises(NonFiniteInputError):
         est.invert_channel(np.array([np.nan, 1.0]), 0.5, 0.25)

@@ -117,9 +117,9 @@ def test_abort_before_sealing_and_never_after() -> None:
     assert rel.abort_reason == "bob: epsilon differs"
     # an identical replay still succeeds; anything new is refused with the reason
     assert not rel.accept_chunk("alice", "alice", 0, CHUNK_ROWS, b"a" * 32)
-    with pytest.raises(st.ReleaseAbortedError, match="epsilon differs"):
+    with pytest.raises(st.AbortedAtServerError, match="epsilon differs"):
         rel.accept_chunk("alice", "alice", 1, 5, b"b" * 32)
-    with pytest.raises(st.ReleaseAbortedError):
+    with pytest.raises(st.AbortedAtServerError):
         rel.register(params(), "bob", "bob")
     with pytest.raises(st.NotReadyError):
         rel.check_fetch()

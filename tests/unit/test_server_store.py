@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from secure_release.mechanism.keys import PramKey
-from secure_release.server.state import NotACuratorError, ReleaseState, UnknownReleaseError
+from secure_release.server.state import NoSuchReleaseError, NotACuratorError, ReleaseState
 from secure_release.server.store import Store, StoreError
 from tests import support
 
@@ -27,7 +27,7 @@ def test_candidates_survive_restart_and_binding_discards_the_rest(tmp_path: Path
     store.close()
 
     store = Store(tmp_path)  # restart: both candidates are back, neither bound
-    with pytest.raises(UnknownReleaseError, match="all its curators"):
+    with pytest.raises(NoSuchReleaseError, match="all its curators"):
         store.release("r1")
     assert store.release("r1", "carol").spec.curators == ("carol", "bob")
     store.register(agreed, "bob", "bob")
@@ -70,7 +70,7 @@ def test_retention_deletes_finished_releases_only(tmp_path: Path) -> None:
     store.register(open_spec, "alice", "alice")
     assert store.expire(time.time() - 3600) == []  # finished just now: kept
     assert store.expire(time.time() + 1) == ["old"]  # a retention of zero: gone
-    with pytest.raises(UnknownReleaseError):
+    with pytest.raises(NoSuchReleaseError):
         store.release("old")
     assert store.release("open", "alice").state == ReleaseState.REGISTERED  # never finished: kept
     store.close()
