@@ -33,7 +33,7 @@ def adult_counts() -> np.ndarray:
     return np.array([int(r.rsplit(",", 1)[1]) for r in rows], dtype=np.int64)
 
 
-# DESIGN.md section 3 reference numbers (rounded to 3 decimals there).
+# docs/design.md section 3 reference numbers (rounded to 3 decimals there).
 REFERENCE = [
     (0.1, 239, 0.139, 0.764),
     (0.5, 1472, 0.056, 0.308),
