@@ -255,7 +255,7 @@ def split_cells(codes: npt.NDArray[np.integer], alphabet_sizes: Sequence[int]) -
     return mixed_radix_decode(codes, alphabet_sizes)
 
 
-# --- confidence intervals whose coverage holds at every m (issue 13) ------------------------
+# --- confidence intervals whose coverage holds at every m ----------------------------------
 
 INTERVAL_METHODS = ("clopper-pearson", "score-cc", "score", "normal")
 DEFAULT_INTERVAL_METHOD = "clopper-pearson"

@@ -231,7 +231,7 @@ def test_sum_sq_range_and_joint_overflow() -> None:
     assert PramChannel(3.0, MAX_JOINT_ALPHABET).joint_size == MAX_JOINT_ALPHABET
 
 
-# --- exact privacy checks (issue 13): never round in the adversary's favour -----------------
+# --- exact privacy checks: never round in the adversary's favour ----------------------------
 
 
 def _exact_epsilon_exceeds(n: int, m: int, gamma: float, eps: float) -> bool:
@@ -339,7 +339,7 @@ def test_single_cell_domain_is_an_empty_domain_error() -> None:
             f()
 
 
-# --- plan warns when the predicted error swamps a typical cell (issue 13) -------------------
+# --- plan warns when the predicted error swamps a typical cell ------------------------------
 
 
 def test_plan_warning_absent_on_adult_and_present_at_huge_k() -> None:
