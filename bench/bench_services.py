@@ -5,7 +5,7 @@ Run:  PYTHONPATH=. python bench/bench_services.py [--json] [--rows N] [--m 10000
 One synthetic Adult-shaped table of N rows (default 1.5 M, split between alice and bob as in
 ``secure-release demo``) is written once. For every m:
 
-* services: the same process startup as ``secure-release demo`` (secure_release.commands.demo
+* services: the same process startup as ``secure-release demo`` (secure_release.cluster
   ``Cluster`` + ``launch_release``: server, alice (leader), bob and the researcher as separate
   processes over mutual TLS with a fresh project CA), then the analyst's ``GetEstimate``. Wall
   time = first process started -> estimate received (includes interpreter start-up, reading the

@@ -552,7 +552,7 @@ def cell_intervals(
     p = a T_c + b, and the rows' indicators are exchangeable and negatively correlated (sampling
     without replacement), so N_c is below Binomial(m, p) in convex order (Hoeffding 1963); an
     exact binomial interval for p is then conservative, and its exact coverage, enumerated in
-    tests/test_mech_coverage_exact.py, is >= 95% for every cell of Adult at m* and of a K = 1000
+    tests/unit/test_mech_coverage_exact.py, is >= 95% for every cell of Adult at m* and of a K = 1000
     Zipf table at m*. ``simultaneous`` applies Bonferroni over the cells.
     """
     check_interval_method(method)

@@ -3,7 +3,7 @@ count distribution: no Monte Carlo, so these checks have no false-failure rate a
 
 A cell's interval depends on its observed count N_c alone, and N_c's law is known exactly
 (hypergeometric sample, then Binomial(S, a + b) + Binomial(m - S, b)); so P(T_c in interval)
-is a finite sum. tests/test_sim_coverage.py checks the enumeration against the simulator.
+is a finite sum. tests/unit/test_sim_coverage.py checks the enumeration against the simulator.
 """
 
 from __future__ import annotations
