@@ -1,4 +1,4 @@
-"""Server-side sampling through the real services (issue 12, rekeyed path): the cost of storing a
+"""Server-side sampling through the real services (rekeyed path): the cost of storing a
 table once and of each release from it (a script).
 
 Run:  PYTHONPATH=. python bench/bench_server_sampled.py [--json] [--rows 100000,1000000] [--releases 2]

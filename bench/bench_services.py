@@ -5,7 +5,7 @@ Run:  PYTHONPATH=. python bench/bench_services.py [--json] [--rows N] [--m 10000
 One synthetic Adult-shaped table of N rows (default 1.5 M, split between alice and bob as in
 ``secure-release demo``) is written once. For every m:
 
-* services: the same process startup as ``secure-release demo`` (secure_release.commands.demo
+* services: the same process startup as ``secure-release demo`` (secure_release.cluster
   ``Cluster`` + ``launch_release``: server, alice (leader), bob and the researcher as separate
   processes over mutual TLS with a fresh project CA), then the analyst's ``GetEstimate``. Wall
   time = first process started -> estimate received (includes interpreter start-up, reading the
@@ -16,7 +16,7 @@ One synthetic Adult-shaped table of N rows (default 1.5 M, split between alice a
 
 Throughput is N aligned input rows per second of wall time; ratio = in-process time / services
 time (= services throughput / in-process throughput; target >= 0.5). ``x read`` = services wall
-time / the time pyarrow takes to read both CSVs in the same run (issue 10: at most 6 at m <= n/10,
+time / the time pyarrow takes to read both CSVs in the same run (the target: at most 6 at m <= n/10,
 8 at m = n), and the curators' peak RSS against 1.5 GiB. Peak RSS per process is
 /proc/<pid>/status VmHWM, polled every 50 ms by a thread and read once more after the estimate
 is received, before the processes are stopped (VmHWM is a high-water mark, so the last reading
@@ -191,7 +191,7 @@ def fresh_read_seconds(data: Path, reps: int = 2) -> float:
 
 
 def target_multiple(m: int, n: int) -> float:
-    """Issue 10's bound on services wall time / pyarrow read: 6x at m <= n/10, 8x above."""
+    """The target bound on services wall time / pyarrow read: 6x at m <= n/10, 8x above."""
     return 6.0 if 10 * m <= n else 8.0
 
 

@@ -1,4 +1,4 @@
-"""Benchmark of the simulator (issue 4).
+"""Benchmark of the simulator.
 
 1. The full Figure 5 sweep on Adult (3 epsilons x >= 20 values of m x 1000 trials, fast path),
    timed without and with the EM (MLE) estimator.
@@ -6,7 +6,7 @@
    mechanism path, and a peer: multi_freq_ldpy's GRR client + estimator on the same records,
    where the two mechanisms coincide (GRR with eps0 = ln gamma is our PRAM with gamma, m = n).
 
-Run: cd /work/main && PYTHONPATH=. python bench/bench_simulate.py [--json] [--trials 1000]
+Run (from the repository root): PYTHONPATH=. python bench/bench_simulate.py [--json] [--trials 1000]
 """
 
 from __future__ import annotations

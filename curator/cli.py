@@ -78,7 +78,7 @@ leader comes first in --curators; see docs/own-data.md for the server and resear
 """
 
 SERVER_SAMPLED_EPILOG = """
-Server-side sampling (--sampling server, issue 12): once the curators stored their aligned
+Server-side sampling (--sampling server): once the curators stored their aligned
 columns encrypted under table keys ('store-table'), each release needs only the table key:
   1. every curator computes the same spec from its table record (n and alphabet sizes fixed when
      the table was stored, --epsilon, --m) and registers it (no leader, no data file);
@@ -98,7 +98,7 @@ Example (after 'store-table --table-id adult'):
 """
 
 STORE_DESCRIPTION = """\
-Store this curator's whole table once for server-side sampling (issue 12). The curators align
+Store this curator's whole table once for server-side sampling. The curators align
 exactly as for a release (keyed hash or PSI through the leader; --curators, --leader or
 --leader-address as for 'run'); then each encrypts its whole aligned column under a fresh table key
 (ChaCha20 pads seekable by row; the key stays in the keystore, 0600, and is never logged or sent),

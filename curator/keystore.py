@@ -1,5 +1,5 @@
 """A curator's secrets on disk: per release, its pad and sample (``release-<id>.json``), at
-the leader, the agreement it serves (``agreement-<id>.json``), and per stored table (issue 12,
+the leader, the agreement it serves (``agreement-<id>.json``), and per stored table (for
 server-side sampling) its table key and what a release from it needs (``table-<id>.json``). The
 privacy ledger lives beside them (:mod:`secure_release.curator.ledgerfile`).
 

@@ -1,4 +1,4 @@
-"""Server-side sampling at a curator (issue 12, rekeyed path): store a table once, then take part
+"""Server-side sampling at a curator (rekeyed path): store a table once, then take part
 in any number of releases the server samples from it.
 
 ``store-table`` (:func:`store_table`): read the table -> id tags (keyed hash, or the PSI ring

@@ -1,22 +1,34 @@
 """The pure core of secure-release: every step of the paper as a small, verified function.
 
-Nothing in this package opens a socket, a file or imports grpc (a test enforces it).
-"DESIGN x.y" in docstrings cites docs/design.md, section x, item y. Modules:
+Nothing in this package opens a socket, a file or a process, or imports grpc
+(``tests/system/test_mech_imports.py``; the import layers: ``tests/unit/test_layers.py``). Its
+only threads are the process-wide pool of :func:`mechanism.stream.worker_pool`, for
+block-parallel numpy work. "DESIGN x.y" in docstrings cites docs/design.md, section x, item y;
+"Sec.", "Theorem" and "Eq." cite Lin, Wang, Rane 2013 (docs/references.md). Modules, in the
+order of a release:
 
-- :mod:`mechanism.errors`      named errors, each saying what was wrong and what is allowed
-- :mod:`mechanism.schema`      attributes, mixed-radix alphabets, joint codes
-- :mod:`mechanism.keys`        seeds and keys that never print their bytes; labelled HKDF
-- :mod:`mechanism.stream`      ChaCha20 keystreams and exact uniform integers from them
-- :mod:`mechanism.sampling`    the shared ordered m-tuple of positions (DESIGN 3.2)
-- :mod:`mechanism.pads`        one-time and ChaCha20 pads, additive encryption (DESIGN 3.3)
-- :mod:`mechanism.pram`        gamma-diagonal PRAM on joint rows (DESIGN 3.4)
-- :mod:`mechanism.accounting`  epsilon, gamma, m*, bounds, exact MSE
-  (Thm 3.2, Eq. 2, Cor. 3.6, Thm 3.4)
-- :mod:`mechanism.estimators`  A^-1, marginals, standard errors, simplex projection, MLE
-- :mod:`mechanism.alignment`   keyed id tags (AES-256-CMAC, column-wise) and the canonical order
-- :mod:`mechanism.ledger`      sequential composition, budget and seed-reuse refusal
-- :mod:`mechanism.plan`        the public parameters of one release
-- :mod:`mechanism.spec`        ReleaseSpec (what the parties agree on), the name grammars
-- :mod:`mechanism.report`      ReleaseReport, the researcher's typed result
-- :mod:`mechanism.protocol`    the whole protocol in memory, one call (and the leader's agreement)
+- :mod:`mechanism.errors`          named errors, each saying what was wrong and what is allowed
+- :mod:`mechanism.keys`            seeds and keys that never print their bytes; labelled HKDF
+- :mod:`mechanism.stream`          ChaCha20 keystreams, exact uniform integers, the worker pool
+- :mod:`mechanism.schema`          attributes, mixed-radix alphabets, joint codes (DESIGN 3)
+- :mod:`mechanism.spec`            ReleaseSpec (what the parties agree on), name grammars, validators
+- :mod:`mechanism.plan`            the public parameters of one release and the plan printed for it
+- :mod:`mechanism.accounting`      epsilon, gamma, m*, bounds, exact MSE (Thm 3.2, Eq. 2, Cor. 3.6, Thm 3.4)
+- :mod:`mechanism.guarantee`       the privacy guarantee of one release in standard form
+- :mod:`mechanism.ledger`          a curator's ledger: sequential composition, budget, sample-reuse refusal
+- :mod:`mechanism.alignment`       keyed id tags (AES-256-CMAC, column-wise) and the canonical order (DESIGN 3.1)
+- :mod:`mechanism.psi`             private alignment: the N-party ECDH private set intersection
+- :mod:`mechanism.sampling`        the shared ordered m-tuple of positions (DESIGN 3.2)
+- :mod:`mechanism.index_sharing`   the ordered m-tuple drawn by the leader, packed in m ceil(log2 n) bits
+- :mod:`mechanism.pads`            one-time and ChaCha20 pads, additive encryption over Z_k (DESIGN 3.3)
+- :mod:`mechanism.packing`         the packed wire form of symbol columns (1, 2 or 4 bytes a symbol)
+- :mod:`mechanism.pram`            gamma-diagonal PRAM on joint rows (DESIGN 3.4)
+- :mod:`mechanism.estimators`      A^-1, standard errors, intervals, simplex projection, MLE (DESIGN 3.5-3.6)
+- :mod:`mechanism.marginals`       marginals and conditional tables of an estimate, with standard errors
+- :mod:`mechanism.report`          ReleaseReport, the researcher's typed result
+- :mod:`mechanism.protocol`        the whole protocol in memory, one call, and each role's step functions
+- :mod:`mechanism.variants`        the other architectures of Sec. V-B in memory (index sharing, PSI)
+- :mod:`mechanism.server_sampling` server-side sampling from a stored encrypted table (Sec. V-B)
+- :mod:`mechanism.simulation`      Monte Carlo of the release at count level, exact interval coverage (Sec. IV)
+- :mod:`mechanism.datasets`        the synthetic count tables of Sec. IV
 """

@@ -1,6 +1,6 @@
 """Privacy and utility accounting: one small pure function per formula.
 
-References are to seeds/001 (Lin, Wang, Rane) and DESIGN.md section 3. Arguments are checked
+References are to Lin, Wang, Rane 2013 (docs/references.md) and docs/design.md section 3. Arguments are checked
 at their exact boundaries: gamma > 1, epsilon > 0, integers 1 <= m <= n, all finite.
 """
 

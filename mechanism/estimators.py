@@ -257,7 +257,7 @@ def split_cells(codes: npt.NDArray[np.integer], alphabet_sizes: Sequence[int]) -
     return mixed_radix_decode(codes, alphabet_sizes)
 
 
-# --- confidence intervals whose coverage holds at every m (issue 13) ------------------------
+# --- confidence intervals whose coverage holds at every m ----------------------------------
 
 INTERVAL_METHODS = ("clopper-pearson", "score-cc", "score", "normal")
 DEFAULT_INTERVAL_METHOD = "clopper-pearson"
@@ -554,7 +554,7 @@ def cell_intervals(
     p = a T_c + b, and the rows' indicators are exchangeable and negatively correlated (sampling
     without replacement), so N_c is below Binomial(m, p) in convex order (Hoeffding 1963); an
     exact binomial interval for p is then conservative, and its exact coverage, enumerated in
-    tests/test_mech_coverage_exact.py, is >= 95% for every cell of Adult at m* and of a K = 1000
+    tests/unit/test_mech_coverage_exact.py, is >= 95% for every cell of Adult at m* and of a K = 1000
     Zipf table at m*. ``simultaneous`` applies Bonferroni over the cells.
     """
     check_interval_method(method)

@@ -1,6 +1,6 @@
 """The privacy guarantee of one release in standard form (pure; no I/O).
 
-:func:`privacy_guarantee` states what Theorem 3.2 of seeds/001 (Lin, Wang, Rane) proves about a
+:func:`privacy_guarantee` states what Theorem 3.2 of Lin, Wang, Rane 2013 (docs/references.md) proves about a
 release planned as :class:`~mechanism.plan.ReleasePlan`: pure epsilon-DP (delta = 0) for one
 record of the aligned table under the replace-one relation with n public, for the mechanism
 "sample m of n without replacement, then gamma-diagonal PRAM on the joint cell" — and the same

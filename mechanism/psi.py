@@ -1,4 +1,4 @@
-"""Private alignment: an N-party ECDH private set intersection (issue 12; Sec. V-B "synchronization").
+"""Private alignment: an N-party ECDH private set intersection (Sec. V-B "synchronization").
 
 Group: the prime-order subgroup (order L = 2^252 + 27742317777372353535851937790883648493) of
 edwards25519, through libsodium as PyNaCl binds it. PyNaCl 1.6 exposes no ristretto255 calls, so

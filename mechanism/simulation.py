@@ -344,7 +344,7 @@ def log_m_grid(n: int, m_star: int, num: int = 24, extra: Sequence[int] = ()) ->
     return sorted(grid)
 
 
-# --- coverage of the per-cell confidence intervals (issue 13) -------------------------------
+# --- coverage of the per-cell confidence intervals -----------------------------------------
 
 
 def hypergeometric_pmf(n: int, successes: int, m: int) -> tuple[IntArray, FloatArray]:

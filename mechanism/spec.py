@@ -82,7 +82,7 @@ class ReleaseSpec:
     cipher: CipherMode
     plan: ReleasePlan
     researchers: tuple[str, ...] = ()  # granted researchers (certificate names)
-    table_id: str = ""  # server-sampled release (issue 12): the stored table the server samples
+    table_id: str = ""  # server-sampled release: the stored table the server samples
 
     @property
     def server_sampled(self) -> bool:

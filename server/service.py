@@ -236,7 +236,7 @@ class ReleaseService(pb_grpc.ReleaseServerServicer):
         return status_to_proto(rel)
 
 
-    # ------------------------------------------------------------------ stored tables (issue 12)
+    # --------------------------------------------------- stored tables (server-side sampling)
     def StoreTable(  # noqa: N802
         self, request_iterator: Iterator[pb.TableChunk], context: Any
     ) -> pb.TableStatus:

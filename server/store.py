@@ -13,7 +13,7 @@ in one transaction, which also erases the pre-PRAM ciphertext (only its SHA-256 
 PRAM key lives only in memory during that call. A perturbed release
 is never perturbed again.
 
-Stored tables (server-side sampling, issue 12): ``tables`` (id, curators, n), ``table_parts``
+Stored tables (server-side sampling): ``tables`` (id, curators, n), ``table_parts``
 (per curator: alphabet size, committed, digest) and ``table_chunks`` (the long-lived ciphertext
 columns) persist what server/tables.py accepts; ``samples`` holds the positions the server drew
 for a server-sampled release (drawn from the OS CSPRNG in the transaction that binds the

@@ -1,4 +1,4 @@
-"""Stored tables (issue 12, server-side sampling): pure rules, no I/O.
+"""Stored tables (server-side sampling): pure rules, no I/O.
 
 A stored table is every curator's whole aligned column, each encrypted under that curator's
 table key (``mechanism.server_sampling.curator_store_table``), uploaded once and kept for many

@@ -4,7 +4,7 @@ PKI (project CA) -> server, alice (leading curator), bob and the researcher as s
 processes talking gRPC over mutual TLS on OS-chosen ports -> one release of the Adult table ->
 the analyst asks the researcher for the estimate -> a table of estimate vs truth.
 
-With ``--sampling server`` (issue 12): the curators store the aligned table once, encrypted under
+With ``--sampling server``: the curators store the aligned table once, encrypted under
 their table keys (``store-table``), then two releases run from it with no data file: the server
 draws a fresh sample for each, the curators re-key it and charge their table ledgers twice.
 """

@@ -136,7 +136,7 @@ def test_every_service_answers_health_and_lists_itself_by_reflection(
 
 
 def test_the_stored_table_rpcs_are_for_curators_only() -> None:
-    """Issue 12: storing, inspecting and deleting a stored table and fetching a server-drawn sample
+    """Server-side sampling: storing, inspecting and deleting a stored table and fetching a server-drawn sample
     are curator calls (the servicer then admits only the table's or release's own curators); a
     researcher, the server or an analyst is refused by the table."""
     for rpc in ("StoreTable", "GetTableStatus", "DeleteTable", "FetchSample"):

@@ -219,7 +219,7 @@ def test_bad_other_calls(live: tuple[Store, dict[str, Any]], name: str, who: str
     assert {r: store.release(r).state for r in ("open", "done")} == states
 
 
-# ------------------------------------------------------------------------------ stored tables (issue 12)
+# --------------------------------------------------------------- stored tables (server-side sampling)
 TN, TK = 1000, (3, 4)  # a one-chunk stored table
 
 

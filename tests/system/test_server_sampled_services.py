@@ -1,4 +1,4 @@
-"""Issue 12's server-sampled release kind across the services (rekeyed path): real processes over
+"""The server-sampled release kind across the services (rekeyed path): real processes over
 mutual TLS. The curators store the table once (``store-table``), then run releases from it with
 no data file (``run --sampling server``); each release's estimate equals the in-memory
 ``mechanism.variants.run_server_sampled_release`` with the same injected randomness; the second

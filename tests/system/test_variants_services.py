@@ -1,4 +1,4 @@
-"""Issue 12's agreement-level variants across the services: ``--sampling indices`` (the leader's
+"""The agreement-level variants across the services: ``--sampling indices`` (the leader's
 packed index tuple travels in the agreement stream) and ``--alignment psi`` (the ECDH ring through
 the leader's PsiSend/PsiReceive). Each release equals the in-memory
 ``mechanism.variants.run_variant_release`` with the same randomness; two curators' whole runs in

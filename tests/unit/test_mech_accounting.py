@@ -33,7 +33,7 @@ def adult_counts() -> np.ndarray:
     return np.array([int(r.rsplit(",", 1)[1]) for r in rows], dtype=np.int64)
 
 
-# DESIGN.md section 3 reference numbers (rounded to 3 decimals there).
+# docs/design.md section 3 reference numbers (rounded to 3 decimals there).
 REFERENCE = [
     (0.1, 239, 0.139, 0.764),
     (0.5, 1472, 0.056, 0.308),
@@ -231,7 +231,7 @@ def test_sum_sq_range_and_joint_overflow() -> None:
     assert PramChannel(3.0, MAX_JOINT_ALPHABET).joint_size == MAX_JOINT_ALPHABET
 
 
-# --- exact privacy checks (issue 13): never round in the adversary's favour -----------------
+# --- exact privacy checks: never round in the adversary's favour ----------------------------
 
 
 def _exact_epsilon_exceeds(n: int, m: int, gamma: float, eps: float) -> bool:
@@ -339,7 +339,7 @@ def test_single_cell_domain_is_an_empty_domain_error() -> None:
             f()
 
 
-# --- plan warns when the predicted error swamps a typical cell (issue 13) -------------------
+# --- plan warns when the predicted error swamps a typical cell ------------------------------
 
 
 def test_plan_warning_absent_on_adult_and_present_at_huge_k() -> None:

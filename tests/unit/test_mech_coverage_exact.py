@@ -1,9 +1,9 @@
-"""Exact coverage of the per-cell intervals (issue 13), by enumerating each cell's observed
+"""Exact coverage of the per-cell intervals, by enumerating each cell's observed
 count distribution: no Monte Carlo, so these checks have no false-failure rate at all.
 
 A cell's interval depends on its observed count N_c alone, and N_c's law is known exactly
 (hypergeometric sample, then Binomial(S, a + b) + Binomial(m - S, b)); so P(T_c in interval)
-is a finite sum. tests/test_sim_coverage.py checks the enumeration against the simulator.
+is a finite sum. tests/unit/test_sim_coverage.py checks the enumeration against the simulator.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def test_observed_count_pmf_matches_direct_convolution(n: int, C: int, m: int, a
 
 
 def test_adult_eps01_at_m_star_every_cell_covers() -> None:
-    """Done-when (issue 13): Adult, epsilon 0.1, m* = 239: every cell >= 93% (here >= 95%),
+    """The coverage target: Adult, epsilon 0.1, m* = 239: every cell >= 93% (here >= 95%),
     mass-weighted >= 95%, for the default Clopper-Pearson; the joint and both marginals."""
     table = adult()
     m, ch = _channel(table.n, table.joint_size, 0.1)

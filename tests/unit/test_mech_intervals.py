@@ -1,4 +1,4 @@
-"""Per-cell confidence intervals (issue 13): the numerical pieces against scipy, exactly."""
+"""Per-cell confidence intervals: the numerical pieces against scipy, exactly."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Theorem 3.2 by exact enumeration for the index-shared and server-sampled variants.
 
-As tests/test_mech_privacy_exact.py does for the seed variant: for every pair of neighbouring
+As tests/unit/test_mech_privacy_exact.py does for the seed variant: for every pair of neighbouring
 databases and every output, the likelihood ratio is computed with exact rationals; the largest
 must equal e^epsilon = 1 + (m/n)(gamma - 1).
 

@@ -1,5 +1,5 @@
-"""Monte Carlo coverage (issue 13): the simulator's per-cell hit counts agree with the exact
-enumeration of tests/test_mech_coverage_exact.py, and the default interval covers.
+"""Monte Carlo coverage: the simulator's per-cell hit counts agree with the exact
+enumeration of tests/unit/test_mech_coverage_exact.py, and the default interval covers.
 
 False-failure rate: each trial is an independent release, so a cell's hit count is exactly
 Binomial(trials, c) with c its exact coverage. Every check below is a two-sided binomial

@@ -1,4 +1,4 @@
-"""docs/reproduction.md states only what its CSVs support (issue 13): its text is regenerated
+"""docs/reproduction.md states only what its CSVs support: its text is regenerated
 here from docs/figures/*.csv by the same code that wrote it, and must match exactly (apart from
 nothing: the header line is taken from the file, and checked against the CSVs' trial count)."""
 
