@@ -211,7 +211,7 @@ def findings(sweeps: Sweeps, card_rows: Rows) -> list[str]:
 
 
 def coverage_section(rows: list[dict[str, Any]]) -> list[str]:
-    """The interval-coverage section (issue 13) from coverage.csv's rows."""
+    """The interval-coverage section from coverage.csv's rows."""
     out = [
         "## Per-cell 95% intervals: exact coverage at m*",
         "",
