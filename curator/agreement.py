@@ -9,35 +9,23 @@ settings (:func:`spec_differences`) before it samples anything.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import replace
 
 import grpc
 import numpy as np
 
 from secure_release.curator.config import CuratorConfig
-from secure_release.curator.errors import AgreementError, AlphabetSizeMismatchError, SpecRefusedError
+from secure_release.curator.errors import AlphabetSizeMismatchError, SpecRefusedError
 from secure_release.curator.leader import LeaderState
 from secure_release.curator.waits import Deadline, retry_until
 from secure_release.infra.logs import EventLog, peak_rss_mib
+from secure_release.infra.streams import AgreementError, agreement_from_chunks, tag_chunks
 from secure_release.infra.tls import secure_channel
-from secure_release.infra.wire import (
-    PIECE_BYTES,
-    ROW_BYTES,
-    TagBuffer,
-    alignment_from_pb,
-    sampling_from_pb,
-    spec_from_pb,
-    tag_chunks,
-)
 from secure_release.mechanism.alignment import Alignment, RowOrder, SortedTags, TagArray, align
 from secure_release.mechanism.errors import SecureReleaseError
-from secure_release.mechanism.index_sharing import packed_size, unpack_indices
-from secure_release.mechanism.keys import Seed
 from secure_release.mechanism.plan import plan_release
-from secure_release.mechanism.protocol import Agreement
 from secure_release.mechanism.spec import ReleaseSpec
-from secure_release.mechanism.variants import SamplingMode, VariantAgreement, sample_fingerprint
+from secure_release.mechanism.variants import VariantAgreement, sample_fingerprint
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
 
@@ -99,56 +87,6 @@ def check_agreement(config: CuratorConfig, own_size: int, agreement: VariantAgre
     if problems:
         raise SpecRefusedError(f"the leader's release spec differs from ours: {'; '.join(problems)}", spec)
     return replace(agreement, base=base._replace(spec=spec))
-
-
-def agreement_from_chunks(chunks: Iterator[pb.AgreementChunk]) -> VariantAgreement:
-    """Join an AgreementChunk stream into a validated agreement: chunks in order, exactly one of
-    seed (SEED) or packed indices (INDICES), the packed tuple no longer than m positions over n
-    pack into (checked while it arrives, before it is buffered further) and then unpacked and
-    validated (:class:`~secure_release.mechanism.index_sharing.InvalidIndexTupleError`)."""
-    first: pb.AgreementChunk | None = None
-    tags = TagBuffer()
-    rows = bytearray()
-    indices: list[bytes] = []
-    spec: ReleaseSpec | None = None
-    sampling, limit, received = SamplingMode.SEED, 0, 0
-    for seq, chunk in enumerate(chunks):
-        if chunk.sequence != seq:
-            raise AgreementError(f"the leader sent agreement chunk {chunk.sequence} where {seq} was due")
-        if first is None:
-            first, spec = chunk, spec_from_pb(chunk.params)
-            sampling = sampling_from_pb(chunk.sampling)
-            limit = packed_size(spec.n, spec.m) if sampling is SamplingMode.INDICES else 0
-        assert spec is not None
-        received += len(chunk.packed_indices)
-        if received > limit or len(chunk.packed_indices) > PIECE_BYTES:
-            raise AgreementError(f"the leader sent more packed index bytes than m positions take ({limit})")
-        if len(rows) + len(chunk.own_rows) > ROW_BYTES * spec.n or len(chunk.own_rows) > PIECE_BYTES:
-            raise AgreementError(f"the leader sent more row bytes than n = {spec.n} rows take")
-        tags.add(chunk.common_tags)
-        rows += chunk.own_rows
-        indices.append(chunk.packed_indices)
-    if first is None or spec is None:
-        raise AgreementError("the leader sent no agreement")
-    alignment = alignment_from_pb(first.alignment)
-    common = tags.tags()
-    own_rows = None
-    if rows:
-        if len(common) or len(rows) != ROW_BYTES * spec.n:
-            got = f"{len(rows) // ROW_BYTES} rows (and {len(common)} tags)"
-            raise AgreementError(f"the leader sent {got} for n = {spec.n}")
-        own_rows = np.frombuffer(rows, dtype="<u4").astype(np.int64)
-    if sampling is SamplingMode.SEED:
-        return VariantAgreement(
-            Agreement(spec, Seed(first.sampling_seed), common), sampling, alignment, own_rows=own_rows
-        )
-    if first.sampling_seed:
-        raise AgreementError("an index-sampled agreement must not carry a seed")
-    packed = b"".join(indices)
-    unpack_indices(packed, spec.n, spec.m)  # validate now: length, padding, range, distinctness
-    # No seed travels with index sharing: the base agreement holds a fresh local seed nobody uses
-    # (``agreement_positions`` and ``sample_fingerprint`` read the packed tuple).
-    return VariantAgreement(Agreement(spec, Seed.generate(), common), sampling, alignment, packed, own_rows)
 
 
 def own_alignment(

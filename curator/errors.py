@@ -3,13 +3,8 @@ the right gRPC status."""
 
 from __future__ import annotations
 
+from secure_release.infra.streams import AgreementError  # the agreement stream's own error
 from secure_release.mechanism.errors import ErrorKind, SecureReleaseError
-
-
-class AgreementError(SecureReleaseError):
-    """The agreement failed, or the leader's spec contradicts this curator's own settings."""
-
-    kind = ErrorKind.FAILED_PRECONDITION
 
 
 class SpecRefusedError(AgreementError):
@@ -57,15 +52,8 @@ class UnknownReleaseError(SecureReleaseError):
     kind = ErrorKind.NOT_FOUND
 
 
-class CallerNotAllowedError(SecureReleaseError):
-    """The caller's certificate name may not do this for this release (impersonation, not a
-    member, or no grant)."""
-
-    kind = ErrorKind.PERMISSION_DENIED
 
 
-class TagStreamError(SecureReleaseError):
-    """A tag stream is malformed: chunks out of order, or more than one release."""
 
 
 class WaitTimeoutError(SecureReleaseError):
@@ -87,10 +75,6 @@ class ReleaseAbortedError(SecureReleaseError):
     kind = ErrorKind.FAILED_PRECONDITION
 
 
-class TagLimitError(SecureReleaseError):
-    """A curator sent more tags than the leader accepts (``--max-rows``)."""
-
-    kind = ErrorKind.RESOURCE_EXHAUSTED
 
 
 class KeyNotReadyError(SecureReleaseError):
@@ -99,9 +83,6 @@ class KeyNotReadyError(SecureReleaseError):
     kind = ErrorKind.UNAVAILABLE
 
 
-class PsiStreamError(SecureReleaseError):
-    """A PSI ring list is malformed or unexpected: chunks out of order, a count that differs from
-    the owner's list, a sender or hop the ring does not route here, or a different resend."""
 
 
 class PsiLimitError(SecureReleaseError):

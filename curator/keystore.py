@@ -24,7 +24,7 @@ import numpy.typing as npt
 
 from secure_release.curator.ledgerfile import LedgerFile, private_dir
 from secure_release.infra.fileio import atomic_write
-from secure_release.infra.wire import tags_from_bytes
+from secure_release.infra.streams import tags_from_bytes
 from secure_release.mechanism.alignment import TAG_DTYPE, TagArray
 from secure_release.mechanism.errors import ErrorKind, SecureReleaseError
 from secure_release.mechanism.keys import PadKey, Seed

@@ -10,15 +10,13 @@ import threading
 from dataclasses import dataclass, field
 
 from secure_release.curator.errors import (
-    AgreementError,
     AgreementFixedError,
     AlignmentModeMismatchError,
     AlphabetSizeMismatchError,
-    CallerNotAllowedError,
     PsiLimitError,
-    PsiStreamError,
 )
 from secure_release.curator.keystore import tags_digest
+from secure_release.infra.streams import AgreementError, CallerNotAllowedError, PsiStreamError
 from secure_release.mechanism.alignment import RowOrder, SortedTags, TagArray, align_all
 from secure_release.mechanism.errors import SecureReleaseError
 from secure_release.mechanism.keys import Seed

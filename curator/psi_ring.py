@@ -29,14 +29,13 @@ import numpy as np
 import numpy.typing as npt
 
 from secure_release.curator.config import CuratorConfig
-from secure_release.curator.errors import AgreementError, PsiNotReadyError
+from secure_release.curator.errors import PsiNotReadyError
 from secure_release.curator.keystore import Keystore
 from secure_release.curator.leader import LeaderState
-from secure_release.curator.service import read_point_stream
 from secure_release.curator.waits import Deadline, retry_until
 from secure_release.infra.logs import EventLog
+from secure_release.infra.streams import AgreementError, point_chunks, read_point_stream
 from secure_release.infra.tls import secure_channel
-from secure_release.infra.wire import point_chunks
 from secure_release.mechanism.alignment import TagArray
 from secure_release.mechanism.psi import POINT_BYTES, PsiKey, PsiWorkers, psi_finish, psi_reblind, psi_start
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb

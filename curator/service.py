@@ -18,206 +18,45 @@ release, and this curator's grants. Every refusal is logged and sent as a named 
 
 from __future__ import annotations
 
-import itertools
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import NoReturn
 
 import grpc
-import numpy as np
-import numpy.typing as npt
 
 from secure_release.curator.errors import (
     AgreementNotReadyError,
-    CallerNotAllowedError,
     KeyNotReadyError,
     NotLeadingError,
     PsiNotReadyError,
-    PsiStreamError,
-    TagLimitError,
     TagsMissingError,
-    TagStreamError,
     UnknownReleaseError,
 )
 from secure_release.curator.leader import LeaderState
 from secure_release.infra.auth import caller
 from secure_release.infra.errors import abort_with
 from secure_release.infra.logs import EventLog
-from secure_release.infra.wire import (
-    PIECE_BYTES,
-    ROWS_PER_PIECE,
+from secure_release.infra.streams import (
     TAG_BYTES,
-    TagBuffer,
-    alignment_from_pb,
-    alignment_to_pb,
-    byte_pieces,
-    cipher_to_pb,
+    CallerNotAllowedError,
+    agreement_chunks,
+    key_chunks,
     point_chunks,
-    row_pieces,
-    sampling_to_pb,
-    schema_to_pb,
-    spec_to_pb,
-    tag_pieces,
+    read_point_stream,
+    read_tag_stream,
 )
-from secure_release.mechanism.alignment import TagArray
 from secure_release.mechanism.errors import SecureReleaseError
-from secure_release.mechanism.packing import CHUNK_ROWS, pack_symbols
-from secure_release.mechanism.pads import CipherMode, ReleasePad
+from secure_release.mechanism.pads import ReleasePad
 from secure_release.mechanism.psi import POINT_BYTES
 from secure_release.mechanism.schema import CuratorSchema
-from secure_release.mechanism.variants import AlignmentMode, VariantAgreement
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
 
 SERVICE_NAME = "securerelease.v1.Curator"
 MAX_AGREEMENT_WAIT_S = 600.0
 DEFAULT_MAX_ROWS = 1 << 24  # --max-rows: tags a follower may send (16 bytes each: 256 MiB)
-
-
-@dataclass(frozen=True)
-class TagSubmission:
-    """One curator's tag stream, read and checked."""
-
-    release_id: str
-    tags: TagArray
-    alphabet_size: int
-    alignment: AlignmentMode = AlignmentMode.KEYED_HASH
-
-
-def read_tag_stream(chunks: Iterable[pb.TagChunk], sender: str, admit: Callable[[str], int]) -> TagSubmission:
-    """Join a TagChunk stream sent by certificate name ``sender``. ``admit(release_id)`` runs on
-    the first chunk, before any tag byte is kept: it refuses a sender that is not a curator of
-    a release led here, and returns how many tag bytes the sender may send (more: a
-    :class:`TagLimitError`). Named errors too if a chunk claims another curator, another
-    release or the wrong sequence number."""
-    pieces = TagBuffer()
-    release_id, alphabet_size, limit, received = "", 0, 0, 0
-    alignment = AlignmentMode.KEYED_HASH
-    for expected_seq, chunk in enumerate(chunks):
-        if chunk.curator != sender:
-            raise CallerNotAllowedError(f"certificate name {sender!r} may not submit tags as {chunk.curator!r}")
-        if expected_seq == 0:
-            limit = admit(chunk.release_id)
-            alignment = alignment_from_pb(chunk.alignment)
-        elif chunk.release_id != release_id:
-            raise TagStreamError(f"one release per tag stream: {release_id!r}, then {chunk.release_id!r}")
-        if chunk.sequence != expected_seq:
-            raise TagStreamError(f"tag chunk {chunk.sequence} out of order (expected {expected_seq})")
-        received += len(chunk.tags)
-        if received > limit:
-            raise TagLimitError(
-                f"{sender!r} sent more than {limit // TAG_BYTES} tags for release {chunk.release_id!r}; "
-                "the leader accepts at most --max-rows tags a curator"
-            )
-        release_id = chunk.release_id
-        alphabet_size = alphabet_size or int(chunk.alphabet_size)
-        pieces.add(chunk.tags)
-        if chunk.last:
-            break
-    return TagSubmission(release_id, pieces.tags(), alphabet_size, alignment)
-
-
-def agreement_chunks(
-    agreement: VariantAgreement, rows: npt.NDArray[np.int64] | None = None
-) -> Iterator[pb.AgreementChunk]:
-    """The agreement as AgreementChunk messages: spec, modes and (seed sampling) the seed on the
-    first; the recipient's own ``rows`` in the canonical order (4 bytes a row) or, without them,
-    the common tags (16 bytes a tag), in pieces of at most 1 MiB; then (index sharing) the
-    packed index tuple in pieces of at most 1 MiB. No chunk carries more than 1 MiB of them."""
-    if rows is not None:
-        num_main = max(1, -(-rows.size // ROWS_PER_PIECE))
-        main: Iterator[tuple[bytes, bytes]] = ((b"", r) for r in row_pieces(rows))  # made as sent
-    else:
-        tag_part = tag_pieces(agreement.base.common)
-        num_main = len(tag_part)
-        main = ((t, b"") for t in tag_part)
-    index_part = byte_pieces(agreement.packed_indices or b"")
-    total = num_main + len(index_part)
-    pieces = itertools.chain(((t, r, b"") for t, r in main), ((b"", b"", i) for i in index_part))
-    for seq, (tags, own_rows, indices) in enumerate(pieces):
-        chunk = pb.AgreementChunk(
-            sequence=seq, common_tags=tags, own_rows=own_rows, packed_indices=indices, last=seq == total - 1
-        )
-        if seq == 0:
-            chunk.params.CopyFrom(spec_to_pb(agreement.base.spec))
-            chunk.sampling = sampling_to_pb(agreement.sampling)
-            chunk.alignment = alignment_to_pb(agreement.alignment)
-            if agreement.seed is not None:
-                chunk.sampling_seed = agreement.seed.reveal()
-        yield chunk
-
-
-def key_chunks(release_id: str, schema: CuratorSchema, pad: ReleasePad) -> Iterator[pb.KeyChunk]:
-    """A release's key as KeyChunk messages: the ChaCha20 key in one, or the one-time pad packed
-    CHUNK_ROWS symbols a chunk; the first carries cipher, sizes and ``schema``."""
-    head = pb.KeyChunk(
-        release_id=release_id,
-        curator=schema.name,
-        cipher=cipher_to_pb(pad.mode),
-        alphabet_size=pad.alphabet_size,
-        m=pad.length,
-        sequence=0,
-    )
-    head.schema.CopyFrom(schema_to_pb(schema))
-    if pad.mode is CipherMode.CHACHA20:
-        assert pad.key is not None
-        head.chacha20_key = pad.key.reveal()
-        head.last = True
-        yield head
-        return
-    count = max(1, -(-pad.length // CHUNK_ROWS))
-    for seq in range(count):
-        chunk = head if seq == 0 else pb.KeyChunk(release_id=release_id, curator=schema.name, sequence=seq)
-        start = seq * CHUNK_ROWS
-        chunk.otp_pad = pack_symbols(pad.pad(start, min(CHUNK_ROWS, pad.length - start)), pad.alphabet_size)
-        chunk.last = seq == count - 1
-        yield chunk
-
-
-@dataclass(frozen=True)
-class PsiList:
-    """One PSI ring list, read and checked."""
-
-    release_id: str
-    owner: str
-    hop: int
-    points: bytes
-
-
-def read_point_stream(
-    chunks: Iterable[pb.PsiChunk], sender: str | None, admit: Callable[[pb.PsiChunk], None] | None = None
-) -> PsiList:
-    """Join a PsiChunk stream. ``admit(first chunk)`` runs before any point is kept (membership,
-    route, count bound); every chunk must name the same release, owner and hop (and, when
-    ``sender`` is given, that sender), come in order, hold at most 1 MiB, and together exactly
-    the announced number of 32-byte points."""
-    pieces: list[bytes] = []
-    first: pb.PsiChunk | None = None
-    received = 0
-    for seq, chunk in enumerate(chunks):
-        if sender is not None and chunk.curator != sender:
-            raise CallerNotAllowedError(f"certificate name {sender!r} may not send PSI points as {chunk.curator!r}")
-        if first is None:
-            if admit is not None:
-                admit(chunk)
-            first = chunk
-        elif (chunk.release_id, chunk.owner, chunk.hop) != (first.release_id, first.owner, first.hop):
-            raise PsiStreamError("one PSI list per stream: the release, owner or hop changed")
-        if chunk.sequence != seq:
-            raise PsiStreamError(f"PSI chunk {chunk.sequence} out of order (expected {seq})")
-        received += len(chunk.points)
-        if len(chunk.points) > PIECE_BYTES or received > first.count * POINT_BYTES:
-            raise PsiStreamError(f"a PSI list sent more than its announced {first.count} points")
-        pieces.append(chunk.points)
-        if chunk.last:
-            break
-    if first is None:
-        raise PsiStreamError("an empty PSI stream")
-    if received != first.count * POINT_BYTES:
-        raise PsiStreamError(f"a PSI list announced {first.count} points and sent {received} bytes")
-    return PsiList(first.release_id, first.owner, int(first.hop), b"".join(pieces))
 
 
 @dataclass

@@ -59,7 +59,7 @@ from secure_release.curator.upload import (
 from secure_release.curator.waits import TRANSIENT, Deadline, retry_until
 from secure_release.infra.config import ConfigError
 from secure_release.infra.logs import EventLog
-from secure_release.infra.wire import ServerSample, TableDeclaration, sample_from_chunks, table_chunks
+from secure_release.infra.streams import ServerSample, TableDeclaration, sample_from_chunks, table_chunks
 from secure_release.mechanism.errors import ErrorKind, SecureReleaseError
 from secure_release.mechanism.packing import digest_of
 from secure_release.mechanism.pads import decrypt

@@ -20,10 +20,11 @@ from secure_release.curator.config import CuratorConfig
 from secure_release.curator.errors import ReleaseAbortedError, UploadRefusedError, WaitTimeoutError
 from secure_release.curator.waits import TRANSIENT, Deadline, retry_until
 from secure_release.infra.logs import EventLog
+from secure_release.infra.streams import upload_chunks
 from secure_release.infra.tls import secure_channel
 from secure_release.infra.wire import spec_to_pb
 from secure_release.mechanism.errors import ShapeMismatchError
-from secure_release.mechanism.packing import CHUNK_ROWS, digest_of, pack_symbols
+from secure_release.mechanism.packing import CHUNK_ROWS, pack_symbols
 from secure_release.mechanism.schema import SymbolArray
 from secure_release.mechanism.spec import ReleaseSpec
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
@@ -56,13 +57,10 @@ def upload_messages(
         disable=not sys.stderr.isatty(),
     ) as progress:
         task = progress.add_task("upload", total=len(chunks))
-        for seq, data in enumerate(chunks):
-            progress.update(task, completed=seq + 1)
-            if seq not in skip:
-                yield pb.UploadChunk(release_id=release_id, curator=curator, sequence=seq, symbols=data)
-    yield pb.UploadChunk(
-        release_id=release_id, curator=curator, commit=True, digest=digest_of(list(chunks)), num_chunks=len(chunks)
-    )
+        for msg in upload_chunks(release_id, curator, chunks, skip):
+            if not msg.commit:
+                progress.update(task, completed=msg.sequence + 1)
+            yield msg
 
 
 def progress_of(status: pb.ReleaseStatus, curator: str) -> pb.CuratorProgress | None:

@@ -383,16 +383,6 @@ def _pairs(tags: TagArray) -> npt.NDArray[np.void]:
     return np.ascontiguousarray(tags, dtype=TAG_DTYPE).view("V16").reshape(-1)
 
 
-def _words(tags: TagArray) -> tuple[U64, U64]:
-    """The (hi, lo) halves of tags as native uint64."""
-    pairs = np.ascontiguousarray(tags, dtype=TAG_DTYPE).view(">u8").reshape(-1, 2)
-    return pairs[:, 0].astype(np.uint64), pairs[:, 1].astype(np.uint64)
-
-
-def _as_tags(hi: U64, lo: U64) -> TagArray:
-    out = np.empty(hi.size, dtype=TAG_DTYPE)
-    out["hi"], out["lo"] = hi, lo
-    return out
 
 
 def _keyed(tags: TagArray, bits: int) -> I64:

@@ -25,7 +25,7 @@ from secure_release.mechanism.errors import (
 )
 from secure_release.mechanism.pram import PramChannel
 from secure_release.mechanism.sampling import check_sample_size
-from secure_release.mechanism.schema import CodeArray, check_joint_alphabet, mixed_radix_decode, mixed_radix_encode
+from secure_release.mechanism.schema import check_joint_alphabet
 
 FloatArray = npt.NDArray[np.float64]
 Z_95 = 1.959963984540054
@@ -79,15 +79,6 @@ def marginal_counts(
     return np.asarray(np.transpose(summed, order).reshape(-1), dtype=np.int64)
 
 
-def marginal_codes(
-    columns: Sequence[npt.NDArray[np.integer]],
-    alphabet_sizes: Sequence[int],
-    keep_curators: Sequence[int],
-) -> CodeArray:
-    """Codes on the sub-alphabet of ``keep_curators`` from their decrypted columns."""
-    _check_subset(keep_curators, len(alphabet_sizes))
-    return mixed_radix_encode([columns[j] for j in keep_curators], [alphabet_sizes[j] for j in keep_curators])
-
 
 def estimate_marginal(counts_on_subset: npt.ArrayLike, channel: PramChannel) -> FloatArray:
     """DESIGN 3.5: on a sub-alphabet of size K_S the channel is "keep w.p. a, else uniform",
@@ -127,18 +118,6 @@ def marginal_standard_errors(estimate: npt.ArrayLike, n: int, m: int, channel: P
     return np.sqrt(channel_cell_variance(n, m, a, (1.0 - a) / t.size, t))
 
 
-def confidence_intervals(
-    estimate: npt.ArrayLike, errors: npt.ArrayLike, z: float = Z_95
-) -> tuple[FloatArray, FloatArray]:
-    """Normal-approximation (Wald) intervals estimate -+ z * standard error (95% by default).
-
-    Kept for comparison only: it under-covers badly when a cell's expected observed count is
-    small (e.g. 45% coverage for some cells of a K = 1000 Zipf table at m*). Use
-    :func:`cell_intervals` (default Clopper-Pearson) for reported intervals."""
-    est = np.asarray(estimate, dtype=np.float64)
-    se = np.asarray(errors, dtype=np.float64)
-    return est - z * se, est + z * se
-
 
 def project_to_simplex(vector: npt.ArrayLike) -> FloatArray:
     """Euclidean projection onto {p >= 0, sum p = 1} (sort-based; Held et al. 1974,
@@ -163,44 +142,6 @@ class MleResult:
     converged: bool
     log_likelihood: float
 
-
-def estimate_mle(
-    counts: npt.ArrayLike,
-    keep: float,
-    tolerance: float = 1e-10,
-    max_iterations: int = 10_000,
-) -> MleResult:
-    """Maximum likelihood of T given observed counts, by EM (iterative Bayesian update).
-
-    Channel on K cells: P(obs = o | true = c) = a [o = c] + (1 - a)/K. With p the current
-    estimate and (A p)(o) = a p(o) + (1 - a)/K, one EM step is
-        p'(c) = p(c) [a N_c / (A p)(c) + ((1 - a)/K) sum_o N_o/(A p)(o)] / N,
-    which stays on the simplex and never decreases the likelihood. Start: the uniform
-    distribution. Stop when max_c |p' - p| < ``tolerance`` (then ``converged``) or after
-    ``max_iterations`` steps. O(K) per step.
-    """
-    n_obs = np.asarray(counts, dtype=np.float64)
-    total = n_obs.sum()
-    if total <= 0 or not np.all(np.isfinite(n_obs)) or np.any(n_obs < 0):
-        raise NonFiniteInputError("MLE needs non-negative finite counts with a positive total")
-    K = n_obs.size
-    background = (1.0 - keep) / K
-    p = np.full(K, 1.0 / K)
-    converged = False
-    iterations = 0
-    for iterations in range(1, max_iterations + 1):  # noqa: B007 (iterations reported)
-        mixed = keep * p + background
-        ratio = n_obs / mixed
-        new = p * (keep * ratio + background * ratio.sum()) / total
-        step = float(np.max(np.abs(new - p)))
-        p = new
-        if step < tolerance:
-            converged = True
-            break
-    mixed = keep * p + background
-    positive = n_obs > 0
-    log_lik = float(np.sum(n_obs[positive] * np.log(mixed[positive])))
-    return MleResult(p, iterations, converged, log_lik)
 
 
 def mle_water_filling(counts: npt.ArrayLike, keep: float) -> FloatArray:
@@ -251,10 +192,6 @@ def l2_error(estimate: npt.ArrayLike, truth: npt.ArrayLike) -> float:
     """||estimate - truth||_2."""
     return float(np.linalg.norm(np.asarray(estimate, dtype=np.float64) - np.asarray(truth, dtype=np.float64)))
 
-
-def split_cells(codes: npt.NDArray[np.integer], alphabet_sizes: Sequence[int]) -> list[CodeArray]:
-    """Per-curator digits of joint cell codes."""
-    return mixed_radix_decode(codes, alphabet_sizes)
 
 
 # --- confidence intervals whose coverage holds at every m ----------------------------------

@@ -13,7 +13,8 @@ Two paths with one distribution of the observed joint counts:
   + mechanism.pram.perturb, then a histogram.
 
 Estimators reuse mechanism.estimators (A^-1 closed form, marginal inversion); the batched
-projection and EM here are row-by-row equal to project_to_simplex / estimate_mle (tested).
+projection here is row-by-row equal to project_to_simplex (tested), and the closed-form MLE to
+EM (mechanism.reference.estimate_mle, tested).
 numpy's Generator drives the fast path: this is a simulation, never a release.
 """
 
@@ -138,63 +139,6 @@ def project_to_simplex_batch(vectors: npt.ArrayLike) -> FloatArray:
     theta = cumulative[np.arange(rows), rho] / (rho + 1)
     return np.asarray(np.maximum(v - theta[:, None], 0.0), dtype=np.float64)
 
-
-@dataclass(frozen=True)
-class MleBatch:
-    """Row-wise EM results: estimates (rows, K), iterations and converged flags per row."""
-
-    estimate: FloatArray
-    iterations: IntArray
-    converged: npt.NDArray[np.bool_]
-
-
-def estimate_mle_batch(
-    counts: npt.ArrayLike, keep: float, tolerance: float = 1e-10, max_iterations: int = 10_000
-) -> MleBatch:
-    """Row-wise :func:`mechanism.estimators.estimate_mle`: the same EM step, start (uniform) and
-    stopping rule (max_c |p' - p| < tolerance, per row); converged rows leave the active set."""
-    n_obs = np.asarray(counts, dtype=np.float64)
-    if n_obs.ndim != 2:
-        raise ShapeMismatchError("batched MLE needs a (rows, K) array of counts")
-    totals = n_obs.sum(axis=1)
-    if np.any(totals <= 0) or not np.all(np.isfinite(n_obs)) or np.any(n_obs < 0):
-        raise NonFiniteInputError("MLE needs non-negative finite counts with a positive total")
-    rows, K = n_obs.shape
-    background = (1.0 - keep) / K
-    p = np.full((rows, K), 1.0 / K)
-    iterations = np.full(rows, max_iterations, dtype=np.int64)
-    converged = np.zeros(rows, dtype=bool)
-    active = np.arange(rows)
-    pa, na, ta = p.copy(), n_obs, totals[:, None]
-    nxt, mixed, ratio = np.empty_like(pa), np.empty_like(pa), np.empty_like(pa)
-    for it in range(1, max_iterations + 1):
-        # the arithmetic of estimate_mle, in place: mixed = a p + bg; ratio = N / mixed;
-        # new = p (a ratio + bg sum(ratio)) / N_total
-        np.multiply(pa, keep, out=mixed)
-        mixed += background
-        np.divide(na, mixed, out=ratio)
-        scaled_sum = ratio.sum(axis=1, keepdims=True) * background
-        ratio *= keep
-        ratio += scaled_sum
-        np.multiply(pa, ratio, out=nxt)
-        nxt /= ta
-        np.subtract(nxt, pa, out=mixed)
-        np.abs(mixed, out=mixed)
-        done = mixed.max(axis=1) < tolerance
-        pa, nxt = nxt, pa
-        if done.any():
-            finished = active[done]
-            p[finished] = pa[done]
-            iterations[finished] = it
-            converged[finished] = True
-            left = ~done
-            active, pa, na, ta = active[left], pa[left], na[left], ta[left]
-            if active.size == 0:
-                break
-            nxt, mixed, ratio = np.empty_like(pa), np.empty_like(pa), np.empty_like(pa)
-    if active.size:
-        p[active] = pa
-    return MleBatch(p, iterations, converged)
 
 
 def marginal_axes(alphabet_sizes: Sequence[int]) -> list[tuple[int, ...]]:

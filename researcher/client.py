@@ -10,7 +10,6 @@ checked against the release's validated :class:`~secure_release.mechanism.spec.R
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import math
 import time
 from collections.abc import Iterable, Mapping
@@ -22,6 +21,7 @@ import grpc
 from secure_release.infra.config import ConfigError
 from secure_release.infra.logs import EventLog
 from secure_release.infra.retry import with_retries
+from secure_release.infra.streams import FetchError, key_from_chunks, perturbed_from_chunks
 from secure_release.infra.tls import secure_channel
 from secure_release.infra.wire import cipher_from_pb, schema_from_pb, spec_from_pb
 from secure_release.mechanism.keys import PadKey
@@ -31,12 +31,7 @@ from secure_release.mechanism.schema import CuratorSchema, SymbolArray
 from secure_release.mechanism.spec import ReleaseSpec
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
-from secure_release.researcher.errors import (
-    DigestMismatchError,
-    FetchError,
-    KeyMismatchError,
-    ReleaseNotReadyError,
-)
+from secure_release.researcher.errors import DigestMismatchError, KeyMismatchError, ReleaseNotReadyError
 
 ROLE = "researcher"
 POLL_SECONDS = 0.3
@@ -189,25 +184,6 @@ def _perturbed_release(status: pb.ReleaseStatus, release_id: str) -> PerturbedRe
 
 
 # ---------------------------------------------------------------------------------- rows
-def _collect_columns(chunks: Iterable[pb.PerturbedChunk], spec: ReleaseSpec) -> tuple[list[bytes], bytes, bytes]:
-    """Join the streamed columns; return them, the SHA-256 over every column chunk by chunk
-    (the server's digest) and the digest the last chunk carries."""
-    parts: list[list[bytes]] = [[] for _ in spec.curators]
-    hasher = hashlib.sha256()
-    for expected_seq, chunk in enumerate(chunks):
-        if chunk.sequence != expected_seq or len(chunk.columns) != len(spec.curators):
-            raise FetchError(
-                f"perturbed chunk {chunk.sequence} (expected {expected_seq}) has {len(chunk.columns)} columns; "
-                f"the release has {len(spec.curators)} curators"
-            )
-        for column_parts, column in zip(parts, chunk.columns, strict=True):
-            column_parts.append(column)
-            hasher.update(column)
-        if chunk.last:
-            return [b"".join(p) for p in parts], hasher.digest(), bytes(chunk.digest)
-    raise FetchError(f"the perturbed stream of {spec.release_id!r} ended before its last chunk")
-
-
 def _check_digest(computed: bytes, published: Iterable[bytes], release_id: str) -> None:
     """Every non-empty published digest must equal the digest of the rows received."""
     for digest in published:
@@ -230,7 +206,7 @@ def fetch_perturbed(
             stream = pb_grpc.ReleaseServerStub(channel).FetchPerturbed(
                 pb.FetchRequest(release_id=spec.release_id), timeout=FETCH_RPC_SECONDS
             )
-            return _collect_columns(stream, spec)
+            return perturbed_from_chunks(stream, spec)
 
     packed, computed, streamed = with_retries(once, "fetch_perturbed", log)
     _check_digest(computed, (release.digest, streamed, notified_digest), spec.release_id)
@@ -246,16 +222,12 @@ def _key_chunks(
     endpoints: Endpoints, curator: str, address: str, release_id: str, seconds: float = KEY_RPC_SECONDS
 ) -> tuple[pb.KeyChunk, bytes]:
     """The first KeyChunk (key, schema, sizes) and the joined OTP pad bytes of all chunks."""
-    head: pb.KeyChunk | None = None
-    otp: list[bytes] = []
     with endpoints.curator_channel(curator, address) as channel:
         stream = pb_grpc.CuratorStub(channel).ReleaseKey(pb.KeyRequest(release_id=release_id), timeout=seconds)
-        for chunk in stream:
-            head = head or chunk
-            otp.append(chunk.otp_pad)
-    if head is None:
+        key = key_from_chunks(stream)
+    if key is None:
         raise KeyMismatchError(f"the curator at {address} sent an empty key stream for {release_id!r}")
-    return head, b"".join(otp)
+    return key
 
 
 def _check_key_head(head: pb.KeyChunk, spec: ReleaseSpec, curator: str) -> None:

@@ -3,13 +3,8 @@
 
 from __future__ import annotations
 
+from secure_release.infra.streams import FetchError  # defined beside the streams it guards
 from secure_release.mechanism.errors import ErrorKind, SecureReleaseError
-
-
-class FetchError(SecureReleaseError):
-    """The perturbed rows or a curator's key did not arrive in the form the release promises."""
-
-    kind = ErrorKind.FAILED_PRECONDITION
 
 
 class ReleaseNotReadyError(FetchError):

@@ -13,7 +13,7 @@ from typing import Any, NoReturn
 
 import grpc
 
-from secure_release.infra import wire
+from secure_release.infra import streams, wire
 from secure_release.infra.auth import caller
 from secure_release.infra.errors import abort_with
 from secure_release.infra.logs import EventLog
@@ -213,17 +213,10 @@ class ReleaseService(pb_grpc.ReleaseServerServicer):
         except SecureReleaseError as exc:
             _fail(context, exc, "FetchPerturbed")
         log.info("fetch", extra={"release": request.release_id, "researcher": ident.name})
-        num = rel.spec.num_chunks
-        for c in chunks:
-            last = c.seq == num - 1
-            yield pb.PerturbedChunk(
-                release_id=request.release_id,
-                sequence=c.seq,
-                first_row=c.first_row,
-                columns=c.columns,
-                last=last,
-                digest=rel.perturbed_digest if last else b"",
-            )
+        yield from streams.perturbed_chunks(
+            request.release_id, ((c.seq, c.first_row, c.columns) for c in chunks), rel.spec.num_chunks,
+            rel.perturbed_digest,
+        )  # fmt: skip
 
     def AbortRelease(self, request: pb.AbortRequest, context: Any) -> pb.ReleaseStatus:  # noqa: N802
         """A curator of the release stops it before sealing; every party then sees ABORTED."""
@@ -242,7 +235,7 @@ class ReleaseService(pb_grpc.ReleaseServerServicer):
     ) -> pb.TableStatus:
         """A curator's whole encrypted column of a stored table, chunk by chunk (resumable)."""
         ident = caller(context)
-        declared: wire.TableDeclaration | None = None
+        declared: streams.TableDeclaration | None = None
         table: StoredTable | None = None
         new = 0
         for chunk in request_iterator:
@@ -253,7 +246,7 @@ class ReleaseService(pb_grpc.ReleaseServerServicer):
                         f"(chunks of {CHUNK_ROWS} rows); got {len(chunk.symbols)}"
                     )
                 if declared is None:
-                    declared = wire.table_declaration_from_pb(chunk)
+                    declared = streams.table_declaration_from_pb(chunk)
                 elif (chunk.table_id, chunk.curator) != (declared.table_id, declared.curator):
                     raise TableStreamError("one table stream carries one table and one curator")
                 if chunk.commit:
@@ -295,7 +288,7 @@ class ReleaseService(pb_grpc.ReleaseServerServicer):
         except SecureReleaseError as exc:
             _fail(context, exc, "FetchSample")
         log.info("sample sent", extra={"release": request.release_id, "curator": ident.name, "m": spec.m})
-        yield from wire.sample_chunks(spec.release_id, spec.table_id, spec.n, spec.m, packed)
+        yield from streams.sample_chunks(spec.release_id, spec.table_id, spec.n, spec.m, packed)
 
 
 def make_notifier(

@@ -40,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-from secure_release.infra.wire import TableDeclaration
+from secure_release.infra.streams import TableDeclaration
 from secure_release.mechanism.errors import ErrorKind, SecureReleaseError
 from secure_release.mechanism.index_sharing import IndexArray, indices_fingerprint, pack_indices, unpack_indices
 from secure_release.mechanism.keys import PramKey, Seed

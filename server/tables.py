@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from secure_release.infra.wire import TableDeclaration, TablePartView, table_num_chunks
+from secure_release.infra.streams import TableDeclaration, table_num_chunks
+from secure_release.infra.wire import TablePartView
 from secure_release.mechanism.errors import ErrorKind
 from secure_release.mechanism.packing import CHUNK_ROWS, symbol_width
 from secure_release.mechanism.spec import ReleaseSpec

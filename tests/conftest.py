@@ -6,24 +6,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support import PARTIES
 
 from secure_release.infra import tls
 from secure_release.infra.pki import init_pki
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
 from secure_release.server.service import ReleaseService
 from secure_release.server.store import Store
-
-#: Every party the tests use: three curators, the server, a granted and an ungranted
-#: researcher, and an analyst.
-PARTIES = [
-    ("curator", "alice"),
-    ("curator", "bob"),
-    ("curator", "carol"),
-    ("server", "server"),
-    ("researcher", "researcher"),
-    ("researcher", "mallory"),
-    ("analyst", "analyst"),
-]
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

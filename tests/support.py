@@ -18,6 +18,18 @@ from secure_release.mechanism.spec import ReleaseSpec
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
 
+#: Every party the tests use: three curators, the server, a granted and an ungranted
+#: researcher, and an analyst.
+PARTIES = [
+    ("curator", "alice"),
+    ("curator", "bob"),
+    ("curator", "carol"),
+    ("server", "server"),
+    ("researcher", "researcher"),
+    ("researcher", "mallory"),
+    ("analyst", "analyst"),
+]
+
 SIZES = (3, 4)
 CURATORS = ("alice", "bob")
 

@@ -13,11 +13,12 @@ import pytest
 
 from secure_release.curator.agreement import check_agreement, leader_state, spec_differences
 from secure_release.curator.config import CuratorConfig
-from secure_release.curator.errors import AgreementError, AgreementFixedError, AlphabetSizeMismatchError
+from secure_release.curator.errors import AgreementFixedError, AlphabetSizeMismatchError
 from secure_release.curator.keystore import Keystore
 from secure_release.curator.leader import LeaderState
 from secure_release.curator.runner import OwnData, check_ledger, prepare, reserve
 from secure_release.infra.logs import EventLog
+from secure_release.infra.streams import AgreementError
 from secure_release.mechanism.alignment import TAG_DTYPE, align
 from secure_release.mechanism.errors import (
     BudgetExceededError,

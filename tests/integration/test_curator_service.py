@@ -14,18 +14,25 @@ import grpc
 import numpy as np
 import pytest
 
-from secure_release.curator.agreement import agreement_from_chunks, follow_leader, own_alignment
+from secure_release.curator.agreement import follow_leader, own_alignment
 from secure_release.curator.config import CuratorConfig
-from secure_release.curator.errors import AgreementError
 from secure_release.curator.leader import LeaderState
 from secure_release.curator.runner import start_server
-from secure_release.curator.service import SERVICE_NAME, CuratorService, agreement_chunks
+from secure_release.curator.service import SERVICE_NAME, CuratorService
 from secure_release.curator.waits import Deadline
 from secure_release.infra.auth import AuthedContext
 from secure_release.infra.health import check
 from secure_release.infra.logs import EventLog
+from secure_release.infra.streams import (
+    ROWS_PER_PIECE,
+    AgreementError,
+    agreement_chunks,
+    agreement_from_chunks,
+    tag_chunks,
+    tags_from_bytes,
+)
 from secure_release.infra.tls import Identity, secure_channel
-from secure_release.infra.wire import ROWS_PER_PIECE, cipher_from_pb, spec_from_pb, tag_chunks, tags_from_bytes
+from secure_release.infra.wire import cipher_from_pb, spec_from_pb
 from secure_release.mechanism.alignment import TAG_DTYPE, TagArray, align
 from secure_release.mechanism.keys import AlignmentKey, Seed
 from secure_release.mechanism.packing import CHUNK_ROWS, unpack_symbols

@@ -35,12 +35,7 @@ from secure_release.mechanism.pads import CipherMode
 from secure_release.mechanism.report import CELL_COLUMNS, ReleaseReport
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
 from secure_release.researcher.client import AbortedBeforeSealError, Endpoints
-from secure_release.researcher.errors import (
-    DigestMismatchError,
-    KeyMismatchError,
-    NoKeysError,
-    ReleaseNotReadyError,
-)
+from secure_release.researcher.errors import DigestMismatchError, KeyMismatchError, NoKeysError, ReleaseNotReadyError
 from secure_release.researcher.heatmap import heatmap_png, share_grid
 from secure_release.researcher.pipeline import MissingKeysError, process_release
 from secure_release.researcher.storage import load_reports, read_report, report_csv, report_json, write_report

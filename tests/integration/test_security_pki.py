@@ -8,8 +8,8 @@ from pathlib import Path
 
 import grpc
 import pytest
-from conftest import PARTIES
 from cryptography import x509
+from support import PARTIES
 
 from secure_release.infra import tls as security
 from secure_release.infra.pki import init_pki

@@ -24,17 +24,21 @@ from test_curator_service import AbortedError, _as
 from test_faults_kill import CURATORS, PADS, PRAM, Deployment
 
 import secure_release.curator.runner as runner
-from secure_release.curator.agreement import agreement_from_chunks
 from secure_release.curator.config import CuratorConfig
-from secure_release.curator.errors import AgreementError
 from secure_release.curator.keystore import Keystore
 from secure_release.curator.leader import LeaderState
 from secure_release.curator.ledgerfile import LedgerFile, file_fingerprint
-from secure_release.curator.service import CuratorService, agreement_chunks
+from secure_release.curator.service import CuratorService
 from secure_release.curator.table import load_schema, read_table
 from secure_release.demo_data import write_demo_data
 from secure_release.infra.logs import EventLog
-from secure_release.infra.wire import PIECE_BYTES, point_chunks
+from secure_release.infra.streams import (
+    PIECE_BYTES,
+    AgreementError,
+    agreement_chunks,
+    agreement_from_chunks,
+    point_chunks,
+)
 from secure_release.mechanism.alignment import TAG_DTYPE, align, common_tags
 from secure_release.mechanism.index_sharing import (
     InvalidIndexTupleError,

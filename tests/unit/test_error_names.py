@@ -52,7 +52,8 @@ def test_every_declared_error_is_raised_or_subclassed() -> None:
 
 def test_the_checks_can_fail(tmp_path: Path) -> None:
     a, b = tmp_path / "a.py", tmp_path / "b.py"
-    a.write_text("class DeadError(ValueError):\n    pass\nclass LiveError(ValueError):\n    pass\nraise LiveError('x')\n")
+    a.write_text("class DeadError(ValueError):\n    pass\n\n\nclass LiveError(ValueError):\n    pass\n")
+    a.write_text(a.read_text() + "raise LiveError('x')\n")
     b.write_text("class LiveError(Exception):\n    pass\n")
     assert [n for n, c in Counter(n for n, _ in _classes([a, b])).items() if c > 1] == ["LiveError"]
     assert "DeadError" not in _called_or_raised([a, b]) and "LiveError" in _called_or_raised([a, b])

@@ -9,6 +9,7 @@ import pytest
 from scipy import special, stats
 
 from secure_release.mechanism import estimators as est
+from secure_release.mechanism import reference
 from secure_release.mechanism.errors import (
     InvalidCountsError,
     InvalidLevelError,
@@ -118,7 +119,7 @@ def test_normal_method_is_the_old_interval_clipped() -> None:
     counts = np.arange(24) * 4
     n, m = 10_000, int(counts.sum())
     raw = est.estimate_joint(counts, ch)
-    lo, hi = est.confidence_intervals(raw, est.standard_errors(raw, n, m, ch))
+    lo, hi = reference.confidence_intervals(raw, est.standard_errors(raw, n, m, ch))
     iv = est.joint_intervals(counts, n, ch, method="normal")
     assert np.allclose(iv.low, np.clip(lo, 0, 1)) and np.allclose(iv.high, np.clip(hi, 0, 1))
     assert math.isclose(est.normal_quantile(0.975), est.Z_95, rel_tol=1e-12)

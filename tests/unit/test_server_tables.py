@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from secure_release.infra import wire
+from secure_release.infra import streams, wire
 from secure_release.mechanism.index_sharing import indices_fingerprint, pack_indices
 from secure_release.mechanism.keys import PadKey, PramKey, Seed
 from secure_release.mechanism.packing import CHUNK_ROWS, digest_of, pack_symbols, unpack_symbols
@@ -38,8 +38,8 @@ SEED = Seed(bytes([9]) * 32)
 PRAM = PramKey(bytes([3]) * 32)
 
 
-def decl(curator: str, n: int = N, k: int | None = None, tid: str = "t1") -> wire.TableDeclaration:
-    return wire.TableDeclaration(tid, curator, CURATORS, n, SIZES[CURATORS.index(curator)] if k is None else k)
+def decl(curator: str, n: int = N, k: int | None = None, tid: str = "t1") -> streams.TableDeclaration:
+    return streams.TableDeclaration(tid, curator, CURATORS, n, SIZES[CURATORS.index(curator)] if k is None else k)
 
 
 def stored_columns() -> tuple[list[np.ndarray], list[np.ndarray], list[TableKey]]:
@@ -194,29 +194,29 @@ def test_wire_conversions_round_trip_and_refuse() -> None:
             wire.spec_from_pb(q)
     # table chunks: the declaration on the first message sent, skipped chunks left out, digest over all
     parts = [b"\1" * 10, b"\2" * 10, b"\3" * 4]
-    msgs = list(wire.table_chunks(decl("alice"), parts, skip=frozenset({0})))
+    msgs = list(streams.table_chunks(decl("alice"), parts, skip=frozenset({0})))
     assert [m.sequence for m in msgs[:-1]] == [1, 2] and msgs[0].n == N and list(msgs[0].curators) == list(CURATORS)
     assert msgs[-1].commit and msgs[-1].digest == digest_of(parts) and msgs[-1].num_chunks == 3 and not msgs[1].n
-    assert wire.table_declaration_from_pb(msgs[0]) == decl("alice")
-    only_commit = list(wire.table_chunks(decl("alice"), parts, skip=frozenset({0, 1, 2})))
+    assert streams.table_declaration_from_pb(msgs[0]) == decl("alice")
+    only_commit = list(streams.table_chunks(decl("alice"), parts, skip=frozenset({0, 1, 2})))
     assert len(only_commit) == 1 and only_commit[0].n == N  # a commit alone still declares
     bad = pb.TableChunk(table_id="t/1", curator="alice", curators=list(CURATORS), n=5, alphabet_size=6)
     with pytest.raises(Exception, match="table id"):
-        wire.table_declaration_from_pb(bad)
+        streams.table_declaration_from_pb(bad)
     # sample chunks: large tuples in pieces, validated on arrival
     big = ReleaseSpec("r1", CURATORS, CipherMode.CHACHA20, plan_release(1 << 20, SIZES, 5.0, 600_000), (), "t1")
     positions = np.random.default_rng(2).permutation(1 << 20)[:600_000]
     packed = pack_indices(positions, 1 << 20)
-    got = list(wire.sample_chunks("r1", "t1", 1 << 20, 600_000, packed))
-    assert len(got) == 2 and all(len(c.packed_positions) <= wire.PIECE_BYTES for c in got)
-    sample = wire.sample_from_chunks(iter(got), big)
+    got = list(streams.sample_chunks("r1", "t1", 1 << 20, 600_000, packed))
+    assert len(got) == 2 and all(len(c.packed_positions) <= streams.PIECE_BYTES for c in got)
+    sample = streams.sample_from_chunks(iter(got), big)
     assert np.array_equal(sample.positions, positions) and sample.fingerprint == indices_fingerprint(packed)
     got[-1].sample_fingerprint = "0" * 64
-    with pytest.raises(wire.SampleStreamError, match="fingerprint"):
-        wire.sample_from_chunks(iter(got), big)
-    other = list(wire.sample_chunks("r2", "t1", 1 << 20, 600_000, packed))
-    with pytest.raises(wire.SampleStreamError, match="expected 'r1'"):
-        wire.sample_from_chunks(iter(other), big)
+    with pytest.raises(streams.SampleStreamError, match="fingerprint"):
+        streams.sample_from_chunks(iter(got), big)
+    other = list(streams.sample_chunks("r2", "t1", 1 << 20, 600_000, packed))
+    with pytest.raises(streams.SampleStreamError, match="expected 'r1'"):
+        streams.sample_from_chunks(iter(other), big)
 
 
 def test_the_cli_offers_only_the_rekeyed_path_and_test_seeds_need_the_testing_switch(

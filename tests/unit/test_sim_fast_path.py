@@ -10,10 +10,10 @@ from scipy import stats
 
 from secure_release.mechanism import accounting
 from secure_release.mechanism.datasets import synthetic_counts
-from secure_release.mechanism.estimators import estimate_mle, project_to_simplex
+from secure_release.mechanism.estimators import project_to_simplex
 from secure_release.mechanism.pram import PramChannel
+from secure_release.mechanism.reference import estimate_mle, estimate_mle_batch
 from secure_release.mechanism.simulation import (
-    estimate_mle_batch,
     fast_observed_counts,
     per_record_observed_counts,
     project_to_simplex_batch,
