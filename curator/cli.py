@@ -34,6 +34,7 @@ from secure_release.mechanism.errors import (
     UnknownCipherError,
 )
 from secure_release.mechanism.ledger import NoBudgetError
+from secure_release.mechanism.spec import DEFAULT_MAX_EPSILON
 
 #: Errors in what the operator gave (flags, files, keystore): exit code 2.
 USAGE_ERRORS = (
@@ -164,7 +165,11 @@ def add_run_arguments(p: argparse.ArgumentParser, storing: bool) -> None:
                    + ("" if storing else " (not with --sampling server)"))  # fmt: skip
     g.add_argument("--schema", help='schema JSON: {"curator", "id_column", "attributes": [...]}')
     g.add_argument("--query", help="SQL run on --data as a DuckDB database (.duckdb): its result is the table")
-    g.add_argument("--dataset", help="the data set's name for people (the ledger keys it by its SHA-256)")
+    g.add_argument(
+        "--dataset",
+        help="the data set (the population) whose budget this release spends (default: the name of the --data "
+        "file or directory; with --sampling server, the name the table was stored under)",
+    )
     r = p.add_argument_group("table" if storing else "release")
     r.add_argument(
         "--table-id",
@@ -179,6 +184,12 @@ def add_run_arguments(p: argparse.ArgumentParser, storing: bool) -> None:
     else:
         r.add_argument("--release-id", help="release identifier, the same at every curator (e.g. r1)")
         r.add_argument("--epsilon", type=float, help="privacy level epsilon > 0 of this release")
+        r.add_argument(
+            "--max-epsilon",
+            type=float,
+            default=DEFAULT_MAX_EPSILON,
+            help=f"refuse a release with a larger epsilon (default {DEFAULT_MAX_EPSILON:g})",
+        )
         r.add_argument("--m", type=int, default=None, help="sample size (default: m*, Cor. 3.6)")
         r.add_argument(
             "--cipher",

@@ -121,20 +121,25 @@ class LedgerFile:
         with disk_full_as_error(f"the ledger entry {entry.seq} ({self.path})"):
             if not clean:  # rewrite the acknowledged history without what lies past the head
                 atomic_write(self.path, ("\n".join(e.to_json() for e in ledger.entries) + "\n").encode())
-            else:
-                fd = open_nofollow(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-                size = os.fstat(fd).st_size
-                try:
-                    os.write(fd, (entry.to_json() + "\n").encode())
+                self._write_head(ledger)
+                return
+            fd = open_nofollow(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+            size = os.fstat(fd).st_size
+            try:
+                os.write(fd, (entry.to_json() + "\n").encode())
+                os.fsync(fd)
+                self._write_head(ledger)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fd, size)
                     os.fsync(fd)
-                except OSError:
-                    with contextlib.suppress(OSError):
-                        os.ftruncate(fd, size)
-                    raise
-                finally:
-                    os.close(fd)
-            head = ledger.head()
-            atomic_write(self.head_path, (head if self.signer is None else self.signer.sign(head)).to_json().encode())
+                raise
+            finally:
+                os.close(fd)
+
+    def _write_head(self, ledger: PrivacyLedger) -> None:
+        head = ledger.head()
+        atomic_write(self.head_path, (head if self.signer is None else self.signer.sign(head)).to_json().encode())
 
     def update(self, decide: Callable[[PrivacyLedger], LedgerEntry | None]) -> tuple[PrivacyLedger, LedgerEntry | None]:
         """Under the lock: read and verify, ``decide`` the next entry (None: nothing to add; it
@@ -174,9 +179,9 @@ class LedgerFile:
                 atomic_write(self.head_path, signer.sign(ledger.head()).to_json().encode())
             return True
 
-    def set_budget(self, dataset: str, name: str, epsilon: float) -> LedgerEntry:
+    def set_budget(self, dataset: str, name: str, epsilon: float, table: str = "") -> LedgerEntry:
         """Append a budget entry (a deleted ledger starts a new history)."""
         self.reset_after_deletion()
-        _, entry = self.update(lambda led: led.set_budget(dataset, name, epsilon, time.time()))
+        _, entry = self.update(lambda led: led.set_budget(dataset, name, epsilon, time.time(), table))
         assert entry is not None
         return entry

@@ -336,9 +336,14 @@ class PrivacyLedger:
         extra_count, extra = max(count - have_count, 1), max(epsilon - have_total, 0.0)
         return self._entry(EntryKind.CARRY, dataset, name, "", extra, "", now, count=extra_count)
 
-    def set_budget(self, dataset: str, name: str, epsilon: float, now: float) -> LedgerEntry:
-        """The entry that sets the data set's total budget to ``epsilon`` (finite, > 0)."""
-        return self._entry(EntryKind.BUDGET, dataset, name, "", check_charge(epsilon, "a budget"), "", now)
+    def set_budget(self, dataset: str, name: str, epsilon: float, now: float, table: str = "") -> LedgerEntry:
+        """The entry that sets the data set's total budget to ``epsilon`` (finite, > 0);
+        ``table``: the fingerprint of the table file it was set from (recorded only)."""
+        return self._entry(EntryKind.BUDGET, dataset, name, "", check_charge(epsilon, "a budget"), "", now, table=table)
+
+    def tables(self, dataset: str) -> list[str]:
+        """The fingerprints of the table files recorded for the data set, first seen first."""
+        return list(dict.fromkeys(e.table for e in self.entries if e.dataset == dataset and e.table))
 
     def check_reserve(self, dataset: str, release_id: str, epsilon: float, seed_fingerprint: str | None) -> bool:
         """Raise if this reservation would be refused; False if it is already held (a resume),

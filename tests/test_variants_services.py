@@ -25,7 +25,8 @@ from secure_release.curator.config import CuratorConfig
 from secure_release.curator.errors import AgreementError
 from secure_release.curator.keystore import Keystore
 from secure_release.curator.leader import LeaderState
-from secure_release.curator.ledgerfile import LedgerFile, file_fingerprint
+from secure_release.curator.ledgerfile import LedgerFile
+from secure_release.curator.ledgersign import HeadSigner
 from secure_release.curator.service import CuratorService, agreement_chunks
 from secure_release.curator.table import load_schema, read_table
 from secure_release.demo_data import write_demo_data
@@ -46,7 +47,7 @@ from secure_release.mechanism.psi import PsiKey, hash_to_group
 from secure_release.mechanism.spec import ReleaseSpec
 from secure_release.mechanism.variants import AlignmentMode, SamplingMode, VariantAgreement, run_variant_release
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
-from tests.test_curator_run import AKEY, PAD_KEYS, SEED, FakeLink, _config, _write
+from tests.test_curator_run import AKEY, PAD_KEYS, SEED, FakeLink, FakeWitnessStub, _config, _write
 from tests.test_curator_service import SCHEMA as SVC_SCHEMA
 from tests.test_curator_service import AbortedError, _as
 from tests.test_faults_kill import CURATORS, PADS, PRAM, Deployment
@@ -113,8 +114,9 @@ def _prepared(tmp: Path, monkeypatch: pytest.MonkeyPatch) -> list:  # type: igno
     _write(tmp)
     monkeypatch.setattr(runner, "ServerLink", FakeLink)
     FakeLink.uploads.clear()
+    FakeWitnessStub.held.clear()  # a fresh server witness for every deployment
     for name in ("alice", "bob"):
-        Keystore(tmp / f"ks-{name}").ledger.set_budget(file_fingerprint(tmp / f"{name}.csv"), name, 2.0)
+        Keystore(tmp / f"ks-{name}").ledger.set_budget(f"{name}.csv", f"{name}.csv", 2.0)
     return [read_table(tmp / f"{n}.csv", load_schema(tmp / f"{n}.json")) for n in ("alice", "bob")]
 
 
@@ -211,7 +213,7 @@ def _deploy(world: dict[str, object], certs: Path, tmp: Path, rid: str, extra: d
     (root / "data").symlink_to(Path(str(world["base"])) / "data")
     (root / "align.key").write_text((Path(str(world["base"])) / "align.key").read_text())
     for c in CURATORS:
-        LedgerFile(root / f"ks-{c}").set_budget(file_fingerprint(root / "data" / f"{c}.csv"), c, 2.0)
+        LedgerFile(root / f"ks-{c}", HeadSigner.from_certs(certs, c)).set_budget(f"{c}.csv", f"{c}.csv", 2.0)
     dep = Deployment(root, certs, rid, timeout=60.0)
     dep.extra = extra
     return dep
