@@ -9,6 +9,8 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from secure_release.curator.errors import (
     AgreementError,
     AgreementFixedError,
@@ -16,6 +18,7 @@ from secure_release.curator.errors import (
     AlphabetSizeMismatchError,
     CallerNotAllowedError,
     PsiLimitError,
+    PsiMismatchError,
     PsiStreamError,
 )
 from secure_release.curator.keystore import tags_digest
@@ -25,6 +28,22 @@ from secure_release.mechanism.keys import Seed
 from secure_release.mechanism.pads import CipherMode
 from secure_release.mechanism.psi import POINT_BYTES
 from secure_release.mechanism.variants import AlignmentMode, SamplingMode, VariantAgreement, leader_agree_variant
+
+
+def psi_mismatch(curators: tuple[str, ...], tags: dict[str, TagArray]) -> PsiMismatchError:
+    """The named error of a PSI ring whose tags match across no curators: for each curator, how
+    many of its tags any other curator shares, and who re-blinded its list (a list no other
+    curator's tags match was altered by one of them)."""
+    lone = [c for c in curators if not any(np.intersect1d(tags[c], tags[o]).size for o in curators if o != c)]
+    named = "; ".join(
+        f"{c}'s tags match no other curator's (its list was re-blinded by {[o for o in curators if o != c]})"
+        for c in lone
+    )
+    return PsiMismatchError(
+        f"the PSI ring gave no id common to every curator: {named or 'every pair matches, only the triple is empty'}; "
+        "a member sent group points that were not its honest re-blinding, or the tables share no id. The release "
+        "is stopped; rerun it with the honest members only"
+    )
 
 
 @dataclass
@@ -118,10 +137,13 @@ class LeaderState:
             if self.error is not None:
                 raise AgreementError(self.error)
             if hop > 1 and self.psi_counts.get(owner) != count:
-                raise PsiStreamError(
+                error = PsiStreamError(
                     f"the PSI list of {owner!r} has {self.psi_counts.get(owner)} points, "
                     f"{sender!r} sent {count} at hop {hop}"
                 )
+                if owner in self.psi_counts:  # a member's wrong list ends the release for everybody now
+                    self._fail(f"{sender!r} sent a wrong PSI list: {error}")
+                raise error
 
     def psi_put(self, sender: str, owner: str, hop: int, points: bytes) -> None:
         """Hold ``owner``'s list at ``hop`` for its next curator (an identical resend is a no-op)."""
@@ -129,7 +151,9 @@ class LeaderState:
         with self.cond:
             held = self.psi_lists.get((owner, hop))
             if held is not None and held != points:
-                raise PsiStreamError(f"{sender!r} resent the PSI list of {owner!r} at hop {hop} with other points")
+                message = f"{sender!r} resent the PSI list of {owner!r} at hop {hop} with other points"
+                self._fail(f"{sender!r} sent a wrong PSI list: {message}")
+                raise PsiStreamError(message)
             self.psi_lists[(owner, hop)] = points
             if hop == 1:
                 self.psi_counts[owner] = len(points) // POINT_BYTES
@@ -277,6 +301,8 @@ class LeaderState:
                     if set(self.curators) <= set(self.tags):  # one matching gives every curator's rows
                         common, alignments = align_all([self.tags[c] for c in self.curators], self.own_sorted)
                         self.rows = {c: a.row_order for c, a in zip(self.curators, alignments, strict=True)}
+                        if self.alignment is AlignmentMode.PSI and common.size == 0:
+                            raise psi_mismatch(self.curators, self.tags)
                     self.agreement = leader_agree_variant(
                         self.release_id,
                         self.curators,

@@ -121,7 +121,10 @@ def reserve(
     witness: BudgetWitness | None = None,
 ) -> None:
     """Reserve this release's epsilon on the data set (idempotent for the same release, data set
-    and seed), recording the table's fingerprint; then move the server's witness up to it."""
+    and seed), recording the table's fingerprint, unless the ledger is behind the server's witness;
+    then move the witness up to it."""
+    if witness is not None:
+        witness.check(keystore.ledger.read(), config.dataset)
     _, entry = keystore.ledger.update(
         lambda led: led.reserve(
             config.dataset, config.dataset, config.release_id, config.epsilon, seed_fingerprint, time.time(),
@@ -429,7 +432,7 @@ def open_run(
     refusal = None
     if record is None:
         try:
-            check_ledger(config, keystore, witness)
+            check_ledger(config, keystore)  # the witness is asked right before reserving
         except SecureReleaseError as exc:  # refused visibly during the agreement (others are told)
             log.warning("ledger_refuses", release_id=config.release_id, reason=f"{type(exc).__name__}: {exc}")
             refusal = exc

@@ -361,14 +361,22 @@ def test_psi_lists_go_hop_by_hop_to_the_curator_the_ring_routes_them_to() -> Non
     got = list(service.PsiReceive(pb.PsiRequest(release_id="r1", curator="carol", owner="bob", hop=1),
                                   _as("curator", "carol")))  # fmt: skip
     assert b"".join(c.points for c in got) == sent and got[0].count == 5
-    # hop 2 must hold as many points as bob's list, and a resend must be identical
-    with pytest.raises(AbortedError, match="has 5 points"):
-        service.PsiSend(iter(point_chunks("r1", "carol", "bob", 2, _points(4))), _as("curator", "carol"))
-    with pytest.raises(AbortedError, match="other points"):
-        service.PsiSend(iter(point_chunks("r1", "bob", "bob", 1, _points(6)[32:])), _as("curator", "bob"))
     # not there yet: UNAVAILABLE (the caller retries)
     with pytest.raises(AbortedError) as info:
         list(service.PsiReceive(pb.PsiRequest(release_id="r1", curator="alice", owner="carol", hop=1),
                                 _as("curator", "alice", 0.6)))  # fmt: skip
     assert info.value.code.name == "UNAVAILABLE"
     assert state.error is None
+    # hop 2 must hold as many points as bob's list: a member's wrong list ends the release for
+    # everybody at once, naming it (issue 24; before, the leader waited for the ring's deadline)
+    with pytest.raises(AbortedError, match="has 5 points"):
+        service.PsiSend(iter(point_chunks("r1", "carol", "bob", 2, _points(4))), _as("curator", "carol"))
+    assert state.error is not None and "'carol' sent a wrong PSI list" in state.error
+
+
+def test_a_changed_resend_of_a_psi_list_ends_the_release_naming_the_member() -> None:
+    service, state = _psi_leader()
+    service.PsiSend(iter(point_chunks("r1", "bob", "bob", 1, _points(5))), _as("curator", "bob"))
+    with pytest.raises(AbortedError, match="other points"):
+        service.PsiSend(iter(point_chunks("r1", "bob", "bob", 1, _points(6)[32:])), _as("curator", "bob"))
+    assert state.error is not None and "'bob' sent a wrong PSI list" in state.error
