@@ -59,10 +59,10 @@ def check_owned(path: Path, st: os.stat_result, want_dir: bool) -> None:
         )
 
 
-def private_dir(directory: Path) -> Path:
-    """Create ``directory`` (and parents) if needed and make it 0700; refuse it if it is a link
-    or not owned by the running user (the mode is set on the opened directory, never through a
-    link)."""
+def private_dir(directory: Path, fix_mode: bool = True) -> Path:
+    """Create ``directory`` (and parents) if needed and (``fix_mode``) make it 0700; refuse it if
+    it is a link or not owned by the running user (the mode is set on the opened directory, never
+    through a link; a new directory is created 0700 either way)."""
     directory = Path(directory)
     with contextlib.suppress(FileExistsError):
         directory.parent.mkdir(parents=True, exist_ok=True)
@@ -75,7 +75,8 @@ def private_dir(directory: Path) -> Path:
         raise
     try:
         check_owned(directory, os.fstat(fd), want_dir=True)
-        os.fchmod(fd, 0o700)
+        if fix_mode:
+            os.fchmod(fd, 0o700)
     finally:
         os.close(fd)
     return directory

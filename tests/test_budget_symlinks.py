@@ -98,3 +98,16 @@ def test_a_keystore_owned_by_another_user_is_refused(tmp_path: Path) -> None:
     os.chown(foreign, 4242, 4242)
     with pytest.raises(UnsafePathError, match="belongs to user id 4242"):
         Keystore(foreign)
+
+
+def test_a_results_directory_or_file_planted_as_a_link_is_refused(tmp_path: Path) -> None:
+    from secure_release.researcher.storage import read_report, write_report
+
+    (tmp_path / "target").mkdir()
+    (tmp_path / "results").symlink_to(tmp_path / "target")
+    with pytest.raises(UnsafePathError, match="symbolic link"):
+        write_report(tmp_path / "results", None)  # type: ignore[arg-type]  # refused before the report is read
+    assert not any((tmp_path / "target").iterdir())
+    (tmp_path / "r1.json").symlink_to(tmp_path / "elsewhere.json")
+    with pytest.raises(UnsafePathError, match="symbolic link"):
+        read_report(tmp_path / "r1.json")

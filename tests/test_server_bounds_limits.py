@@ -194,3 +194,14 @@ def test_get_estimate_pollers_are_bounded(tmp_path: Path) -> None:
     assert peak - before <= PROCESS_WORKERS + 8 + 2, (before, peak)
     assert MAX_PENDING < 150
     print(f"threads before {before}, after 150 distinct ids {after}, peak {peak}; codes {codes}")
+
+
+def test_the_server_flags_set_the_caps() -> None:
+    from secure_release.server.cli import build_parser, config_from_args
+
+    flags = ["--store", "s", "--insecure", "--max-epsilon", "5", "--max-tables-per-curator", "3"]
+    limits = config_from_args(build_parser().parse_args(flags)).limits
+    assert (limits.max_epsilon, limits.max_tables_per_curator) == (5.0, 3)
+    assert ServerLimits().max_epsilon == 20.0  # the documented default
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--store", "s", "--max-epsilon", "inf"])
