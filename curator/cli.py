@@ -62,8 +62,11 @@ How a release runs:
      the curator serves its pad key to the researchers it granted (--grant) until the key
      retention ends (--key-retention) or SIGTERM.
 
-The budget is set beforehand, never per run:
-  python -m secure_release.curator budget set --keystore ks-alice --data alice.csv --epsilon 2.0
+The budget is set beforehand, never per run, per data set (--dataset, default the --data file's
+name; a refreshed table under the same name spends from the same budget); --certs/--name sign the
+ledger's head and --server carries over what the server's witness knows was spent:
+  python -m secure_release.curator budget set --keystore ks-alice --data alice.csv --epsilon 2.0 \\
+      --certs certs --name alice --server 127.0.0.1:7000
 
 Exit codes: 0 released (keys served), 1 the release failed or was aborted (the reason is printed
 and recorded at the server), 2 a usage, config or input error, 3 refused (e.g. the budget does
@@ -88,14 +91,14 @@ columns encrypted under table keys ('store-table'), each release needs only the 
      the table was stored, --epsilon, --m) and registers it (no leader, no data file);
   2. once every named curator registered it, the server draws a fresh uniform ordered m-tuple of
      stored positions from its OS CSPRNG; each curator fetches it (never the researcher), charges
-     its ledger for the table (data set 'stored-table:ID'; budget set with 'budget set --table-id'),
+     its ledger for the table's data set (the one it was stored from; 'budget set --table-id'),
      and uploads its re-key column delta = (w - v_p) mod k for a fresh per-release pad w;
   3. the server adds it to the stored rows, applies PRAM once and erases re-key columns and
      positions; the researcher fetches and asks for keys exactly as for any release.
 Only the rekeyed key path runs here; """ + POSITIONS_PATH_REFUSAL + """.
 
 Example (after 'store-table --table-id adult'):
-  secure-release-curator budget set --keystore ks-alice --table-id adult --epsilon 2.0
+  secure-release-curator budget set --keystore ks-alice --table-id adult --epsilon 2.0 --certs certs --name alice
   secure-release-curator run --sampling server --table-id adult --release-id r1 --epsilon 0.5 \\
       --server 127.0.0.1:7000 --certs certs --name alice --curators alice,bob --grant researcher \\
       --keystore ks-alice --listen 127.0.0.1:7101
