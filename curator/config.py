@@ -304,7 +304,7 @@ def config_from_args(args: argparse.Namespace, storing: bool = False) -> Curator
         data=Path(args.data or ""),
         query=getattr(args, "query", None) or None,
         schema=Path(args.schema or ""),
-        dataset=args.dataset or ("" if server_sampled else Path(args.data).name),
+        dataset=_dataset_name(args, server_sampled),
         keystore=Path(args.keystore or f"keystore-{name}"),
         server=args.server,
         certs=Path(args.certs) if args.certs else None,
@@ -328,6 +328,14 @@ def config_from_args(args: argparse.Namespace, storing: bool = False) -> Curator
         psi_workers=_psi_workers(getattr(args, "psi_workers", 1)),
         max_epsilon=_max_epsilon(args),
     )
+
+
+def _dataset_name(args: argparse.Namespace, server_sampled: bool) -> str:
+    """``--dataset`` (a checked name), else the ``--data`` file's or directory's name ("" for a
+    server-sampled release: the name its stored table was stored under)."""
+    if args.dataset:
+        return check_name(args.dataset, "--dataset")
+    return "" if server_sampled else Path(args.data).name
 
 
 def _max_epsilon(args: argparse.Namespace) -> float:

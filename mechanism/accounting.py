@@ -293,7 +293,7 @@ def error_minimizing_sample_size(n: int, joint_size: int, epsilon: float, sum_sq
     worst = 1.0 / K if sum_sq is None else sum_sq
 
     def mse(ms: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
-        gamma = 1.0 + n / ms * math.expm1(eps)
+        gamma = 1.0 + n / ms * math.expm1(min(eps, 700.0))  # past e^700 gamma only grows: no overflow
         q = gamma + K - 1.0
         a, b = (gamma - 1.0) / q, 1.0 / q
         samp = (n - ms) / (ms * (n - 1)) * (1.0 - worst) if n > 1 else 0.0 * ms
