@@ -27,6 +27,7 @@ from secure_release.mechanism.errors import SecureReleaseError
 from secure_release.mechanism.keys import Seed
 from secure_release.mechanism.pads import CipherMode
 from secure_release.mechanism.psi import POINT_BYTES
+from secure_release.mechanism.psi_proof import ReblindProofError, proof_context, verify_reblind
 from secure_release.mechanism.variants import AlignmentMode, SamplingMode, VariantAgreement, leader_agree_variant
 
 
@@ -79,6 +80,7 @@ class LeaderState:
     max_points: int = 1 << 24  # PSI: points a ring list may hold (--max-rows)
     psi_lists: dict[tuple[str, int], bytes] = field(default_factory=dict)  # (owner, hop) -> points
     psi_counts: dict[str, int] = field(default_factory=dict)  # owner -> points of its list
+    psi_public: dict[str, bytes] = field(default_factory=dict)  # sender -> its re-blinding public key
 
     def __post_init__(self) -> None:
         if self.expected_sizes is not None and len(self.expected_sizes) != len(self.curators):
@@ -145,9 +147,16 @@ class LeaderState:
                     self._fail(f"{sender!r} sent a wrong PSI list: {error}")
                 raise error
 
-    def psi_put(self, sender: str, owner: str, hop: int, points: bytes) -> None:
-        """Hold ``owner``'s list at ``hop`` for its next curator (an identical resend is a no-op)."""
+    def psi_put(
+        self, sender: str, owner: str, hop: int, points: bytes, proof: bytes = b"", public: bytes = b""
+    ) -> None:
+        """Hold ``owner``'s list at ``hop`` for its next curator (an identical resend is a no-op).
+        A follower's re-blinding (hop >= 2) must come with a proof that it is the previous hop's
+        list raised to the sender's key (pinned at its first list); one that does not verify ends
+        the release for everybody at once, naming the sender."""
         self.psi_admit(sender, owner, hop, len(points) // POINT_BYTES)
+        if hop > 1 and sender != self.curators[0]:
+            self._check_reblind(sender, owner, hop, points, proof, public)
         with self.cond:
             held = self.psi_lists.get((owner, hop))
             if held is not None and held != points:
@@ -158,6 +167,22 @@ class LeaderState:
             if hop == 1:
                 self.psi_counts[owner] = len(points) // POINT_BYTES
             self.cond.notify_all()
+
+    def _check_reblind(self, sender: str, owner: str, hop: int, points: bytes, proof: bytes, public: bytes) -> None:
+        with self.cond:
+            before = self.psi_lists.get((owner, hop - 1), b"")
+            pinned = self.psi_public.setdefault(sender, public)
+        try:
+            if public != pinned:
+                raise ReblindProofError(f"the public key differs from the one {sender!r} sent with its first list")
+            verify_reblind(public, proof_context(owner, hop), before, points, proof)
+        except ReblindProofError as exc:
+            message = (
+                f"{sender!r} sent a wrong PSI list: its re-blinding of {owner!r}'s list at hop {hop} does not "
+                f"verify ({exc})"
+            )
+            self.fail(message)
+            raise ReblindProofError(message) from None
 
     def psi_get(self, recipient: str, owner: str, hop: int, timeout: float) -> bytes | None:
         """``owner``'s list at ``hop`` once it arrived, to the curator it is routed to (None after

@@ -184,6 +184,8 @@ class PsiList:
     owner: str
     hop: int
     points: bytes
+    proof: bytes = b""  # hop >= 2: the sender's re-blinding proof (mechanism/psi_proof.py)
+    public_key: bytes = b""
 
 
 def read_point_stream(
@@ -217,7 +219,9 @@ def read_point_stream(
         raise PsiStreamError("an empty PSI stream")
     if received != first.count * POINT_BYTES:
         raise PsiStreamError(f"a PSI list announced {first.count} points and sent {received} bytes")
-    return PsiList(first.release_id, first.owner, int(first.hop), b"".join(pieces))
+    return PsiList(
+        first.release_id, first.owner, int(first.hop), b"".join(pieces), bytes(first.proof), bytes(first.public_key)
+    )
 
 
 @dataclass
@@ -356,7 +360,7 @@ class CuratorService(pb_grpc.CuratorServicer):
         try:
             got = read_point_stream(request_iterator, ident.name, admit)
             state = self._leading_for(got.release_id, ident.name)
-            state.psi_put(ident.name, got.owner, got.hop, got.points)
+            state.psi_put(ident.name, got.owner, got.hop, got.points, got.proof, got.public_key)
         except SecureReleaseError as exc:
             self._refuse(context, "psi_refused", str(ident), ident.name, state, exc)
         points = len(got.points) // POINT_BYTES

@@ -98,9 +98,11 @@ def byte_pieces(raw: bytes, size: int = PIECE_BYTES) -> list[bytes]:
     return [raw[i : i + size] for i in range(0, len(raw), size)]
 
 
-def point_chunks(release_id: str, curator: str, owner: str, hop: int, points: bytes) -> Iterator[pb.PsiChunk]:
+def point_chunks(
+    release_id: str, curator: str, owner: str, hop: int, points: bytes, proof: bytes = b"", public_key: bytes = b""
+) -> Iterator[pb.PsiChunk]:
     """One PSI ring list (concatenated 32-byte points) as PsiChunk messages of at most 1 MiB;
-    the first carries the list's point count."""
+    the first carries the list's point count (and a re-blinding's proof and public key)."""
     if len(points) % POINT_BYTES:
         raise ShapeMismatchError(f"{len(points)} bytes is not a whole number of {POINT_BYTES}-byte points")
     pieces = byte_pieces(points, POINTS_PER_CHUNK * POINT_BYTES) or [b""]
@@ -114,6 +116,8 @@ def point_chunks(release_id: str, curator: str, owner: str, hop: int, points: by
             count=len(points) // POINT_BYTES if seq == 0 else 0,
             points=piece,
             last=seq == len(pieces) - 1,
+            proof=proof if seq == 0 else b"",
+            public_key=public_key if seq == 0 else b"",
         )
 
 

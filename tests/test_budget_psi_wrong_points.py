@@ -3,8 +3,9 @@
 promptly with a named error, and the leader's state stays usable (it answers every later call
 with the failure instead of waiting). The ring runs in threads through the leader's mailbox
 (the transport the Curator service wraps), with bob replacing the lists it re-blinds by valid
-points of other ids; before, the agreement failed only with "n must be >= 1, got 0", and a
-wrong-length list or a changed resend left the leader waiting for the ring's deadline."""
+points of other ids: its re-blinding proof (mechanism/psi_proof.py) does not verify and the leader
+names it. Before, the agreement failed only with "n must be >= 1, got 0", and a wrong-length list
+or a changed resend left the leader waiting for the ring's deadline."""
 
 from __future__ import annotations
 
@@ -38,12 +39,12 @@ def _member(state: LeaderState, me: str, wrong: str, out: dict[str, object]) -> 
     if me == "bob":
         honest = send
 
-        def send(owner: str, hop: int, points: bytes) -> None:
+        def send(owner: str, hop: int, points: bytes, proof: bytes = b"", public: bytes = b"") -> None:
             if owner != "bob" and wrong == "points":  # valid group points, of other ids
                 points = b"".join(hash_to_group([f"forged{i}" for i in range(len(points) // 32)]))
             if owner != "bob" and wrong == "length":
                 points = points[:-32]
-            honest(owner, hop, points)
+            honest(owner, hop, points, proof, public)
 
     try:
         state.add_tags(me, ring(me, CURATORS, IDS, PsiKey.generate(), send, receive), 4, AlignmentMode.PSI)
@@ -68,10 +69,9 @@ def test_wrong_points_end_the_release_promptly_with_a_named_error(wrong: str) ->
     print(f"PSI wrong {wrong}: clean end after {elapsed:.2f} s (release timeout {RING_S:g} s)")
     assert elapsed < 10.0  # well inside the release's own timeout: nobody waits for the deadline
     message = str(info.value) + str(state.error)
-    if wrong == "points":
-        assert "PsiMismatchError" in str(state.error) and "no id common" in message
-    else:
-        assert "'bob' sent a wrong PSI list" in message  # the member is named
+    assert "'bob' sent a wrong PSI list" in message  # the member is named
+    if wrong == "points":  # caught by bob's re-blinding proof, not only by the empty intersection
+        assert "does not verify" in message
     # the leader stays up: every later call gets the failure at once, none waits
     t1 = time.monotonic()
     with pytest.raises(AgreementError):

@@ -1016,6 +1016,8 @@ class PsiChunk(_message.Message):
     COUNT_FIELD_NUMBER: _builtins.int
     POINTS_FIELD_NUMBER: _builtins.int
     LAST_FIELD_NUMBER: _builtins.int
+    PROOF_FIELD_NUMBER: _builtins.int
+    PUBLIC_KEY_FIELD_NUMBER: _builtins.int
     release_id: _builtins.str
     curator: _builtins.str
     """PsiSend: the sender (must match its certificate)"""
@@ -1029,6 +1031,11 @@ class PsiChunk(_message.Message):
     points: _builtins.bytes
     """concatenated 32-byte points (<= 1 MiB a chunk)"""
     last: _builtins.bool
+    proof: _builtins.bytes
+    """PsiSend at hop >= 2, on the first chunk: the sender's public key B = k G and a proof that the
+    list is the previous hop's list raised to k (mechanism/psi_proof.py); the leader checks both.
+    """
+    public_key: _builtins.bytes
     def __init__(
         self,
         *,
@@ -1040,10 +1047,12 @@ class PsiChunk(_message.Message):
         count: _builtins.int = ...,
         points: _builtins.bytes = ...,
         last: _builtins.bool = ...,
+        proof: _builtins.bytes = ...,
+        public_key: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "curator", b"curator", "hop", b"hop", "last", b"last", "owner", b"owner", "points", b"points", "release_id", b"release_id", "sequence", b"sequence"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "curator", b"curator", "hop", b"hop", "last", b"last", "owner", b"owner", "points", b"points", "proof", b"proof", "public_key", b"public_key", "release_id", b"release_id", "sequence", b"sequence"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
