@@ -1,18 +1,21 @@
 """A curator's privacy ledger as a policy: an append-only, hash-chained history (DESIGN 3 and 8).
 
-Releases on the same data set compose: their epsilons add. A data set is identified by the
-SHA-256 fingerprint of its table file (``dataset``) and carries a name for people. Its budget is
-set only by an explicit ``budget`` entry. A release moves through two phases:
+Releases on the same data set compose: their epsilons add. A data set is a population, keyed by
+its name (``dataset``); each release records the SHA-256 of the table file it read (``table``), so a
+refreshed or edited table under the same name spends from the same budget. Its budget is set only
+by an explicit ``budget`` entry. A release moves through two phases:
 
 - ``reserve`` when the curators agree (refused past the budget, for a reused sampling seed or a
   release id already used differently);
 - ``commit`` when the server seals the release, or ``refund`` when it aborts before sealing.
 
-Reserved and committed epsilon both count as spent; a refund gives the reservation back. Every
-entry carries the digest of its predecessor and its own digest, and a head record (count and
-last digest) is kept beside the entries, so a truncated or edited history is detected
-(:func:`verify_chain`). This module is pure: the curator persists the entries (one JSON line
-each) and the head.
+Reserved and committed epsilon both count as spent; a refund gives the reservation back; a
+``carry`` entry records spending the server's witness knew beyond a lost history. Every entry is
+validated on load (known keys and kind, finite epsilon >= 0, in sequence, transitions that follow)
+and carries the digest of its predecessor and its own; a head record (count, last digest and, at
+the curator, a signature) is kept beside the entries (:func:`verify_chain`). Plain SHA-256 alone
+stops no one who can rewrite the file: the signature and the witness do (docs/privacy.md). This
+module is pure: the curator persists the entries (one JSON line each) and the head.
 """
 
 from __future__ import annotations
@@ -86,7 +89,7 @@ class LedgerEntry:
 
     seq: int
     kind: EntryKind
-    dataset: str  # SHA-256 fingerprint (hex) of the table file
+    dataset: str  # the data set's name (the budget's key)
     name: str  # the data set's name for people
     release_id: str  # "" for a budget entry
     epsilon: float
