@@ -25,7 +25,7 @@ import hashlib
 import json
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from secure_release.mechanism.errors import (
@@ -102,7 +102,7 @@ class LedgerEntry:
 
     def body(self) -> dict[str, Any]:
         """Every field but the digest, JSON-ready (optional extensions only when set)."""
-        data = asdict(self)
+        data = {f.name: getattr(self, f.name) for f in fields(self)}  # flat: no deep copy (asdict's)
         data["kind"] = self.kind.value
         del data["digest"]
         for key, default in OPTIONAL_KEYS.items():
