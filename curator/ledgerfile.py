@@ -151,6 +151,14 @@ class LedgerFile:
                 self._append(ledger, entry, clean)
             return ledger, entry
 
+    def was_deleted(self) -> bool:
+        """True if ``ledger.jsonl`` is gone but the head says it held entries."""
+        with self._locked():
+            if os.path.lexists(self.path) or not os.path.lexists(self.head_path):
+                return False
+            head = LedgerHead.from_json(read_nofollow(self.head_path).decode("utf-8", errors="replace"))
+            return head.count > 0
+
     def reset_after_deletion(self) -> None:
         """Start a new history when ``ledger.jsonl`` was deleted (its stale head goes too).
         A ledger that exists but does not verify is never reset here."""

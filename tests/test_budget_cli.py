@@ -74,6 +74,8 @@ def test_budget_show_data_recovery_and_refreshed_tables(tmp_path: Path, certs: P
     assert refreshed["datasets"][0]["spent"] == pytest.approx(0.8) and refreshed["datasets"][0]["budget"] == 1.0
     # the documented recovery: the ledger is deleted, the budget set again; spending is carried over
     (Path(ks) / "ledger.jsonl").unlink()
+    blind = _cli("budget", "set", "--keystore", ks, "--data", str(data), "--epsilon", "1.0", *who)
+    assert blind.returncode == 2 and "--server" in blind.stderr  # it would forget: refused, saying how to proceed
     again = _cli("budget", "set", "--keystore", ks, "--data", str(data), "--epsilon", "1.0", *who, "--server", server)
     assert again.returncode == 0, again.stderr
     out = json.loads(again.stdout)
