@@ -9,9 +9,10 @@ of both lists (Fiat-Shamir), then a Chaum-Pedersen proof that log_G B = log_X Y
 s G = T1 + e B and s X = T2 + e Y).
 
 What it catches: a list replaced or re-blinded under another scalar in more than a small fraction
-of its points (a fraction f escapes with probability (1 - f)^64: all of them, never). Altering a few
-points only drops those ids from the intersection, which a member could do anyway by leaving rows
-out of its own table. The check costs 2 x 64 scalar multiplications per list, not n.
+of its points (a fraction f escapes with probability (1 - f)^64 per try: all of them, never; a
+sender grinding 2^g list variants gets about f = g/92 past). Altering a few points only drops
+those ids from the intersection, which a member could do anyway by leaving rows out of its own
+table. The check costs 2 x 64 scalar multiplications per list, not n.
 """
 
 from __future__ import annotations
