@@ -106,12 +106,15 @@ def set_budget(cluster: Cluster, keystore: Path, table: Path, epsilon: float) ->
     set_budgets(cluster, {keystore: table}, epsilon)
 
 
-def set_budgets(cluster: Cluster, tables: Mapping[Path, Path], epsilon: float) -> None:
+def set_budgets(cluster: Cluster, tables: Mapping[Path, Path], epsilon: float, certs: Path | None = None) -> None:
     """Every curator's budget for its demo table (keystore -> table), set concurrently (each
-    hashes its whole table file)."""
+    hashes its whole table file); with ``certs`` the ledger head is signed with the curator's
+    key (``keystore-NAME``: NAME)."""
     def budget_set(keystore: Path, table: Path) -> subprocess.Popen[str]:
         cmd = [sys.executable, "-m", "secure_release.curator", "budget", "set", "--keystore", str(keystore),
                "--data", str(table), "--epsilon", repr(epsilon)]  # fmt: skip
+        if certs is not None:
+            cmd += ["--certs", str(certs), "--name", keystore.name.removeprefix("keystore-")]
         return subprocess.Popen(cmd, env=cluster.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     procs = {table: budget_set(keystore, table) for keystore, table in tables.items()}
@@ -162,7 +165,7 @@ def launch_release(
     extras = {"alice": list(alice_extra), "bob": list(bob_extra)}
     extras.update({k: list(v) for k, v in (curator_extra or {}).items()})
     if budgets:  # (a benchmark sets them beforehand: a budget is set once per data set, not per release)
-        set_budgets(cluster, {root / f"keystore-{c}": data / f"{c}.csv" for c in curators}, max(1.0, epsilon))
+        set_budgets(cluster, {root / f"keystore-{c}": data / f"{c}.csv" for c in curators}, max(1.0, epsilon), certs)
     names = ["server", *curators, "researcher"]
     for attempt in range(1, PORT_TRIES + 1):
         # every address is fixed up front, so all processes start at once and the curators read

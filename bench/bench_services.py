@@ -113,7 +113,8 @@ def run_services(
     poller = RssPoller(cluster)
     poller.start()
     # the operator sets each curator's budget once per data set, before any release: not timed
-    set_budgets(cluster, {work / f"keystore-{c}": data / f"{c}.csv" for c in ("alice", "bob")}, max(1.0, epsilon))
+    set_budgets(cluster, {work / f"keystore-{c}": data / f"{c}.csv" for c in ("alice", "bob")}, max(1.0, epsilon),
+                certs)  # fmt: skip
     try:
         t0 = time.perf_counter()
         addrs = launch_release(cluster, data, certs, f"bench-{m}", epsilon, m, cipher, akey, budgets=False)

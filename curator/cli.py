@@ -31,6 +31,7 @@ from secure_release.mechanism.errors import (
     UnknownCipherError,
 )
 from secure_release.mechanism.ledger import NoBudgetError
+from secure_release.mechanism.spec import DEFAULT_MAX_EPSILON
 
 #: Errors in what the operator gave (flags, files, keystore): exit code 2.
 USAGE_ERRORS = (
@@ -58,8 +59,11 @@ How a release runs:
      the curator serves its pad key to the researchers it granted (--grant) until the key
      retention ends (--key-retention) or SIGTERM.
 
-The budget is set beforehand, never per run:
-  python -m secure_release.curator budget set --keystore ks-alice --data alice.csv --epsilon 2.0
+The budget is set beforehand, never per run, per data set (--dataset, default the --data file's
+name; a refreshed table under the same name spends from the same budget); --certs/--name sign the
+ledger's head and --server carries over what the server's witness knows was spent:
+  python -m secure_release.curator budget set --keystore ks-alice --data alice.csv --epsilon 2.0 \\
+      --certs certs --name alice --server 127.0.0.1:7000
 
 Exit codes: 0 released (keys served), 1 the release failed or was aborted (the reason is printed
 and recorded at the server), 2 a usage, config or input error, 3 refused (e.g. the budget does
@@ -84,14 +88,14 @@ columns encrypted under table keys ('store-table'), each release needs only the 
      the table was stored, --epsilon, --m) and registers it (no leader, no data file);
   2. once every named curator registered it, the server draws a fresh uniform ordered m-tuple of
      stored positions from its OS CSPRNG; each curator fetches it (never the researcher), charges
-     its ledger for the table (data set 'stored-table:ID'; budget set with 'budget set --table-id'),
+     its ledger for the table's data set (the one it was stored from; 'budget set --table-id'),
      and uploads its re-key column delta = (w - v_p) mod k for a fresh per-release pad w;
   3. the server adds it to the stored rows, applies PRAM once and erases re-key columns and
      positions; the researcher fetches and asks for keys exactly as for any release.
 Only the rekeyed key path runs here; """ + POSITIONS_PATH_REFUSAL + """.
 
 Example (after 'store-table --table-id adult'):
-  secure-release-curator budget set --keystore ks-alice --table-id adult --epsilon 2.0
+  secure-release-curator budget set --keystore ks-alice --table-id adult --epsilon 2.0 --certs certs --name alice
   secure-release-curator run --sampling server --table-id adult --release-id r1 --epsilon 0.5 \\
       --server 127.0.0.1:7000 --certs certs --name alice --curators alice,bob --grant researcher \\
       --keystore ks-alice --listen 127.0.0.1:7101
@@ -161,7 +165,11 @@ def add_run_arguments(p: argparse.ArgumentParser, storing: bool) -> None:
                    + ("" if storing else " (not with --sampling server)"))  # fmt: skip
     g.add_argument("--schema", help='schema JSON: {"curator", "id_column", "attributes": [...]}')
     g.add_argument("--query", help="SQL run on --data as a DuckDB database (.duckdb): its result is the table")
-    g.add_argument("--dataset", help="the data set's name for people (the ledger keys it by its SHA-256)")
+    g.add_argument(
+        "--dataset",
+        help="the data set (the population) whose budget this release spends (default: the name of the --data "
+        "file or directory; with --sampling server, the name the table was stored under)",
+    )
     r = p.add_argument_group("table" if storing else "release")
     r.add_argument(
         "--table-id",
@@ -176,6 +184,12 @@ def add_run_arguments(p: argparse.ArgumentParser, storing: bool) -> None:
     else:
         r.add_argument("--release-id", help="release identifier, the same at every curator (e.g. r1)")
         r.add_argument("--epsilon", type=float, help="privacy level epsilon > 0 of this release")
+        r.add_argument(
+            "--max-epsilon",
+            type=float,
+            default=DEFAULT_MAX_EPSILON,
+            help=f"refuse a release with a larger epsilon (default {DEFAULT_MAX_EPSILON:g})",
+        )
         r.add_argument("--m", type=int, default=None, help="sample size (default: m*, Cor. 3.6)")
         r.add_argument(
             "--cipher",

@@ -2,6 +2,11 @@
 
 - ``budget set --keystore K --data FILE --epsilon E [--dataset NAME]``: the data set's total
   budget, recorded in the ledger (the only way a budget is set); ``budget show``: the history.
+  A data set is a population, named by ``--dataset`` (default: the --data file's or directory's
+  name); a refreshed or edited table under the same name spends from the same budget. With
+  ``--certs DIR --name NAME`` the ledger's head is signed (and verified) with the curator's key;
+  with ``--server`` too, ``budget set`` first carries over what the server's witness knows was
+  spent on the data set beyond the ledger (a lost or rolled-back ledger never forgets spending).
 - ``release status ID`` / ``release abort ID --reason TEXT``: the server's view of a release
   (with this curator's certificate) and the local ledger's; an abort refunds the local
   reservation once the server confirms ABORTED.
@@ -26,9 +31,11 @@ import grpc
 
 from secure_release.curator.keystore import Keystore
 from secure_release.curator.ledgerfile import LedgerFile, file_fingerprint
+from secure_release.curator.ledgersign import HeadSigner
+from secure_release.curator.witness import BudgetWitness, carry_over
 from secure_release.infra.config import ConfigError, require
 from secure_release.infra.tls import secure_channel
-from secure_release.mechanism.ledger import PrivacyLedger
+from secure_release.mechanism.ledger import NoBudgetError, PrivacyLedger
 from secure_release.mechanism.spec import check_name, check_party_name
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
@@ -43,14 +50,20 @@ def add_budget_parser(sub: Any) -> None:
     bsub = b.add_subparsers(dest="action", metavar="ACTION")
     s = bsub.add_parser("set", help="set the total epsilon budget of a data set")
     s.add_argument("--keystore", required=True, help="the curator's keystore directory")
-    s.add_argument("--data", help="the table file (identified by its SHA-256)")
-    s.add_argument("--table-id", help="instead of --data: the data file a stored table was made from (one budget)")
-    s.add_argument("--dataset", help="a name for people (default: the file name or table id)")
+    s.add_argument("--data", help="the table file or directory (its name is the default data set)")
+    s.add_argument("--table-id", help="instead of --data: the data set a stored table was made from (one budget)")
+    s.add_argument("--dataset", help="the data set (the population); default: the --data file's name")
     s.add_argument("--epsilon", type=float, required=True, help="total budget, finite and > 0")
     w = bsub.add_parser("show", help="print the ledger's budgets, releases and entries (JSON)")
     w.add_argument("--keystore", required=True, help="the curator's keystore directory")
     w.add_argument("--data", help="only this table file's data set")
-    w.add_argument("--table-id", help="only the data set of the file this stored table was made from")
+    w.add_argument("--table-id", help="only the data set this stored table was made from")
+    w.add_argument("--dataset", help="only this data set")
+    for p in (s, w):
+        p.add_argument("--certs", help="directory with NAME.key: sign (set) and verify the ledger's head")
+        p.add_argument("--name", help="this curator's certificate name (with --certs or --server)")
+        p.add_argument("--server", help="HOST:PORT of the release server: its budget witness is consulted")
+        p.add_argument("--insecure", action="store_true", help="plaintext gRPC to --server (tests/demos only!)")
 
 
 def _add_server_flags(p: Any, keystore_help: str) -> None:
@@ -88,44 +101,105 @@ def add_table_parser(sub: Any) -> None:
 
 
 def _dataset(args: argparse.Namespace) -> tuple[str, str]:
-    """(ledger data set, name for people) of ``--data`` or ``--table-id``."""
-    if bool(args.data) == bool(getattr(args, "table_id", None)):
-        raise ConfigError("give exactly one of --data FILE or --table-id ID")
+    """(data set, fingerprint of the table file or "") of ``--dataset``, ``--data`` or ``--table-id``."""
+    if args.data and getattr(args, "table_id", None):
+        raise ConfigError("give at most one of --data FILE or --table-id ID")
+    fingerprint = file_fingerprint(args.data) if args.data and Path(args.data).is_file() else ""
+    if args.dataset:
+        return check_name(args.dataset, "--dataset"), fingerprint
     if args.data:
-        return file_fingerprint(args.data), args.dataset or Path(args.data).name
-    record = Keystore(args.keystore).load_table(args.table_id)
-    if record is None:
-        raise ConfigError(
-            f"this keystore has stored no table {args.table_id!r}: a stored table's budget is its data file's, "
-            "so set it with --data FILE (before or after 'store-table')"
-        )
-    return record.table_fingerprint, args.dataset or record.dataset_name
+        return Path(args.data).name, fingerprint
+    if getattr(args, "table_id", None):
+        record = Keystore(args.keystore).load_table(args.table_id)
+        if record is None:
+            raise ConfigError(
+                f"this keystore has stored no table {args.table_id!r}: a stored table's budget is its data set's, "
+                "so set it with --data FILE or --dataset NAME (before or after 'store-table')"
+            )
+        return record.dataset_name, record.table_fingerprint
+    raise ConfigError("give --dataset NAME, --data FILE or --table-id ID")
+
+
+def _ledger(args: argparse.Namespace) -> LedgerFile:
+    """The keystore's ledger, signed with ``--certs/NAME.key`` if given."""
+    signer = None
+    if args.certs:
+        signer = HeadSigner.from_certs(args.certs, check_party_name(require_name(args), "curator name"))
+    return LedgerFile(args.keystore, signer)
+
+
+def require_name(args: argparse.Namespace) -> str:
+    """``--name`` (needed with --certs or --server)."""
+    if not args.name:
+        raise ConfigError("--name NAME is needed with --certs or --server (this curator's certificate name)")
+    return str(args.name)
+
+
+def _witness(args: argparse.Namespace, ledger: LedgerFile) -> tuple[BudgetWitness, grpc.Channel] | None:
+    """The server's budget witness for ``--server`` (None without it)."""
+    if not args.server:
+        return None
+    if not args.insecure:
+        require(args, "certs")
+    name = check_party_name(require_name(args), "curator name")
+    certs = Path(args.certs) if args.certs else None
+    channel = secure_channel(args.server, certs, name, args.insecure, role="curator", peer_role="server")
+    return BudgetWitness(pb_grpc.ReleaseServerStub(channel), name, ledger.signer), channel
 
 
 def budget(args: argparse.Namespace) -> int:
     """``budget set|show``; 0 on success."""
     if args.action == "set":
-        ledger = LedgerFile(args.keystore)
-        fingerprint, name = _dataset(args)
-        entry = ledger.set_budget(fingerprint, name, args.epsilon)
-        sys.stdout.write(
-            json.dumps(
-                {
-                    "dataset": entry.name,
-                    "fingerprint": fingerprint,
-                    "budget": entry.epsilon,
-                    "remaining": ledger.read().remaining(fingerprint),
-                }
-            )
-            + "\n"
-        )
-        return 0
+        return _budget_set(args)
     if args.action == "show":
-        led = LedgerFile(args.keystore).read()
-        only = _dataset(args)[0] if args.data or args.table_id else None
-        sys.stdout.write(json.dumps(ledger_summary(led, only), indent=1) + "\n")
+        ledger = _ledger(args)
+        only = _dataset(args)[0] if args.data or args.table_id or args.dataset else None
+        out = ledger_summary(ledger.read(), only)
+        linked = _witness(args, ledger)
+        if linked is not None and only is not None:
+            with linked[1]:
+                count, total = linked[0].known(only)
+            out["witness"] = {"reservations": count, "epsilon_total": total}
+        sys.stdout.write(json.dumps(out, indent=1) + "\n")
         return 0
     raise ConfigError("budget needs an action: set or show")
+
+
+def _budget_set(args: argparse.Namespace) -> int:
+    """Carry over what the witness knows, adopt an unsigned head, append the budget entry."""
+    ledger = _ledger(args)
+    dataset, fingerprint = _dataset(args)
+    if not args.server and ledger.was_deleted():
+        raise NoBudgetError(
+            f"{ledger.path} was deleted although its head records entries: setting a budget now would forget what "
+            "was spent. Give --server HOST:PORT (with --certs and --name) so the server's witness carries the "
+            "spending over, or restore the ledger from a backup"
+        )
+    ledger.reset_after_deletion()
+    adopted = ledger.adopt_unsigned()
+    carried = None
+    linked = _witness(args, ledger)
+    if linked is not None:
+        with linked[1]:
+            carried = carry_over(ledger, linked[0], dataset, dataset)
+            linked[0].check(ledger.read(), dataset, record=True)
+    entry = ledger.set_budget(dataset, dataset, args.epsilon, fingerprint)
+    led = ledger.read()
+    out: dict[str, Any] = {
+        "dataset": entry.dataset,
+        "fingerprint": fingerprint,
+        "budget": entry.epsilon,
+        "spent": led.spent(dataset),
+        "remaining": led.remaining(dataset),
+        "signed": ledger.signer is not None,
+        "witness": "consulted" if linked is not None else "not consulted (no --server)",
+    }
+    if carried is not None:
+        out["carried_over"] = {"reservations": carried.count, "epsilon": carried.epsilon}
+    if adopted:
+        out["note"] = "the ledger's head was unsigned; it is now signed with this curator's key"
+    sys.stdout.write(json.dumps(out) + "\n")
+    return 0
 
 
 def ledger_summary(ledger: PrivacyLedger, only: str | None = None) -> dict[str, Any]:
@@ -134,8 +208,10 @@ def ledger_summary(ledger: PrivacyLedger, only: str | None = None) -> dict[str, 
     return {
         "datasets": [
             {
-                "fingerprint": d,
+                "dataset": d,
                 "name": ledger.name_of(d),
+                "fingerprint": (ledger.tables(d) or [""])[-1],  # the table file read last
+                "tables": ledger.tables(d),
                 "budget": ledger.budget(d),
                 "spent": ledger.spent(d),
                 "remaining": ledger.remaining(d),
@@ -196,7 +272,8 @@ def release(args: argparse.Namespace) -> int:
 
 
 def _local(args: argparse.Namespace, release_id: str, status: pb.ReleaseStatus | None) -> dict[str, Any]:
-    keystore = Keystore(args.keystore)
+    signer = None if args.insecure or not args.certs else HeadSigner.from_certs(args.certs, args.name)
+    keystore = Keystore(args.keystore, signer)
     if args.action == "abort" and status is not None and status.state == pb.RELEASE_STATE_ABORTED:
         if release_id in keystore.ledger.read().releases():
             keystore.ledger.update(lambda led: led.refund(release_id, time.time()))

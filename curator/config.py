@@ -24,7 +24,7 @@ from secure_release.mechanism.keys import AlignmentKey, PadKey, Seed
 from secure_release.mechanism.pads import CipherMode
 from secure_release.mechanism.psi import PsiKey
 from secure_release.mechanism.server_sampling import TableKey
-from secure_release.mechanism.spec import check_name, check_names, check_party_name
+from secure_release.mechanism.spec import DEFAULT_MAX_EPSILON, check_name, check_names, check_party_name
 from secure_release.mechanism.variants import AlignmentMode, SamplingMode, UnknownVariantError
 
 #: Settings that hold secrets: allowed as flags or environment, never in a --config file.
@@ -72,7 +72,7 @@ class CuratorConfig:
     grants: tuple[str, ...]  # researchers allowed to fetch this curator's key
     data: Path
     schema: Path
-    dataset: str  # the data set's name for people (the ledger keys it by its fingerprint)
+    dataset: str  # the data set (the population): the ledger's budget key ("": a stored table's own name)
     keystore: Path
     server: str
     certs: Path | None
@@ -95,6 +95,7 @@ class CuratorConfig:
     table_id: str | None = None  # server-side sampling: the stored table (store-table or run --sampling server)
     storing: bool = False  # store-table: align and upload the whole encrypted column once
     test_table_key: TableKey | None = None
+    max_epsilon: float = DEFAULT_MAX_EPSILON  # --max-epsilon: this curator's cap on one release
 
     @property
     def server_sampled(self) -> bool:
@@ -303,7 +304,7 @@ def config_from_args(args: argparse.Namespace, storing: bool = False) -> Curator
         data=Path(args.data or ""),
         query=getattr(args, "query", None) or None,
         schema=Path(args.schema or ""),
-        dataset=args.dataset or (f"stored-table:{table_id}" if server_sampled else Path(args.data).name),
+        dataset=_dataset_name(args, server_sampled),
         keystore=Path(args.keystore or f"keystore-{name}"),
         server=args.server,
         certs=Path(args.certs) if args.certs else None,
@@ -325,4 +326,27 @@ def config_from_args(args: argparse.Namespace, storing: bool = False) -> Curator
         storing=storing,
         test_table_key=test_table_key,
         psi_workers=_psi_workers(getattr(args, "psi_workers", 1)),
+        max_epsilon=_max_epsilon(args),
     )
+
+
+def _dataset_name(args: argparse.Namespace, server_sampled: bool) -> str:
+    """``--dataset`` (a checked name), else the ``--data`` file's or directory's name ("" for a
+    server-sampled release: the name its stored table was stored under)."""
+    if args.dataset:
+        return check_name(args.dataset, "--dataset")
+    return "" if server_sampled else Path(args.data).name
+
+
+def _max_epsilon(args: argparse.Namespace) -> float:
+    """``--max-epsilon`` (finite, > 0), and the run's epsilon within it (:class:`ConfigError`)."""
+    cap = getattr(args, "max_epsilon", None)
+    cap = DEFAULT_MAX_EPSILON if cap is None else float(cap)
+    if not math.isfinite(cap) or cap <= 0:
+        raise ConfigError(f"--max-epsilon must be a finite number > 0, got {cap!r}")
+    if args.epsilon is not None and float(args.epsilon) > cap:
+        raise ConfigError(
+            f"--epsilon {args.epsilon:g} exceeds this curator's cap of {cap:g} per release (--max-epsilon, default "
+            f"{DEFAULT_MAX_EPSILON:g}); e^epsilon is the likelihood ratio an adversary may gain"
+        )
+    return cap

@@ -85,6 +85,13 @@ class KeyNotReadyError(SecureReleaseError):
 
 
 
+class PsiMismatchError(SecureReleaseError):
+    """The PSI ring ended with tags that match across no curators: a member sent valid group
+    points that were not its honest re-blinding (or its own list), so the release stops."""
+
+    kind = ErrorKind.FAILED_PRECONDITION
+
+
 class PsiLimitError(SecureReleaseError):
     """A PSI ring list holds more points than the leader accepts (``--max-rows``)."""
 

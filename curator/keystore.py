@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -22,8 +23,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from secure_release.curator.ledgerfile import LedgerFile, private_dir
-from secure_release.infra.fileio import atomic_write
+from secure_release.curator.ledgerfile import LedgerFile
+from secure_release.curator.ledgersign import HeadSigner
+from secure_release.infra.fileio import UnsafePathError, atomic_write, private_dir, read_nofollow
 from secure_release.infra.streams import tags_from_bytes
 from secure_release.mechanism.alignment import TAG_DTYPE, TagArray
 from secure_release.mechanism.errors import ErrorKind, SecureReleaseError
@@ -254,20 +256,23 @@ class Keystore:
     """Directory of ``release-<id>.json``, ``agreement-<id>.json`` (with its ``.tags`` files) and
     the ledger, all 0600."""
 
-    def __init__(self, directory: str | Path) -> None:
-        """Open (or create, mode 0700) ``directory``."""
+    def __init__(self, directory: str | Path, signer: HeadSigner | None = None) -> None:
+        """Open (or create, mode 0700) ``directory`` (a link or another user's directory is
+        refused); ``signer`` signs and verifies the ledger's head."""
         self.directory = private_dir(Path(directory))
-        self.ledger = LedgerFile(self.directory)
+        self.ledger = LedgerFile(self.directory, signer)
 
     def _path(self, kind: str, release_id: str) -> Path:
         return self.directory / f"{kind}-{_safe(release_id)}.json"
 
     def _load(self, path: Path) -> dict[str, Any] | None:
-        if not path.exists():
+        if not os.path.lexists(path):
             return None
         try:
-            data: dict[str, Any] = json.loads(path.read_text())
+            data: dict[str, Any] = json.loads(read_nofollow(path))
             return data
+        except UnsafePathError:
+            raise
         except (OSError, ValueError) as exc:
             raise KeystoreError(f"{path}: unreadable ({type(exc).__name__})") from exc
 
@@ -301,9 +306,9 @@ class Keystore:
         fsync) before any list leaves. True if the kept one was taken. Deleted with the record's
         save or drop."""
         path = self._path("psi-key", release_id)
-        if path.exists():
+        if os.path.lexists(path):
             try:
-                return PsiKey(bytes.fromhex(json.loads(path.read_text())["psi_key"])), True
+                return PsiKey(bytes.fromhex(json.loads(read_nofollow(path))["psi_key"])), True
             except (OSError, ValueError, KeyError, TypeError, SecureReleaseError) as exc:
                 raise KeystoreError(f"the kept PSI key of {release_id!r} is unreadable ({type(exc).__name__})") from exc
         atomic_write(path, json.dumps({"psi_key": fresh.reveal().hex()}).encode())
@@ -375,7 +380,7 @@ class Keystore:
         digest = data["tag_files"].get(kind)
         if digest is None:
             return None
-        raw = self._tag_path(kind, release_id).read_bytes()
+        raw = read_nofollow(self._tag_path(kind, release_id))
         if hashlib.sha256(raw).hexdigest() != digest:
             raise ValueError(f"the {kind} file does not match the agreement's digest")
         return raw

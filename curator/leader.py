@@ -9,11 +9,14 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from secure_release.curator.errors import (
     AgreementFixedError,
     AlignmentModeMismatchError,
     AlphabetSizeMismatchError,
     PsiLimitError,
+    PsiMismatchError,
 )
 from secure_release.curator.keystore import tags_digest
 from secure_release.infra.streams import AgreementError, CallerNotAllowedError, PsiStreamError
@@ -22,7 +25,24 @@ from secure_release.mechanism.errors import SecureReleaseError
 from secure_release.mechanism.keys import Seed
 from secure_release.mechanism.pads import CipherMode
 from secure_release.mechanism.psi import POINT_BYTES
+from secure_release.mechanism.psi_proof import ReblindProofError, proof_context, verify_reblind
 from secure_release.mechanism.variants import AlignmentMode, SamplingMode, VariantAgreement, leader_agree_variant
+
+
+def psi_mismatch(curators: tuple[str, ...], tags: dict[str, TagArray]) -> PsiMismatchError:
+    """The named error of a PSI ring whose tags match across no curators: for each curator, how
+    many of its tags any other curator shares, and who re-blinded its list (a list no other
+    curator's tags match was altered by one of them)."""
+    lone = [c for c in curators if not any(np.intersect1d(tags[c], tags[o]).size for o in curators if o != c)]
+    named = "; ".join(
+        f"{c}'s tags match no other curator's (its list was re-blinded by {[o for o in curators if o != c]})"
+        for c in lone
+    )
+    return PsiMismatchError(
+        f"the PSI ring gave no id common to every curator: {named or 'every pair matches, only the triple is empty'}; "
+        "a member sent group points that were not its honest re-blinding, or the tables share no id. The release "
+        "is stopped; rerun it with the honest members only"
+    )
 
 
 @dataclass
@@ -58,6 +78,7 @@ class LeaderState:
     max_points: int = 1 << 24  # PSI: points a ring list may hold (--max-rows)
     psi_lists: dict[tuple[str, int], bytes] = field(default_factory=dict)  # (owner, hop) -> points
     psi_counts: dict[str, int] = field(default_factory=dict)  # owner -> points of its list
+    psi_public: dict[str, bytes] = field(default_factory=dict)  # sender -> its re-blinding public key
 
     def __post_init__(self) -> None:
         if self.expected_sizes is not None and len(self.expected_sizes) != len(self.curators):
@@ -116,22 +137,50 @@ class LeaderState:
             if self.error is not None:
                 raise AgreementError(self.error)
             if hop > 1 and self.psi_counts.get(owner) != count:
-                raise PsiStreamError(
+                error = PsiStreamError(
                     f"the PSI list of {owner!r} has {self.psi_counts.get(owner)} points, "
                     f"{sender!r} sent {count} at hop {hop}"
                 )
+                if owner in self.psi_counts:  # a member's wrong list ends the release for everybody now
+                    self._fail(f"{sender!r} sent a wrong PSI list: {error}")
+                raise error
 
-    def psi_put(self, sender: str, owner: str, hop: int, points: bytes) -> None:
-        """Hold ``owner``'s list at ``hop`` for its next curator (an identical resend is a no-op)."""
+    def psi_put(
+        self, sender: str, owner: str, hop: int, points: bytes, proof: bytes = b"", public: bytes = b""
+    ) -> None:
+        """Hold ``owner``'s list at ``hop`` for its next curator (an identical resend is a no-op).
+        A follower's re-blinding (hop >= 2) must come with a proof that it is the previous hop's
+        list raised to the sender's key (pinned at its first list); one that does not verify ends
+        the release for everybody at once, naming the sender."""
         self.psi_admit(sender, owner, hop, len(points) // POINT_BYTES)
+        if hop > 1 and sender != self.curators[0]:
+            self._check_reblind(sender, owner, hop, points, proof, public)
         with self.cond:
             held = self.psi_lists.get((owner, hop))
             if held is not None and held != points:
-                raise PsiStreamError(f"{sender!r} resent the PSI list of {owner!r} at hop {hop} with other points")
+                message = f"{sender!r} resent the PSI list of {owner!r} at hop {hop} with other points"
+                self._fail(f"{sender!r} sent a wrong PSI list: {message}")
+                raise PsiStreamError(message)
             self.psi_lists[(owner, hop)] = points
             if hop == 1:
                 self.psi_counts[owner] = len(points) // POINT_BYTES
             self.cond.notify_all()
+
+    def _check_reblind(self, sender: str, owner: str, hop: int, points: bytes, proof: bytes, public: bytes) -> None:
+        with self.cond:
+            before = self.psi_lists.get((owner, hop - 1), b"")
+            pinned = self.psi_public.setdefault(sender, public)
+        try:
+            if public != pinned:
+                raise ReblindProofError(f"the public key differs from the one {sender!r} sent with its first list")
+            verify_reblind(public, proof_context(owner, hop), before, points, proof)
+        except ReblindProofError as exc:
+            message = (
+                f"{sender!r} sent a wrong PSI list: its re-blinding of {owner!r}'s list at hop {hop} does not "
+                f"verify ({exc})"
+            )
+            self.fail(message)
+            raise ReblindProofError(message) from None
 
     def psi_get(self, recipient: str, owner: str, hop: int, timeout: float) -> bytes | None:
         """``owner``'s list at ``hop`` once it arrived, to the curator it is routed to (None after
@@ -275,6 +324,8 @@ class LeaderState:
                     if set(self.curators) <= set(self.tags):  # one matching gives every curator's rows
                         common, alignments = align_all([self.tags[c] for c in self.curators], self.own_sorted)
                         self.rows = {c: a.row_order for c, a in zip(self.curators, alignments, strict=True)}
+                        if self.alignment is AlignmentMode.PSI and common.size == 0:
+                            raise psi_mismatch(self.curators, self.tags)
                     self.agreement = leader_agree_variant(
                         self.release_id,
                         self.curators,

@@ -38,21 +38,22 @@ from secure_release.infra.streams import AgreementError, point_chunks, read_poin
 from secure_release.infra.tls import secure_channel
 from secure_release.mechanism.alignment import TagArray
 from secure_release.mechanism.psi import POINT_BYTES, PsiKey, PsiWorkers, psi_finish, psi_reblind, psi_start
+from secure_release.mechanism.psi_proof import proof_context, prove_reblind, public_point
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
 
 SEND_CALL_S = 60.0
 RECEIVE_CALL_S = 5.0  # one PsiReceive waits this long at most (then asks again)
 
-Send = Callable[[str, int, bytes], None]
+Send = Callable[[str, int, bytes, bytes, bytes], None]  # owner, hop, points, proof, public key
 Receive = Callable[[str, int], bytes]
 
 
 def _local(state: LeaderState, me: str, deadline: Deadline) -> tuple[Send, Receive]:
     """The leader's own sends and receives: straight into and out of its mailbox."""
 
-    def send(owner: str, hop: int, points: bytes) -> None:
-        state.psi_put(me, owner, hop, points)
+    def send(owner: str, hop: int, points: bytes, proof: bytes = b"", public: bytes = b"") -> None:
+        state.psi_put(me, owner, hop, points, proof, public)
 
     def receive(owner: str, hop: int) -> bytes:
         what = f"{owner}'s PSI list at hop {hop}"
@@ -70,9 +71,9 @@ def _remote(
     """A follower's sends and receives: RPCs to the leader, retried while it is not ready."""
     rid, me, leader = config.release_id, config.name, config.curators[0]
 
-    def send(owner: str, hop: int, points: bytes) -> None:
+    def send(owner: str, hop: int, points: bytes, proof: bytes = b"", public: bytes = b"") -> None:
         retry_until(
-            lambda t: stub.PsiSend(point_chunks(rid, me, owner, hop, points), timeout=t),
+            lambda t: stub.PsiSend(point_chunks(rid, me, owner, hop, points, proof, public), timeout=t),
             f"the leader {leader} to take {owner}'s PSI list at hop {hop}",
             deadline,
             log,
@@ -102,14 +103,18 @@ def ring(me: str, curators: tuple[str, ...], ids: npt.NDArray[np.str_], key: Psi
          receive: Receive, workers: int = 1) -> TagArray:  # fmt: skip
     """The ring as one curator sees it, over any transport (``send(owner, hop, points)``,
     ``receive(owner, hop)``): start, N-1 re-blinding hops, finish (the per-element calls shared
-    by ``workers`` processes)."""
+    by ``workers`` processes). Every re-blinded list goes with a proof that it is the received list
+    raised to this curator's key (:mod:`secure_release.mechanism.psi_proof`), which the leader checks."""
     num, at = len(curators), curators.index(me)
+    public = public_point(key)
     with PsiWorkers(workers) as pool:
         own = psi_start(ids, key, pool)
-        send(me, 1, own.sent)
+        send(me, 1, own.sent, b"", b"")
         for hop in range(1, num):
             owner = curators[(at - hop) % num]
-            send(owner, hop + 1, psi_reblind(receive(owner, hop), key, pool))
+            received = receive(owner, hop)
+            out = psi_reblind(received, key, pool)
+            send(owner, hop + 1, out, prove_reblind(key, proof_context(owner, hop + 1), received, out), public)
         return psi_finish(own, receive(me, num), pool)
 
 

@@ -33,9 +33,11 @@ from secure_release.curator.errors import ReleaseAbortedError, SpecRefusedError
 from secure_release.curator.keystore import Keystore, ReleaseRecord
 from secure_release.curator.leader import LeaderState
 from secure_release.curator.ledgerfile import file_fingerprint
+from secure_release.curator.ledgersign import HeadSigner
 from secure_release.curator.service import SERVICE_NAME, CuratorService
 from secure_release.curator.table import EncodedTable, TableSpec, load_schema, raise_repeats, read_table
 from secure_release.curator.upload import ServerLink
+from secure_release.curator.witness import BudgetWitness
 from secure_release.infra.config import ConfigError, write_port_file
 from secure_release.infra.entry import stop_on_signals
 from secure_release.infra.health import add_health_and_reflection
@@ -98,28 +100,48 @@ def load_table(
     return table
 
 
-def check_ledger(config: CuratorConfig, keystore: Keystore, fingerprint: str) -> PrivacyLedger:
+def open_keystore(config: CuratorConfig) -> Keystore:
+    """The keystore, its ledger head signed with this curator's certificate key (unsigned only
+    in insecure mode)."""
+    return Keystore(config.keystore, None if config.insecure else HeadSigner.from_certs(config.certs, config.name))
+
+
+def check_ledger(config: CuratorConfig, keystore: Keystore, witness: BudgetWitness | None = None) -> PrivacyLedger:
     """The verified ledger; raises now (nothing recorded) if this release could not reserve its
-    epsilon: no budget set for this table, too little left, or a release id used differently."""
+    epsilon: the ledger is behind the server's witness, no budget is set for the data set, too
+    little is left, or the release id was used differently."""
     ledger = keystore.ledger.read()
-    ledger.check_reserve(fingerprint, config.release_id, config.epsilon, None)
+    ledger.check_reserve(config.dataset, config.release_id, config.epsilon, None)
+    if witness is not None:
+        witness.check(ledger, config.dataset)
     return ledger
 
 
-def reserve(config: CuratorConfig, keystore: Keystore, fingerprint: str, seed_fingerprint: str, log: EventLog) -> None:
-    """Reserve this release's epsilon (idempotent for the same release, data set and seed)."""
+def reserve(
+    config: CuratorConfig, keystore: Keystore, fingerprint: str, seed_fingerprint: str, log: EventLog,
+    witness: BudgetWitness | None = None,
+) -> None:
+    """Reserve this release's epsilon on the data set (idempotent for the same release, data set
+    and seed), recording the table's fingerprint, unless the ledger is behind the server's witness;
+    then move the witness up to it."""
+    if witness is not None:
+        witness.check(keystore.ledger.read(), config.dataset)
     _, entry = keystore.ledger.update(
         lambda led: led.reserve(
-            fingerprint, config.dataset, config.release_id, config.epsilon, seed_fingerprint, time.time()
+            config.dataset, config.dataset, config.release_id, config.epsilon, seed_fingerprint, time.time(),
+            table=fingerprint,
         )
-    )
+    )  # fmt: skip
     ledger = keystore.ledger.read()
+    if witness is not None:
+        witness.check(ledger, config.dataset, record=True)
     log(
         "ledger_reserved",
         release_id=config.release_id,
         epsilon=config.epsilon,
+        dataset=config.dataset,
         new=entry is not None,
-        remaining=ledger.remaining(fingerprint),
+        remaining=ledger.remaining(config.dataset),
     )
 
 
@@ -201,6 +223,7 @@ class Run:
     link: ServerLink
     refusal: SecureReleaseError | None = None  # the ledger refuses this release (found before agreeing)
     restored_tags: TagArray | None = None  # PSI leader: its own tags, persisted with the agreement
+    witness: BudgetWitness | None = None  # the server's budget witness of this curator
 
 
 def refuse_visibly(run: Run, spec: object, reason: str) -> None:
@@ -234,7 +257,7 @@ def setup_release(run: Run) -> ReleaseRecord:
         run.state.forget_tags()
         release_free_memory()
     try:
-        reserve(config, run.keystore, run.own.fingerprint, sample_fingerprint(agreement), run.log)
+        reserve(config, run.keystore, run.own.fingerprint, sample_fingerprint(agreement), run.log, run.witness)
     except SecureReleaseError as exc:
         if run.state is None:
             reason = f"{config.name} cannot reserve its budget: {type(exc).__name__}: {exc}"
@@ -400,15 +423,19 @@ def open_run(
         hashing = pool.submit(file_fingerprint, config.data)  # SHA-256 of the file, beside the read
         table = load_table(config, log, spec, check_repeats=config.alignment_key is None)
         fingerprint = hashing.result()
-    keystore = Keystore(config.keystore)
+    keystore = open_keystore(config)
     record = resumable_record(config, keystore, fingerprint)
+    link = ServerLink(config, log, Deadline(config.timeout, deadline_stop))
+    witness = BudgetWitness(link.stub, config.name, keystore.ledger.signer, link.deadline)
     refusal = None
     if record is None:
         try:
-            check_ledger(config, keystore, fingerprint)
+            check_ledger(config, keystore)  # the witness is asked right before reserving
         except SecureReleaseError as exc:  # refused visibly during the agreement (others are told)
             log.warning("ledger_refuses", release_id=config.release_id, reason=f"{type(exc).__name__}: {exc}")
             refusal = exc
+    else:
+        witness.check(keystore.ledger.read(), config.dataset)  # a resume needs an intact ledger too
     sorted_tags = None
     if config.alignment_key is not None:
         table, sorted_tags = hashed_tags(config, table)
@@ -416,8 +443,7 @@ def open_run(
     else:  # PSI: computed by the ring once the release is set up (not needed to resume)
         tags = np.zeros(0, dtype=TAG_DTYPE)
     own = OwnData(table, tags, fingerprint, sorted_tags)
-    link = ServerLink(config, log, Deadline(config.timeout, deadline_stop))
-    return Run(config, log, keystore, own, service, state, link, refusal, opened.restored_tags), record
+    return Run(config, log, keystore, own, service, state, link, refusal, opened.restored_tags, witness), record
 
 
 def hashed_tags(config: CuratorConfig, table: CuratorTable) -> tuple[CuratorTable, SortedTags]:

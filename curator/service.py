@@ -195,7 +195,7 @@ class CuratorService(pb_grpc.CuratorServicer):
         try:
             got = read_point_stream(request_iterator, ident.name, admit)
             state = self._leading_for(got.release_id, ident.name)
-            state.psi_put(ident.name, got.owner, got.hop, got.points)
+            state.psi_put(ident.name, got.owner, got.hop, got.points, got.proof, got.public_key)
         except SecureReleaseError as exc:
             self._refuse(context, "psi_refused", str(ident), ident.name, state, exc)
         points = len(got.points) // POINT_BYTES

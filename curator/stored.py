@@ -42,6 +42,7 @@ from secure_release.curator.ledgerfile import file_fingerprint
 from secure_release.curator.runner import (
     abort_and_settle,
     load_table,
+    open_keystore,
     own_schema,
     settle,
     start_server,
@@ -57,6 +58,7 @@ from secure_release.curator.upload import (
     raise_if_aborted,
 )
 from secure_release.curator.waits import TRANSIENT, Deadline, retry_until
+from secure_release.curator.witness import BudgetWitness
 from secure_release.infra.config import ConfigError
 from secure_release.infra.logs import EventLog
 from secure_release.infra.streams import ServerSample, TableDeclaration, sample_from_chunks, table_chunks
@@ -275,9 +277,12 @@ def refuse(run: StoredRun, spec: ReleaseSpec, exc: SecureReleaseError) -> None:
 def prepare_stored(run: StoredRun, spec: ReleaseSpec) -> ReleaseRecord:
     """Register, get the positions, reserve epsilon on the table's ledger, re-key, persist."""
     config, table = run.config, run.table
-    dataset = table.table_fingerprint  # one budget for the data file, however it is released
+    dataset = config.dataset or table.dataset_name  # one budget for the data set, however it is released
+    witness = BudgetWitness(run.link.stub, config.name, run.keystore.ledger.signer, run.link.deadline)
     try:
-        run.keystore.ledger.read().check_reserve(dataset, config.release_id, config.epsilon, None)
+        ledger = run.keystore.ledger.read()
+        ledger.check_reserve(dataset, config.release_id, config.epsilon, None)
+        witness.check(ledger, dataset)
     except SecureReleaseError as exc:
         run.log.warning("ledger_refuses", release_id=config.release_id, reason=f"{type(exc).__name__}: {exc}")
         refuse(run, spec, exc)
@@ -288,12 +293,13 @@ def prepare_stored(run: StoredRun, spec: ReleaseSpec) -> ReleaseRecord:
         _, entry = run.keystore.ledger.update(
             lambda led: charge_table_release(
                 copy.deepcopy(led), table.table_id, config.release_id, spec.plan.epsilon, sample.fingerprint,
-                time.time(), dataset,
+                time.time(), dataset, table.table_fingerprint,
             )
         )  # fmt: skip
     except SecureReleaseError as exc:  # e.g. a repeated sample: nothing reserved; everybody stops
         run.link.abort(f"{config.name} cannot reserve its budget: {type(exc).__name__}: {exc}")
         raise
+    witness.check(run.keystore.ledger.read(), dataset, record=True)
     run.log("ledger_reserved", release_id=config.release_id, epsilon=spec.plan.epsilon, dataset=dataset,
             new=entry is not None, remaining=run.keystore.ledger.read().remaining(dataset))  # fmt: skip
     k = spec.alphabet_of(config.name)
@@ -346,7 +352,7 @@ def run_server_sampled(config: CuratorConfig) -> int:
     assert config.table_id is not None
     log = EventLog("curator", config.name)
     stop = stop_on_sigterm()
-    keystore = Keystore(config.keystore)
+    keystore = open_keystore(config)
     table = keystore.load_table(config.table_id)
     if table is None:
         raise TableNotStoredError(

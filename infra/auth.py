@@ -39,6 +39,7 @@ ACCESS: Mapping[str, frozenset[str]] = {
     _RS + "GetTableStatus": frozenset({"curator"}),  # per table: only its curators
     _RS + "DeleteTable": frozenset({"curator"}),  # per table: only its curators
     _RS + "FetchSample": frozenset({"curator"}),  # per release: only its registered curators
+    _RS + "WitnessLedger": frozenset({"curator"}),  # per curator: only its own witness
     _CU + "SubmitTags": frozenset({"curator"}),
     _CU + "GetAgreement": frozenset({"curator"}),
     _CU + "ReleaseKey": frozenset({"researcher"}),

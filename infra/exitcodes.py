@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+from secure_release.infra.fileio import DiskFullError
 from secure_release.mechanism.errors import ErrorKind, SecureReleaseError
 
 OK = 0
@@ -47,6 +48,8 @@ def exit_code_for(exc: BaseException) -> int:
         return REFUSED if status in _REFUSED_STATUSES else USAGE if status in _USAGE_STATUSES else FAILURE
     if isinstance(exc, _USAGE_OS_ERRORS):
         return USAGE
+    if isinstance(exc, DiskFullError):  # nobody refused: the command can be repeated once space is freed
+        return FAILURE
     if isinstance(exc, SecureReleaseError):
         if exc.kind in _REFUSALS:
             return REFUSED

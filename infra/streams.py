@@ -242,9 +242,11 @@ def read_tag_stream(chunks: Iterable[pb.TagChunk], sender: str, admit: Callable[
 
 
 # ---------------------------------------------------------------------------------- PSI ring lists
-def point_chunks(release_id: str, curator: str, owner: str, hop: int, points: bytes) -> Iterator[pb.PsiChunk]:
+def point_chunks(
+    release_id: str, curator: str, owner: str, hop: int, points: bytes, proof: bytes = b"", public_key: bytes = b""
+) -> Iterator[pb.PsiChunk]:
     """One PSI ring list (concatenated 32-byte points) as PsiChunk messages of at most 1 MiB;
-    the first carries the list's point count."""
+    the first carries the list's point count (and a re-blinding's proof and public key)."""
     if len(points) % POINT_BYTES:
         raise ShapeMismatchError(f"{len(points)} bytes is not a whole number of {POINT_BYTES}-byte points")
     pieces = byte_pieces(points, POINTS_PER_CHUNK * POINT_BYTES) or [b""]
@@ -258,6 +260,8 @@ def point_chunks(release_id: str, curator: str, owner: str, hop: int, points: by
             count=len(points) // POINT_BYTES if seq == 0 else 0,
             points=piece,
             last=seq == len(pieces) - 1,
+            proof=proof if seq == 0 else b"",
+            public_key=public_key if seq == 0 else b"",
         )
 
 
@@ -269,6 +273,8 @@ class PsiList:
     owner: str
     hop: int
     points: bytes
+    proof: bytes = b""  # hop >= 2: the sender's re-blinding proof (mechanism/psi_proof.py)
+    public_key: bytes = b""
 
 
 def read_point_stream(
@@ -302,7 +308,9 @@ def read_point_stream(
         raise PsiStreamError("an empty PSI stream")
     if received != first.count * POINT_BYTES:
         raise PsiStreamError(f"a PSI list announced {first.count} points and sent {received} bytes")
-    return PsiList(first.release_id, first.owner, int(first.hop), b"".join(pieces))
+    return PsiList(
+        first.release_id, first.owner, int(first.hop), b"".join(pieces), bytes(first.proof), bytes(first.public_key)
+    )
 
 
 # ---------------------------------------------------------------------------------- the agreement

@@ -64,6 +64,9 @@ def compare_with_exp(value: Fraction, exponent: Fraction) -> int:
         return (value > 1) - (value < 1)
     if value <= 0:
         return -1
+    decided = _compare_by_magnitude(value, exponent)
+    if decided:
+        return decided
     precision = 40
     while True:
         approx, slack = _exp_with_error(exponent.numerator, exponent.denominator, precision)
@@ -72,6 +75,22 @@ def compare_with_exp(value: Fraction, exponent: Fraction) -> int:
         if value < approx - slack:
             return -1
         precision *= 2
+
+
+def _compare_by_magnitude(value: Fraction, exponent: Fraction) -> int:
+    """Sign of value - e^exponent when their sizes alone decide it, else 0; keeps the decimal
+    exp of :func:`compare_with_exp` in range (no overflow for any finite float exponent).
+
+    With b = bits(numerator) - bits(denominator), 2^(b-1) < value < 2^(b+1); ln 2 < 0.7 and
+    ln 2 > 0.69, so exponent > 0.7 (|b| + 2) puts e^exponent above value, and exponent below
+    -0.7 (|b| + 2) puts it below."""
+    bits = value.numerator.bit_length() - value.denominator.bit_length()
+    reach = Fraction(7, 10) * (abs(bits) + 2)
+    if exponent > reach:
+        return -1
+    if exponent < -reach:
+        return 1
+    return 0
 
 
 @functools.lru_cache(maxsize=256)
@@ -117,11 +136,26 @@ def gamma_from_epsilon(n: int, m: int, epsilon: float) -> float:
     check_sample_size(n, m)
     epsilon = check_epsilon(epsilon)
     target = Fraction(epsilon)
-    gamma = 1.0 + n / m * math.expm1(epsilon)
+    gamma = _float_gamma(n, m, epsilon)
     while gamma > 1.0 and compare_with_exp(_amplified_base(n, m, gamma), target) > 0:
         gamma = math.nextafter(gamma, 0.0)
     while compare_with_exp(_amplified_base(n, m, math.nextafter(gamma, math.inf)), target) < 0:
         gamma = math.nextafter(gamma, math.inf)
+    return gamma
+
+
+def _float_gamma(n: int, m: int, epsilon: float) -> float:
+    """1 + (n/m)(e^epsilon - 1) in floats; :class:`InvalidEpsilonError` if it is not finite."""
+    try:
+        gamma = 1.0 + n / m * math.expm1(epsilon)
+    except OverflowError:
+        gamma = math.inf
+    if not math.isfinite(gamma):
+        raise InvalidEpsilonError(
+            f"epsilon = {epsilon!r} is too large: gamma = 1 + (n/m)(e^epsilon - 1) exceeds the largest float "
+            f"for n = {n}, m = {m}; epsilon must stay below about {math.log(1.7e308 * m / n):.1f} here (and far "
+            "below that to protect anyone)"
+        )
     return gamma
 
 
@@ -159,7 +193,7 @@ def optimal_sample_size(n: int, joint_size: int, epsilon: float) -> float:
     check_sample_size(n, 1)
     K = _check_joint_size(joint_size)
     epsilon = check_epsilon(epsilon)
-    m_star = n * (1.0 + math.sqrt(K)) * math.expm1(epsilon) / K**1.5
+    m_star = n * (1.0 + math.sqrt(K)) * math.expm1(min(epsilon, 700.0)) / K**1.5  # clamped to n anyway
     return float(min(max(m_star, 1.0), float(n)))
 
 
@@ -259,7 +293,7 @@ def error_minimizing_sample_size(n: int, joint_size: int, epsilon: float, sum_sq
     worst = 1.0 / K if sum_sq is None else sum_sq
 
     def mse(ms: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
-        gamma = 1.0 + n / ms * math.expm1(eps)
+        gamma = 1.0 + n / ms * math.expm1(min(eps, 700.0))  # past e^700 gamma only grows: no overflow
         q = gamma + K - 1.0
         a, b = (gamma - 1.0) / q, 1.0 / q
         samp = (n - ms) / (ms * (n - 1)) * (1.0 - worst) if n > 1 else 0.0 * ms
@@ -335,4 +369,6 @@ def amplified_epsilon(base_epsilon: float, sampling_rate: float) -> float:
     eps0 = check_epsilon(base_epsilon)
     if not math.isfinite(sampling_rate) or not 0.0 < sampling_rate <= 1.0:
         raise InvalidSampleSizeError(f"sampling rate must be in (0, 1], got {sampling_rate!r}")
+    if eps0 > 700.0:  # e^eps0 overflows: ln(1 + r(e^x - 1)) = x + ln(r + (1 - r) e^-x), exactly
+        return eps0 + math.log(sampling_rate + (1.0 - sampling_rate) * math.exp(-eps0))
     return math.log1p(sampling_rate * math.expm1(eps0))

@@ -1,18 +1,21 @@
 """A curator's privacy ledger as a policy: an append-only, hash-chained history (DESIGN 3 and 8).
 
-Releases on the same data set compose: their epsilons add. A data set is identified by the
-SHA-256 fingerprint of its table file (``dataset``) and carries a name for people. Its budget is
-set only by an explicit ``budget`` entry. A release moves through two phases:
+Releases on the same data set compose: their epsilons add. A data set is a population, keyed by
+its name (``dataset``); each release records the SHA-256 of the table file it read (``table``), so a
+refreshed or edited table under the same name spends from the same budget. Its budget is set only
+by an explicit ``budget`` entry. A release moves through two phases:
 
 - ``reserve`` when the curators agree (refused past the budget, for a reused sampling seed or a
   release id already used differently);
 - ``commit`` when the server seals the release, or ``refund`` when it aborts before sealing.
 
-Reserved and committed epsilon both count as spent; a refund gives the reservation back. Every
-entry carries the digest of its predecessor and its own digest, and a head record (count and
-last digest) is kept beside the entries, so a truncated or edited history is detected
-(:func:`verify_chain`). This module is pure: the curator persists the entries (one JSON line
-each) and the head.
+Reserved and committed epsilon both count as spent; a refund gives the reservation back; a
+``carry`` entry records spending the server's witness knew beyond a lost history. Every entry is
+validated on load (known keys and kind, finite epsilon >= 0, in sequence, transitions that follow)
+and carries the digest of its predecessor and its own; a head record (count, last digest and, at
+the curator, a signature) is kept beside the entries (:func:`verify_chain`). Plain SHA-256 alone
+stops no one who can rewrite the file: the signature and the witness do (docs/privacy.md). This
+module is pure: the curator persists the entries (one JSON line each) and the head.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import hashlib
 import json
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from secure_release.mechanism.errors import (
@@ -64,6 +67,20 @@ class EntryKind(enum.Enum):
     RESERVE = "reserve"  # ``epsilon`` held for ``release_id`` (the curators agreed)
     COMMIT = "commit"  # the server sealed ``release_id``: its reservation is spent for good
     REFUND = "refund"  # ``release_id`` aborted before sealing: its reservation is returned
+    CARRY = "carry"  # ``count`` reservations of ``epsilon`` in total that the witness knew (recovery)
+
+
+#: The keys of a stored entry: required, then optional extensions (omitted at their default, so
+#: the digest of an entry written before an extension existed does not change). An unknown key or
+#: kind is refused on load: a later version adds a key here (with its check) before writing it.
+REQUIRED_KEYS = frozenset(
+    {"seq", "kind", "dataset", "name", "release_id", "epsilon", "seed_fingerprint", "time", "prev", "digest"}
+)
+OPTIONAL_KEYS = {"table": "", "count": 0}
+
+
+def _no_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a number a ledger may hold")
 
 
 @dataclass(frozen=True)
@@ -72,7 +89,7 @@ class LedgerEntry:
 
     seq: int
     kind: EntryKind
-    dataset: str  # SHA-256 fingerprint (hex) of the table file
+    dataset: str  # the data set's name (the budget's key)
     name: str  # the data set's name for people
     release_id: str  # "" for a budget entry
     epsilon: float
@@ -80,12 +97,17 @@ class LedgerEntry:
     time: float  # seconds since the epoch, when it was written
     prev: str
     digest: str = ""
+    table: str = ""  # SHA-256 of the table file a release read ("" for budgets and older entries)
+    count: int = 0  # a carry entry: how many reservations it stands for
 
     def body(self) -> dict[str, Any]:
-        """Every field but the digest, JSON-ready."""
-        data = asdict(self)
+        """Every field but the digest, JSON-ready (optional extensions only when set)."""
+        data = {f.name: getattr(self, f.name) for f in fields(self)}  # flat: no deep copy (asdict's)
         data["kind"] = self.kind.value
         del data["digest"]
+        for key, default in OPTIONAL_KEYS.items():
+            if data[key] == default:
+                del data[key]
         return data
 
     def computed_digest(self) -> str:
@@ -98,45 +120,91 @@ class LedgerEntry:
         return json.dumps({**self.body(), "digest": self.digest}, sort_keys=True, allow_nan=False)
 
     @classmethod
-    def from_json(cls, line: str) -> LedgerEntry:
-        """Parse one line; :class:`LedgerTamperedError` if it is not an entry."""
+    def from_json(cls, line: str, index: int = 0) -> LedgerEntry:
+        """Parse and validate line ``index``; :class:`LedgerTamperedError` naming it if it is not
+        an entry: valid JSON without NaN or infinities, exactly the known keys, a known kind, a
+        finite epsilon >= 0 (> 0 for budgets and reservations), integer seq and count."""
         try:
-            data = json.loads(line)
-            return cls(
-                seq=int(data["seq"]),
+            data = json.loads(line, parse_constant=_no_constant)
+            if not isinstance(data, dict):
+                raise TypeError("not a JSON object")
+            unknown = set(data) - REQUIRED_KEYS - set(OPTIONAL_KEYS)
+            missing = REQUIRED_KEYS - set(data)
+            if unknown or missing:
+                raise KeyError(f"unknown keys {sorted(unknown)}, missing keys {sorted(missing)}")
+            entry = cls(
+                seq=_integer(data["seq"], "seq"),
                 kind=EntryKind(data["kind"]),
                 dataset=str(data["dataset"]),
                 name=str(data["name"]),
                 release_id=str(data["release_id"]),
-                epsilon=float(data["epsilon"]),
+                epsilon=_stored_epsilon(data["epsilon"]),
                 seed_fingerprint=str(data["seed_fingerprint"]),
-                time=float(data["time"]),
+                time=_stored_number(data["time"], "time"),
                 prev=str(data["prev"]),
                 digest=str(data["digest"]),
+                table=str(data.get("table", "")),
+                count=_integer(data.get("count", 0), "count"),
             )
+            if entry.kind in (EntryKind.BUDGET, EntryKind.RESERVE) and entry.epsilon <= 0:
+                raise ValueError(f"a {entry.kind.value} entry needs epsilon > 0, got {entry.epsilon!r}")
+            return entry
         except (ValueError, KeyError, TypeError) as exc:
-            raise LedgerTamperedError(f"a ledger line is not an entry ({type(exc).__name__}: {exc})") from exc
+            raise LedgerTamperedError(
+                f"ledger entry {index} is not a valid entry ({type(exc).__name__}: {exc}); the history cannot "
+                "be trusted: restore it from a backup, or see docs/privacy.md ('When the ledger is refused')"
+            ) from exc
+
+
+def _stored_number(value: object, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"{what} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def _stored_epsilon(value: object) -> float:
+    epsilon = _stored_number(value, "epsilon")
+    if epsilon < 0:
+        raise ValueError(f"epsilon must be >= 0, got {epsilon!r}")
+    return epsilon
+
+
+def _integer(value: object, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{what} must be an integer >= 0, got {value!r}")
+    return value
 
 
 @dataclass(frozen=True)
 class LedgerHead:
-    """The head record: how many entries the ledger holds and the digest of the last."""
+    """The head record: how many entries the ledger holds and the digest of the last; with a
+    signing key, a signature over both (``signature`` hex, ``key_id`` names the key)."""
 
     count: int
     digest: str
+    signature: str = ""
+    key_id: str = ""
+
+    def signed_bytes(self) -> bytes:
+        """What a head signature covers: a fixed label, the count and the last digest."""
+        return f"secure-release ledger head v1\n{self.count}\n{self.digest}".encode()
 
     def to_json(self) -> str:
         """The head as JSON."""
-        return json.dumps({"count": self.count, "digest": self.digest})
+        data: dict[str, Any] = {"count": self.count, "digest": self.digest}
+        if self.signature:
+            data.update(signature=self.signature, key_id=self.key_id)
+        return json.dumps(data)
 
     @classmethod
     def from_json(cls, text: str) -> LedgerHead:
         """Parse a head record; :class:`LedgerTamperedError` if malformed."""
         try:
-            data = json.loads(text)
-            return cls(int(data["count"]), str(data["digest"]))
+            data = json.loads(text, parse_constant=_no_constant)
+            count = _integer(data["count"], "count")
+            return cls(count, str(data["digest"]), str(data.get("signature", "")), str(data.get("key_id", "")))
         except (ValueError, KeyError, TypeError) as exc:
-            raise LedgerTamperedError(f"the ledger head is malformed ({type(exc).__name__})") from exc
+            raise LedgerTamperedError(f"the ledger head is malformed ({type(exc).__name__}: {exc})") from exc
 
 
 def verify_chain(entries: Sequence[LedgerEntry], head: LedgerHead | None) -> None:
@@ -151,12 +219,35 @@ def verify_chain(entries: Sequence[LedgerEntry], head: LedgerHead | None) -> Non
                 "cannot be trusted: restore it from a backup, or move it away and set the budget again"
             )
         prev = entry.digest
+    check_transitions(entries)
     want = 0 if head is None else head.count
     if len(entries) < want or (head is not None and want > 0 and entries[want - 1].digest != head.digest):
         raise LedgerTamperedError(
             f"the ledger holds {len(entries)} entries but its head record says {want} ending in "
             f"{head.digest[:12] if head else GENESIS[:12]}...: it was truncated or rewritten"
         )
+
+
+def check_transitions(entries: Sequence[LedgerEntry]) -> None:
+    """Every commit or refund settles an open reservation of the same data set and epsilon, and
+    every reservation is new; else :class:`LedgerTamperedError` naming the entry."""
+    open_: dict[str, LedgerEntry] = {}
+    seen: set[str] = set()
+    for entry in entries:
+        if entry.kind is EntryKind.RESERVE:
+            bad = entry.release_id in seen
+            seen.add(entry.release_id)
+            open_[entry.release_id] = entry
+        elif entry.kind in (EntryKind.COMMIT, EntryKind.REFUND):
+            held = open_.pop(entry.release_id, None)
+            bad = held is None or (held.dataset, held.epsilon) != (entry.dataset, entry.epsilon)
+        else:
+            bad = entry.kind is EntryKind.CARRY and entry.count < 1
+        if bad:
+            raise LedgerTamperedError(
+                f"ledger entry {entry.seq} ({entry.kind.value} of {entry.release_id or entry.dataset!r}) does not "
+                "follow from the entries before it; the history cannot be trusted"
+            )
 
 
 def check_charge(epsilon: float, what: str = "epsilon") -> float:
@@ -195,15 +286,28 @@ class PrivacyLedger:
         for e in self.entries:
             if e.kind is EntryKind.RESERVE:
                 out[e.release_id] = ReleaseCharge(e.release_id, e.dataset, e.epsilon, e.seed_fingerprint, e.kind)
-            elif e.kind is not EntryKind.BUDGET and e.release_id in out:
+            elif e.kind in (EntryKind.COMMIT, EntryKind.REFUND) and e.release_id in out:
                 out[e.release_id] = ReleaseCharge(**{**out[e.release_id].__dict__, "state": e.kind})
         return out
 
     def spent(self, dataset: str) -> float:
-        """Reserved plus committed epsilon of the data set (refunds excluded)."""
-        return math.fsum(
-            r.epsilon for r in self.releases().values() if r.dataset == dataset and r.state is not EntryKind.REFUND
-        )
+        """Reserved plus committed epsilon of the data set (refunds excluded), plus what was
+        carried over from the witness after a lost history."""
+        held = [r.epsilon for r in self.releases().values() if r.dataset == dataset and r.state is not EntryKind.REFUND]
+        return math.fsum(held + [e.epsilon for e in self.carried(dataset)])
+
+    def carried(self, dataset: str) -> list[LedgerEntry]:
+        """The data set's carry entries."""
+        return [e for e in self.entries if e.kind is EntryKind.CARRY and e.dataset == dataset]
+
+    def witnessed(self, dataset: str) -> tuple[int, float]:
+        """(number, total epsilon) of the data set's reservations ever made (refunded ones too)
+        plus what was carried over: both only grow, and they are what the server's witness keeps
+        (:mod:`secure_release.curator.witness`)."""
+        held = [e for e in self.entries if e.kind is EntryKind.RESERVE and e.dataset == dataset]
+        carried = self.carried(dataset)
+        count = len(held) + sum(e.count for e in carried)
+        return count, math.fsum([e.epsilon for e in held] + [e.epsilon for e in carried])
 
     def remaining(self, dataset: str) -> float | None:
         """Budget minus spent (None if no budget is set)."""
@@ -217,15 +321,32 @@ class PrivacyLedger:
 
     # ------------------------------------------------------------ decisions
     def _entry(
-        self, kind: EntryKind, dataset: str, name: str, release_id: str, epsilon: float, seed: str, now: float
+        self, kind: EntryKind, dataset: str, name: str, release_id: str, epsilon: float, seed: str, now: float,
+        table: str = "", count: int = 0,
     ) -> LedgerEntry:
         prev = self.entries[-1].digest if self.entries else GENESIS
-        draft = LedgerEntry(len(self.entries), kind, dataset, name, release_id, epsilon, seed, float(now), prev)
+        draft = LedgerEntry(
+            len(self.entries), kind, dataset, name, release_id, epsilon, seed, float(now), prev, "", table, count
+        )
         return LedgerEntry(**{**draft.__dict__, "digest": draft.computed_digest()})
 
-    def set_budget(self, dataset: str, name: str, epsilon: float, now: float) -> LedgerEntry:
-        """The entry that sets the data set's total budget to ``epsilon`` (finite, > 0)."""
-        return self._entry(EntryKind.BUDGET, dataset, name, "", check_charge(epsilon, "a budget"), "", now)
+    def carry(self, dataset: str, name: str, count: int, epsilon: float, now: float) -> LedgerEntry | None:
+        """The entry that carries over what the witness knows beyond this ledger (``count``
+        reservations, ``epsilon`` in total), counted as spent; None if the ledger is not behind."""
+        have_count, have_total = self.witnessed(dataset)
+        if count <= have_count and epsilon <= have_total * (1 + BUDGET_SLACK):
+            return None
+        extra_count, extra = max(count - have_count, 1), max(epsilon - have_total, 0.0)
+        return self._entry(EntryKind.CARRY, dataset, name, "", extra, "", now, count=extra_count)
+
+    def set_budget(self, dataset: str, name: str, epsilon: float, now: float, table: str = "") -> LedgerEntry:
+        """The entry that sets the data set's total budget to ``epsilon`` (finite, > 0);
+        ``table``: the fingerprint of the table file it was set from (recorded only)."""
+        return self._entry(EntryKind.BUDGET, dataset, name, "", check_charge(epsilon, "a budget"), "", now, table=table)
+
+    def tables(self, dataset: str) -> list[str]:
+        """The fingerprints of the table files recorded for the data set, first seen first."""
+        return list(dict.fromkeys(e.table for e in self.entries if e.dataset == dataset and e.table))
 
     def check_reserve(self, dataset: str, release_id: str, epsilon: float, seed_fingerprint: str | None) -> bool:
         """Raise if this reservation would be refused; False if it is already held (a resume),
@@ -267,12 +388,16 @@ class PrivacyLedger:
         return False
 
     def reserve(
-        self, dataset: str, name: str, release_id: str, epsilon: float, seed_fingerprint: str, now: float
+        self, dataset: str, name: str, release_id: str, epsilon: float, seed_fingerprint: str, now: float,
+        table: str = "",
     ) -> LedgerEntry | None:
-        """The reserve entry, None if this exact reservation is already held; raises if refused."""
+        """The reserve entry, None if this exact reservation is already held; raises if refused.
+        ``table``: the SHA-256 of the table file this release reads (recorded, not a key)."""
         if not self.check_reserve(dataset, release_id, epsilon, seed_fingerprint):
             return None
-        return self._entry(EntryKind.RESERVE, dataset, name, release_id, float(epsilon), seed_fingerprint, now)
+        return self._entry(
+            EntryKind.RESERVE, dataset, name, release_id, float(epsilon), seed_fingerprint, now, table=table
+        )
 
     def _settle(self, kind: EntryKind, release_id: str, now: float) -> LedgerEntry | None:
         known = self.releases().get(release_id)
@@ -308,6 +433,6 @@ class PrivacyLedger:
     @classmethod
     def from_lines(cls, lines: Iterable[str], head: LedgerHead | None) -> PrivacyLedger:
         """A verified ledger from its JSON lines and head record."""
-        entries = [LedgerEntry.from_json(line) for line in lines if line.strip()]
+        entries = [LedgerEntry.from_json(line, i) for i, line in enumerate(x for x in lines if x.strip())]
         verify_chain(entries, head)
         return cls(entries)

@@ -210,17 +210,18 @@ def charge_table_release(
     sample_fingerprint: str,
     now: float = 0.0,
     dataset: str | None = None,
+    table: str = "",
 ) -> LedgerEntry | None:
     """Reserve one release from a stored table on the ledger data set ``dataset`` (refuses a
     repeated release id or sample, or a release past the budget; records nothing then). The
     caller commits it when the server seals the release, or refunds it if the release aborts.
 
-    ``dataset`` is the fingerprint of the data the table was encrypted from, so releases from
-    the stored table and ordinary releases of the same file draw on one budget (the curators'
-    services pass it); without it the table has a data set of its own,
-    :func:`table_ledger_name` (the in-memory simulation)."""
+    ``dataset`` is the data set (the population) the table was stored from, so releases from
+    the stored table and ordinary releases of the same data draw on one budget (the curators'
+    services pass it, and ``table``, the SHA-256 of the data file, which is recorded); without it
+    the table has a data set of its own, :func:`table_ledger_name` (the in-memory simulation)."""
     name = table_ledger_name(table_id) if dataset is None else dataset
-    entry = ledger.reserve(name, table_id, release_id, epsilon, sample_fingerprint, now)
+    entry = ledger.reserve(name, table_id, release_id, epsilon, sample_fingerprint, now, table=table)
     if entry is not None:
         ledger.append(entry)
     return entry

@@ -13,6 +13,7 @@ from typing import Any
 from secure_release.mechanism import accounting
 from secure_release.mechanism.errors import (
     DuplicateNameError,
+    ErrorKind,
     InvalidNameError,
     SecureReleaseError,
     ShapeMismatchError,
@@ -30,6 +31,12 @@ NAME_GRAMMAR = "[A-Za-z0-9][A-Za-z0-9._-]{0,127}"
 #: Party names (curators, researchers, the server, analysts) are DNS labels, because every
 #: certificate carries its holder's name as a DNS name that clients pin (infra/tls.py).
 PARTY_GRAMMAR = "[a-z0-9][a-z0-9-]{0,62}"
+#: At most this many curators or granted researchers in one release, curators in one stored
+#: table (every status reply lists them; a party list is a bound, not a payload).
+MAX_PARTIES = 16
+#: The default operator cap on one release's epsilon (server and curator ``--max-epsilon``):
+#: e^20 is about 4.9e8, a likelihood ratio far past any meaningful protection.
+DEFAULT_MAX_EPSILON = 20.0
 _NAME_RE = re.compile(NAME_GRAMMAR)
 _PARTY_RE = re.compile(PARTY_GRAMMAR)
 
@@ -49,8 +56,17 @@ def check_party_name(name: str, what: str = "party name") -> str:
     return name
 
 
+class TooManyPartiesError(SecureReleaseError):
+    """More curators or researchers than one release or stored table may name."""
+
+    kind = ErrorKind.RESOURCE_EXHAUSTED
+
+
 def check_names(names: Sequence[str], what: str, minimum: int = 0) -> tuple[str, ...]:
-    """Distinct party names, each a DNS label, at least ``minimum`` of them."""
+    """Distinct party names, each a DNS label, at least ``minimum`` and at most
+    :data:`MAX_PARTIES` of them (counted before any is parsed)."""
+    if len(names) > MAX_PARTIES:
+        raise TooManyPartiesError(f"at most {MAX_PARTIES} {what}s may be named, got {len(names)} {what}s")
     out = tuple(check_party_name(n, what) for n in names)
     if len(set(out)) != len(out):
         raise DuplicateNameError(f"{what}s must be distinct, got {list(out)}")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
@@ -19,7 +20,7 @@ from secure_release.infra.auth import caller
 from secure_release.infra.errors import abort_with
 from secure_release.infra.logs import EventLog
 from secure_release.infra.wire import report_to_pb
-from secure_release.mechanism.errors import SecureReleaseError
+from secure_release.mechanism.errors import ErrorKind, SecureReleaseError
 from secure_release.mechanism.report import ReleaseReport
 from secure_release.mechanism.spec import check_name
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
@@ -30,6 +31,18 @@ from secure_release.researcher.errors import EstimateNotFoundError, NotAReaderEr
 Processor = Callable[[str, bytes], ReleaseReport]
 #: The longest a GetEstimate(wait) without a deadline blocks.
 MAX_WAIT_SECONDS = 3600.0
+#: Releases estimated at once (a fixed pool: a flood of distinct release ids starts no threads).
+PROCESS_WORKERS = 2
+#: Releases queued or being estimated at once; past it a new one is refused (RESOURCE_EXHAUSTED).
+MAX_PENDING = 32
+#: Failures remembered (the oldest are forgotten first; asking again retries).
+MAX_FAILURES_KEPT = 1024
+
+
+class TooManyPendingError(SecureReleaseError):
+    """Too many releases are queued for estimation; ask again once some have finished."""
+
+    kind = ErrorKind.RESOURCE_EXHAUSTED
 
 
 def as_project_error(exc: Exception) -> SecureReleaseError:
@@ -51,15 +64,22 @@ class ReleaseTracker:
         self.failures: dict[str, SecureReleaseError] = {}
         self.running: set[str] = set()
         self.changed = threading.Condition()
+        self._pool = ThreadPoolExecutor(PROCESS_WORKERS, thread_name_prefix="estimate")
 
     def start(self, release_id: str, notified_digest: bytes = b"") -> bool:
-        """Process ``release_id`` in a background thread unless it is done or running."""
+        """Queue ``release_id`` on the fixed pool unless it is done, queued or running;
+        :class:`TooManyPendingError` once :data:`MAX_PENDING` are."""
         with self.changed:
             if release_id in self.running or release_id in self.reports:
                 return False
+            if len(self.running) >= MAX_PENDING:
+                raise TooManyPendingError(
+                    f"{len(self.running)} releases are queued for estimation, the most this researcher takes at once; "
+                    f"ask for {release_id!r} again once some have finished"
+                )
             self.running.add(release_id)
             self.failures.pop(release_id, None)
-        threading.Thread(target=self._run, args=(release_id, notified_digest), daemon=True).start()
+        self._pool.submit(self._run, release_id, notified_digest)
         return True
 
     def _run(self, release_id: str, notified_digest: bytes) -> None:
@@ -76,6 +96,8 @@ class ReleaseTracker:
                 self.reports[release_id] = report
             if failure is not None:
                 self.failures[release_id] = failure
+                while len(self.failures) > MAX_FAILURES_KEPT:
+                    del self.failures[next(iter(self.failures))]
             self.running.discard(release_id)
             self.changed.notify_all()
 
@@ -119,7 +141,10 @@ class ResearcherService(pb_grpc.ResearcherServicer):
     def NotifyReady(self, request: pb.ReadyNotice, context: grpc.ServicerContext) -> pb.ReadyAck:  # noqa: N802
         """The server says a release is perturbed: start estimating it."""
         release_id = self._release_id(request.release_id, context)
-        started = self.tracker.start(release_id, bytes(request.perturbed_digest))
+        try:
+            started = self.tracker.start(release_id, bytes(request.perturbed_digest))
+        except SecureReleaseError as exc:
+            abort_with(context, exc)
         self.log("notified", release_id=release_id, by=str(caller(context)), started=started)
         return pb.ReadyAck(accepted=True)
 
@@ -130,7 +155,10 @@ class ResearcherService(pb_grpc.ResearcherServicer):
         release_id = self._release_id(request.release_id, context)
         self._check_reader(context, release_id)
         if request.wait:
-            self.tracker.start(release_id)
+            try:
+                self.tracker.start(release_id)
+            except SecureReleaseError as exc:
+                abort_with(context, exc)
             self.tracker.wait(release_id, self._wait_seconds(context))
         outcome = self.tracker.outcome(release_id)
         if isinstance(outcome, ReleaseReport):

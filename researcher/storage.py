@@ -11,7 +11,7 @@ import io
 import json
 from pathlib import Path
 
-from secure_release.infra.fileio import atomic_write
+from secure_release.infra.fileio import atomic_write, private_dir, read_nofollow
 from secure_release.infra.logs import EventLog
 from secure_release.mechanism.report import CELL_COLUMNS, ReleaseReport
 from secure_release.researcher.heatmap import heatmap_png
@@ -36,8 +36,7 @@ def report_csv(report: ReleaseReport) -> bytes:
 
 def write_report(out: Path, report: ReleaseReport) -> list[Path]:
     """Write the JSON, CSV and (if matplotlib is installed) PNG of ``report`` into ``out``."""
-    out = Path(out)
-    out.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+    out = private_dir(Path(out), fix_mode=False)  # never through a planted link, never another user's
     files = {f"{report.release_id}.json": report_json(report), f"{report.release_id}.csv": report_csv(report)}
     png = heatmap_png(report)
     if png is not None:
@@ -49,7 +48,7 @@ def write_report(out: Path, report: ReleaseReport) -> list[Path]:
 
 def read_report(path: Path) -> ReleaseReport:
     """The report in a JSON file written by :func:`write_report`."""
-    report = ReleaseReport.from_dict(json.loads(Path(path).read_bytes()))
+    report = ReleaseReport.from_dict(json.loads(read_nofollow(Path(path))))
     if report.release_id != Path(path).stem:
         raise ValueError(f"{path.name} holds release {report.release_id!r}")
     return report

@@ -111,6 +111,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="stored tables (server-side sampling) held at once; a curator of a table deletes it",
     )
     p.add_argument("--max-table-rows", type=int, default=bounds.max_table_rows, help="largest n of a stored table")
+    p.add_argument(
+        "--max-tables-per-curator",
+        type=int,
+        default=bounds.max_tables_per_curator,
+        help="stored tables one curator certificate may have created and still hold (so one curator cannot "
+        "fill --max-tables for everyone)",
+    )
+    p.add_argument(
+        "--max-epsilon",
+        type=positive_float,
+        default=bounds.max_epsilon,
+        help=f"largest epsilon of one release (default {bounds.max_epsilon:g}: e^eps is the likelihood ratio)",
+    )
     p.add_argument("--calls-per-peer", type=int, default=4, help="calls one peer may have in flight")
     p.add_argument(
         "--retention-days",
@@ -158,7 +171,9 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
             raise ConfigError("--insecure-test-sample-seed is for tests only; set SECURE_RELEASE_TESTING=1")
         sample_seed = Seed.from_hex(str(args.insecure_test_sample_seed))
     host, port = split_address(str(args.listen))
-    for flag in ("max_n", "max_m", "max_curators", "max_releases", "max_tables", "max_table_rows", "calls_per_peer"):
+    flags = ("max_n", "max_m", "max_curators", "max_releases", "max_tables", "max_table_rows",
+             "max_tables_per_curator", "calls_per_peer")  # fmt: skip
+    for flag in flags:
         if getattr(args, flag) < 1:
             raise ConfigError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
     return ServerConfig(
@@ -174,7 +189,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         grace=float(args.grace),
         test_pram_key=key,
         limits=ServerLimits(
-            args.max_n, args.max_m, args.max_curators, args.max_releases, args.max_tables, args.max_table_rows
+            args.max_n, args.max_m, args.max_curators, args.max_releases, args.max_tables, args.max_table_rows,
+            float(args.max_epsilon), args.max_tables_per_curator,
         ),
         retention_seconds=float(args.retention_days) * 86400.0,
         calls_per_peer=int(args.calls_per_peer),

@@ -291,6 +291,19 @@ class ReleaseService(pb_grpc.ReleaseServerServicer):
         yield from streams.sample_chunks(spec.release_id, spec.table_id, spec.n, spec.m, packed)
 
 
+    def WitnessLedger(self, request: pb.WitnessRequest, context: Any) -> pb.WitnessReply:  # noqa: N802
+        """The caller's budget witness of one keyed data set (moved up first with ``record``)."""
+        ident = caller(context)
+        try:
+            held = self.store.witness.observe(
+                request.curator, ident.name, bytes(request.dataset_key), int(request.reservations),
+                float(request.epsilon_total), bool(request.record),
+            )  # fmt: skip
+        except SecureReleaseError as exc:
+            _fail(context, exc, "WitnessLedger")
+        return pb.WitnessReply(reservations=held.reservations, epsilon_total=held.epsilon_total)
+
+
 def make_notifier(
     researcher_address: str, cert_dir: Path | None, name: str, insecure: bool
 ) -> Callable[[st.Release], None]:

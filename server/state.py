@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 
 from secure_release.mechanism.errors import ErrorKind, SecureReleaseError
-from secure_release.mechanism.spec import ReleaseSpec
+from secure_release.mechanism.spec import DEFAULT_MAX_EPSILON, ReleaseSpec
 
 
 @dataclass(frozen=True)
@@ -32,9 +32,16 @@ class ServerLimits:
     max_releases_in_flight: int = 64
     max_tables: int = 16  # stored tables held at once (server-side sampling)
     max_table_rows: int = 100_000_000  # n of one stored table
+    max_epsilon: float = DEFAULT_MAX_EPSILON  # the operator's cap on one release's epsilon
+    max_tables_per_curator: int = 4  # stored tables one certificate may have created and still hold
 
     def check(self, spec: ReleaseSpec) -> None:
         """Refuse a spec beyond these bounds (LimitExceededError says which and the limit)."""
+        if not spec.plan.epsilon <= self.max_epsilon:
+            raise LimitExceededError(
+                f"epsilon = {spec.plan.epsilon:g} exceeds this server's cap of {self.max_epsilon:g} per release "
+                "(--max-epsilon)"
+            )
         if spec.plan.n > self.max_n:
             raise LimitExceededError(f"n = {spec.plan.n} exceeds this server's limit of {self.max_n} records")
         if spec.plan.m > self.max_m:

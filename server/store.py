@@ -27,6 +27,7 @@ vacuumed and the WAL checkpointed).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import json
@@ -40,6 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
+from secure_release.infra.fileio import check_owned, open_nofollow, private_dir
 from secure_release.infra.streams import TableDeclaration
 from secure_release.mechanism.errors import ErrorKind, SecureReleaseError
 from secure_release.mechanism.index_sharing import IndexArray, indices_fingerprint, pack_indices, unpack_indices
@@ -49,6 +51,7 @@ from secure_release.mechanism.pram import PRAM_BLOCK_ROWS, perturb
 from secure_release.mechanism.schema import SymbolArray
 from secure_release.mechanism.server_sampling import server_apply_rekey, server_draw_sample
 from secure_release.mechanism.spec import ReleaseSpec
+from secure_release.server.sqltx import StoreFullError, transaction
 from secure_release.server.state import (
     AbortedAtServerError,
     ChunkShapeError,
@@ -62,6 +65,7 @@ from secure_release.server.state import (
     ServerStateError,
 )
 from secure_release.server.tables import StoredTable, TableInUseError, TablePart, UnknownTableError
+from secure_release.server.witness import Witness
 
 assert CHUNK_ROWS == PRAM_BLOCK_ROWS, "upload chunk s must be PRAM block s"
 
@@ -170,23 +174,29 @@ class Store:
         self.sample_seed = sample_seed
         self.path = directory / "releases.sqlite3"
         try:
-            directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-            os.chmod(directory, 0o700)
-            # Created 0600 before SQLite opens it; the -wal and -shm files inherit the mode.
-            os.close(os.open(self.path, os.O_CREAT | os.O_RDWR, 0o600))
-            os.chmod(self.path, 0o600)
+            private_dir(directory)  # refuses a link or another user's directory
+            for extra in ("-wal", "-shm", "-journal"):  # SQLite would follow a planted link
+                side = self.path.with_name(self.path.name + extra)
+                if os.path.lexists(side):
+                    check_owned(side, os.lstat(side), want_dir=False)
+            # Created 0600 before SQLite opens it (never through a link; the mode is set on the
+            # descriptor); the -wal and -shm files inherit the mode.
+            os.close(open_nofollow(self.path, os.O_CREAT | os.O_RDWR))
             self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
             self._db.execute("PRAGMA auto_vacuum=INCREMENTAL")  # takes effect on a new file
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
             self._db.executescript(_SCHEMA)
+            if "owner" not in {row[1] for row in self._db.execute("PRAGMA table_info(tables)")}:
+                self._db.execute("ALTER TABLE tables ADD COLUMN owner TEXT NOT NULL DEFAULT ''")  # older stores
             self._lock = threading.RLock()
+            self.witness = Witness(self._db, self._lock)
             # Per release id, its candidate specs; once every curator of one has registered,
             # that one is bound and the others are discarded (nobody can squat an id).
             self._releases: dict[str, list[Release]] = {}
             self._tables: dict[str, StoredTable] = {}
             self._load()
-        except (OSError, sqlite3.DatabaseError, KeyError, ValueError) as exc:
+        except (OSError, sqlite3.DatabaseError, KeyError, ValueError) as exc:  # UnsafePathError too
             raise StoreError(
                 f"cannot use {directory} as the server's store ({type(exc).__name__}: {exc}); "
                 "--store must name a directory this user owns, holding a releases.sqlite3 "
@@ -215,8 +225,8 @@ class Store:
             part.registered, part.committed, part.digest = bool(reg), bool(com), bytes(dig)
         for rid, cur, seq, sha in self._db.execute("SELECT release_id, curator, seq, sha256 FROM chunks"):
             self._find(rid, cur).parts[cur].chunks[int(seq)] = bytes(sha)
-        for tid, curators_json, n in self._db.execute("SELECT table_id, curators, n FROM tables"):
-            self._tables[tid] = StoredTable(tid, tuple(json.loads(curators_json)), int(n))
+        for tid, curators_json, n, owner in self._db.execute("SELECT table_id, curators, n, owner FROM tables"):
+            self._tables[tid] = StoredTable(tid, tuple(json.loads(curators_json)), int(n), owner=str(owner))
         for tid, cur, k, com, dig in self._db.execute(
             "SELECT table_id, curator, alphabet_size, committed, digest FROM table_parts"
         ):
@@ -263,8 +273,8 @@ class Store:
                 return
         candidates.append(rel)
 
-    def _tx(self) -> _Tx:
-        return _Tx(self._db)
+    def _tx(self) -> contextlib.AbstractContextManager[None]:
+        return transaction(self._db)
 
     # -------------------------------------------------------------------- events
     def _target_for_registration(self, spec: ReleaseSpec, curator: str) -> Release | None:
@@ -381,7 +391,13 @@ class Store:
                     f"{len(self._tables)} tables are stored; this server keeps at most {self.limits.max_tables}; "
                     "delete one first"
                 )
-            table = StoredTable.create(d, self.limits.max_table_rows)
+            owned = sum(t.owner == caller for t in self._tables.values())
+            if owned >= self.limits.max_tables_per_curator:
+                raise LimitExceededError(
+                    f"{caller!r} already holds {owned} stored tables, the most one curator may hold here "
+                    f"(--max-tables-per-curator {self.limits.max_tables_per_curator}); delete one first"
+                )
+            table = StoredTable.create(d, self.limits.max_table_rows, caller)
         else:
             table = copy.deepcopy(existing)
         table.declare(d, caller)
@@ -390,8 +406,8 @@ class Store:
     def _persist_declaration(self, table: StoredTable, new_table: bool, curator: str, new_part: bool) -> None:
         if new_table:
             self._db.execute(
-                "INSERT INTO tables (table_id, curators, n, created_at) VALUES (?, ?, ?, ?)",
-                (table.table_id, json.dumps(list(table.curators)), table.n, time.time()),
+                "INSERT INTO tables (table_id, curators, n, created_at, owner) VALUES (?, ?, ?, ?, ?)",
+                (table.table_id, json.dumps(list(table.curators)), table.n, time.time(), table.owner),
             )
         if new_part:
             self._db.execute(
@@ -696,20 +712,4 @@ class Store:
             yield FetchedChunk(seq, seq * CHUNK_ROWS, [bytes(d) for _, d in rows])
 
 
-class _Tx:
-    """BEGIN IMMEDIATE ... COMMIT (ROLLBACK on error)."""
-
-    def __init__(self, db: sqlite3.Connection) -> None:
-        self._db = db
-
-    def __enter__(self) -> None:
-        self._db.execute("BEGIN IMMEDIATE")
-
-    def __exit__(self, exc_type: object, *_: object) -> None:
-        if exc_type is None:
-            self._db.execute("COMMIT")
-        else:
-            self._db.execute("ROLLBACK")
-
-
-__all__ = ["MAX_CHUNK_BYTES", "FetchedChunk", "Store", "symbol_width"]
+__all__ = ["MAX_CHUNK_BYTES", "FetchedChunk", "Store", "StoreFullError", "symbol_width"]

@@ -78,15 +78,16 @@ class StoredTable:
     curators: tuple[str, ...]
     n: int
     parts: dict[str, TablePart] = field(default_factory=dict)
+    owner: str = ""  # the certificate that declared it first (its quota counts it)
 
     @classmethod
-    def create(cls, declaration: TableDeclaration, max_rows: int) -> StoredTable:
+    def create(cls, declaration: TableDeclaration, max_rows: int, owner: str = "") -> StoredTable:
         """A new table from its first declaration, within the server's row limit."""
         if declaration.n > max_rows:
             raise LimitExceededError(
                 f"a stored table of n = {declaration.n} rows exceeds this server's limit of {max_rows} rows"
             )
-        return cls(declaration.table_id, declaration.curators, declaration.n)
+        return cls(declaration.table_id, declaration.curators, declaration.n, owner=owner)
 
     # ------------------------------------------------------------------ queries
     @property

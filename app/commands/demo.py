@@ -193,7 +193,8 @@ def _server_sampled(
     for i, c in enumerate(curators):
         keystore = root / f"keystore-{c}"
         cmd = [sys.executable, "-m", "secure_release.curator", "budget", "set", "--keystore", str(keystore),
-               "--data", str(data / f"{c}.csv"), "--epsilon", repr(budget)]  # fmt: skip
+               "--data", str(data / f"{c}.csv"), "--epsilon", repr(budget),
+               "--certs", str(certs), "--name", c]  # fmt: skip
         done = subprocess.run(cmd, env=cluster.env, capture_output=True, text=True, timeout=60)
         if done.returncode != 0:
             raise RuntimeError(f"setting the table budget of {c} failed: {done.stderr.strip()[-500:]}")

@@ -221,14 +221,15 @@ def test_the_ledger_refuses_before_anything_is_sent(tmp_path: Path) -> None:
     config = _config("alice", tmp_path)
     keystore = Keystore(config.keystore)
     with pytest.raises(NoBudgetError, match="budget set"):
-        check_ledger(config, keystore, "f" * 64)
-    keystore.ledger.set_budget("f" * 64, "d", 0.5)
+        check_ledger(config, keystore)
+    keystore.ledger.set_budget("d", "d", 0.5)  # the data set is config.dataset, its name
     with pytest.raises(BudgetExceededError, match=r"at most 0\.5 remains"):
-        check_ledger(config, keystore, "f" * 64)
-    keystore.ledger.set_budget("f" * 64, "d", 1.5)
-    check_ledger(config, keystore, "f" * 64)
+        check_ledger(config, keystore)
+    keystore.ledger.set_budget("d", "d", 1.5)
+    check_ledger(config, keystore)
     reserve(config, keystore, "f" * 64, "seed1", LOG)
     reserve(config, keystore, "f" * 64, "seed1", LOG)  # a resume: the same reservation, once
-    assert keystore.ledger.read().spent("f" * 64) == pytest.approx(1.0)
+    assert keystore.ledger.read().spent("d") == pytest.approx(1.0)
+    assert keystore.ledger.read().tables("d") == ["f" * 64]  # the table read is recorded
     with pytest.raises(SeedReuseError):  # the same release id with another seed
         reserve(config, keystore, "f" * 64, "seed2", LOG)

@@ -61,6 +61,20 @@ def _config(tmp: Path, name: str) -> CuratorConfig:
     )  # fmt: skip
 
 
+class FakeWitnessStub:
+    """The server's budget witness in memory (moves only up, as server/witness.py)."""
+
+    held: ClassVar[dict[tuple[str, bytes], tuple[int, float]]] = {}
+
+    def WitnessLedger(self, request: pb.WitnessRequest, timeout: float | None = None) -> pb.WitnessReply:  # noqa: N802
+        key = (request.curator, bytes(request.dataset_key))
+        count, total = self.held.get(key, (0, 0.0))
+        if request.record:
+            count, total = max(count, request.reservations), max(total, request.epsilon_total)
+            self.held[key] = (count, total)
+        return pb.WitnessReply(reservations=count, epsilon_total=total)
+
+
 class FakeLink:
     """The release server as seen by one curator: records what it was sent; always sealed."""
 
@@ -69,6 +83,7 @@ class FakeLink:
 
     def __init__(self, config: CuratorConfig, log: Any, deadline: Any) -> None:
         self.config, self.deadline = config, deadline
+        self.stub = FakeWitnessStub()
 
     def register(self, spec: ReleaseSpec) -> None:
         self.registered.append(self.config.name)
@@ -106,9 +121,10 @@ def test_two_curators_run_to_the_upload(tmp_path: Path, monkeypatch: pytest.Monk
     _write(tmp_path)
     monkeypatch.setattr(runner, "ServerLink", FakeLink)
     FakeLink.uploads.clear()
+    FakeWitnessStub.held.clear()
     fingerprints = {name: file_fingerprint(tmp_path / f"{name}.csv") for name in ("alice", "bob")}
-    for name, fp in fingerprints.items():
-        Keystore(tmp_path / f"ks-{name}").ledger.set_budget(fp, name, 2.0)
+    for name in fingerprints:
+        Keystore(tmp_path / f"ks-{name}").ledger.set_budget(f"{name}.csv", f"{name}.csv", 2.0)
     assert _run_both(tmp_path) == {"alice": 0, "bob": 0}
     uploads = dict(FakeLink.uploads)
     assert uploads["alice"][0] == uploads["bob"][0] and uploads["alice"][0].n == 460
@@ -119,7 +135,8 @@ def test_two_curators_run_to_the_upload(tmp_path: Path, monkeypatch: pytest.Monk
         assert np.array_equal(uploads[name][1], expected.server_view["ciphertexts"][j])
         ledger = Keystore(tmp_path / f"ks-{name}").ledger.read()
         assert [e.kind.value for e in ledger.entries] == ["budget", "reserve", "commit"]
-        assert ledger.spent(fingerprints[name]) == pytest.approx(1.0)
+        assert ledger.spent(f"{name}.csv") == pytest.approx(1.0)
+        assert ledger.tables(f"{name}.csv") == [fingerprints[name]]  # the table read, recorded
     # A rerun after the commit resumes from the record: the same ciphertext, nothing charged again.
     FakeLink.uploads.clear()
     assert _run_both(tmp_path) == {"alice": 0, "bob": 0}

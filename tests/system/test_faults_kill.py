@@ -27,7 +27,8 @@ import pytest
 
 import secure_release.mechanism.protocol as protocol
 from secure_release.curator.keystore import Keystore
-from secure_release.curator.ledgerfile import LedgerFile, file_fingerprint
+from secure_release.curator.ledgerfile import LedgerFile
+from secure_release.curator.ledgersign import HeadSigner
 from secure_release.curator.table import load_schema, read_table
 from secure_release.demo_data import write_demo_data
 from secure_release.mechanism.keys import AlignmentKey, PadKey, PramKey, Seed
@@ -177,7 +178,7 @@ def new_deployment(world: dict[str, object], certs: Path, release_id: str, tmp: 
     (root / "data").symlink_to(Path(str(world["base"])) / "data")
     (root / "align.key").write_text((Path(str(world["base"])) / "align.key").read_text())
     for c in CURATORS:
-        LedgerFile(root / f"ks-{c}").set_budget(file_fingerprint(root / "data" / f"{c}.csv"), c, 2.0)
+        LedgerFile(root / f"ks-{c}", HeadSigner.from_certs(certs, c)).set_budget(f"{c}.csv", f"{c}.csv", 2.0)
     return Deployment(root, certs, release_id)
 
 

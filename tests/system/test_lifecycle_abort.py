@@ -16,7 +16,8 @@ import pytest
 from test_faults_kill import CURATORS, ROLES, Deployment, make_world
 
 from secure_release.curator.keystore import Keystore
-from secure_release.curator.ledgerfile import LedgerFile, file_fingerprint
+from secure_release.curator.ledgerfile import LedgerFile
+from secure_release.curator.ledgersign import HeadSigner
 
 pytestmark = pytest.mark.slow
 
@@ -33,7 +34,7 @@ def _deploy(world: dict[str, object], certs: Path, tmp_path: Path, rid: str, **e
     (root / "data").symlink_to(Path(str(world["base"])) / "data")
     (root / "align.key").write_text((Path(str(world["base"])) / "align.key").read_text())
     for c in CURATORS:
-        LedgerFile(root / f"ks-{c}").set_budget(file_fingerprint(root / "data" / f"{c}.csv"), c, 2.0)
+        LedgerFile(root / f"ks-{c}", HeadSigner.from_certs(certs, c)).set_budget(f"{c}.csv", f"{c}.csv", 2.0)
     dep = Deployment(root, certs, rid, timeout=60.0)
     dep.extra = dict(extra)
     return dep
@@ -87,10 +88,9 @@ def test_a_follower_without_budget_aborts_and_the_leader_is_refunded(
     world: dict[str, object], certs: Path, tmp_path: Path
 ) -> None:
     dep = _deploy(world, certs, tmp_path, "a2")
-    LedgerFile(dep.root / "ks-bob").set_budget(file_fingerprint(dep.root / "data" / "bob.csv"), "bob", 0.5)
-    ledger = LedgerFile(dep.root / "ks-bob")
-    ledger.update(lambda led: led.reserve(file_fingerprint(dep.root / "data" / "bob.csv"), "bob", "racing", 0.3, "x",
-                                          0.0))  # fmt: skip  # a concurrent release holds part of bob's budget
+    ledger = LedgerFile(dep.root / "ks-bob", HeadSigner.from_certs(certs, "bob"))
+    ledger.set_budget("bob.csv", "bob.csv", 0.5)
+    ledger.update(lambda led: led.reserve("bob.csv", "bob.csv", "racing", 0.3, "x", 0.0))  # a concurrent release
     try:
         for role in ROLES:
             dep.start(role)
@@ -105,8 +105,9 @@ def test_a_follower_without_budget_aborts_and_the_leader_is_refunded(
 def test_a_follower_that_never_returns_is_aborted_at_the_leaders_deadline(
     world: dict[str, object], certs: Path, tmp_path: Path
 ) -> None:
-    # bob's server address answers nothing (a bound, never listening port), so bob reserves and
-    # prepares but can never register or commit: killing it then is not a race with its commit
+    # bob's server address answers nothing (a bound, never listening port), so bob agrees with the
+    # leader but can never reach the budget witness, register or commit (before issue 24 it also
+    # reserved and prepared offline; a reservation now needs the server's witness): no race
     dead = socket.socket()
     dead.bind(("127.0.0.1", 0))
     dep = _deploy(world, certs, tmp_path, "a3", alice=["--timeout", "12"],
@@ -115,10 +116,10 @@ def test_a_follower_that_never_returns_is_aborted_at_the_leaders_deadline(
         for role in ROLES:
             dep.start(role)
         end = time.monotonic() + 30
-        while not dep.seen("bob", '"prepared"') and time.monotonic() < end:
+        while not dep.seen("bob", '"agreed"') and time.monotonic() < end:
             time.sleep(0.01)
-        assert dep.seen("bob", '"prepared"') and not dep.seen("bob", '"registered"')
-        dep.kill("bob")  # killed after reserving, before its commit; never restarted
+        assert dep.seen("bob", '"agreed"') and not dep.seen("bob", '"registered"')
+        dep.kill("bob")  # killed before its commit; never restarted
         codes = _wait_all(dep, ("alice", "researcher"), 40)
         # bob never registered, but the server shows researchers an aborted candidate of an
         # unbound release id, so the researcher stops with the reason too
@@ -131,7 +132,7 @@ def test_a_follower_that_never_returns_is_aborted_at_the_leaders_deadline(
     assert codes == {"alice": 1, "researcher": 1}, codes
     assert "waiting for bob" in dep.log("researcher").read_text()
     assert shown["server"]["state"] == "ABORTED" and "waiting for bob" in shown["server"]["abort_reason"]
-    assert shown["ledger"]["state"] in ("reserve", "none")
+    assert shown["ledger"]["state"] in ("reserve", "none", "unknown")  # bob never reached its witness
     assert abort.returncode == 0, abort.stderr
     assert _ledger_state(dep, "alice") == "refund" and _ledger_state(dep, "bob") in ("refund", "none")
     assert not (dep.root / "ks-bob" / "release-a3.json").exists()

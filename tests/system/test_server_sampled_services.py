@@ -115,7 +115,8 @@ def store(world: World) -> None:
     data = world.base / "data"
     for c in CURATORS:
         ledger = ["-m", "secure_release.curator", "budget", "set", "--keystore", str(world.base / f"ks-{c}"),
-                  "--data", str(data / f"{c}.csv"), "--epsilon", str(BUDGET)]  # fmt: skip
+                  "--data", str(data / f"{c}.csv"), "--epsilon", str(BUDGET), "--certs", str(world.certs),
+                  "--name", c]  # fmt: skip
         subprocess.run([sys.executable, *ledger], env=world.env, check=True, capture_output=True, timeout=60)
     common = ["--table-id", "t1", "--alignment-key-file", str(world.base / "align.key")]
     per = {c: ["--data", str(data / f"{c}.csv"), "--schema", str(data / f"{c}.json"),
@@ -172,16 +173,16 @@ def test_two_releases_from_one_stored_table_equal_the_in_memory_run_and_a_third_
         ledger = Keystore(world.base / f"ks-{c}").ledger.read()
         states = {r: v.state.value for r, v in ledger.releases().items()}
         assert states == {"s1": "commit", "s2": "commit"}, states
-        # one budget: the data file's (the table's record names it), not a second one for the table
-        assert ledger.remaining(file_fingerprint(world.base / "data" / f"{c}.csv")) == pytest.approx(BUDGET - 2 * EPS)
+        # one budget: the data set's (the table's record names it), not a second one for the table
+        assert ledger.remaining(f"{c}.csv") == pytest.approx(BUDGET - 2 * EPS)
+        assert ledger.tables(f"{c}.csv") == [file_fingerprint(world.base / "data" / f"{c}.csv")]
         assert ledger.budget(table_ledger_name("t1")) is None
     # a third release past the budget: refused at both curators, nothing spent, aborted at the server
     codes, _ = release(world, "s3")
     assert codes[:2] == [3, 3] and codes[2] != 0, (codes, world.log("alice-run-t1")[-1500:])
     for c in CURATORS:
         ledger = Keystore(world.base / f"ks-{c}").ledger.read()
-        fingerprint = file_fingerprint(world.base / "data" / f"{c}.csv")
-        assert "s3" not in ledger.releases() and ledger.remaining(fingerprint) == pytest.approx(0.2)
+        assert "s3" not in ledger.releases() and ledger.remaining(f"{c}.csv") == pytest.approx(0.2)
     # after PRAM: no re-key column and no position is left at the server; the stored table stays
     db = sqlite3.connect(world.base / "store" / "releases.sqlite3")
     assert db.execute("SELECT COUNT(*) FROM chunks WHERE length(data) > 0").fetchone() == (0,)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_curator_run import AKEY, PAD_KEYS, SEED, FakeLink, _config, _write
+from test_curator_run import AKEY, PAD_KEYS, SEED, FakeLink, FakeWitnessStub, _config, _write
 from test_curator_service import SCHEMA as SVC_SCHEMA
 from test_curator_service import AbortedError, _as
 from test_faults_kill import CURATORS, PADS, PRAM, Deployment
@@ -27,7 +27,8 @@ import secure_release.curator.runner as runner
 from secure_release.curator.config import CuratorConfig
 from secure_release.curator.keystore import Keystore
 from secure_release.curator.leader import LeaderState
-from secure_release.curator.ledgerfile import LedgerFile, file_fingerprint
+from secure_release.curator.ledgerfile import LedgerFile
+from secure_release.curator.ledgersign import HeadSigner
 from secure_release.curator.service import CuratorService
 from secure_release.curator.table import load_schema, read_table
 from secure_release.demo_data import write_demo_data
@@ -117,8 +118,9 @@ def _prepared(tmp: Path, monkeypatch: pytest.MonkeyPatch) -> list:  # type: igno
     _write(tmp)
     monkeypatch.setattr(runner, "ServerLink", FakeLink)
     FakeLink.uploads.clear()
+    FakeWitnessStub.held.clear()  # a fresh server witness for every deployment
     for name in ("alice", "bob"):
-        Keystore(tmp / f"ks-{name}").ledger.set_budget(file_fingerprint(tmp / f"{name}.csv"), name, 2.0)
+        Keystore(tmp / f"ks-{name}").ledger.set_budget(f"{name}.csv", f"{name}.csv", 2.0)
     return [read_table(tmp / f"{n}.csv", load_schema(tmp / f"{n}.json")) for n in ("alice", "bob")]
 
 
@@ -215,7 +217,7 @@ def _deploy(world: dict[str, object], certs: Path, tmp: Path, rid: str, extra: d
     (root / "data").symlink_to(Path(str(world["base"])) / "data")
     (root / "align.key").write_text((Path(str(world["base"])) / "align.key").read_text())
     for c in CURATORS:
-        LedgerFile(root / f"ks-{c}").set_budget(file_fingerprint(root / "data" / f"{c}.csv"), c, 2.0)
+        LedgerFile(root / f"ks-{c}", HeadSigner.from_certs(certs, c)).set_budget(f"{c}.csv", f"{c}.csv", 2.0)
     dep = Deployment(root, certs, rid, timeout=60.0)
     dep.extra = extra
     return dep
@@ -363,14 +365,22 @@ def test_psi_lists_go_hop_by_hop_to_the_curator_the_ring_routes_them_to() -> Non
     got = list(service.PsiReceive(pb.PsiRequest(release_id="r1", curator="carol", owner="bob", hop=1),
                                   _as("curator", "carol")))  # fmt: skip
     assert b"".join(c.points for c in got) == sent and got[0].count == 5
-    # hop 2 must hold as many points as bob's list, and a resend must be identical
-    with pytest.raises(AbortedError, match="has 5 points"):
-        service.PsiSend(iter(point_chunks("r1", "carol", "bob", 2, _points(4))), _as("curator", "carol"))
-    with pytest.raises(AbortedError, match="other points"):
-        service.PsiSend(iter(point_chunks("r1", "bob", "bob", 1, _points(6)[32:])), _as("curator", "bob"))
     # not there yet: UNAVAILABLE (the caller retries)
     with pytest.raises(AbortedError) as info:
         list(service.PsiReceive(pb.PsiRequest(release_id="r1", curator="alice", owner="carol", hop=1),
                                 _as("curator", "alice", 0.6)))  # fmt: skip
     assert info.value.code.name == "UNAVAILABLE"
     assert state.error is None
+    # hop 2 must hold as many points as bob's list: a member's wrong list ends the release for
+    # everybody at once, naming it (issue 24; before, the leader waited for the ring's deadline)
+    with pytest.raises(AbortedError, match="has 5 points"):
+        service.PsiSend(iter(point_chunks("r1", "carol", "bob", 2, _points(4))), _as("curator", "carol"))
+    assert state.error is not None and "'carol' sent a wrong PSI list" in state.error
+
+
+def test_a_changed_resend_of_a_psi_list_ends_the_release_naming_the_member() -> None:
+    service, state = _psi_leader()
+    service.PsiSend(iter(point_chunks("r1", "bob", "bob", 1, _points(5))), _as("curator", "bob"))
+    with pytest.raises(AbortedError, match="other points"):
+        service.PsiSend(iter(point_chunks("r1", "bob", "bob", 1, _points(6)[32:])), _as("curator", "bob"))
+    assert state.error is not None and "'bob' sent a wrong PSI list" in state.error

@@ -262,6 +262,61 @@ class CuratorSchema(_message.Message):
 Global___CuratorSchema: _TypeAlias = CuratorSchema  # noqa: Y015
 
 @_typing.final
+class WitnessRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CURATOR_FIELD_NUMBER: _builtins.int
+    DATASET_KEY_FIELD_NUMBER: _builtins.int
+    RESERVATIONS_FIELD_NUMBER: _builtins.int
+    EPSILON_TOTAL_FIELD_NUMBER: _builtins.int
+    RECORD_FIELD_NUMBER: _builtins.int
+    curator: _builtins.str
+    dataset_key: _builtins.bytes
+    """32 bytes: HMAC of the data set's name under a key only the curator holds"""
+    reservations: _builtins.int
+    epsilon_total: _builtins.float
+    """finite, >= 0"""
+    record: _builtins.bool
+    def __init__(
+        self,
+        *,
+        curator: _builtins.str = ...,
+        dataset_key: _builtins.bytes = ...,
+        reservations: _builtins.int = ...,
+        epsilon_total: _builtins.float = ...,
+        record: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["curator", b"curator", "dataset_key", b"dataset_key", "epsilon_total", b"epsilon_total", "record", b"record", "reservations", b"reservations"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WitnessRequest: _TypeAlias = WitnessRequest  # noqa: Y015
+
+@_typing.final
+class WitnessReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESERVATIONS_FIELD_NUMBER: _builtins.int
+    EPSILON_TOTAL_FIELD_NUMBER: _builtins.int
+    reservations: _builtins.int
+    epsilon_total: _builtins.float
+    def __init__(
+        self,
+        *,
+        reservations: _builtins.int = ...,
+        epsilon_total: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epsilon_total", b"epsilon_total", "reservations", b"reservations"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WitnessReply: _TypeAlias = WitnessReply  # noqa: Y015
+
+@_typing.final
 class TableChunk(_message.Message):
     """One piece of a curator's stored-table upload. The first message of every stream declares the
     table (curators, n, this curator's alphabet size); chunk s holds rows [s * chunk_rows, ...).
@@ -961,6 +1016,8 @@ class PsiChunk(_message.Message):
     COUNT_FIELD_NUMBER: _builtins.int
     POINTS_FIELD_NUMBER: _builtins.int
     LAST_FIELD_NUMBER: _builtins.int
+    PROOF_FIELD_NUMBER: _builtins.int
+    PUBLIC_KEY_FIELD_NUMBER: _builtins.int
     release_id: _builtins.str
     curator: _builtins.str
     """PsiSend: the sender (must match its certificate)"""
@@ -974,6 +1031,11 @@ class PsiChunk(_message.Message):
     points: _builtins.bytes
     """concatenated 32-byte points (<= 1 MiB a chunk)"""
     last: _builtins.bool
+    proof: _builtins.bytes
+    """PsiSend at hop >= 2, on the first chunk: the sender's public key B = k G and a proof that the
+    list is the previous hop's list raised to k (mechanism/psi_proof.py); the leader checks both.
+    """
+    public_key: _builtins.bytes
     def __init__(
         self,
         *,
@@ -985,10 +1047,12 @@ class PsiChunk(_message.Message):
         count: _builtins.int = ...,
         points: _builtins.bytes = ...,
         last: _builtins.bool = ...,
+        proof: _builtins.bytes = ...,
+        public_key: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "curator", b"curator", "hop", b"hop", "last", b"last", "owner", b"owner", "points", b"points", "release_id", b"release_id", "sequence", b"sequence"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "curator", b"curator", "hop", b"hop", "last", b"last", "owner", b"owner", "points", b"points", "proof", b"proof", "public_key", b"public_key", "release_id", b"release_id", "sequence", b"sequence"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -80,6 +80,11 @@ class ReleaseServerStub:
                 request_serializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.SampleRequest.SerializeToString,
                 response_deserializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.SampleChunk.FromString,
                 _registered_method=True)
+        self.WitnessLedger = channel.unary_unary(
+                '/securerelease.v1.ReleaseServer/WitnessLedger',
+                request_serializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.WitnessRequest.SerializeToString,
+                response_deserializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.WitnessReply.FromString,
+                _registered_method=True)
 
 
 class ReleaseServerServicer:
@@ -151,6 +156,16 @@ class ReleaseServerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WitnessLedger(self, request, context):
+        """curator: the budget witness of one of its data sets (keyed fingerprint): how many
+        reservations and how much epsilon this curator's ledger has recorded for it. With record,
+        the witness first moves up to the curator's counts (it never moves down). A curator whose
+        ledger is behind the answer refuses to release (the ledger was rolled back or replaced).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ReleaseServerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -198,6 +213,11 @@ def add_ReleaseServerServicer_to_server(servicer, server):
                     servicer.FetchSample,
                     request_deserializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.SampleRequest.FromString,
                     response_serializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.SampleChunk.SerializeToString,
+            ),
+            'WitnessLedger': grpc.unary_unary_rpc_method_handler(
+                    servicer.WitnessLedger,
+                    request_deserializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.WitnessRequest.FromString,
+                    response_serializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.WitnessReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -444,6 +464,33 @@ class ReleaseServer:
             '/securerelease.v1.ReleaseServer/FetchSample',
             secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.SampleRequest.SerializeToString,
             secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.SampleChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WitnessLedger(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/securerelease.v1.ReleaseServer/WitnessLedger',
+            secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.WitnessRequest.SerializeToString,
+            secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.WitnessReply.FromString,
             options,
             channel_credentials,
             insecure,

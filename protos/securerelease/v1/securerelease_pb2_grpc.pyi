@@ -61,6 +61,12 @@ class ReleaseServerStub:
     """curator of a server-sampled release: the positions the server drew (packed), once every
     curator registered the release and until PRAM erases them. Never served to a researcher.
     """
+    WitnessLedger: _grpc.UnaryUnaryMultiCallable[_securerelease_pb2.WitnessRequest, _securerelease_pb2.WitnessReply]
+    """curator: the budget witness of one of its data sets (keyed fingerprint): how many
+    reservations and how much epsilon this curator's ledger has recorded for it. With record,
+    the witness first moves up to the curator's counts (it never moves down). A curator whose
+    ledger is behind the answer refuses to release (the ledger was rolled back or replaced).
+    """
 
 @_typing.type_check_only
 class ReleaseServerAsyncStub(ReleaseServerStub):
@@ -88,6 +94,12 @@ class ReleaseServerAsyncStub(ReleaseServerStub):
     FetchSample: _aio.UnaryStreamMultiCallable[_securerelease_pb2.SampleRequest, _securerelease_pb2.SampleChunk]  # type: ignore[assignment]
     """curator of a server-sampled release: the positions the server drew (packed), once every
     curator registered the release and until PRAM erases them. Never served to a researcher.
+    """
+    WitnessLedger: _aio.UnaryUnaryMultiCallable[_securerelease_pb2.WitnessRequest, _securerelease_pb2.WitnessReply]  # type: ignore[assignment]
+    """curator: the budget witness of one of its data sets (keyed fingerprint): how many
+    reservations and how much epsilon this curator's ledger has recorded for it. With record,
+    the witness first moves up to the curator's counts (it never moves down). A curator whose
+    ledger is behind the answer refuses to release (the ledger was rolled back or replaced).
     """
 
 class ReleaseServerServicer(metaclass=_abc_1.ABCMeta):
@@ -167,6 +179,18 @@ class ReleaseServerServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_abc.Iterator[_securerelease_pb2.SampleChunk], _abc.AsyncIterator[_securerelease_pb2.SampleChunk]]:
         """curator of a server-sampled release: the positions the server drew (packed), once every
         curator registered the release and until PRAM erases them. Never served to a researcher.
+        """
+
+    @_abc_1.abstractmethod
+    def WitnessLedger(
+        self,
+        request: _securerelease_pb2.WitnessRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_securerelease_pb2.WitnessReply, _abc.Awaitable[_securerelease_pb2.WitnessReply]]:
+        """curator: the budget witness of one of its data sets (keyed fingerprint): how many
+        reservations and how much epsilon this curator's ledger has recorded for it. With record,
+        the witness first moves up to the curator's counts (it never moves down). A curator whose
+        ledger is behind the answer refuses to release (the ledger was rolled back or replaced).
         """
 
 def add_ReleaseServerServicer_to_server(servicer: ReleaseServerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
