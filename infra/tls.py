@@ -16,16 +16,20 @@ from __future__ import annotations
 
 import functools
 import sys
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import grpc
 from cryptography import x509
 
 from secure_release.mechanism.errors import InvalidNameError, SecureReleaseError
 from secure_release.mechanism.spec import PARTY_GRAMMAR, check_party_name
+
+if TYPE_CHECKING:
+    from secure_release.infra.certdir import CertWatcher
 
 ROLES = ("curator", "server", "researcher", "analyst")
 URI_SCHEME = "secure-release://"
@@ -87,16 +91,7 @@ def _read(path: Path, what: str) -> bytes:
     try:
         return path.read_bytes()
     except FileNotFoundError:
-        raise PkiError(f"{what} {path} not found; create the PKI with 'secure-release pki init DIR'") from None
-
-
-def _material(cert_dir: Path, name: str) -> tuple[bytes, bytes, bytes]:
-    cert_dir = Path(cert_dir)
-    return (
-        _read(cert_dir / "ca.pem", "CA certificate"),
-        _read(cert_dir / f"{name}.key", "private key"),
-        _read(cert_dir / f"{name}.pem", "certificate"),
-    )
+        raise PkiError(f"{what} {path} not found; make it with 'secure-release pki request' and 'pki sign'") from None
 
 
 def identity_of_certificate(pem: bytes) -> Identity | None:
@@ -129,15 +124,32 @@ def identity_of_file(cert_dir: Path, name: str) -> Identity:
 
 
 def server_credentials(cert_dir: Path, name: str) -> grpc.ServerCredentials:
-    """TLS server credentials that require a client certificate signed by ``ca.pem``."""
-    ca, key, cert = _material(cert_dir, name)
-    return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=True)
+    """TLS server credentials that require a client certificate signed by ``ca.pem`` and take a
+    new certificate from ``cert_dir`` at the next handshake after the files change
+    (:class:`~secure_release.infra.certdir.CertWatcher`)."""
+    from secure_release.infra.certdir import CertWatcher
+
+    return CertWatcher(cert_dir, name).credentials()
 
 
 def channel_credentials(cert_dir: Path, name: str) -> grpc.ChannelCredentials:
-    """TLS client credentials presenting ``<name>.pem`` and trusting only ``ca.pem``."""
-    ca, key, cert = _material(cert_dir, name)
-    return grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
+    """TLS client credentials presenting ``<name>.pem`` and trusting only ``ca.pem``, after
+    checking the directory and that the certificate is valid now, signed by ``ca.pem`` and not
+    revoked in ``crl.pem`` (:func:`~secure_release.infra.certdir.load_party`): a client whose
+    own certificate would be refused learns why, with the file and the date, before it connects.
+    Each new channel reads the files again, so a renewed certificate is used from then on."""
+    from secure_release.infra.certdir import WARN_DAYS, load_party
+
+    files = load_party(Path(cert_dir), name, strict=True)
+    days = files.days_left()
+    if days < WARN_DAYS:
+        sys.stderr.write(
+            f"WARNING: {files.cert_path} expires in {days} days ({files.not_after:%Y-%m-%d}); "
+            "renew it (docs/deployment.md, Renew)\n"
+        )
+    return grpc.ssl_channel_credentials(
+        root_certificates=files.ca_pem, private_key=files.key_pem, certificate_chain=files.cert_pem
+    )
 
 
 # The interceptor bases are generic only in grpc-stubs, not at runtime.
@@ -261,11 +273,24 @@ def make_grpc_server(
     from secure_release.infra.auth import AuthInterceptor, CallLimits
 
     limits = CallLimits(calls_per_peer, stream_idle_seconds)
-    return grpc.server(
+    auth = AuthInterceptor(insecure=insecure, limits=limits)
+    server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc"),
         options=list(SERVER_OPTIONS),
-        interceptors=[AuthInterceptor(insecure=insecure, limits=limits), *interceptors],
+        interceptors=[auth, *interceptors],
     )
+    _AUTH[server] = auth
+    return server
+
+
+#: Each server's access check, so :func:`bind` can hand it the certificate watcher (its CRL).
+_AUTH: weakref.WeakKeyDictionary[grpc.Server, Any] = weakref.WeakKeyDictionary()
+
+
+def certificates_of(server: grpc.Server) -> CertWatcher | None:
+    """The certificate watcher :func:`bind` gave ``server`` (None for a plaintext server)."""
+    auth = _AUTH.get(server)
+    return None if auth is None else cast("CertWatcher | None", auth.certificates)
 
 
 INSECURE_CLIENT_WARNING = (
@@ -299,12 +324,25 @@ def bind(
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     if not insecure and cert_dir is None:
         raise PkiError("a TLS server needs --certs DIR (or pass --insecure for tests only)")
+    credentials = None
+    if not insecure:
+        from secure_release.infra.certdir import CertWatcher
+
+        assert cert_dir is not None
+        auth = _AUTH.get(server)
+        if auth is None:
+            raise PkiError("a TLS server must come from make_grpc_server: its access check also enforces the CRL")
+        watcher = auth.certificates
+        if watcher is None or (watcher.directory, watcher.name) != (Path(cert_dir), name):
+            watcher = CertWatcher(cert_dir, name)
+            auth.certificates = watcher
+            watcher.start()
+        credentials = watcher.credentials()
     try:
-        if insecure:
+        if credentials is None:
             bound = server.add_insecure_port(address)
         else:
-            assert cert_dir is not None
-            bound = server.add_secure_port(address, server_credentials(cert_dir, name))
+            bound = server.add_secure_port(address, credentials)
     except RuntimeError:
         bound = 0
     if bound == 0:
