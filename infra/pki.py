@@ -398,10 +398,11 @@ def sign_request(
             if old.serial_number in revoked or old.not_valid_after_utc < now:
                 continue
             if old_ident.role != ident.role or old.public_key() != request.public_key:
+                how = "another key" if old.public_key() != request.public_key else "the same key"
                 raise NameTakenError(
-                    f"{ident.name} is already certified as {old_ident} under another key "
-                    f"(serial {serial_hex(old.serial_number)}, until {old.not_valid_after_utc:%Y-%m-%d}); "
-                    "pass --replace if this request really comes from that party"
+                    f"{ident.name} is already certified as {old_ident} under {how} "
+                    f"(serial {serial_hex(old.serial_number)}, until {old.not_valid_after_utc:%Y-%m-%d}) and this "
+                    f"request asks for {ident}; pass --replace if it really comes from that party"
                 )
     cert = _build(ca, request.public_key, ident.name, [*request.hosts, *identity_names(ident.role, ident.name)],
                   ident.role, validity or _validity(days))  # fmt: skip

@@ -199,6 +199,104 @@ class _Details(grpc.ClientCallDetails):
         self.compression = getattr(d, "compression", None)
 
 
+class PeerHandshakeError(grpc.RpcError):
+    """A connection whose TLS handshake failed, said in words with the peer's address (the
+    status code stays UNAVAILABLE; ``details()`` carries the explanation and grpc's own text)."""
+
+    is_rpc_error = True  # infra.exitcodes treats it as the gRPC error it wraps
+
+    def __init__(self, original: grpc.RpcError, message: str) -> None:
+        super().__init__(message)
+        self._original, self._message = original, message
+
+    def code(self) -> grpc.StatusCode:
+        return self._original.code()
+
+    def details(self) -> str:
+        return self._message
+
+    def result(self, timeout: float | None = None) -> Any:
+        raise self
+
+    def exception(self, timeout: float | None = None) -> BaseException:
+        return self
+
+    def traceback(self, timeout: float | None = None) -> None:
+        return None
+
+    def __str__(self) -> str:
+        return self._message
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._original, name)
+
+
+def explain_handshake(exc: BaseException, address: str, name: str, peer: str) -> str | None:
+    """A sentence for an UNAVAILABLE error whose cause is the TLS handshake (None otherwise)."""
+    details = str(exc.details() if callable(getattr(exc, "details", None)) else "")  # type: ignore[attr-defined]
+    if "failed to connect" not in details:
+        return None
+    if "Hostname Verification" in details or "No match found for server name" in details:
+        why = f"its certificate is not that of the {peer} this client expects; nothing was sent"
+    elif "CERTIFICATE_VERIFY_FAILED" in details or "certificate verify failed" in details.lower():
+        why = "its certificate is not signed by our ca.pem (another project's CA, or an expired certificate)"
+    elif "Socket closed" in details or "handshake" in details.lower():
+        why = (
+            f"the peer closed the connection during the TLS handshake: it refused {name}'s certificate "
+            "(not from the CA it trusts, or expired there) or does not speak TLS"
+        )
+    else:
+        return None
+    return f"TLS handshake with {address} refused: {why} [grpc: {details}]"
+
+
+class _PeerErrors(_UnaryUnary, _UnaryStream, _StreamUnary, _StreamStream):
+    """Turns a failed TLS handshake into :class:`PeerHandshakeError` naming the peer's address."""
+
+    def __init__(self, address: str, name: str, peer: str) -> None:
+        self.address, self.name, self.peer = address, name, peer
+
+    def _explained(self, exc: grpc.RpcError) -> grpc.RpcError:
+        message = explain_handshake(exc, self.address, self.name, self.peer)
+        return exc if message is None else PeerHandshakeError(exc, message)
+
+    def _single(self, outcome: Any) -> Any:
+        if isinstance(outcome, grpc.RpcError):
+            return self._explained(outcome)
+        return outcome
+
+    def intercept_unary_unary(self, continuation: Any, d: Any, request: Any) -> Any:
+        return self._single(continuation(d, request))
+
+    def intercept_stream_unary(self, continuation: Any, d: Any, it: Any) -> Any:
+        return self._single(continuation(d, it))
+
+    def intercept_unary_stream(self, continuation: Any, d: Any, request: Any) -> Any:
+        return _ExplainedStream(continuation(d, request), self)
+
+    def intercept_stream_stream(self, continuation: Any, d: Any, it: Any) -> Any:
+        return _ExplainedStream(continuation(d, it), self)
+
+
+class _ExplainedStream:
+    """A response stream whose handshake failure is raised as :class:`PeerHandshakeError`."""
+
+    def __init__(self, call: Any, errors: _PeerErrors) -> None:
+        self._call, self._errors = call, errors
+
+    def __iter__(self) -> _ExplainedStream:
+        return self
+
+    def __next__(self) -> Any:
+        try:
+            return next(self._call)
+        except grpc.RpcError as exc:
+            raise self._errors._explained(exc) from None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._call, name)
+
+
 def peer_dns_name(role: str, name: str | None = None) -> str:
     """The DNS name a client pins for a peer of ``role`` (and, if given, of that ``name``)."""
     if name is None:
@@ -246,7 +344,9 @@ def secure_channel(
     if peer_role not in ROLES:
         raise PkiError(f"a client must name the role it expects of {address}: one of {', '.join(ROLES)}")
     options = [*GRPC_OPTIONS, ("grpc.ssl_target_name_override", peer_dns_name(peer_role, peer_name))]
-    return grpc.secure_channel(address, channel_credentials(cert_dir, name), options=options)
+    channel = grpc.secure_channel(address, channel_credentials(cert_dir, name), options=options)
+    peer = f"{peer_role} {peer_name}" if peer_name else peer_role
+    return grpc.intercept_channel(channel, _PeerErrors(address, name, peer))
 
 
 # ------------------------------------------------------------------------------ server side
