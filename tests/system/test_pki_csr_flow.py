@@ -1,0 +1,125 @@
+"""The PKI as separate organisations use it, through the real commands and services: every key
+made in its own party's directory, only CSRs and certificates travel, a release runs with four
+kinds of parties in their own directories; a service given the CA key, another party's key or a
+key others may read exits 2 naming the file; an expired client certificate gets one line."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from secure_release.cluster import Cluster, get_estimate, launch_release
+from secure_release.demo_data import write_demo_data
+from secure_release.infra import pki
+from secure_release.mechanism.keys import AlignmentKey
+
+PARTIES = [("server", "server", "localhost,127.0.0.1"), ("curator", "alice", "localhost,127.0.0.1"),
+           ("curator", "bob", "localhost,127.0.0.1"), ("researcher", "researcher", "localhost,127.0.0.1"),
+           ("analyst", "analyst", "")]  # fmt: skip
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=60)
+
+
+def sr(*args: str) -> subprocess.CompletedProcess[str]:
+    done = run("-m", "secure_release", *args)
+    assert done.returncode == 0, done.stderr
+    return done
+
+
+@pytest.fixture(scope="module")
+def orgs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The CA on its machine (root/ca), each party on its own (root/NAME), made with the CLI."""
+    root = tmp_path_factory.mktemp("orgs")
+    sr("pki", "ca", str(root / "ca"))
+    for role, name, hosts in PARTIES:
+        party = root / name
+        sr("pki", "request", "--role", role, "--name", name, "--out", str(party),
+           *(["--hosts", hosts] if hosts else []))
+        # what travels to the CA: the CSR only
+        inbox = root / "ca-inbox" / f"{name}.csr"
+        inbox.parent.mkdir(exist_ok=True)
+        shutil.copy(party / f"{name}.csr", inbox)
+        signed = sr("pki", "sign", str(inbox), "--ca", str(root / "ca"), "--out", str(inbox.with_suffix(".pem")))
+        assert f"certifying role {role} name {name}" in signed.stdout
+        # what travels back: the certificate and ca.pem
+        shutil.copy(root / "ca-inbox" / f"{name}.pem", party / f"{name}.pem")
+        shutil.copy(root / "ca" / "ca.pem", party / "ca.pem")
+    assert not list((root / "ca-inbox").glob("*.key"))
+    keys = list(root.glob("*/*.key"))
+    assert len(keys) == 6 and all(p.parent.name == p.stem for p in keys)  # every key in its owner's directory
+    return root
+
+
+def test_four_parties_in_four_directories_run_a_release(orgs: Path, tmp_path: Path) -> None:
+    info = write_demo_data(tmp_path / "data", rows=4000, seed=3)
+    (tmp_path / "align.key").write_text(AlignmentKey.generate().reveal().hex())
+    cluster = Cluster(tmp_path)
+    try:
+        addrs = launch_release(cluster, tmp_path / "data", orgs, "r-csr", 1.0, 300, "chacha20",
+                               tmp_path / "align.key")  # fmt: skip
+        resp = get_estimate(addrs["researcher"], orgs, "r-csr", timeout=120)
+    finally:
+        cluster.close()
+    assert resp.privacy.m == 300 and resp.privacy.n == info["n"] and len(resp.cells) == 24
+
+
+@pytest.mark.parametrize(
+    ("intruder", "expected"),
+    [("ca.key", ": the CA's private key must not be"), ("bob.key", " holds a private key that is not")],
+)
+def test_a_service_holding_secrets_not_its_own_exits_2(
+    orgs: Path, tmp_path: Path, intruder: str, expected: str
+) -> None:
+    for name, command in (
+        ("server", ["-m", "secure_release.server", "--listen", "127.0.0.1:0", "--store", str(tmp_path / "s")]),
+        ("researcher", ["-m", "secure_release.researcher", "serve", "--listen", "127.0.0.1:0",
+                        "--server", "127.0.0.1:1", "--curator", "alice=127.0.0.1:1", "--out", str(tmp_path / "out")]),
+    ):  # fmt: skip
+        d = tmp_path / name
+        shutil.copytree(orgs / name, d)
+        shutil.copy(orgs / ("ca" if intruder == "ca.key" else "bob") / intruder, d / intruder)
+        done = run(*command, "--certs", str(d), "--name", name)
+        assert done.returncode == 2, (name, done.stderr)
+        assert f"{d / intruder}{expected}" in done.stderr, done.stderr
+
+
+def test_a_service_whose_key_others_may_read_exits_2(orgs: Path, tmp_path: Path) -> None:
+    d = tmp_path / "server"
+    shutil.copytree(orgs / "server", d)
+    os.chmod(d / "server.key", 0o644)
+    done = run("-m", "secure_release.server", "--listen", "127.0.0.1:0", "--store", str(tmp_path / "s"),
+               "--certs", str(d), "--name", "server")  # fmt: skip
+    assert done.returncode == 2
+    assert f"{d / 'server.key'} has mode 0644: others than its owner may read it; run: chmod 600" in done.stderr
+
+
+def test_an_expired_client_certificate_gets_one_line(orgs: Path, tmp_path: Path) -> None:
+    """Signed in the past (explicit validity, no sleeping): the researcher and the analyst
+    clients stop before connecting, with the file and the date, in one line."""
+    past = dt.datetime.now(dt.UTC) - dt.timedelta(days=40)
+    for role, name in (("researcher", "researcher"), ("analyst", "analyst")):
+        d = tmp_path / name
+        csr = pki.write_request(d, role, name)
+        validity = (past, past + dt.timedelta(days=30))
+        cert = pki.sign_request(orgs / "ca", csr.read_bytes(), replace=True, validity=validity)
+        (d / f"{name}.pem").write_bytes(pki.cert_pem(cert))
+        shutil.copy(orgs / "ca" / "ca.pem", d / "ca.pem")
+    expired_on = f"{past + dt.timedelta(days=30):%Y-%m-%d}"
+    fetch = run("-m", "secure_release.researcher", "fetch", "--release-id", "r1",
+                "--certs", str(tmp_path / "researcher"), "--name", "researcher", "--server", "127.0.0.1:1",
+                "--curator", "alice=127.0.0.1:1", "--out", str(tmp_path / "out"), "--timeout", "5")  # fmt: skip
+    show = run("-m", "secure_release", "analyst", "list", "--researcher", "127.0.0.1:1",
+               "--certs", str(tmp_path / "analyst"), "--name", "analyst")  # fmt: skip
+    for done, name in ((fetch, "researcher"), (show, "analyst")):
+        assert done.returncode == 2, done.stderr
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1, done.stderr
+        assert f"{tmp_path / name / (name + '.pem')} expired on {expired_on}" in lines[0]
