@@ -287,9 +287,9 @@ class CertWatcher:
             return True
 
     def _warn(self) -> None:
+        """Log, once a day, that the certificate expires within WARN_DAYS or the CRL is out of date."""
         days = self.files.days_left()
         if days < WARN_DAYS and days != self._warned_days:
-            self._warned_days = days
             self.log.warning(
                 "certificate_expires_soon",
                 file=str(self.files.cert_path),
@@ -297,6 +297,15 @@ class CertWatcher:
                 not_after=self.files.not_after.isoformat(),
                 renew="docs/deployment.md#renew",
             )
+        stale = self.files.crl_next_update
+        if stale is not None and stale < _dt.datetime.now(_dt.UTC) and days != self._warned_days:
+            self.log.warning(
+                "crl_out_of_date",
+                file=str(self.directory / "crl.pem"),
+                next_update=stale.isoformat(),
+                renew="the CA operator runs 'secure-release pki crl --ca DIR'; copy the new crl.pem here",
+            )
+        self._warned_days = days
 
     def server_configuration(self) -> grpc.ServerCertificateConfiguration:
         files = self.files

@@ -446,9 +446,7 @@ def revoke(
         raise NotIssuedError(
             f"{ca_dir / ISSUED} holds no certificate with {what}; 'pki revoke' names a party or serial this CA signed"
         )
-    old = _load_crl(ca_dir)
-    if old is not None and not old.is_signature_valid(ca.key.public_key()):
-        raise PkiError(f"{ca_dir / 'crl.pem'} is not signed by {ca_dir / 'ca.pem'}; move it away and revoke again")
+    old = _checked_crl(ca_dir, ca)
     entries = list(old) if old is not None else []
     already = {e.serial_number for e in entries}
     now = now or _now()
@@ -457,6 +455,33 @@ def revoke(
         entries.append(
             x509.RevokedCertificateBuilder().serial_number(cert.serial_number).revocation_date(now).build()
         )
+    _sign_crl(ca_dir, ca, entries, old, now)
+    return fresh
+
+
+def refresh_crl(ca_dir: Path, now: _dt.datetime | None = None) -> x509.CertificateRevocationList:
+    """``secure-release pki crl``: sign ``crl.pem`` again with every entry and a next update
+    :data:`CRL_VALIDITY_DAYS` from now (an empty CRL if there is none yet)."""
+    ca_dir = Path(ca_dir)
+    ca = load_authority(ca_dir)
+    old = _checked_crl(ca_dir, ca)
+    return _sign_crl(ca_dir, ca, list(old) if old is not None else [], old, now or _now())
+
+
+def _checked_crl(ca_dir: Path, ca: Authority) -> x509.CertificateRevocationList | None:
+    old = _load_crl(ca_dir)
+    if old is not None and not old.is_signature_valid(ca.key.public_key()):
+        raise PkiError(f"{ca_dir / 'crl.pem'} is not signed by {ca_dir / 'ca.pem'}; move it away and revoke again")
+    return old
+
+
+def _sign_crl(
+    ca_dir: Path,
+    ca: Authority,
+    entries: list[x509.RevokedCertificate],
+    old: x509.CertificateRevocationList | None,
+    now: _dt.datetime,
+) -> x509.CertificateRevocationList:
     number = 1
     if old is not None:
         try:
@@ -475,7 +500,7 @@ def revoke(
         builder = builder.add_revoked_certificate(entry)
     crl = builder.sign(ca.key, hashes.SHA256())
     atomic_write(ca_dir / "crl.pem", crl.public_bytes(serialization.Encoding.PEM), 0o644)
-    return fresh
+    return crl
 
 
 def verify_issued_by(cert: x509.Certificate, ca: x509.Certificate) -> bool:

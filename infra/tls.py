@@ -132,6 +132,9 @@ def server_credentials(cert_dir: Path, name: str) -> grpc.ServerCredentials:
     return CertWatcher(cert_dir, name).credentials()
 
 
+_WARNED: set[tuple[Path, int]] = set()
+
+
 def channel_credentials(cert_dir: Path, name: str) -> grpc.ChannelCredentials:
     """TLS client credentials presenting ``<name>.pem`` and trusting only ``ca.pem``, after
     checking the directory and that the certificate is valid now, signed by ``ca.pem`` and not
@@ -142,7 +145,8 @@ def channel_credentials(cert_dir: Path, name: str) -> grpc.ChannelCredentials:
 
     files = load_party(Path(cert_dir), name, strict=True)
     days = files.days_left()
-    if days < WARN_DAYS:
+    if days < WARN_DAYS and (files.cert_path, days) not in _WARNED:
+        _WARNED.add((files.cert_path, days))  # once a day per file, not once per channel
         sys.stderr.write(
             f"WARNING: {files.cert_path} expires in {days} days ({files.not_after:%Y-%m-%d}); "
             "renew it (docs/deployment.md, Renew)\n"

@@ -19,6 +19,7 @@ from secure_release.infra.pki import (
     init_pki,
     parse_serial,
     read_request,
+    refresh_crl,
     revoke,
     serial_hex,
     sign_request,
@@ -108,6 +109,15 @@ def register(sub: Any) -> None:
     who.add_argument("--serial", help="revoke one certificate by its serial (hex, as 'pki sign' printed it)")
     rev.set_defaults(func=run_revoke)
 
+    crl = pki_sub.add_parser(
+        "crl",
+        help="sign DIR/crl.pem again with a fresh next update (every revocation kept)",
+        description="A CRL is valid 30 days; services log 'crl_out_of_date' after that. Re-sign it "
+        "(every entry kept; an empty CRL if none yet) and copy crl.pem to every party. " + _DOCS,
+    )
+    crl.add_argument("--ca", required=True, type=Path, metavar="DIR", help="the CA's directory (from 'pki ca')")
+    crl.set_defaults(func=run_crl)
+
     init = pki_sub.add_parser(
         "init",
         help="demo only: a CA in DIR/ca and one directory DIR/NAME per party, all on this machine",
@@ -196,6 +206,13 @@ def run_revoke(args: argparse.Namespace) -> int:
     if not revoked:
         print("already revoked; crl.pem rewritten")
     print(f"wrote {args.ca / 'crl.pem'}: copy it into every party's --certs directory")
+    return 0
+
+
+def run_crl(args: argparse.Namespace) -> int:
+    crl = refresh_crl(args.ca)
+    until = crl.next_update_utc
+    print(f"wrote {args.ca / 'crl.pem'}: {len(crl)} revoked, next update {until:%Y-%m-%d} (copy it to every party)")
     return 0
 
 

@@ -271,3 +271,27 @@ def test_pki_commands_print_what_they_certify_and_refuse_with_codes(
     with pytest.raises(SystemExit) as exit_:
         cli_main(["pki", "request", "--role", "admin", "--name", "eve", "--out", str(tmp_path / "e")])
     assert exit_.value.code == 2
+
+
+def test_pki_crl_re_signs_and_an_out_of_date_crl_is_logged(
+    tmp_path: Path, ca: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    d = party(tmp_path, ca, "server", "server")
+    gone = party(tmp_path, ca, "analyst", "ann")
+    pki.revoke(ca, name="ann")
+    long_ago = NOW - dt.timedelta(days=60)
+    old = pki.refresh_crl(ca, now=long_ago)  # last signed 60 days ago: out of date 30 days ago
+    assert {e.serial_number for e in old} == {load_party(gone, "ann", strict=False).serial}
+    shutil.copy(ca / "crl.pem", d / "crl.pem")
+    with caplog.at_level(logging.WARNING, logger="secure_release"):
+        CertWatcher(d, "server", reload_every=1.0, clock=Clock())
+    assert "crl_out_of_date" in caplog.text
+    assert cli_main(["pki", "crl", "--ca", str(ca)]) == 0
+    fresh = x509.load_pem_x509_crl((ca / "crl.pem").read_bytes())
+    assert fresh.next_update_utc > NOW and len(fresh) == 1
+    assert fresh.extensions.get_extension_for_class(x509.CRLNumber).value.crl_number == 3
+    shutil.copy(ca / "crl.pem", d / "crl.pem")
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="secure_release"):
+        CertWatcher(d, "server", reload_every=1.0, clock=Clock())
+    assert "crl_out_of_date" not in caplog.text
