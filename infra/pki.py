@@ -22,6 +22,7 @@ certificates 0644, each file atomically.
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
 import ipaddress
 import shutil
 from collections.abc import Sequence
@@ -83,6 +84,14 @@ def key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
 
 def cert_pem(cert: x509.Certificate) -> bytes:
     return cert.public_bytes(serialization.Encoding.PEM)
+
+
+def key_fingerprint(key: ec.EllipticCurvePublicKey) -> str:
+    """SHA-256 of a public key (SubjectPublicKeyInfo DER), the first 16 bytes in hex pairs: what
+    ``pki request`` and ``pki sign`` both print, to compare over the phone."""
+    der = key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    digest = hashlib.sha256(der).hexdigest()[:32]
+    return ":".join(digest[i : i + 4] for i in range(0, 32, 4))
 
 
 def serial_hex(serial: int) -> str:

@@ -17,6 +17,7 @@ from secure_release.infra.pki import (
     cert_pem,
     create_ca,
     init_pki,
+    key_fingerprint,
     parse_serial,
     read_request,
     refresh_crl,
@@ -177,8 +178,10 @@ def run_ca(args: argparse.Namespace) -> int:
 
 def run_request(args: argparse.Namespace) -> int:
     csr = write_request(args.out, args.role, args.name, args.hosts)
+    request = read_request(csr.read_bytes(), str(csr))
     print(f"key     {args.out / (args.name + '.key')}  (0600; stays here)")
     print(f"request {csr}  (send it to the CA operator)")
+    print(f"key fingerprint {key_fingerprint(request.public_key)}  (tell the CA operator by another channel)")
     return 0
 
 
@@ -190,6 +193,8 @@ def run_sign(args: argparse.Namespace) -> int:
     request = read_request(pem, str(args.csr))
     print(f"certifying role {request.identity.role} name {request.identity.name}"
           f" (hosts: {', '.join(str(h.value) for h in request.hosts) or 'none'})")  # fmt: skip
+    fingerprint = key_fingerprint(request.public_key)
+    print(f"key fingerprint {fingerprint}  (compare it with the one {request.identity.name} told you)")
     cert = sign_request(args.ca, pem, days=args.days, replace=args.replace, source=str(args.csr))
     atomic_write(args.out, cert_pem(cert), 0o644)
     until = f"{cert.not_valid_after_utc:%Y-%m-%d %H:%M} UTC"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import re
 import shutil
 import stat
 from pathlib import Path
@@ -254,10 +255,11 @@ def test_pki_commands_print_what_they_certify_and_refuse_with_codes(
     ca_dir, out = tmp_path / "ca", tmp_path / "alice"
     assert cli_main(["pki", "ca", str(ca_dir)]) == 0
     assert cli_main(["pki", "request", "--role", "curator", "--name", "alice", "--out", str(out)]) == 0
-    capsys.readouterr()
+    told = re.search(r"key fingerprint (\S+)", capsys.readouterr().out)
     assert cli_main(["pki", "sign", str(out / "alice.csr"), "--ca", str(ca_dir), "--out", str(out / "alice.pem")]) == 0
     printed = capsys.readouterr().out
     assert "certifying role curator name alice" in printed and "serial" in printed
+    assert told is not None and f"key fingerprint {told.group(1)}" in printed
     other = tmp_path / "alice2"
     assert cli_main(["pki", "request", "--role", "curator", "--name", "alice", "--out", str(other)]) == 0
     sign = ["pki", "sign", str(other / "alice.csr"), "--ca", str(ca_dir), "--out", str(other / "alice.pem")]
