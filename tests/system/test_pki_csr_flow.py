@@ -78,14 +78,22 @@ def test_four_parties_in_four_directories_run_a_release(orgs: Path, tmp_path: Pa
 def test_a_service_holding_secrets_not_its_own_exits_2(
     orgs: Path, tmp_path: Path, intruder: str, expected: str
 ) -> None:
+    write_demo_data(tmp_path / "data", rows=200, seed=1)
+    (tmp_path / "align.key").write_text(AlignmentKey.generate().reveal().hex())
+    (tmp_path / "align.key").chmod(0o600)
+    data = tmp_path / "data"
     for name, command in (
         ("server", ["-m", "secure_release.server", "--listen", "127.0.0.1:0", "--store", str(tmp_path / "s")]),
+        ("alice", ["-m", "secure_release.curator", "run", "--data", str(data / "alice.csv"), "--schema",
+                   str(data / "alice.json"), "--release-id", "r1", "--epsilon", "0.5", "--server", "127.0.0.1:1",
+                   "--curators", "alice,bob", "--leader", "--listen", "127.0.0.1:0", "--alignment-key-file",
+                   str(tmp_path / "align.key"), "--keystore", str(tmp_path / "ks")]),
         ("researcher", ["-m", "secure_release.researcher", "serve", "--listen", "127.0.0.1:0",
                         "--server", "127.0.0.1:1", "--curator", "alice=127.0.0.1:1", "--out", str(tmp_path / "out")]),
     ):  # fmt: skip
         d = tmp_path / name
         shutil.copytree(orgs / name, d)
-        shutil.copy(orgs / ("ca" if intruder == "ca.key" else "bob") / intruder, d / intruder)
+        shutil.copy(orgs / ("ca" if intruder == "ca.key" else "bob") / intruder, d / intruder)  # bob's: a curator's
         done = run(*command, "--certs", str(d), "--name", name)
         assert done.returncode == 2, (name, done.stderr)
         assert f"{d / intruder}{expected}" in done.stderr, done.stderr
