@@ -11,16 +11,13 @@ import datetime as dt
 import logging
 import os
 import shutil
-import socket
-import ssl
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import pytest
-from cryptography import x509
-from support import chunks_of, code_of, columns, make_params, register_all, upload
+from support import chunks_of, code_of, columns, make_params, register_all, served_serial, upload
 
 from secure_release.curator.service import CuratorService
 from secure_release.infra import health as health_cli
@@ -57,18 +54,6 @@ def serve(root: Path, name: str, add: object, servicer: object, service: str) ->
     port = tls.bind(server, "127.0.0.1", 0, root / name, name)
     server.start()
     return server, port
-
-
-def served_serial(port: int, party: Path, name: str) -> int:
-    """The serial of the certificate the server presents in a fresh TLS handshake."""
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
-    ctx.load_cert_chain(party / f"{name}.pem", party / f"{name}.key")
-    ctx.set_alpn_protocols(["h2"])
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock, ctx.wrap_socket(sock) as conn:
-        der = conn.getpeercert(binary_form=True)
-    assert der is not None
-    return x509.load_der_x509_certificate(der).serial_number
 
 
 def renew(root: Path, name: str, role: str, tmp: Path) -> int:

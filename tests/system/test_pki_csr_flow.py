@@ -10,7 +10,9 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -131,3 +133,65 @@ def test_an_expired_client_certificate_gets_one_line(orgs: Path, tmp_path: Path)
         lines = done.stderr.strip().splitlines()
         assert len(lines) == 1, done.stderr
         assert f"{tmp_path / name / (name + '.pem')} expired on {expired_on}" in lines[0]
+
+
+def test_a_server_process_renewed_mid_release_keeps_its_releases(orgs: Path, tmp_path: Path) -> None:
+    """The real server process: alice uploads, the server's key and certificate are replaced,
+    the next connection gets the new certificate from the same process, bob's upload completes
+    the release and the researcher fetches it."""
+    from support import chunks_of, columns, make_params, register_all, served_serial, upload
+
+    from secure_release.infra import tls
+    from secure_release.infra.certdir import RELOAD_ENV, load_party
+    from secure_release.mechanism.packing import CHUNK_ROWS
+    from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
+    from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
+
+    live = tmp_path / "server"
+    shutil.copytree(orgs / "server", live)
+    env = {**os.environ, RELOAD_ENV: "0.2"}
+    port_file = tmp_path / "port"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "secure_release.server", "--listen", "127.0.0.1:0", "--store", str(tmp_path / "s"),
+         "--certs", str(live), "--name", "server", "--port-file", str(port_file), "--grace", "0.5"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        for _ in range(200):
+            if port_file.exists() and port_file.read_text().strip():
+                break
+            time.sleep(0.05)
+        port = int(port_file.read_text())
+        address = f"127.0.0.1:{port}"
+
+        def stub(name: str) -> tuple[Any, pb_grpc.ReleaseServerStub]:
+            ch = tls.secure_channel(address, orgs / name, name, peer_role="server")
+            return ch, pb_grpc.ReleaseServerStub(ch)
+
+        old = load_party(live, "server").serial
+        assert served_serial(port, orgs / "analyst", "analyst") == old
+        first = {n: stub(n) for n in ("alice", "bob")}
+        register_all({n: s for n, (_, s) in first.items()}, make_params())
+        cols = columns(CHUNK_ROWS + 1000)
+        upload(first["alice"][1], "alice", chunks_of(cols[0], 3))
+        staging = tmp_path / "renew"
+        csr = pki.write_request(staging, "server", "server", ["localhost", "127.0.0.1"])
+        cert = pki.sign_request(orgs / "ca", csr.read_bytes(), replace=True)
+        (staging / "server.pem").write_bytes(pki.cert_pem(cert))
+        os.replace(staging / "server.key", live / "server.key")
+        os.replace(staging / "server.pem", live / "server.pem")
+        time.sleep(0.6)
+        assert served_serial(port, orgs / "analyst", "analyst") == cert.serial_number != old
+        ch, bob = stub("bob")
+        with ch:
+            assert upload(bob, "bob", chunks_of(cols[1], 4)).status.state == pb.RELEASE_STATE_PERTURBED
+        ch, researcher = stub("researcher")
+        with ch:
+            fetched = list(researcher.FetchPerturbed(pb.FetchRequest(release_id="r1"), timeout=30))
+        assert fetched and fetched[-1].last and proc.poll() is None  # same process throughout
+        for c, _ in first.values():
+            c.close()
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=20)
+    assert "certificates_reloaded" in err and f"{cert.serial_number:x}" in err
