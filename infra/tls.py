@@ -4,7 +4,12 @@ Every party (curator, server, researcher, analyst) gets a certificate signed by 
 (ECDSA P-256, SHA-256). Its identity is the URI SAN ``secure-release://<role>/<name>``; the
 DNS/IP SANs (``hosts``) let any party also act as a TLS server. mTLS alone admits any
 certificate the CA signed, so every server checks each caller's role against the access table
-(``infra.auth``).
+(``infra.auth``), which also refuses a certificate revoked in the server's ``crl.pem``.
+
+Each party uses only its own directory (``ca.pem``, ``NAME.pem``, ``NAME.key``, ``crl.pem``;
+``infra.certdir``). :func:`bind` serves with dynamic credentials that take a renewed certificate
+at the next handshake; :func:`secure_channel` checks the client's own certificate before it
+connects and explains a refused handshake with the peer's address.
 
 Insecure mode exists only behind explicit flags: :func:`bind` with ``insecure=True`` opens a
 plaintext port and prints a loud warning; on a server built with ``insecure=True`` the caller's
@@ -121,15 +126,6 @@ def identity_of_file(cert_dir: Path, name: str) -> Identity:
     if ident is None:
         raise PkiError(f"{Path(cert_dir) / f'{name}.pem'} carries no secure-release:// URI SAN")
     return ident
-
-
-def server_credentials(cert_dir: Path, name: str) -> grpc.ServerCredentials:
-    """TLS server credentials that require a client certificate signed by ``ca.pem`` and take a
-    new certificate from ``cert_dir`` at the next handshake after the files change
-    (:class:`~secure_release.infra.certdir.CertWatcher`)."""
-    from secure_release.infra.certdir import CertWatcher
-
-    return CertWatcher(cert_dir, name).credentials()
 
 
 _WARNED: set[tuple[Path, int]] = set()
