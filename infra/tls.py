@@ -427,6 +427,7 @@ def bind(
     credentials = None
     if not insecure:
         from secure_release.infra.certdir import CertWatcher
+        from secure_release.infra.logs import EventLog
 
         assert cert_dir is not None
         auth = _AUTH.get(server)
@@ -436,6 +437,7 @@ def bind(
         if watcher is None or (watcher.directory, watcher.name) != (Path(cert_dir), name):
             watcher = CertWatcher(cert_dir, name)
             auth.certificates = watcher
+            auth.log = EventLog("auth", name)
             watcher.start()
         credentials = watcher.credentials()
     try:
