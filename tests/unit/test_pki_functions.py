@@ -297,3 +297,37 @@ def test_pki_crl_re_signs_and_an_out_of_date_crl_is_logged(
     with caplog.at_level(logging.WARNING, logger="secure_release"):
         CertWatcher(d, "server", reload_every=1.0, clock=Clock())
     assert "crl_out_of_date" not in caplog.text
+
+
+class _Failed:
+    def __init__(self, details: str) -> None:
+        self._details = details
+
+    def details(self) -> str:
+        return self._details
+
+
+@pytest.mark.parametrize(
+    ("grpc_says", "we_say"),
+    [
+        ("failed to connect to all addresses; last error: UNAVAILABLE: ipv4:10.0.0.5:7000: Socket closed",
+         "the peer closed the connection during the TLS handshake: it refused ann's certificate"),
+        ("failed to connect to all addresses; last error: UNKNOWN: ipv4:10.0.0.5:7000: Tls handshake failed "
+         "(TSI_PROTOCOL_FAILURE): SSL_ERROR_SSL: error:1000007d:SSL routines:OPENSSL_internal:"
+         "CERTIFICATE_VERIFY_FAILED: unable to get local issuer certificate",
+         "its certificate is not signed by our ca.pem"),
+        ("failed to connect to all addresses; last error: UNKNOWN: ipv4:10.0.0.5:7000: Custom verification check "
+         "failed with error: UNAUTHENTICATED: Hostname Verification Check failed.",
+         "its certificate is not that of the server this client expects"),
+        ("failed to connect to all addresses; last error: UNKNOWN: ipv4:10.0.0.5:7000: Connection refused", None),
+        ("Deadline Exceeded", None),
+    ],
+)  # fmt: skip
+def test_a_failed_handshake_is_explained_with_the_address(grpc_says: str, we_say: str | None) -> None:
+    from secure_release.infra.tls import explain_handshake
+
+    said = explain_handshake(_Failed(grpc_says), "10.0.0.5:7000", "ann", "server")  # type: ignore[arg-type]
+    if we_say is None:
+        assert said is None
+    else:
+        assert said is not None and said.startswith("TLS handshake with 10.0.0.5:7000 refused: ") and we_say in said
