@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -71,6 +72,62 @@ def test_four_parties_in_four_directories_run_a_release(orgs: Path, tmp_path: Pa
     finally:
         cluster.close()
     assert resp.privacy.m == 300 and resp.privacy.n == info["n"] and len(resp.cells) == 24
+
+
+def test_revoked_researcher_and_analyst_are_refused_by_the_running_services(orgs: Path, tmp_path: Path) -> None:
+    """After a release: the researcher (its laptop's directory has no CRL) gets a key from alice;
+    the CA revokes it and the analyst, crl.pem is copied into every service's directory, and
+    within one reload the same calls are refused (UNAUTHENTICATED), with the serial in the logs:
+    no key from any curator, no rows from the server, no estimate from the researcher service."""
+    import grpc
+
+    from secure_release.infra import tls
+    from secure_release.infra.certdir import RELOAD_ENV
+    from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
+    from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
+
+    root = tmp_path / "orgs"
+    shutil.copytree(orgs, root)
+    laptop, ann = tmp_path / "laptop", tmp_path / "ann"
+    shutil.copytree(root / "researcher", laptop)
+    shutil.copytree(root / "analyst", ann)
+    write_demo_data(tmp_path / "data", rows=3000, seed=5)
+    (tmp_path / "align.key").write_text(AlignmentKey.generate().reveal().hex())
+    cluster = Cluster(tmp_path, env={**os.environ, RELOAD_ENV: "0.2"})
+    try:
+        addrs = launch_release(cluster, tmp_path / "data", root, "r-rev", 1.0, 200, "chacha20", tmp_path / "align.key")
+        get_estimate(addrs["researcher"], root, "r-rev", timeout=120)
+
+        def call(what: str) -> grpc.StatusCode:
+            try:
+                if what in ("alice", "bob"):
+                    ch = tls.secure_channel(addrs[what], laptop, "researcher", peer_role="curator", peer_name=what)
+                    with ch:
+                        list(pb_grpc.CuratorStub(ch).ReleaseKey(pb.KeyRequest(release_id="r-rev"), timeout=10))
+                elif what == "server":
+                    with tls.secure_channel(addrs["server"], laptop, "researcher", peer_role="server") as ch:
+                        request = pb.FetchRequest(release_id="r-rev")
+                        list(pb_grpc.ReleaseServerStub(ch).FetchPerturbed(request, timeout=10))
+                else:
+                    with tls.secure_channel(addrs["researcher"], ann, "analyst", peer_role="researcher") as ch:
+                        pb_grpc.ResearcherStub(ch).GetEstimate(pb.EstimateRequest(release_id="r-rev"), timeout=10)
+            except grpc.RpcError as exc:
+                return exc.code()  # type: ignore[no-any-return]
+            return grpc.StatusCode.OK
+
+        parties = ("alice", "bob", "server", "researcher")
+        assert {p: call(p) for p in parties} == dict.fromkeys(parties, grpc.StatusCode.OK)
+        out = sr("pki", "revoke", "--ca", str(root / "ca"), "--name", "researcher").stdout
+        out += sr("pki", "revoke", "--ca", str(root / "ca"), "--name", "analyst").stdout
+        serials = set(re.findall(r"revoked serial ([0-9a-f]+)", out))
+        for name in parties:
+            shutil.copy(root / "ca" / "crl.pem", root / name / "crl.pem")
+        time.sleep(0.8)
+        assert {p: call(p) for p in parties} == dict.fromkeys(parties, grpc.StatusCode.UNAUTHENTICATED)
+    finally:
+        cluster.close()
+    logged = "".join((tmp_path / f"{p}.log").read_text() for p in parties)
+    assert len(serials) == 2 and all(s in logged for s in serials) and "revoked_certificate_refused" in logged
 
 
 @pytest.mark.parametrize(
