@@ -383,7 +383,8 @@ def simulate(
 
 
 def fetch_result(address: str, certs: str | Path, name: str, release_id: str, timeout: float = 300.0) -> Result:
-    """An estimate from a running researcher service, as analyst ``name`` (mutual TLS)."""
+    """An estimate from a running researcher service, as analyst ``name`` (mutual TLS with the
+    analyst's own directory ``certs``: ``ca.pem``, ``NAME.pem``, ``NAME.key``)."""
     from secure_release.analyst import fetch_report
 
     return _result(fetch_report(address, Path(certs), name, release_id, wait=True, timeout=timeout))

@@ -159,7 +159,8 @@ def launch_release(
     """Start the server, the curators (the first one leads; each reads ``data/<name>.csv`` and
     ``.json``) and the researcher; return their addresses. ``alice_extra``/``bob_extra`` are
     shorthands for ``curator_extra``; ``sampling`` (seed|indices) and ``alignment`` (hash|psi)
-    go to every curator."""
+    go to every curator. ``certs`` is a PKI root as ``init_pki`` writes it: each process gets
+    only ``certs/NAME``."""
     root = cluster.root
     grants = grants or {c: [researcher] for c in curators}
     extras = {"alice": list(alice_extra), "bob": list(bob_extra)}
@@ -197,14 +198,15 @@ def _commands(
     extras: Mapping[str, list[str]], server_extra: Sequence[str], researcher: str, curators: Sequence[str],
     sampling: str, alignment: str,
 ) -> dict[str, list[str]]:  # fmt: skip
-    """The command line of every process of one release (each listens on ``addrs[name]``)."""
+    """The command line of every process of one release (each listens on ``addrs[name]``; each
+    gets only its own certificate directory ``certs/NAME``, as ``init_pki`` writes them)."""
     commands = {
         "server": ["-m", "secure_release.server", "--listen", addrs["server"], "--store", str(root / "store"),
-                   "--certs", str(certs), "--name", "server", *server_extra],
+                   "--certs", str(certs / "server"), "--name", "server", *server_extra],
     }  # fmt: skip
     common = [
         "--release-id", release_id, "--epsilon", repr(epsilon), "--cipher", cipher, "--server", addrs["server"],
-        "--certs", str(certs), "--curators", ",".join(curators), "--alignment-key-file", str(align_key_file),
+        "--curators", ",".join(curators), "--alignment-key-file", str(align_key_file),
         "--researcher", researcher, "--sampling", sampling, "--alignment", alignment,
     ] + (["--m", str(m)] if m is not None else [])  # fmt: skip
     for i, name in enumerate(curators):
@@ -217,10 +219,11 @@ def _commands(
         commands[name] = [
             "-m", "secure_release.curator", "run", "--data", str(data / f"{name}.csv"),
             "--schema", str(data / f"{name}.json"), "--name", name, "--keystore", str(root / f"keystore-{name}"),
+            "--certs", str(certs / name),
             "--listen", addrs[name], *common, *g, *role, *extras.get(name, []),
         ]  # fmt: skip
     commands["researcher"] = [
-        "-m", "secure_release.researcher", "serve", "--listen", addrs["researcher"], "--certs", str(certs),
+        "-m", "secure_release.researcher", "serve", "--listen", addrs["researcher"], "--certs", str(certs / researcher),
         "--name", researcher, "--server", addrs["server"],
         *(x for c in curators for x in ("--curator", f"{c}={addrs[c]}")),
         "--out", str(root / "results"), "--analyst", "analyst", "--allow-partial",
@@ -229,11 +232,12 @@ def _commands(
 
 
 def get_estimate(address: str, certs: Path, release_id: str, name: str = "analyst", timeout: float = 240.0) -> Any:
+    """The analyst ``name``'s estimate of a release (with ``certs/NAME``, an ``init_pki`` root)."""
     from secure_release.infra.tls import secure_channel
     from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
     from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
 
-    with secure_channel(address, certs, name, peer_role="researcher") as ch:
+    with secure_channel(address, certs / name, name, peer_role="researcher") as ch:
         return pb_grpc.ResearcherStub(ch).GetEstimate(
             pb.EstimateRequest(release_id=release_id, wait=True), timeout=timeout
         )

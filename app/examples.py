@@ -5,7 +5,8 @@ from __future__ import annotations
 
 #: Ports: server 7000, alice 7101, bob 7102, researcher 7200; all on this machine.
 OWN_DATA_STEPS = (
-    ("once, the trusted operator: a project CA and one certificate per party",
+    ("certificates, for a trial on one machine: a CA in certs/ca and one directory certs/NAME per party "
+     "(separate organisations: docs/deployment.md)",
      "secure-release pki init certs --curators alice,bob --researcher researcher --analyst analyst"),
     ("alice: the alignment key both curators share (0600; give it to bob, never to the server or researcher)",
      "secure-release keygen alignment align.key"),
@@ -16,24 +17,26 @@ OWN_DATA_STEPS = (
      "secure-release schema check alice.csv alice.json"),
     ("", "secure-release plan --n 45222 --alphabet 6,4 --epsilon 0.5"),
     ("terminal 1, the server",
-     "secure-release-server --listen 127.0.0.1:7000 --store store --certs certs --name server "
+     "secure-release-server --listen 127.0.0.1:7000 --store store --certs certs/server --name server "
      "--researcher-address 127.0.0.1:7200"),
     ("terminal 2, the researcher",
-     "secure-release-researcher serve --listen 127.0.0.1:7200 --certs certs --name researcher "
+     "secure-release-researcher serve --listen 127.0.0.1:7200 --certs certs/researcher --name researcher "
      "--server 127.0.0.1:7000 --curator alice=127.0.0.1:7101 --curator bob=127.0.0.1:7102 --out results "
      "--analyst analyst"),
     ("terminal 3, alice (leads)",
      "secure-release-curator run --data alice.csv --schema alice.json --release-id r1 --epsilon 0.5 "
-     "--server 127.0.0.1:7000 --certs certs --name alice --curators alice,bob --leader --listen 127.0.0.1:7101 "
+     "--server 127.0.0.1:7000 --certs certs/alice --name alice --curators alice,bob --leader --listen 127.0.0.1:7101 "
      "--alignment-key-file align.key --grant researcher"),
     ("terminal 4, bob",
      "secure-release-curator run --data bob.csv --schema bob.json --release-id r1 --epsilon 0.5 "
-     "--server 127.0.0.1:7000 --certs certs --name bob --curators alice,bob --leader-address 127.0.0.1:7101 "
+     "--server 127.0.0.1:7000 --certs certs/bob --name bob --curators alice,bob --leader-address 127.0.0.1:7101 "
      "--listen 127.0.0.1:7102 --alignment-key-file align.key --grant researcher"),
     ("the analyst: the estimate, a marginal, an export",
-     "secure-release analyst show r1 --researcher 127.0.0.1:7200 --certs certs --name analyst"),
-    ("", "secure-release analyst marginal r1 education --researcher 127.0.0.1:7200 --certs certs --name analyst"),
-    ("", "secure-release analyst export r1 r1.parquet --researcher 127.0.0.1:7200 --certs certs --name analyst"),
+     "secure-release analyst show r1 --researcher 127.0.0.1:7200 --certs certs/analyst --name analyst"),
+    ("", "secure-release analyst marginal r1 education --researcher 127.0.0.1:7200 --certs certs/analyst "
+         "--name analyst"),
+    ("", "secure-release analyst export r1 r1.parquet --researcher 127.0.0.1:7200 --certs certs/analyst "
+         "--name analyst"),
 )  # fmt: skip
 
 

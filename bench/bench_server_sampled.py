@@ -75,9 +75,9 @@ def bench(rows: int, releases: int) -> dict[str, Any]:
         try:
             certs = root / "certs"
             sport = cluster.start("server", ["-m", "secure_release.server", "--listen", "127.0.0.1:0",
-                                             "--store", str(root / "store"), "--certs", str(certs),
+                                             "--store", str(root / "store"), "--certs", str(certs / "server"),
                                              "--name", "server"])  # fmt: skip
-            net = ["--server", f"127.0.0.1:{sport}", "--certs", str(certs), "--curators", "alice,bob",
+            net = ["--server", f"127.0.0.1:{sport}", "--curators", "alice,bob",
                    "--timeout", "1800"]  # fmt: skip
             t0 = time.perf_counter()
             lead = 0
@@ -87,7 +87,8 @@ def bench(rows: int, releases: int) -> dict[str, Any]:
                                                     "--data", str(root / "data" / f"{c}.csv"), "--schema",
                                                     str(root / "data" / f"{c}.json"), "--name", c, "--keystore",
                                                     str(root / f"ks-{c}"), "--alignment-key-file", str(akey),
-                                                    "--listen", "127.0.0.1:0", *net, *role])  # fmt: skip
+                                                    "--listen", "127.0.0.1:0", *net, *role,
+                                                    "--certs", str(certs / c)])  # fmt: skip
                 lead = lead or int(port or 0)
             _wait(cluster, ["alice-store", "bob-store"])
             store_s = time.perf_counter() - t0
@@ -117,10 +118,12 @@ def bench(rows: int, releases: int) -> dict[str, Any]:
                                                             "--epsilon", str(EPSILON), "--m", str(rows // 10),
                                                             "--name", c, "--keystore", str(root / f"ks-{c}"),
                                                             "--grant", "researcher", "--exit-after-keys",
-                                                            "--listen", "127.0.0.1:0", *net])  # fmt: skip
+                                                            "--listen", "127.0.0.1:0", *net,
+                                                            "--certs", str(certs / c)])  # fmt: skip
                 cluster.start(f"researcher-{rid}", ["-m", "secure_release.researcher", "fetch", "--release-id", rid,
-                                                    "--server", f"127.0.0.1:{sport}", "--certs", str(certs),
-                                                    "--name", "researcher", "--out", str(root / "results"),
+                                                    "--server", f"127.0.0.1:{sport}",
+                                                    "--certs", str(certs / "researcher"), "--name", "researcher",
+                                                    "--out", str(root / "results"),
                                                     "--timeout", "1800",
                                                     *(x for c in ("alice", "bob")
                                                       for x in ("--curator", f"{c}=127.0.0.1:{ports[c]}"))],

@@ -69,14 +69,14 @@ Exit codes: 0 released (keys served), 1 the release failed or was aborted (the r
 and recorded at the server), 2 a usage, config or input error, 3 refused (e.g. the budget does
 not cover the release).
 
-Example (two terminals; certificates from 'secure-release pki init certs', the key from
+Example (two terminals; certificates from 'secure-release pki init certs', one directory per party, the key from
 'secure-release keygen alignment align.key', schemas from 'secure-release schema draft'; the
 leader comes first in --curators; see docs/own-data.md for the server and researcher):
   secure-release-curator run --data alice.csv --schema alice.json --release-id r1 --epsilon 0.5 \\
-      --server 127.0.0.1:7000 --certs certs --name alice --curators alice,bob --leader \\
+      --server 127.0.0.1:7000 --certs certs/alice --name alice --curators alice,bob --leader \\
       --listen 127.0.0.1:7101 --alignment-key-file align.key --grant researcher --keystore ks-alice
   secure-release-curator run --data bob.csv --schema bob.json --release-id r1 --epsilon 0.5 \\
-      --server 127.0.0.1:7000 --certs certs --name bob --curators alice,bob \\
+      --server 127.0.0.1:7000 --certs certs/bob --name bob --curators alice,bob \\
       --leader-address 127.0.0.1:7101 --listen 127.0.0.1:7102 --alignment-key-file align.key \\
       --grant researcher --keystore ks-bob
 """
@@ -97,7 +97,7 @@ Only the rekeyed key path runs here; """ + POSITIONS_PATH_REFUSAL + """.
 Example (after 'store-table --table-id adult'):
   secure-release-curator budget set --keystore ks-alice --table-id adult --epsilon 2.0 --certs certs --name alice
   secure-release-curator run --sampling server --table-id adult --release-id r1 --epsilon 0.5 \\
-      --server 127.0.0.1:7000 --certs certs --name alice --curators alice,bob --grant researcher \\
+      --server 127.0.0.1:7000 --certs certs/alice --name alice --curators alice,bob --grant researcher \\
       --keystore ks-alice --listen 127.0.0.1:7101
 """
 
@@ -114,10 +114,10 @@ Exit 0 once every curator of the table committed its column."""
 STORE_EPILOG = """\
 Example (two terminals; the leader comes first in --curators):
   secure-release-curator store-table --table-id adult --data alice.csv --schema alice.json \\
-      --server 127.0.0.1:7000 --certs certs --name alice --curators alice,bob --leader \\
+      --server 127.0.0.1:7000 --certs certs/alice --name alice --curators alice,bob --leader \\
       --listen 127.0.0.1:7101 --alignment-key-file align.key --keystore ks-alice
   secure-release-curator store-table --table-id adult --data bob.csv --schema bob.json \\
-      --server 127.0.0.1:7000 --certs certs --name bob --curators alice,bob \\
+      --server 127.0.0.1:7000 --certs certs/bob --name bob --curators alice,bob \\
       --leader-address 127.0.0.1:7101 --alignment-key-file align.key --keystore ks-bob
 Then: 'budget set --table-id adult', 'run --sampling server --table-id adult ...', and when the
 table is no longer needed 'table delete adult' (the server erases its ciphertext; this curator

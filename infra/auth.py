@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import grpc
 
+from secure_release.infra.logs import EventLog
 from secure_release.infra.retry import PUSHBACK_KEY
 from secure_release.infra.tls import IDENTITY_METADATA_KEY, ROLES, Identity, PkiError, identity_of_certificate
 
@@ -90,6 +91,13 @@ def identity_from_context(context: grpc.ServicerContext, insecure: bool) -> Iden
     return None
 
 
+def peer_certificate(context: grpc.ServicerContext) -> bytes | None:
+    """The PEM client certificate of a TLS caller (None on a plaintext connection)."""
+    auth = cast("Mapping[str, Sequence[bytes]]", context.auth_context() or {})
+    pems = auth.get("x509_pem_cert")
+    return bytes(pems[0]) if pems else None
+
+
 def check_call(
     method: str, identity: Identity | None, access: Mapping[str, frozenset[str]]
 ) -> tuple[grpc.StatusCode, str] | None:
@@ -113,6 +121,8 @@ def check_call(
 
 # The interceptor base is generic only in grpc-stubs, not at runtime.
 if TYPE_CHECKING:
+    from secure_release.infra.certdir import CertWatcher
+
     _ServerInterceptor = grpc.ServerInterceptor[Any, Any]
 else:
     _ServerInterceptor = grpc.ServerInterceptor
@@ -202,6 +212,9 @@ class AuthInterceptor(_ServerInterceptor):
         limits: CallLimits | None = None,
     ) -> None:
         self.insecure, self.access, self.limits = insecure, access, limits
+        #: The server's certificate directory (set by ``infra.tls.bind``): its CRL is checked here.
+        self.certificates: CertWatcher | None = None
+        self.log = EventLog("auth", "-")
         self.slots = _Slots(limits.calls_per_peer) if limits else None
         self.idle = _IdleWatch(limits.stream_idle_seconds) if limits else None
 
@@ -216,7 +229,7 @@ class AuthInterceptor(_ServerInterceptor):
         ) -> Callable[[Any, Any], Any]:
             def checked(request: Any, context: grpc.ServicerContext) -> Any:
                 identity = identity_from_context(context, self.insecure)
-                refusal = check_call(method, identity, self.access)
+                refusal = check_call(method, identity, self.access) or self._revocation(context, method, identity)
                 if refusal is not None:
                     context.abort(*refusal)
                 assert identity is not None
@@ -259,6 +272,24 @@ class AuthInterceptor(_ServerInterceptor):
                     handler.response_serializer,
                 )
         return handler  # pragma: no cover - every handler has one behavior
+
+    def _revocation(
+        self, context: grpc.ServicerContext, method: str, identity: Identity | None
+    ) -> tuple[grpc.StatusCode, str] | None:
+        """UNAUTHENTICATED if the caller's certificate is in the server's current CRL."""
+        watcher = self.certificates
+        pem = peer_certificate(context) if watcher is not None else None
+        if watcher is None or pem is None:
+            return None
+        serial = watcher.revoked_serial(pem)
+        if serial is None:
+            return None
+        name = method.rsplit("/", 1)[-1]
+        self.log.warning("revoked_certificate_refused", method=name, peer=str(identity), serial=f"{serial:x}")
+        return (
+            grpc.StatusCode.UNAUTHENTICATED,
+            f"the client certificate of {identity} (serial {serial:x}) is revoked by the project CA; {name} refused",
+        )
 
     def _released_after(self, responses: Iterator[Any], peer: str) -> Iterator[Any]:
         """Yield a streaming response; the peer's slot is freed when it ends or is abandoned."""

@@ -31,7 +31,8 @@ _USAGE_OS_ERRORS = (FileNotFoundError, IsADirectoryError, NotADirectoryError)
 def grpc_status_name(exc: BaseException) -> str | None:
     """The status name of a gRPC error (None for anything else)."""
     code = getattr(exc, "code", None)
-    if not callable(code) or type(exc).__module__.split(".")[0] != "grpc":
+    from_grpc = type(exc).__module__.split(".")[0] == "grpc" or getattr(exc, "is_rpc_error", False)
+    if not callable(code) or not from_grpc:
         return None
     try:
         return str(code().name)

@@ -4,7 +4,12 @@ Every party (curator, server, researcher, analyst) gets a certificate signed by 
 (ECDSA P-256, SHA-256). Its identity is the URI SAN ``secure-release://<role>/<name>``; the
 DNS/IP SANs (``hosts``) let any party also act as a TLS server. mTLS alone admits any
 certificate the CA signed, so every server checks each caller's role against the access table
-(``infra.auth``).
+(``infra.auth``), which also refuses a certificate revoked in the server's ``crl.pem``.
+
+Each party uses only its own directory (``ca.pem``, ``NAME.pem``, ``NAME.key``, ``crl.pem``;
+``infra.certdir``). :func:`bind` serves with dynamic credentials that take a renewed certificate
+at the next handshake; :func:`secure_channel` checks the client's own certificate before it
+connects and explains a refused handshake with the peer's address.
 
 Insecure mode exists only behind explicit flags: :func:`bind` with ``insecure=True`` opens a
 plaintext port and prints a loud warning; on a server built with ``insecure=True`` the caller's
@@ -16,16 +21,20 @@ from __future__ import annotations
 
 import functools
 import sys
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import grpc
 from cryptography import x509
 
 from secure_release.mechanism.errors import InvalidNameError, SecureReleaseError
 from secure_release.mechanism.spec import PARTY_GRAMMAR, check_party_name
+
+if TYPE_CHECKING:
+    from secure_release.infra.certdir import CertWatcher
 
 ROLES = ("curator", "server", "researcher", "analyst")
 URI_SCHEME = "secure-release://"
@@ -87,16 +96,7 @@ def _read(path: Path, what: str) -> bytes:
     try:
         return path.read_bytes()
     except FileNotFoundError:
-        raise PkiError(f"{what} {path} not found; create the PKI with 'secure-release pki init DIR'") from None
-
-
-def _material(cert_dir: Path, name: str) -> tuple[bytes, bytes, bytes]:
-    cert_dir = Path(cert_dir)
-    return (
-        _read(cert_dir / "ca.pem", "CA certificate"),
-        _read(cert_dir / f"{name}.key", "private key"),
-        _read(cert_dir / f"{name}.pem", "certificate"),
-    )
+        raise PkiError(f"{what} {path} not found; make it with 'secure-release pki request' and 'pki sign'") from None
 
 
 def identity_of_certificate(pem: bytes) -> Identity | None:
@@ -128,16 +128,28 @@ def identity_of_file(cert_dir: Path, name: str) -> Identity:
     return ident
 
 
-def server_credentials(cert_dir: Path, name: str) -> grpc.ServerCredentials:
-    """TLS server credentials that require a client certificate signed by ``ca.pem``."""
-    ca, key, cert = _material(cert_dir, name)
-    return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=True)
+_WARNED: set[tuple[Path, int]] = set()
 
 
 def channel_credentials(cert_dir: Path, name: str) -> grpc.ChannelCredentials:
-    """TLS client credentials presenting ``<name>.pem`` and trusting only ``ca.pem``."""
-    ca, key, cert = _material(cert_dir, name)
-    return grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
+    """TLS client credentials presenting ``<name>.pem`` and trusting only ``ca.pem``, after
+    checking the directory and that the certificate is valid now, signed by ``ca.pem`` and not
+    revoked in ``crl.pem`` (:func:`~secure_release.infra.certdir.load_party`): a client whose
+    own certificate would be refused learns why, with the file and the date, before it connects.
+    Each new channel reads the files again, so a renewed certificate is used from then on."""
+    from secure_release.infra.certdir import WARN_DAYS, load_party
+
+    files = load_party(Path(cert_dir), name, strict=True)
+    days = files.days_left()
+    if days < WARN_DAYS and (files.cert_path, days) not in _WARNED:
+        _WARNED.add((files.cert_path, days))  # once a day per file, not once per channel
+        sys.stderr.write(
+            f"WARNING: {files.cert_path} expires in {days} days ({files.not_after:%Y-%m-%d}); "
+            "renew it (docs/deployment.md, Renew)\n"
+        )
+    return grpc.ssl_channel_credentials(
+        root_certificates=files.ca_pem, private_key=files.key_pem, certificate_chain=files.cert_pem
+    )
 
 
 # The interceptor bases are generic only in grpc-stubs, not at runtime.
@@ -187,6 +199,104 @@ class _Details(grpc.ClientCallDetails):
         self.compression = getattr(d, "compression", None)
 
 
+class PeerHandshakeError(grpc.RpcError):
+    """A connection whose TLS handshake failed, said in words with the peer's address (the
+    status code stays UNAVAILABLE; ``details()`` carries the explanation and grpc's own text)."""
+
+    is_rpc_error = True  # infra.exitcodes treats it as the gRPC error it wraps
+
+    def __init__(self, original: grpc.RpcError, message: str) -> None:
+        super().__init__(message)
+        self._original, self._message = original, message
+
+    def code(self) -> grpc.StatusCode:
+        return self._original.code()
+
+    def details(self) -> str:
+        return self._message
+
+    def result(self, timeout: float | None = None) -> Any:
+        raise self
+
+    def exception(self, timeout: float | None = None) -> BaseException:
+        return self
+
+    def traceback(self, timeout: float | None = None) -> None:
+        return None
+
+    def __str__(self) -> str:
+        return self._message
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._original, name)
+
+
+def explain_handshake(exc: BaseException, address: str, name: str, peer: str) -> str | None:
+    """A sentence for an UNAVAILABLE error whose cause is the TLS handshake (None otherwise)."""
+    details = str(exc.details() if callable(getattr(exc, "details", None)) else "")  # type: ignore[attr-defined]
+    if "failed to connect" not in details:
+        return None
+    if "Hostname Verification" in details or "No match found for server name" in details:
+        why = f"its certificate is not that of the {peer} this client expects; nothing was sent"
+    elif "CERTIFICATE_VERIFY_FAILED" in details or "certificate verify failed" in details.lower():
+        why = "its certificate is not signed by our ca.pem (another project's CA, or an expired certificate)"
+    elif "Socket closed" in details or "handshake" in details.lower():
+        why = (
+            f"the peer closed the connection during the TLS handshake: it refused {name}'s certificate "
+            "(not from the CA it trusts, or expired there) or does not speak TLS"
+        )
+    else:
+        return None
+    return f"TLS handshake with {address} refused: {why} [grpc: {details}]"
+
+
+class _PeerErrors(_UnaryUnary, _UnaryStream, _StreamUnary, _StreamStream):
+    """Turns a failed TLS handshake into :class:`PeerHandshakeError` naming the peer's address."""
+
+    def __init__(self, address: str, name: str, peer: str) -> None:
+        self.address, self.name, self.peer = address, name, peer
+
+    def _explained(self, exc: grpc.RpcError) -> grpc.RpcError:
+        message = explain_handshake(exc, self.address, self.name, self.peer)
+        return exc if message is None else PeerHandshakeError(exc, message)
+
+    def _single(self, outcome: Any) -> Any:
+        if isinstance(outcome, grpc.RpcError):
+            return self._explained(outcome)
+        return outcome
+
+    def intercept_unary_unary(self, continuation: Any, d: Any, request: Any) -> Any:
+        return self._single(continuation(d, request))
+
+    def intercept_stream_unary(self, continuation: Any, d: Any, it: Any) -> Any:
+        return self._single(continuation(d, it))
+
+    def intercept_unary_stream(self, continuation: Any, d: Any, request: Any) -> Any:
+        return _ExplainedStream(continuation(d, request), self)
+
+    def intercept_stream_stream(self, continuation: Any, d: Any, it: Any) -> Any:
+        return _ExplainedStream(continuation(d, it), self)
+
+
+class _ExplainedStream:
+    """A response stream whose handshake failure is raised as :class:`PeerHandshakeError`."""
+
+    def __init__(self, call: Any, errors: _PeerErrors) -> None:
+        self._call, self._errors = call, errors
+
+    def __iter__(self) -> _ExplainedStream:
+        return self
+
+    def __next__(self) -> Any:
+        try:
+            return next(self._call)
+        except grpc.RpcError as exc:
+            raise self._errors._explained(exc) from None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._call, name)
+
+
 def peer_dns_name(role: str, name: str | None = None) -> str:
     """The DNS name a client pins for a peer of ``role`` (and, if given, of that ``name``)."""
     if name is None:
@@ -234,7 +344,9 @@ def secure_channel(
     if peer_role not in ROLES:
         raise PkiError(f"a client must name the role it expects of {address}: one of {', '.join(ROLES)}")
     options = [*GRPC_OPTIONS, ("grpc.ssl_target_name_override", peer_dns_name(peer_role, peer_name))]
-    return grpc.secure_channel(address, channel_credentials(cert_dir, name), options=options)
+    channel = grpc.secure_channel(address, channel_credentials(cert_dir, name), options=options)
+    peer = f"{peer_role} {peer_name}" if peer_name else peer_role
+    return grpc.intercept_channel(channel, _PeerErrors(address, name, peer))
 
 
 # ------------------------------------------------------------------------------ server side
@@ -261,11 +373,24 @@ def make_grpc_server(
     from secure_release.infra.auth import AuthInterceptor, CallLimits
 
     limits = CallLimits(calls_per_peer, stream_idle_seconds)
-    return grpc.server(
+    auth = AuthInterceptor(insecure=insecure, limits=limits)
+    server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc"),
         options=list(SERVER_OPTIONS),
-        interceptors=[AuthInterceptor(insecure=insecure, limits=limits), *interceptors],
+        interceptors=[auth, *interceptors],
     )
+    _AUTH[server] = auth
+    return server
+
+
+#: Each server's access check, so :func:`bind` can hand it the certificate watcher (its CRL).
+_AUTH: weakref.WeakKeyDictionary[grpc.Server, Any] = weakref.WeakKeyDictionary()
+
+
+def certificates_of(server: grpc.Server) -> CertWatcher | None:
+    """The certificate watcher :func:`bind` gave ``server`` (None for a plaintext server)."""
+    auth = _AUTH.get(server)
+    return None if auth is None else cast("CertWatcher | None", auth.certificates)
 
 
 INSECURE_CLIENT_WARNING = (
@@ -299,12 +424,27 @@ def bind(
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     if not insecure and cert_dir is None:
         raise PkiError("a TLS server needs --certs DIR (or pass --insecure for tests only)")
+    credentials = None
+    if not insecure:
+        from secure_release.infra.certdir import CertWatcher
+        from secure_release.infra.logs import EventLog
+
+        assert cert_dir is not None
+        auth = _AUTH.get(server)
+        if auth is None:
+            raise PkiError("a TLS server must come from make_grpc_server: its access check also enforces the CRL")
+        watcher = auth.certificates
+        if watcher is None or (watcher.directory, watcher.name) != (Path(cert_dir), name):
+            watcher = CertWatcher(cert_dir, name)
+            auth.certificates = watcher
+            auth.log = EventLog("auth", name)
+            watcher.start()
+        credentials = watcher.credentials()
     try:
-        if insecure:
+        if credentials is None:
             bound = server.add_insecure_port(address)
         else:
-            assert cert_dir is not None
-            bound = server.add_secure_port(address, server_credentials(cert_dir, name))
+            bound = server.add_secure_port(address, credentials)
     except RuntimeError:
         bound = 0
     if bound == 0:

@@ -77,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
         ),
         epilog=(
             "Configuration: --config FILE.json < env SECURE_RELEASE_<OPTION> < command line.\n"
-            "Example:\n  secure-release-server --listen 127.0.0.1:7000 --store ./store --certs ./certs "
+            "Example:\n  secure-release-server --listen 127.0.0.1:7000 --store ./store --certs ./certs/server "
             "--name server --port-file server.port --researcher-address 127.0.0.1:7200"
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,

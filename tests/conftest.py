@@ -28,7 +28,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="session")
 def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A project CA and a certificate + key for each of :data:`PARTIES`."""
+    """The session PKI root as ``pki init`` writes it: ``certs / NAME`` is the directory of party
+    NAME (``ca.pem``, ``NAME.pem``, ``NAME.key``) for each of :data:`PARTIES`, ``certs / "ca"``
+    the CA. Give each party only its own ``certs / NAME``."""
     directory = tmp_path_factory.mktemp("certs")
     init_pki(directory, PARTIES)
     return directory
@@ -40,7 +42,7 @@ def server_port(certs: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     store = Store(tmp_path_factory.mktemp("store"))
     server = tls.make_grpc_server(max_workers=4)
     pb_grpc.add_ReleaseServerServicer_to_server(ReleaseService(store), server)
-    port = tls.bind(server, "127.0.0.1", 0, certs, "server")
+    port = tls.bind(server, "127.0.0.1", 0, certs / "server", "server")
     server.start()
     yield port
     server.stop(0).wait()

@@ -184,7 +184,7 @@ class FakeCurator(pb_grpc.CuratorServicer):
 def _serve(add: Any, servicer: Any, certs: Path | None, name: str) -> tuple[grpc.Server, str]:
     server = make_grpc_server(max_workers=4, insecure=certs is None)
     add(servicer, server)
-    port = bind(server, "127.0.0.1", 0, certs, name, insecure=certs is None)
+    port = bind(server, "127.0.0.1", 0, None if certs is None else certs / name, name, insecure=certs is None)
     server.start()
     return server, f"127.0.0.1:{port}"
 
@@ -193,8 +193,9 @@ def _serve(add: Any, servicer: Any, certs: Path | None, name: str) -> tuple[grpc
 def running(
     server: FakeServer, curators: Sequence[FakeCurator], certs: Path | None = None, as_name: str = RESEARCHER
 ) -> Iterator[Endpoints]:
-    """Start the fakes; yield the researcher's endpoints to them: mutual TLS with the PKI in
-    ``certs`` (parties ``server``, ``alice``, ``bob``, ``as_name``), else insecure."""
+    """Start the fakes; yield the researcher's endpoints to them: mutual TLS with the PKI root
+    ``certs`` (each party uses only its own ``certs/NAME``: ``server``, ``alice``, ``bob``,
+    ``as_name``), else insecure."""
     names = [server.release.spec.curators[c.index] for c in curators]
     started = [_serve(pb_grpc.add_ReleaseServerServicer_to_server, server, certs, "server")]
     started += [
@@ -202,7 +203,8 @@ def running(
     ]
     try:
         addresses = {n: a for n, (_, a) in zip(names, started[1:], strict=True)}
-        yield Endpoints(certs, as_name, certs is None, started[0][1], addresses)
+        own = None if certs is None else certs / as_name
+        yield Endpoints(own, as_name, certs is None, started[0][1], addresses)
     finally:
         for grpc_server, _ in started:
             grpc_server.stop(None)

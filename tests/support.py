@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -91,3 +92,21 @@ def code_of(fn: Callable[[], object]) -> grpc.StatusCode:
     with pytest.raises(grpc.RpcError) as err:
         fn()
     return err.value.code()  # type: ignore[no-any-return]
+
+
+def served_serial(port: int, party: Path, name: str) -> int:
+    """The serial of the certificate a TLS server on 127.0.0.1:``port`` presents in a fresh
+    handshake (read with the stdlib's TLS client, presenting ``party``'s certificate)."""
+    import socket
+    import ssl
+
+    from cryptography import x509
+
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+    ctx.load_cert_chain(party / f"{name}.pem", party / f"{name}.key")
+    ctx.set_alpn_protocols(["h2"])
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock, ctx.wrap_socket(sock) as conn:
+        der = conn.getpeercert(binary_form=True)
+    assert der is not None
+    return x509.load_der_x509_certificate(der).serial_number

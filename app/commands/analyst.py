@@ -18,7 +18,7 @@ from secure_release import display
 from secure_release.api import Result, _result
 from secure_release.frames import TableInputError
 
-_CONN = "--researcher 127.0.0.1:7200 --certs certs --name analyst"
+_CONN = "--researcher 127.0.0.1:7200 --certs certs/analyst --name analyst"
 EPILOG = (
     "Examples:\n"
     f"  secure-release analyst list {_CONN}\n"

@@ -135,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
         for line in display.warning_lines(plan_release(info["n"], sizes, args.epsilon, args.m)):
             progress(line)
         init_pki(root / "certs", parties(curators), force=True)
-        progress(f"PKI created (project CA + {len(curators) + 3} certificates)")
+        progress(f"PKI created: the CA in certs/ca, one directory per party ({len(curators) + 3}: certs/NAME)")
         akey = root / "alignment.key"
         akey.write_text(secrets.token_hex(32))
         akey.chmod(0o600)
@@ -183,11 +183,12 @@ def _server_sampled(
     """Store the table once, then two releases the server samples from it (``--sampling server``)."""
     curators, certs, data = list(info["curators"]), root / "certs", root / "data"
     sport = cluster.start("server", ["-m", "secure_release.server", "--listen", "127.0.0.1:0", "--store",
-                                     str(root / "store"), "--certs", str(certs), "--name", "server"])  # fmt: skip
+                                     str(root / "store"), "--certs", str(certs / "server"),
+                                     "--name", "server"])  # fmt: skip
     server = f"127.0.0.1:{sport}"
     progress(f"server listening on {server}")
     ports = {c: free_port() for c in curators}  # each curator's key service, the same for every release
-    net = ["--server", server, "--certs", str(certs), "--curators", ",".join(curators)]
+    net = ["--server", server, "--curators", ",".join(curators)]
     budget = max(1.0, 2 * args.epsilon)
     leader_port = 0
     for i, c in enumerate(curators):
@@ -203,6 +204,7 @@ def _server_sampled(
             f"{c}-store",
             ["-m", "secure_release.curator", "store-table", "--table-id", DEMO_TABLE, "--data", str(data / f"{c}.csv"),
              "--schema", str(data / f"{c}.json"), "--name", c, "--keystore", str(keystore), *net,
+             "--certs", str(certs / c),
              "--alignment-key-file", str(akey), "--alignment", args.alignment, "--listen", "127.0.0.1:0", *role],
         )  # fmt: skip
         leader_port = leader_port or int(port or 0)
@@ -210,7 +212,7 @@ def _server_sampled(
     progress(f"table {DEMO_TABLE!r} stored once: each curator's whole aligned column under its own table key")
     rport = cluster.start(
         "researcher",
-        ["-m", "secure_release.researcher", "serve", "--listen", "127.0.0.1:0", "--certs", str(certs),
+        ["-m", "secure_release.researcher", "serve", "--listen", "127.0.0.1:0", "--certs", str(certs / "researcher"),
          "--name", "researcher", "--server", server,
          *(x for c in curators for x in ("--curator", f"{c}=127.0.0.1:{ports[c]}")),
          "--out", str(root / "results"), "--analyst", "analyst", "--allow-partial"],
@@ -222,7 +224,8 @@ def _server_sampled(
                 f"{c}-{rid}",
                 ["-m", "secure_release.curator", "run", "--sampling", "server", "--table-id", DEMO_TABLE,
                  "--release-id", rid, "--epsilon", repr(args.epsilon), "--cipher", args.cipher, "--name", c,
-                 "--keystore", str(root / f"keystore-{c}"), *net, "--grant", "researcher", "--exit-after-keys",
+                 "--keystore", str(root / f"keystore-{c}"), *net, "--certs", str(certs / c),
+                 "--grant", "researcher", "--exit-after-keys",
                  "--listen", f"127.0.0.1:{ports[c]}", *(["--m", str(args.m)] if args.m is not None else [])],
             )  # fmt: skip
         progress(f"release {rid}: the server samples the stored table; asking the researcher as analyst")

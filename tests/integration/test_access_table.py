@@ -52,7 +52,7 @@ def services(certs: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         server = tls.make_grpc_server(max_workers=8, calls_per_peer=64)
         add(servicer, server)
         add_health_and_reflection(server, [f"securerelease.v1.{short}"])
-        port = tls.bind(server, "127.0.0.1", 0, certs, name)
+        port = tls.bind(server, "127.0.0.1", 0, certs / name, name)
         server.start()
         running.append(server)
         out[short] = (port, role, name)
@@ -92,7 +92,8 @@ def target(method: str, services: dict[str, tuple[int, str, str]]) -> list[tuple
 @pytest.mark.parametrize("role", sorted(IDENTITIES))
 def test_access_table(certs: Path, services: dict[str, tuple[int, str, str]], method: str, role: str) -> None:
     for port, peer_role, peer_name in target(method, services):
-        ch = tls.secure_channel(f"127.0.0.1:{port}", certs, IDENTITIES[role], peer_role=peer_role, peer_name=peer_name)
+        me = IDENTITIES[role]
+        ch = tls.secure_channel(f"127.0.0.1:{port}", certs / me, me, peer_role=peer_role, peer_name=peer_name)
         with ch:
             try:
                 call(ch, method)
@@ -123,7 +124,9 @@ def test_every_service_answers_health_and_lists_itself_by_reflection(
     from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
     for short, (port, peer_role, peer_name) in services.items():
-        ch = tls.secure_channel(f"127.0.0.1:{port}", certs, "analyst", peer_role=peer_role, peer_name=peer_name)
+        ch = tls.secure_channel(
+            f"127.0.0.1:{port}", certs / "analyst", "analyst", peer_role=peer_role, peer_name=peer_name
+        )
         with ch:
             health = health_pb2_grpc.HealthStub(ch)
             for name in ("", f"securerelease.v1.{short}"):

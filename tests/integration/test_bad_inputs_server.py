@@ -29,10 +29,10 @@ def live(certs: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tupl
     store = Store(tmp_path_factory.mktemp("store"))
     server = tls.make_grpc_server()
     pb_grpc.add_ReleaseServerServicer_to_server(ReleaseService(store), server)
-    port = tls.bind(server, "127.0.0.1", 0, certs, "server")
+    port = tls.bind(server, "127.0.0.1", 0, certs / "server", "server")
     server.start()
     names = ("alice", "bob", "carol", "researcher", "mallory")
-    chans = {n: tls.secure_channel(f"127.0.0.1:{port}", certs, n, peer_role="server") for n in names}
+    chans = {n: tls.secure_channel(f"127.0.0.1:{port}", certs / n, n, peer_role="server") for n in names}
     stubs = {n: pb_grpc.ReleaseServerStub(c) for n, c in chans.items()}
     # one release to upload into ("open"), one sealed and perturbed ("done")
     for rid in ("open", "done"):
@@ -255,10 +255,10 @@ def tables_live(certs: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     store = Store(tmp_path_factory.mktemp("tables"), ServerLimits(max_table_rows=10_000))
     server = tls.make_grpc_server()
     pb_grpc.add_ReleaseServerServicer_to_server(ReleaseService(store), server)
-    port = tls.bind(server, "127.0.0.1", 0, certs, "server")
+    port = tls.bind(server, "127.0.0.1", 0, certs / "server", "server")
     server.start()
     names = ("alice", "bob", "carol", "researcher")
-    chans = {n: tls.secure_channel(f"127.0.0.1:{port}", certs, n, peer_role="server") for n in names}
+    chans = {n: tls.secure_channel(f"127.0.0.1:{port}", certs / n, n, peer_role="server") for n in names}
     stubs = {n: pb_grpc.ReleaseServerStub(c) for n, c in chans.items()}
     for c in support.CURATORS:
         first = tchunk(c)

@@ -36,7 +36,7 @@ def server(certs: Path, tmp_path: Path) -> Iterator[tuple[int, Store]]:
     store = Store(tmp_path / "store")
     grpc_server = tls.make_grpc_server(max_workers=4)
     pb_grpc.add_ReleaseServerServicer_to_server(ReleaseService(store, lambda: PramKey(bytes(32))), grpc_server)
-    port = tls.bind(grpc_server, "127.0.0.1", 0, certs, "server")
+    port = tls.bind(grpc_server, "127.0.0.1", 0, certs / "server", "server")
     grpc_server.start()
     yield port, store
     grpc_server.stop(0).wait()
@@ -48,7 +48,7 @@ def _config(name: str, port: int, certs: Path, tmp_path: Path) -> CuratorConfig:
         name=name, release_id="r1", epsilon=1.0, m=None, cipher=CipherMode.CHACHA20, curators=("alice", "bob"),
         leader=name == "alice", leader_address=None, expected_sizes=None, notify="researcher", grants=(),
         data=tmp_path / "x.csv", schema=tmp_path / "x.json", dataset="d", keystore=tmp_path / f"ks-{name}",
-        server=f"127.0.0.1:{port}", certs=certs, listen_host="127.0.0.1", listen_port=0, port_file=None,
+        server=f"127.0.0.1:{port}", certs=certs / name, listen_host="127.0.0.1", listen_port=0, port_file=None,
         insecure=False, timeout=30.0, exit_after_keys=True, alignment_key=AlignmentKey(bytes(32)),
     )  # fmt: skip
 

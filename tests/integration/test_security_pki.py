@@ -18,16 +18,20 @@ from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_
 
 
 def test_pki_files_modes_and_uri_san(certs: Path) -> None:
-    for name in ["ca"] + [n for _, n in PARTIES]:
-        assert (certs / f"{name}.pem").exists()
-        assert stat.S_IMODE((certs / f"{name}.key").stat().st_mode) == 0o600
+    """One directory per party (its key 0600, its certificate, ca.pem), the CA apart."""
+    assert stat.S_IMODE((certs / "ca" / "ca.key").stat().st_mode) == 0o600
+    ca_pem = (certs / "ca" / "ca.pem").read_bytes()
     for role, name in PARTIES:
-        cert = x509.load_pem_x509_certificate((certs / f"{name}.pem").read_bytes())
+        party = certs / name
+        assert stat.S_IMODE((party / f"{name}.key").stat().st_mode) == 0o600
+        assert (party / "ca.pem").read_bytes() == ca_pem
+        assert not (party / "ca.key").exists() and [p.name for p in party.glob("*.key")] == [f"{name}.key"]
+        cert = x509.load_pem_x509_certificate((party / f"{name}.pem").read_bytes())
         san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
         assert f"secure-release://{role}/{name}" in san.get_values_for_type(x509.UniformResourceIdentifier)
         assert "localhost" in san.get_values_for_type(x509.DNSName)
-        assert security.identity_of_file(certs, name) == security.Identity(role, name)
-    assert not list(certs.glob(".*"))  # no temporary files left behind
+        assert security.identity_of_file(party, name) == security.Identity(role, name)
+        assert not list(party.glob(".*"))  # no temporary files left behind
 
 
 def test_pki_refuses_unknown_role_and_existing_ca(tmp_path: Path, certs: Path) -> None:
@@ -35,13 +39,15 @@ def test_pki_refuses_unknown_role_and_existing_ca(tmp_path: Path, certs: Path) -
         init_pki(tmp_path / "x", [("admin", "eve")])
     with pytest.raises(security.PkiError, match="exists"):
         init_pki(certs, [("curator", "dave")])
-    assert not (certs / "dave.pem").exists()
+    assert not (certs / "dave").exists()
 
 
 def test_foreign_ca_rejected_by_handshake(tmp_path: Path, server_port: int) -> None:
     init_pki(tmp_path, [("researcher", "researcher")])  # same name and role, other CA
     with (
-        security.secure_channel(f"127.0.0.1:{server_port}", tmp_path, "researcher", peer_role="server") as ch,
+        security.secure_channel(
+            f"127.0.0.1:{server_port}", tmp_path / "researcher", "researcher", peer_role="server"
+        ) as ch,
         pytest.raises(grpc.RpcError) as err,
     ):
         pb_grpc.ReleaseServerStub(ch).GetReleaseStatus(pb.ReleaseStatusRequest(release_id="r"), timeout=5)
@@ -50,7 +56,7 @@ def test_foreign_ca_rejected_by_handshake(tmp_path: Path, server_port: int) -> N
 
 def test_tls_ignores_metadata_identity(certs: Path, server_port: int) -> None:
     """A curator on TLS cannot claim to be a researcher through the insecure-mode metadata."""
-    with security.secure_channel(f"127.0.0.1:{server_port}", certs, "alice", peer_role="server") as ch:
+    with security.secure_channel(f"127.0.0.1:{server_port}", certs / "alice", "alice", peer_role="server") as ch:
         stream = pb_grpc.ReleaseServerStub(ch).FetchPerturbed(
             pb.FetchRequest(release_id="r"),
             timeout=5,
@@ -79,17 +85,17 @@ def test_client_refuses_a_peer_of_another_role(certs: Path, impostor: str) -> No
     fake = _Recorder()
     server = security.make_grpc_server(max_workers=2)
     pb_grpc.add_ReleaseServerServicer_to_server(fake, server)
-    port = security.bind(server, "127.0.0.1", 0, certs, impostor)
+    port = security.bind(server, "127.0.0.1", 0, certs / impostor, impostor)
     server.start()
     try:
-        ch = security.secure_channel(f"127.0.0.1:{port}", certs, "bob", peer_role="server")
+        ch = security.secure_channel(f"127.0.0.1:{port}", certs / "bob", "bob", peer_role="server")
         with ch, pytest.raises(grpc.RpcError) as err:
             pb_grpc.ReleaseServerStub(ch).RegisterPart(pb.RegisterPartRequest(curator="bob"), timeout=5)
         assert err.value.code() == grpc.StatusCode.UNAVAILABLE
         assert fake.received == []
         # the same client reaches the same impostor when it expects that role: the pin is the cause
-        role = security.identity_of_file(certs, impostor).role
-        with security.secure_channel(f"127.0.0.1:{port}", certs, "bob", peer_role=role) as ch:
+        role = security.identity_of_file(certs / impostor, impostor).role
+        with security.secure_channel(f"127.0.0.1:{port}", certs / "bob", "bob", peer_role=role) as ch:
             pb_grpc.ReleaseServerStub(ch).RegisterPart(pb.RegisterPartRequest(curator="bob"), timeout=5)
         assert len(fake.received) == 1
     finally:
@@ -101,10 +107,10 @@ def test_client_pins_the_named_peer(certs: Path) -> None:
     fake = _Recorder()
     server = security.make_grpc_server(max_workers=2)
     pb_grpc.add_ReleaseServerServicer_to_server(fake, server)
-    port = security.bind(server, "127.0.0.1", 0, certs, "carol")
+    port = security.bind(server, "127.0.0.1", 0, certs / "carol", "carol")
     server.start()
     try:
-        ch = security.secure_channel(f"127.0.0.1:{port}", certs, "bob", peer_role="curator", peer_name="alice")
+        ch = security.secure_channel(f"127.0.0.1:{port}", certs / "bob", "bob", peer_role="curator", peer_name="alice")
         with ch, pytest.raises(grpc.RpcError) as err:
             pb_grpc.ReleaseServerStub(ch).RegisterPart(pb.RegisterPartRequest(curator="bob"), timeout=5)
         assert err.value.code() == grpc.StatusCode.UNAVAILABLE and fake.received == []
@@ -114,4 +120,4 @@ def test_client_pins_the_named_peer(certs: Path) -> None:
 
 def test_a_client_must_name_the_role_it_expects(certs: Path) -> None:
     with pytest.raises(security.PkiError, match="role it expects"):
-        security.secure_channel("127.0.0.1:1", certs, "bob")
+        security.secure_channel("127.0.0.1:1", certs / "bob", "bob")

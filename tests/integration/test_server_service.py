@@ -32,10 +32,10 @@ def env(certs: Path, tmp_path: Path) -> Iterator[tuple[Store, dict[str, pb_grpc.
     store = Store(tmp_path / "store")
     server = tls.make_grpc_server(max_workers=4)
     pb_grpc.add_ReleaseServerServicer_to_server(ReleaseService(store, lambda: KEY), server)
-    port = tls.bind(server, "127.0.0.1", 0, certs, "server")
+    port = tls.bind(server, "127.0.0.1", 0, certs / "server", "server")
     server.start()
     names = ("alice", "bob", "carol", "researcher", "mallory")
-    chans = {n: tls.secure_channel(f"127.0.0.1:{port}", certs, n, peer_role="server") for n in names}
+    chans = {n: tls.secure_channel(f"127.0.0.1:{port}", certs / n, n, peer_role="server") for n in names}
     yield store, {n: pb_grpc.ReleaseServerStub(c) for n, c in chans.items()}
     for c in chans.values():
         c.close()

@@ -89,7 +89,7 @@ class Deployment:
 
     def _args(self, role: str) -> list[str]:
         server = f"127.0.0.1:{self.ports['server']}"
-        net = ["--certs", str(self.certs), "--name", role]
+        net = ["--certs", str(self.certs / role), "--name", role]
         if role == "server":
             return ["-m", "secure_release.server", "--listen", server, "--store", str(self.root / "store"), *net,
                     "--insecure-test-pram-key", PRAM.reveal().hex(), "--grace", "0.5"]  # fmt: skip

@@ -50,7 +50,7 @@ def _wait_all(dep: Deployment, roles: tuple[str, ...], seconds: float) -> dict[s
 def _operator(dep: Deployment, certs: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """``secure-release-curator release ...`` as bob, with bob's certificate and keystore."""
     server = f"127.0.0.1:{dep.ports['server']}"
-    flags = ["--server", server, "--certs", str(certs), "--name", "bob", "--keystore", str(dep.root / "ks-bob")]
+    flags = ["--server", server, "--certs", str(certs / "bob"), "--name", "bob", "--keystore", str(dep.root / "ks-bob")]
     cmd = [sys.executable, "-m", "secure_release.curator", "release", *args, *flags]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=dep.env)
 

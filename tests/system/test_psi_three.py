@@ -54,7 +54,7 @@ def _cut(data: Path) -> None:
 
 def _args(role: str, root: Path, certs: Path, ports: dict[str, int]) -> list[str]:
     server = f"127.0.0.1:{ports['server']}"
-    net = ["--certs", str(certs), "--name", role]
+    net = ["--certs", str(certs / role), "--name", role]
     if role == "server":
         return ["-m", "secure_release.server", "--listen", server, "--store", str(root / "store"), *net,
                 "--insecure-test-pram-key", PRAM.reveal().hex(), "--grace", "0.5"]  # fmt: skip

@@ -37,7 +37,7 @@ def server(certs: Path, tmp_path: Path) -> Iterator[tuple[int, int]]:
     port_file = tmp_path / "port"
     cmd = [
         sys.executable, "-m", "secure_release.server", "--store", str(tmp_path / "store"),
-        "--certs", str(certs), "--port-file", str(port_file),
+        "--certs", str(certs / "server"), "--port-file", str(port_file),
         "--stream-idle-seconds", str(IDLE_SECONDS), "--calls-per-peer", "4",
     ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -56,7 +56,7 @@ class LatencyProbe(threading.Thread):
 
     def __init__(self, port: int, certs: Path) -> None:
         super().__init__(daemon=True)
-        self.channel = tls.secure_channel(f"127.0.0.1:{port}", certs, "researcher", peer_role="server")
+        self.channel = tls.secure_channel(f"127.0.0.1:{port}", certs / "researcher", "researcher", peer_role="server")
         self.stub = pb_grpc.ReleaseServerStub(self.channel)
         self.stop, self.worst, self.calls = threading.Event(), 0.0, 0
 
@@ -81,7 +81,7 @@ def test_commit_bomb_is_refused_before_allocation(certs: Path, server: tuple[int
     pid, port = server
     probe = LatencyProbe(port, certs)
     probe.start()
-    with tls.secure_channel(f"127.0.0.1:{port}", certs, "alice", peer_role="server") as ch:
+    with tls.secure_channel(f"127.0.0.1:{port}", certs / "alice", "alice", peer_role="server") as ch:
         stub = pb_grpc.ReleaseServerStub(ch)
         huge = support.make_params(rid="bomb", n=1 << 62, m=1 << 62)
         with pytest.raises(grpc.RpcError) as refused:
@@ -115,7 +115,7 @@ def test_idle_streams_from_one_peer_do_not_starve_others(certs: Path, server: tu
     lock = threading.Lock()
 
     def idle_upload() -> None:
-        with tls.secure_channel(f"127.0.0.1:{port}", certs, "bob", peer_role="server") as ch:
+        with tls.secure_channel(f"127.0.0.1:{port}", certs / "bob", "bob", peer_role="server") as ch:
             try:
                 pb_grpc.ReleaseServerStub(ch).UploadCiphertext(silent(), timeout=30)
             except grpc.RpcError as exc:

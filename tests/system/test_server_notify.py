@@ -70,7 +70,7 @@ def researcher(certs: Path) -> Iterator[tuple[RecordingResearcher, str]]:
     fake = RecordingResearcher()
     server = security.make_grpc_server(max_workers=2)
     pb_grpc.add_ResearcherServicer_to_server(fake, server)
-    port = security.bind(server, "127.0.0.1", 0, certs, "researcher")
+    port = security.bind(server, "127.0.0.1", 0, certs / "researcher", "researcher")
     server.start()
     yield fake, f"127.0.0.1:{port}"
     server.stop(0).wait()
@@ -85,13 +85,13 @@ def run_release(address: str, certs: Path, rid: str) -> pb.ReleaseStatus:
     params = make_params(rid)
     last: pb.UploadResponse | None = None
     for curator, k, col in zip(CURATORS, SIZES, support.columns(M, SIZES, seed=11), strict=True):
-        with security.secure_channel(address, certs, curator, peer_role="server") as channel:
+        with security.secure_channel(address, certs / curator, curator, peer_role="server") as channel:
             stub = pb_grpc.ReleaseServerStub(channel)
             stub.RegisterPart(pb.RegisterPartRequest(params=params, curator=curator), timeout=10)
             last = support.upload(stub, curator, support.chunks_of(col, k), rid=rid)
             assert last.committed
     assert last is not None and last.status.state == pb.RELEASE_STATE_PERTURBED
-    with security.secure_channel(address, certs, "researcher", peer_role="server") as channel:
+    with security.secure_channel(address, certs / "researcher", "researcher", peer_role="server") as channel:
         status: pb.ReleaseStatus = pb_grpc.ReleaseServerStub(channel).GetReleaseStatus(
             pb.ReleaseStatusRequest(release_id=rid), timeout=10
         )
@@ -117,9 +117,9 @@ def test_notify_ready_in_process(
     fake, res_address = researcher
     store = Store(tmp_path / "store")
     server = security.make_grpc_server(max_workers=4)
-    notify = make_notifier(res_address, certs, "server", insecure=False)
+    notify = make_notifier(res_address, certs / "server", "server", insecure=False)
     pb_grpc.add_ReleaseServerServicer_to_server(ReleaseService(store, lambda: KEY, notify), server)
-    port = security.bind(server, "127.0.0.1", 0, certs, "server")
+    port = security.bind(server, "127.0.0.1", 0, certs / "server", "server")
     server.start()
     try:
         status = run_release(f"127.0.0.1:{port}", certs, "r-notify")
@@ -137,7 +137,8 @@ def test_notify_ready_from_server_process(
     env = dict(os.environ)
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     cmd = [
-        sys.executable, "-m", "secure_release.server", "--store", str(tmp_path / "store"), "--certs", str(certs),
+        sys.executable, "-m", "secure_release.server", "--store", str(tmp_path / "store"),
+        "--certs", str(certs / "server"),
         "--name", "server", "--port-file", str(port_file), "--researcher-address", res_address,
     ]  # fmt: skip
     log = (tmp_path / "server.log").open("w")

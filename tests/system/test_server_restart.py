@@ -37,7 +37,7 @@ def start(store: Path, certs: Path) -> tuple[subprocess.Popen[str], int]:
             "--store",
             str(store),
             "--certs",
-            str(certs),
+            str(certs / "server"),
             "--name",
             "server",
             "--insecure-test-pram-key",
@@ -71,7 +71,7 @@ def test_kill9_mid_upload_and_after_pram(tmp_path: Path, certs: Path) -> None:
 
     def stubs(port: int) -> dict[str, pb_grpc.ReleaseServerStub]:
         return {
-            n: pb_grpc.ReleaseServerStub(security.secure_channel(f"127.0.0.1:{port}", certs, n, peer_role="server"))
+            n: pb_grpc.ReleaseServerStub(security.secure_channel(f"127.0.0.1:{port}", certs / n, n, peer_role="server"))
             for n in ("alice", "bob", "researcher")
         }
 

@@ -51,7 +51,7 @@ class World:
         self.procs: list[subprocess.Popen[bytes]] = []
         write_demo_data(base / "data", rows=ROWS, seed=3)
         (base / "align.key").write_text(AKEY.reveal().hex())
-        self.server = f"127.0.0.1:{self.start('server', ['-m', 'secure_release.server', '--store', str(base / 'store'), '--certs', str(certs), '--name', 'server', '--insecure-test-pram-key', PRAM.reveal().hex(), '--insecure-test-sample-seed', SAMPLE_SEED.reveal().hex(), '--grace', '0.5'])}"  # noqa: E501
+        self.server = f"127.0.0.1:{self.start('server', ['-m', 'secure_release.server', '--store', str(base / 'store'), '--certs', str(certs / 'server'), '--name', 'server', '--insecure-test-pram-key', PRAM.reveal().hex(), '--insecure-test-sample-seed', SAMPLE_SEED.reveal().hex(), '--grace', '0.5'])}"  # noqa: E501
 
     def start(self, name: str, args: list[str], port: bool = True) -> int:
         pf = self.base / f"{name}.port"
@@ -78,7 +78,7 @@ class World:
         role = ["--leader"] if leader_port is None else ["--leader-address", f"127.0.0.1:{leader_port}"]
         if command == "run":
             role = []  # a release from a stored table needs no leader
-        args = ["-m", "secure_release.curator", command, "--server", self.server, "--certs", str(self.certs),
+        args = ["-m", "secure_release.curator", command, "--server", self.server, "--certs", str(self.certs / name),
                 "--name", name, "--curators", ",".join(CURATORS), "--listen", "127.0.0.1:0",
                 "--keystore", str(self.base / f"ks-{name}"), "--timeout", "60", *role, *extra]  # fmt: skip
         return self.start(f"{name}-{command}-{extra[extra.index('--table-id') + 1]}", args)
@@ -136,7 +136,8 @@ def release(world: World, rid: str) -> tuple[list[int | None], Path]:
         ports[c] = world.curator("run", c, extra)
     out = world.base / "results"
     world.start(f"researcher-{rid}", ["-m", "secure_release.researcher", "fetch", "--release-id", rid, "--server",
-                                      world.server, "--certs", str(world.certs), "--name", "researcher", "--out",
+                                      world.server, "--certs", str(world.certs / "researcher"),
+                                      "--name", "researcher", "--out",
                                       str(out), "--timeout", "60",
                                       *(x for c in CURATORS for x in ("--curator", f"{c}=127.0.0.1:{ports[c]}"))],
                 port=False)  # fmt: skip
@@ -195,7 +196,7 @@ def test_two_releases_from_one_stored_table_equal_the_in_memory_run_and_a_third_
 
     for msg in (pb.ReleaseStatus, pb.ReleaseParams, pb.PerturbedChunk, pb.KeyChunk, pb.CuratorProgress):
         assert not [f.name for f in msg.DESCRIPTOR.fields if "position" in f.name or "sample" in f.name], msg
-    with tls.secure_channel(world.server, world.certs, "researcher", peer_role="server") as ch:
+    with tls.secure_channel(world.server, world.certs / "researcher", "researcher", peer_role="server") as ch:
         with pytest.raises(grpc.RpcError) as err:
             request = pb.SampleRequest(release_id="s1", curator="alice")
             list(pb_grpc.ReleaseServerStub(ch).FetchSample(request, timeout=5))
@@ -209,7 +210,8 @@ def test_two_releases_from_one_stored_table_equal_the_in_memory_run_and_a_third_
     # the operator commands: status, then delete (the table key is forgotten), then status refused
     def table_cmd(*args: str) -> subprocess.CompletedProcess[str]:
         cmd = [sys.executable, "-m", "secure_release.curator", "table", *args, "t1", "--server", world.server,
-               "--certs", str(world.certs), "--name", "alice", "--keystore", str(world.base / "ks-alice")]  # fmt: skip
+               "--certs", str(world.certs / "alice"), "--name", "alice",
+               "--keystore", str(world.base / "ks-alice")]  # fmt: skip
         return subprocess.run(cmd, env=world.env, capture_output=True, text=True, timeout=60)
 
     shown = table_cmd("status")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shlex
 from pathlib import Path
 
@@ -101,3 +102,16 @@ def test_image_pins_its_dependencies() -> None:
     )  # fmt: skip
     for name in ("cryptography", "grpcio", "protobuf", "numpy", "rich", "matplotlib", "pyarrow"):
         assert name in pins, name
+
+
+def test_the_setup_copies_each_party_only_its_own_directory() -> None:
+    """'pki init' writes /pki/<party>/ and /pki/ca/; each certs-<party> volume gets the three
+    files of /pki/<party>/ and nothing from /pki/ca/ or another party's directory."""
+    services = _compose()["services"]
+    for name in ("pki", "pki-three"):
+        command = services[name]["command"]
+        copies = re.findall(r"cp ((?:/pki/\S+ )+)/certs-(\w+)", command)
+        assert copies, name
+        for sources, party in copies:
+            assert sources.split() == [f"/pki/{party}/ca.pem", f"/pki/{party}/{party}.pem", f"/pki/{party}/{party}.key"]
+        assert "/pki/ca/" not in command
