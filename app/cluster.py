@@ -108,13 +108,14 @@ def set_budget(cluster: Cluster, keystore: Path, table: Path, epsilon: float) ->
 
 def set_budgets(cluster: Cluster, tables: Mapping[Path, Path], epsilon: float, certs: Path | None = None) -> None:
     """Every curator's budget for its demo table (keystore -> table), set concurrently (each
-    hashes its whole table file); with ``certs`` the ledger head is signed with the curator's
-    key (``keystore-NAME``: NAME)."""
+    hashes its whole table file); with ``certs`` (a PKI root: ``certs/NAME`` per party) the ledger
+    head is signed with the curator's key (``keystore-NAME``: NAME)."""
     def budget_set(keystore: Path, table: Path) -> subprocess.Popen[str]:
         cmd = [sys.executable, "-m", "secure_release.curator", "budget", "set", "--keystore", str(keystore),
                "--data", str(table), "--epsilon", repr(epsilon)]  # fmt: skip
         if certs is not None:
-            cmd += ["--certs", str(certs), "--name", keystore.name.removeprefix("keystore-")]
+            name = keystore.name.removeprefix("keystore-")
+            cmd += ["--certs", str(certs / name), "--name", name]
         return subprocess.Popen(cmd, env=cluster.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     procs = {table: budget_set(keystore, table) for keystore, table in tables.items()}

@@ -195,7 +195,7 @@ def _server_sampled(
         keystore = root / f"keystore-{c}"
         cmd = [sys.executable, "-m", "secure_release.curator", "budget", "set", "--keystore", str(keystore),
                "--data", str(data / f"{c}.csv"), "--epsilon", repr(budget),
-               "--certs", str(certs), "--name", c]  # fmt: skip
+               "--certs", str(certs / c), "--name", c]  # fmt: skip
         done = subprocess.run(cmd, env=cluster.env, capture_output=True, text=True, timeout=60)
         if done.returncode != 0:
             raise RuntimeError(f"setting the table budget of {c} failed: {done.stderr.strip()[-500:]}")

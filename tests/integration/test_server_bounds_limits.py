@@ -39,9 +39,9 @@ def live(certs: Path, tmp_path: Path) -> Iterator[tuple[Store, dict[str, pb_grpc
     store = Store(tmp_path / "store", ServerLimits(max_tables=6, max_tables_per_curator=2))
     server = tls.make_grpc_server(max_workers=4)
     pb_grpc.add_ReleaseServerServicer_to_server(ReleaseService(store), server)
-    port = tls.bind(server, "127.0.0.1", 0, certs, "server")
+    port = tls.bind(server, "127.0.0.1", 0, certs / "server", "server")
     server.start()
-    chans = {n: tls.secure_channel(f"127.0.0.1:{port}", certs, n, peer_role="server") for n in ("alice", "bob")}
+    chans = {n: tls.secure_channel(f"127.0.0.1:{port}", certs / n, n, peer_role="server") for n in ("alice", "bob")}
     yield store, {n: pb_grpc.ReleaseServerStub(c) for n, c in chans.items()}
     for c in chans.values():
         c.close()

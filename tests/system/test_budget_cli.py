@@ -33,7 +33,7 @@ def server(certs: Path, tmp_path: Path) -> Iterator[str]:
     store = Store(tmp_path / "store")
     srv = tls.make_grpc_server(max_workers=4)
     pb_grpc.add_ReleaseServerServicer_to_server(ReleaseService(store), srv)
-    port = tls.bind(srv, "127.0.0.1", 0, certs, "server")
+    port = tls.bind(srv, "127.0.0.1", 0, certs / "server", "server")
     srv.start()
     yield f"127.0.0.1:{port}"
     srv.stop(0).wait()
@@ -50,14 +50,14 @@ def test_budget_show_data_recovery_and_refreshed_tables(tmp_path: Path, certs: P
     data = tmp_path / "alice.csv"
     data.write_text("id,x\n1,a\n")
     ks = str(tmp_path / "ks")
-    who = ["--certs", str(certs), "--name", "alice"]
+    who = ["--certs", str(certs / "alice"), "--name", "alice"]
     made = _cli("budget", "set", "--keystore", ks, "--data", str(data), "--epsilon", "1.0", *who, "--server", server)
     assert made.returncode == 0, made.stderr
     assert json.loads(made.stdout)["signed"] is True
     # two releases of 0.4 reserved and committed as the runner does (the witness moves up with each)
-    signer = HeadSigner.from_certs(certs, "alice")
+    signer = HeadSigner.from_certs(certs / "alice", "alice")
     ledger = LedgerFile(ks, signer)
-    with tls.secure_channel(server, certs, "alice", role="curator", peer_role="server") as channel:
+    with tls.secure_channel(server, certs / "alice", "alice", role="curator", peer_role="server") as channel:
         witness = BudgetWitness(pb_grpc.ReleaseServerStub(channel), "alice", signer)
         for rid in ("r1", "r2"):
             ledger.update(lambda led, rid=rid: led.reserve("alice.csv", "alice.csv", rid, 0.4, f"s-{rid}", 1.0,

@@ -35,7 +35,7 @@ def test_a_rolled_back_ledger_is_refused_by_the_running_curator(certs: Path, tmp
     (root / "data").symlink_to(Path(str(world["base"])) / "data")
     (root / "align.key").write_text((Path(str(world["base"])) / "align.key").read_text())
     for c in CURATORS:
-        LedgerFile(root / f"ks-{c}", HeadSigner.from_certs(certs, c)).set_budget(f"{c}.csv", f"{c}.csv", 1.0)
+        LedgerFile(root / f"ks-{c}", HeadSigner.from_certs(certs / c, c)).set_budget(f"{c}.csv", f"{c}.csv", 1.0)
     old = tmp_path / "old-alice"
     shutil.copytree(root / "ks-alice", old)  # what the attacker keeps
     first = Deployment(root, certs, "rA", timeout=60.0)

@@ -34,7 +34,7 @@ def _deploy(world: dict[str, object], certs: Path, tmp_path: Path, rid: str, **e
     (root / "data").symlink_to(Path(str(world["base"])) / "data")
     (root / "align.key").write_text((Path(str(world["base"])) / "align.key").read_text())
     for c in CURATORS:
-        LedgerFile(root / f"ks-{c}", HeadSigner.from_certs(certs, c)).set_budget(f"{c}.csv", f"{c}.csv", 2.0)
+        LedgerFile(root / f"ks-{c}", HeadSigner.from_certs(certs / c, c)).set_budget(f"{c}.csv", f"{c}.csv", 2.0)
     dep = Deployment(root, certs, rid, timeout=60.0)
     dep.extra = dict(extra)
     return dep
@@ -88,7 +88,7 @@ def test_a_follower_without_budget_aborts_and_the_leader_is_refunded(
     world: dict[str, object], certs: Path, tmp_path: Path
 ) -> None:
     dep = _deploy(world, certs, tmp_path, "a2")
-    ledger = LedgerFile(dep.root / "ks-bob", HeadSigner.from_certs(certs, "bob"))
+    ledger = LedgerFile(dep.root / "ks-bob", HeadSigner.from_certs(certs / "bob", "bob"))
     ledger.set_budget("bob.csv", "bob.csv", 0.5)
     ledger.update(lambda led: led.reserve("bob.csv", "bob.csv", "racing", 0.3, "x", 0.0))  # a concurrent release
     try:

@@ -110,7 +110,7 @@ def test_three_curator_psi_over_the_services_aligns_on_the_triple_intersection(
     for i, j in combinations(range(3), 2):  # every pair shares DROP ids the third curator lacks
         assert len(sets[i] & sets[j]) == len(triple) + DROP
     for c in CURATORS:
-        LedgerFile(tmp_path / f"ks-{c}", HeadSigner.from_certs(certs, c)).set_budget(f"{c}.csv", f"{c}.csv", 2.0)
+        LedgerFile(tmp_path / f"ks-{c}", HeadSigner.from_certs(certs / c, c)).set_budget(f"{c}.csv", f"{c}.csv", 2.0)
 
     ports = dict(zip(("server", *CURATORS), free_ports(4), strict=True))
     procs: dict[str, subprocess.Popen[bytes]] = {}

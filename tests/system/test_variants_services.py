@@ -217,7 +217,7 @@ def _deploy(world: dict[str, object], certs: Path, tmp: Path, rid: str, extra: d
     (root / "data").symlink_to(Path(str(world["base"])) / "data")
     (root / "align.key").write_text((Path(str(world["base"])) / "align.key").read_text())
     for c in CURATORS:
-        LedgerFile(root / f"ks-{c}", HeadSigner.from_certs(certs, c)).set_budget(f"{c}.csv", f"{c}.csv", 2.0)
+        LedgerFile(root / f"ks-{c}", HeadSigner.from_certs(certs / c, c)).set_budget(f"{c}.csv", f"{c}.csv", 2.0)
     dep = Deployment(root, certs, rid, timeout=60.0)
     dep.extra = extra
     return dep

@@ -71,7 +71,7 @@ class Curator:
     """One curator's ledger (signed with its certificate key) and its witness at the server."""
 
     def __init__(self, directory: Path, certs: Path) -> None:
-        self.ledger = LedgerFile(directory, HeadSigner.from_certs(certs, "alice"))
+        self.ledger = LedgerFile(directory, HeadSigner.from_certs(certs / "alice", "alice"))
         self.witness = BudgetWitness(WitnessStub(), "alice", self.ledger.signer)  # type: ignore[arg-type]
 
     def reserve(self, release_id: str, epsilon: float) -> None:
