@@ -29,8 +29,8 @@ from secure_release.mechanism.alignment import Alignment, TagArray
 from secure_release.mechanism.errors import SecureReleaseError, ShapeMismatchError
 from secure_release.mechanism.index_sharing import (
     draw_index_tuple,
-    indices_fingerprint,
     pack_indices,
+    sample_set_fingerprint,
     unpack_indices,
 )
 from secure_release.mechanism.keys import AlignmentKey, PadKey, PramKey, Seed
@@ -203,7 +203,7 @@ def sample_fingerprint(agreement: VariantAgreement) -> str:
     if agreement.sampling is SamplingMode.SEED:
         return agreement.base.seed.fingerprint
     assert agreement.packed_indices is not None
-    return indices_fingerprint(agreement.packed_indices)
+    return sample_set_fingerprint(agreement_positions(agreement))
 
 
 @dataclass(frozen=True)

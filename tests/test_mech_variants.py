@@ -133,7 +133,7 @@ def test_agreement_positions_validates_the_packed_tuple() -> None:
     agreement = leader_agree_variant(*args, CipherMode.CHACHA20, sampling="indices")
     positions = agreement_positions(agreement)
     assert positions.size == 20 and np.unique(positions).size == 20
-    assert len(sample_fingerprint(agreement)) == 8
+    assert len(sample_fingerprint(agreement)) == 16  # the set fingerprint (issue 23)
     assert agreement.seed is None and agreement.plan_report()["sampling"] == "indices"
     base = leader_agree(*args, CipherMode.CHACHA20, seed=SEED)
     zeros = bytes(-(-20 * 9 // 8))  # twenty 9-bit zeros: the right length, a repeated position

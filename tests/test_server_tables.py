@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from secure_release.infra import wire
-from secure_release.mechanism.index_sharing import indices_fingerprint, pack_indices
+from secure_release.mechanism.index_sharing import indices_fingerprint, pack_indices, sample_set_fingerprint
 from secure_release.mechanism.keys import PadKey, PramKey, Seed
 from secure_release.mechanism.packing import CHUNK_ROWS, digest_of, pack_symbols, unpack_symbols
 from secure_release.mechanism.pads import CipherMode
@@ -210,7 +210,7 @@ def test_wire_conversions_round_trip_and_refuse() -> None:
     got = list(wire.sample_chunks("r1", "t1", 1 << 20, 600_000, packed))
     assert len(got) == 2 and all(len(c.packed_positions) <= wire.PIECE_BYTES for c in got)
     sample = wire.sample_from_chunks(iter(got), big)
-    assert np.array_equal(sample.positions, positions) and sample.fingerprint == indices_fingerprint(packed)
+    assert np.array_equal(sample.positions, positions) and sample.fingerprint == sample_set_fingerprint(positions)
     got[-1].sample_fingerprint = "0" * 64
     with pytest.raises(wire.SampleStreamError, match="fingerprint"):
         wire.sample_from_chunks(iter(got), big)
