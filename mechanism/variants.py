@@ -2,8 +2,9 @@
 
 - :func:`run_variant_release`: the curator-sampled release with a choice of sampling
   (``seed``: every curator derives the tuple from a shared 32-byte seed, pseudorandom;
-  ``indices``: the leader draws the tuple from the OS CSPRNG and ships it packed, truly random)
-  and of alignment (``keyed-hash``: SipHash tags under a key all curators share, fast;
+  ``indices``: the leader draws the tuple from the OS CSPRNG and ships it packed: no seed
+  expansion, exactly uniform if the OS randomness is) and of alignment (``keyed-hash``:
+  AES-256-CMAC tags under a key all curators share, :mod:`mechanism.alignment`, fast;
   ``psi``: the N-party ECDH PSI of :mod:`mechanism.psi`).
 - :func:`run_server_sampled_release`: one encrypted upload of the whole aligned table, then any
   number of releases, each sampled and perturbed by the server and charged to the table's
