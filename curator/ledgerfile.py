@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from secure_release.infra.fileio import atomic_write
+from secure_release.mechanism.accounting import AccountingPolicy
 from secure_release.mechanism.ledger import LedgerEntry, LedgerHead, NoBudgetError, PrivacyLedger
 
 LEDGER_FILE = "ledger.jsonl"
@@ -110,9 +111,12 @@ class LedgerFile:
             if not self.path.exists() and self.head_path.exists():
                 os.unlink(self.head_path)
 
-    def set_budget(self, dataset: str, name: str, epsilon: float) -> LedgerEntry:
-        """Append a budget entry (a deleted ledger starts a new history)."""
+    def set_budget(
+        self, dataset: str, name: str, epsilon: float, policy: AccountingPolicy | None = None
+    ) -> LedgerEntry:
+        """Append a budget entry (a deleted ledger starts a new history); ``policy``: the PLD
+        accounting policy fixed with it (``accounting.pld_policy``)."""
         self.reset_after_deletion()
-        _, entry = self.update(lambda led: led.set_budget(dataset, name, epsilon, time.time()))
+        _, entry = self.update(lambda led: led.set_budget(dataset, name, epsilon, time.time(), policy))
         assert entry is not None
         return entry

@@ -8,6 +8,13 @@ set only by an explicit ``budget`` entry. A release moves through two phases:
   release id already used differently);
 - ``commit`` when the server seals the release, or ``refund`` when it aborts before sealing.
 
+A budget may carry an accounting policy (issue 23, optional field ``policy`` of the budget
+entry, absent from older entries so their digests are unchanged): ``pld`` fixes a per-release
+epsilon and a target delta, and the budget is the number of releases whose optimal composition
+(dp_accounting's PLD) stays within (total epsilon, delta) (``accounting.AccountingPolicy``); the
+budget entry's epsilon is then that number times the per-release epsilon, and a release with
+another epsilon is refused (:class:`PolicyEpsilonError`).
+
 Reserved and committed epsilon both count as spent; a refund gives the reservation back. Every
 entry carries the digest of its predecessor and its own digest, and a head record (count and
 last digest) is kept beside the entries, so a truncated or edited history is detected
@@ -25,10 +32,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from secure_release.mechanism.accounting import AccountingPolicy
 from secure_release.mechanism.errors import (
     BudgetExceededError,
     ErrorKind,
     NonFiniteInputError,
+    PolicyEpsilonError,
     SecureReleaseError,
     SeedReuseError,
 )
@@ -80,12 +89,15 @@ class LedgerEntry:
     time: float  # seconds since the epoch, when it was written
     prev: str
     digest: str = ""
+    policy: dict[str, Any] | None = None  # a budget entry's accounting policy (None: epsilons add)
 
     def body(self) -> dict[str, Any]:
-        """Every field but the digest, JSON-ready."""
+        """Every field but the digest, JSON-ready (``policy`` only when set)."""
         data = asdict(self)
         data["kind"] = self.kind.value
         del data["digest"]
+        if data["policy"] is None:
+            del data["policy"]
         return data
 
     def computed_digest(self) -> str:
@@ -113,6 +125,7 @@ class LedgerEntry:
                 time=float(data["time"]),
                 prev=str(data["prev"]),
                 digest=str(data["digest"]),
+                policy=dict(data["policy"]) if data.get("policy") is not None else None,
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise LedgerTamperedError(f"a ledger line is not an entry ({type(exc).__name__}: {exc})") from exc
@@ -189,6 +202,20 @@ class PrivacyLedger:
         values = [e.epsilon for e in self.entries if e.kind is EntryKind.BUDGET and e.dataset == dataset]
         return values[-1] if values else None
 
+    def policy(self, dataset: str) -> AccountingPolicy | None:
+        """The accounting policy of the data set's budget (its last budget entry), None if that
+        budget simply adds epsilons."""
+        entries = [e for e in self.entries if e.kind is EntryKind.BUDGET and e.dataset == dataset]
+        if not entries or entries[-1].policy is None:
+            return None
+        p = entries[-1].policy
+        return AccountingPolicy(float(p["total_epsilon"]), float(p["delta"]), float(p["per_release_epsilon"]),
+                                int(p["max_releases"]))  # fmt: skip
+
+    def release_count(self, dataset: str) -> int:
+        """Reserved plus committed releases of the data set (refunds excluded)."""
+        return sum(1 for r in self.releases().values() if r.dataset == dataset and r.state is not EntryKind.REFUND)
+
     def releases(self) -> dict[str, ReleaseRecord]:
         """Every release this ledger knows, by id, in its latest state."""
         out: dict[str, ReleaseRecord] = {}
@@ -217,15 +244,25 @@ class PrivacyLedger:
 
     # ------------------------------------------------------------ decisions
     def _entry(
-        self, kind: EntryKind, dataset: str, name: str, release_id: str, epsilon: float, seed: str, now: float
-    ) -> LedgerEntry:
+        self, kind: EntryKind, dataset: str, name: str, release_id: str, epsilon: float, seed: str, now: float,
+        policy: dict[str, Any] | None = None,
+    ) -> LedgerEntry:  # fmt: skip
         prev = self.entries[-1].digest if self.entries else GENESIS
-        draft = LedgerEntry(len(self.entries), kind, dataset, name, release_id, epsilon, seed, float(now), prev)
+        draft = LedgerEntry(len(self.entries), kind, dataset, name, release_id, epsilon, seed, float(now), prev,
+                            policy=policy)  # fmt: skip
         return LedgerEntry(**{**draft.__dict__, "digest": draft.computed_digest()})
 
-    def set_budget(self, dataset: str, name: str, epsilon: float, now: float) -> LedgerEntry:
-        """The entry that sets the data set's total budget to ``epsilon`` (finite, > 0)."""
-        return self._entry(EntryKind.BUDGET, dataset, name, "", check_charge(epsilon, "a budget"), "", now)
+    def set_budget(
+        self, dataset: str, name: str, epsilon: float, now: float, policy: AccountingPolicy | None = None
+    ) -> LedgerEntry:
+        """The entry that sets the data set's total budget to ``epsilon`` (finite, > 0). With a
+        ``policy`` (``accounting.pld_policy``), ``epsilon`` must be its total epsilon and the entry
+        records the policy and its additive budget, max_releases x per-release epsilon."""
+        if policy is None:
+            return self._entry(EntryKind.BUDGET, dataset, name, "", check_charge(epsilon, "a budget"), "", now)
+        if check_charge(epsilon, "a budget") != policy.total_epsilon:
+            raise PolicyEpsilonError(f"the budget {epsilon} differs from the policy's total {policy.total_epsilon}")
+        return self._entry(EntryKind.BUDGET, dataset, name, "", policy.additive_budget, "", now, policy.to_dict())
 
     def check_reserve(self, dataset: str, release_id: str, epsilon: float, seed_fingerprint: str | None) -> bool:
         """Raise if this reservation would be refused; False if it is already held (a resume),
@@ -244,6 +281,21 @@ class PrivacyLedger:
                 f"no budget is set for data set {dataset[:16]}...; set one with "
                 "'secure-release-curator budget set --keystore K --data FILE --epsilon E'"
             )
+        policy = self.policy(dataset)
+        if policy is not None:
+            if epsilon != policy.per_release_epsilon:
+                raise PolicyEpsilonError(
+                    f"data set {self.name_of(dataset) or dataset[:16]!r} is budgeted for releases of epsilon "
+                    f"{policy.per_release_epsilon:g} each (PLD policy, delta {policy.delta:g}); this release has "
+                    f"{epsilon:g}"
+                )
+            used = self.release_count(dataset)
+            if used + 1 > policy.max_releases:
+                raise BudgetExceededError(
+                    f"data set {self.name_of(dataset) or dataset[:16]!r}: {used} of its {policy.max_releases} releases "
+                    f"(epsilon {policy.per_release_epsilon:g} each, PLD within ({policy.total_epsilon:g}, "
+                    f"{policy.delta:g})) are spent or reserved"
+                )
         spent = self.spent(dataset)
         if spent + epsilon > budget * (1 + BUDGET_SLACK):
             raise BudgetExceededError(
