@@ -118,7 +118,7 @@ def parse_cipher(text: str) -> CipherMode:
 
 def parse_sampling(text: str) -> SamplingMode:
     """``--sampling``: ``seed`` (pseudorandom, from a 32-byte seed) or ``indices`` (the leader
-    ships the OS-drawn ordered tuple, truly random); else a :class:`ConfigError`."""
+    ships the OS-drawn ordered tuple); else a :class:`ConfigError`."""
     try:
         return SamplingMode.parse(str(text))
     except UnknownVariantError as exc:

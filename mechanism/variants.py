@@ -93,7 +93,10 @@ class SamplingMode(enum.StrEnum):
         """What the plan states about the sample's randomness."""
         if self is SamplingMode.SEED:
             return "pseudorandom (ChaCha20 keyed from a 32-byte seed; computational against the researcher)"
-        return "truly random (OS CSPRNG, exact uniform ordered tuple; statistical against the researcher)"
+        return (
+            "from the OS CSPRNG (exactly uniform ordered tuple given uniform OS bytes; no seed expansion; the "
+            "release stays computational: PRAM's coins are ChaCha20)"
+        )
 
 
 class AlignmentMode(enum.StrEnum):

@@ -45,17 +45,20 @@ def parameter_lines(plan: ReleasePlan) -> list[str]:
 
 
 def guarantee_lines(plan: ReleasePlan) -> list[str]:
-    """The guarantee in standard form, one statement a line."""
+    """The guarantee in standard form, one statement a line; the OpenDP and dp_accounting lines
+    are the exact code a reader can run (``mechanism.guarantee``; tests run them)."""
     g = privacy_guarantee(plan)
     return [
-        f"  ({g['epsilon']:.4g}, {g['delta']:g})-DP, {g['definition']}",
+        f"  {g['statement']}",
+        f"  {g['statistical']}",
+        f"  {g['computational']}",
         f"  privacy unit: {g['privacy_unit']}",
         f"  neighbouring: {g['neighbouring_relation']}",
         f"  mechanism:    {g['mechanism']}",
-        f"  OpenDP:       make_randomized_response(prob={g['opendp']['prob']:.6g}, {g['opendp']['categories']} "
-        f"categories), amplified by sampling {plan.m} of population_size={plan.n}",
-        f"  dp_accounting: RandomizedResponseDpEvent(noise_parameter={g['dp_accounting']['noise_parameter']:.6g}, "
-        f"num_buckets={plan.joint_size}) inside SampledWithoutReplacementDpEvent({plan.n}, {plan.m})",
+        f"  OpenDP ({g['opendp']['agreement']}):",
+        *(f"    {line}" for line in g["opendp"]["recipe"]),
+        f"  dp_accounting ({g['dp_accounting']['agreement']}):",
+        *(f"    {line}" for line in g["dp_accounting"]["recipe"]),
     ]
 
 

@@ -76,7 +76,7 @@ def test_indices_with_the_seed_tuple_is_run_release() -> None:
     )
     _same(v, _base())
     report = v.researcher_view["plan_report"]
-    assert report["sampling_randomness"].startswith("truly random")
+    assert report["sampling_randomness"].startswith("from the OS CSPRNG")
     assert report["agreement_bytes"] == -(-100 * (n - 1).bit_length() // 8)
 
 

@@ -139,7 +139,7 @@ def test_index_sharing_across_the_curators_equals_the_in_memory_release(
         reserve = Keystore(tmp_path / f"ks-{name}").ledger.read().entries[1]
         assert reserve.seed_fingerprint == record.seed_fingerprint == sample_set_fingerprint(positions)
     assert json.loads((tmp_path / "ks-bob" / "release-r1.json").read_text())["sampling_randomness"].startswith(
-        "truly random"
+        "from the OS CSPRNG"
     )
 
 
