@@ -57,6 +57,7 @@ from secure_release.mechanism.sampling import sample_positions
 from secure_release.mechanism.schema import JointSchema, SymbolArray, joint_codes, mixed_radix_encode
 from secure_release.mechanism.server_sampling import (
     KeyPath,
+    PositionsPathError,
     TableKey,
     charge_table_release,
     curator_rekey,
@@ -360,7 +361,41 @@ def run_server_sampled_release(
     pad_keys: Sequence[Sequence[PadKey]] | None = None,
     granted: Sequence[int] | None = None,
 ) -> ServerSampledResult:
-    """Align, encrypt and upload each curator's whole table once, then run every release in
+    """The server-sampled release in memory (:func:`_server_sampled_release`), **rekeyed key path
+    only**: the positions path is not public (:class:`PositionsPathError`), because two of its
+    releases reveal their overlap and no bound on the resulting loss is proved for joint
+    alphabets K >= 3 (``server_sampling.overlap_likelihood_ratio``; issue 23). The other
+    arguments are :func:`_server_sampled_release`'s."""
+    if _mode(key_path, KeyPath) is not KeyPath.REKEYED:
+        raise PositionsPathError(
+            "the positions key path is not public: positions repeat across releases, the researcher sees their "
+            "overlap, and no bound on that loss is proved for K >= 3 (exact enumeration exceeds the K = 2 formula); "
+            "use the rekeyed path"
+        )
+    return _server_sampled_release(
+        tables, releases, KeyPath.REKEYED, table_id, budget, cipher, alignment, alignment_key, psi_keys, table_keys,
+        server_seeds, pram_keys, pad_keys, granted,
+    )  # fmt: skip
+
+
+def _server_sampled_release(
+    tables: Sequence[CuratorTable],
+    releases: Sequence[StoredRelease],
+    key_path: KeyPath | str = KeyPath.REKEYED,
+    table_id: str = "table-1",
+    budget: float = 10.0,
+    cipher: CipherMode | str = CipherMode.CHACHA20,
+    alignment: AlignmentMode | str = AlignmentMode.KEYED_HASH,
+    alignment_key: AlignmentKey | None = None,
+    psi_keys: Sequence[PsiKey] | None = None,
+    table_keys: Sequence[TableKey] | None = None,
+    server_seeds: Sequence[Seed] | None = None,
+    pram_keys: Sequence[PramKey] | None = None,
+    pad_keys: Sequence[Sequence[PadKey]] | None = None,
+    granted: Sequence[int] | None = None,
+) -> ServerSampledResult:
+    """Both key paths (the positions path for the tests and the enumeration only). Align,
+    encrypt and upload each curator's whole table once, then run every release in
     ``releases``: the server draws the sample and applies PRAM; each curator charges its ledger
     for the table (and, on the rekeyed path, returns its re-key column); the researcher decrypts
     and estimates. A refused charge (budget, repeated release id) raises before the release.
