@@ -101,14 +101,14 @@ def _dataset(args: argparse.Namespace) -> tuple[str, str]:
     if bool(args.data) == bool(getattr(args, "table_id", None)):
         raise ConfigError("give exactly one of --data FILE or --table-id ID")
     if args.data:
-        return file_fingerprint(args.data), args.dataset or Path(args.data).name
+        return file_fingerprint(args.data), getattr(args, "dataset", None) or Path(args.data).name
     record = Keystore(args.keystore).load_table(args.table_id)
     if record is None:
         raise ConfigError(
             f"this keystore has stored no table {args.table_id!r}: a stored table's budget is its data file's, "
             "so set it with --data FILE (before or after 'store-table')"
         )
-    return record.table_fingerprint, args.dataset or record.dataset_name
+    return record.table_fingerprint, getattr(args, "dataset", None) or record.dataset_name
 
 
 def budget(args: argparse.Namespace) -> int:

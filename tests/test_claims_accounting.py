@@ -136,3 +136,29 @@ def test_docs_table_is_what_dp_accounting_gives() -> None:
             basic, pld = float(row[1 + 2 * j]), float(row[2 + 2 * j])
             assert basic == pytest.approx(k * eps)
             assert pld == pytest.approx(pld_composed_epsilon(eps, k, 1e-9), abs=5e-4)
+
+
+def test_budget_set_and_show_through_the_curator_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``budget set --per-release-epsilon --delta`` records the policy; ``budget show`` prints both views."""
+    import argparse
+    import json
+
+    from secure_release.curator.commands import add_budget_parser, budget
+    from secure_release.infra.config import ConfigError
+
+    data = tmp_path / "t.csv"
+    data.write_text("id,a\n1,x\n")
+    parser = argparse.ArgumentParser()
+    add_budget_parser(parser.add_subparsers(dest="command"))
+    ks = str(tmp_path / "ks")
+    common = ["--keystore", ks, "--data", str(data)]
+    with pytest.raises(ConfigError):  # both or neither
+        budget(parser.parse_args(["budget", "set", *common, "--epsilon", "3", "--delta", "1e-9"]))
+    assert budget(parser.parse_args(["budget", "set", *common, "--epsilon", "3", "--per-release-epsilon", "0.1",
+                                     "--delta", "1e-9"])) == 0  # fmt: skip
+    set_out = json.loads(capsys.readouterr().out)
+    assert set_out["policy"]["max_releases"] == 32 and set_out["budget"] == pytest.approx(3.2)
+    assert budget(parser.parse_args(["budget", "show", *common])) == 0
+    views = json.loads(capsys.readouterr().out)["datasets"][0]["accounting"]
+    assert views["basic"]["releases_allowed"] == 30 and views["pld"]["releases_allowed"] == 32
+    assert views["pld"]["releases_left"] == 32 and views["pld"]["epsilon_spent"] == 0.0
