@@ -318,8 +318,12 @@ def psi_leader_view(leader_tags: Sequence[TagArray], follower_tags: Mapping[int,
         view = tags.copy()
         view["hi"] ^= fill["hi"][0]
         view["lo"] ^= fill["lo"][0]
-        _, mine, theirs = np.intersect1d(leader_tags[j], tags, assume_unique=False, return_indices=True)
-        view[theirs] = leader_tags[0][mine]
+        mine = np.ascontiguousarray(np.asarray(leader_tags[j]).astype(TAG_DTYPE, copy=False))
+        order = np.argsort(mine, kind="stable")
+        ordered = mine[order]
+        at = np.minimum(np.searchsorted(ordered, tags), max(ordered.size - 1, 0))
+        hit = ordered[at] == tags if ordered.size else np.zeros(tags.size, dtype=bool)
+        view[hit] = leader_tags[0][order[at[hit]]]  # every occurrence: a repeated id stays repeated
         out[j] = view
     return out
 

@@ -247,3 +247,19 @@ def test_the_attacker_finds_the_leaks_of_the_pre_issue_23_ring(num: int) -> None
         assert learned.own[party] >= sets[party] & sets[successor] > core
     followers_only = sum(size for s, size in sizes.items() if 0 not in s)
     assert learned.leader_cross_links >= followers_only > 0
+
+
+def test_leader_view_maps_every_follower_tag_it_holds_and_keeps_repeats() -> None:
+    """psi_leader_view: matched tags become the leader's domain-0 tag (a repeated follower id
+    stays repeated, so alignment still refuses it); unmatched ones match nothing."""
+    from secure_release.mechanism.alignment import DuplicateIdError
+    from secure_release.mechanism.psi import psi_leader_view
+
+    ids = [np.array(["a", "b", "c"]), np.array(["b", "c", "d"])]
+    run = run_psi(ids, _keys(2))
+    view = psi_leader_view(run.leader_tags, {1: run.sent_tags[1]})[1]
+    assert view[:2].tobytes() == run.leader_tags[0][1:].tobytes()  # b, c
+    assert view[2].tobytes() not in {t.tobytes() for t in run.leader_tags[0]}  # d: a filler
+    repeated = np.concatenate([run.sent_tags[1], run.sent_tags[1][:1]])
+    with pytest.raises(DuplicateIdError):
+        align_all([run.leader_tags[0], psi_leader_view(run.leader_tags, {1: repeated})[1]])
