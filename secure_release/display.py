@@ -117,11 +117,11 @@ def marginal_lines(columns: Mapping[str, Any], attributes: Sequence[str]) -> lis
     labels = columns["labels"]
     names = [" / ".join(str(v) for v in row) for row in labels]
     w = max([len(" / ".join(attributes)), *map(len, names)])
-    out = [f"{' / '.join(attributes).ljust(w)}  {'estimate':>9} {'SE':>7}  {'95% CI':^19}  {'projected':>9}"]
+    out = [f"{' / '.join(attributes).ljust(w)}  {'projected':>9}  {'raw A^-1':>9} {'SE':>7}  {'95% CI':^19}"]
     for i, name in enumerate(names):
         ci = f"[{columns['ci_low'][i]:+.4f}, {columns['ci_high'][i]:+.4f}]"
         out.append(
-            f"{name.ljust(w)}  {columns['estimate'][i]:+9.4f} {columns['standard_error'][i]:7.4f}  {ci:<19}  "
-            f"{columns['projected'][i]:9.4f}"
+            f"{name.ljust(w)}  {columns['projected'][i]:9.4f}  {columns['estimate'][i]:+9.4f} "
+            f"{columns['standard_error'][i]:7.4f}  {ci:<19}"
         )
     return out

@@ -136,6 +136,16 @@ def test_docs_table_is_what_dp_accounting_gives() -> None:
             basic, pld = float(row[1 + 2 * j]), float(row[2 + 2 * j])
             assert basic == pytest.approx(k * eps)
             assert pld == pytest.approx(pld_composed_epsilon(eps, k, 1e-9), abs=5e-4)
+    allowed = re.search(
+        r"a total budget of \(10, 1e-9\) allows (\d+) releases of epsilon 0.1 \(basic: 100\),\s+"
+        r"(\d+) of 0.5 \(basic: 20\) and (\d+) of 1 \(basic: 10\); \(5, 1e-9\) allows (\d+) of 0.1",
+        text,
+    )
+    assert allowed is not None
+    assert [int(x) for x in allowed.groups()] == [
+        pld_max_releases(10, 1e-9, 0.1), pld_max_releases(10, 1e-9, 0.5), pld_max_releases(10, 1e-9, 1.0),
+        pld_max_releases(5, 1e-9, 0.1),
+    ]
 
 
 def test_budget_set_and_show_through_the_curator_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -59,8 +59,10 @@ def _result() -> api.Result:
 
 def test_the_report_headlines_the_default_and_keeps_the_raw_estimate() -> None:
     assert DEFAULT_ESTIMATOR == "projected"
-    report = _result().report
+    result = _result()
+    report = result.report
     np.testing.assert_array_equal(report.headline, report.projected)
+    np.testing.assert_array_equal(result.headline, report.projected)
     d = report.to_dict()
     assert d["headline"] == "projected" and [c["estimate"] for c in d["cells"]] == report.estimate.tolist()
     assert ReleaseReport.from_dict(d).estimate.tolist() == report.estimate.tolist()
