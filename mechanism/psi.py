@@ -126,12 +126,6 @@ def _blind_piece(scalar: bytes, packed: bytes) -> bytes:
         ) from exc
 
 
-def _valid_piece(packed: bytes) -> bool:
-    """True if every point of a packed list is a canonical element of the prime-order subgroup."""
-    valid = sodium.crypto_core_ed25519_is_valid_point
-    return all(valid(packed[i : i + POINT_BYTES]) for i in range(0, len(packed), POINT_BYTES))
-
-
 class PsiWorkers:
     """Worker processes that share one curator's per-element calls (``--psi-workers``): the list
     is cut into ``count`` contiguous pieces, ``count - 1`` of them go to spawned processes (never
@@ -236,7 +230,7 @@ class PsiOwnList:
     """A curator's own list after step 1: what it sends, and how to link the answer back."""
 
     sent: bytes
-    """H(x)^{s_j}, sorted ascending by encoding: the message to the next curator in the ring."""
+    """H(x)^{r_j} (the one-time mask), sorted ascending by encoding: the message to the next curator."""
     row_of: npt.NDArray[np.int64]
     """row_of[i] = the own row whose point is the i-th of ``sent``."""
     unmask: bytes = field(default=bytes(SCALAR_BYTES), repr=False)
