@@ -391,7 +391,8 @@ def pld_composed_epsilon(epsilon: float, k: int, delta: float) -> float:
     """The epsilon of k releases, each pure epsilon-DP, at target delta, by dp_accounting's
     privacy-loss-distribution accountant (the PLD of a generic (epsilon, 0)-DP mechanism,
     ``from_privacy_parameters``, self-composed k times, pessimistic discretisation
-    :data:`PLD_DISCRETIZATION`). Never below the optimal :func:`kov_optimal_epsilon`."""
+    :data:`PLD_DISCRETIZATION`). Never below the optimal :func:`kov_optimal_epsilon`; capped at
+    k epsilon, which basic composition gives with delta = 0 (the grid can overshoot it)."""
     from dp_accounting.pld import privacy_loss_distribution as pld
     from dp_accounting.pld.common import DifferentialPrivacyParameters
 
