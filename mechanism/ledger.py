@@ -262,6 +262,13 @@ class PrivacyLedger:
             return self._entry(EntryKind.BUDGET, dataset, name, "", check_charge(epsilon, "a budget"), "", now)
         if check_charge(epsilon, "a budget") != policy.total_epsilon:
             raise PolicyEpsilonError(f"the budget {epsilon} differs from the policy's total {policy.total_epsilon}")
+        other = sorted({r.epsilon for r in self.releases().values() if r.dataset == dataset
+                        and r.state is not EntryKind.REFUND and r.epsilon != policy.per_release_epsilon})  # fmt: skip
+        if other:  # the PLD count composes releases of one epsilon only
+            raise PolicyEpsilonError(
+                f"data set {self.name_of(dataset) or dataset[:16]!r} already holds releases of epsilon {other}; "
+                f"the PLD policy counts releases of epsilon {policy.per_release_epsilon:g} only"
+            )
         return self._entry(EntryKind.BUDGET, dataset, name, "", policy.additive_budget, "", now, policy.to_dict())
 
     def check_reserve(self, dataset: str, release_id: str, epsilon: float, seed_fingerprint: str | None) -> bool:

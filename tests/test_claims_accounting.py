@@ -118,6 +118,20 @@ def test_the_ledger_enforces_the_policy_and_prints_both_views() -> None:
     )
 
 
+def test_a_policy_cannot_be_set_over_releases_of_another_epsilon() -> None:
+    ledger = PrivacyLedger()
+    ledger.append(ledger.set_budget(DATASET, "adult", 5.0, 0.0))
+    entry = ledger.reserve(DATASET, "adult", "r0", 0.5, "f0", 0.0)
+    assert entry is not None
+    ledger.append(entry)
+    with pytest.raises(PolicyEpsilonError):
+        ledger.set_budget(DATASET, "adult", 3.0, 0.0, pld_policy(3.0, 1e-9, 0.1))
+    refund = ledger.refund("r0", 0.0)
+    assert refund is not None
+    ledger.append(refund)  # refunded: nothing of another epsilon is spent
+    ledger.append(ledger.set_budget(DATASET, "adult", 3.0, 0.0, pld_policy(3.0, 1e-9, 0.1)))
+
+
 def test_entries_without_a_policy_keep_their_digest_and_add_epsilons() -> None:
     ledger = PrivacyLedger()
     entry = ledger.set_budget(DATASET, "adult", 1.0, 0.0)
