@@ -393,8 +393,13 @@ def pld_composed_epsilon(epsilon: float, k: int, delta: float) -> float:
     ``from_privacy_parameters``, self-composed k times, pessimistic discretisation
     :data:`PLD_DISCRETIZATION`). Never below the optimal :func:`kov_optimal_epsilon`; capped at
     k epsilon, which basic composition gives with delta = 0 (the grid can overshoot it)."""
-    from dp_accounting.pld import privacy_loss_distribution as pld
-    from dp_accounting.pld.common import DifferentialPrivacyParameters
+    try:
+        from dp_accounting.pld import privacy_loss_distribution as pld
+        from dp_accounting.pld.common import DifferentialPrivacyParameters
+    except ImportError as exc:  # an optional dependency: the accounting (or test/dev) extra
+        raise InvalidEpsilonError(
+            "the PLD accounting policy needs dp_accounting: pip install 'secure-release[accounting]'"
+        ) from exc
 
     epsilon = check_epsilon(epsilon)
     if k < 1:
