@@ -172,6 +172,12 @@ class Result:
         return privacy_guarantee(self.report.plan)
 
     @property
+    def headline(self) -> npt.NDArray[np.float64]:
+        """The estimate a report leads with (the projection, ``estimators.DEFAULT_ESTIMATOR``;
+        docs/estimators.md); the raw A^-1 estimate is ``report.estimate``."""
+        return self.report.headline
+
+    @property
     def l2_error(self) -> float | None:
         """||estimate - truth||_2, when the truth is known."""
         return None if self.truth is None else float(np.linalg.norm(self.report.estimate - self.truth))

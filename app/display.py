@@ -15,15 +15,16 @@ from secure_release.mechanism.plan import ReleasePlan
 from secure_release.mechanism.report import ReleaseReport
 
 COLUMNS = (
-    ("estimate", "unbiased estimate of the cell's share of the aligned table (A^-1 of the observed shares); "
+    ("projected", "the headline: the raw estimate projected onto the probability simplex (>= 0, summing to 1); "
+     "never further from the truth than the raw estimate (docs/estimators.md says why it is the default)"),
+    ("raw A^-1", "unbiased estimate of the cell's share of the aligned table (A^-1 of the observed shares); "
      "noise can make it negative"),
-    ("SE", "its standard error (exact variance formula at the estimate)"),
+    ("SE", "the raw estimate's standard error (exact variance formula at the estimate)"),
     (
         "95% CI",
         "exact (Clopper-Pearson) interval of the cell's share, within [0, 1]; '*' marks a cell whose "
         "interval reaches 0: not distinguishable from empty",
     ),
-    ("projected", "the estimate projected onto the probability simplex: >= 0 and summing to 1"),
     ("truth", "the true share (known only in the demo, never to the researcher)"),
     ("observed", "how many of the m perturbed, decrypted records fell in the cell"),
 )  # fmt: skip
@@ -45,17 +46,20 @@ def parameter_lines(plan: ReleasePlan) -> list[str]:
 
 
 def guarantee_lines(plan: ReleasePlan) -> list[str]:
-    """The guarantee in standard form, one statement a line."""
+    """The guarantee in standard form, one statement a line; the OpenDP and dp_accounting lines
+    are the exact code a reader can run (``mechanism.guarantee``; tests run them)."""
     g = privacy_guarantee(plan)
     return [
-        f"  ({g['epsilon']:.4g}, {g['delta']:g})-DP, {g['definition']}",
+        f"  {g['statement']}",
+        f"  {g['statistical']}",
+        f"  {g['computational']}",
         f"  privacy unit: {g['privacy_unit']}",
         f"  neighbouring: {g['neighbouring_relation']}",
         f"  mechanism:    {g['mechanism']}",
-        f"  OpenDP:       make_randomized_response(prob={g['opendp']['prob']:.6g}, {g['opendp']['categories']} "
-        f"categories), amplified by sampling {plan.m} of population_size={plan.n}",
-        f"  dp_accounting: RandomizedResponseDpEvent(noise_parameter={g['dp_accounting']['noise_parameter']:.6g}, "
-        f"num_buckets={plan.joint_size}) inside SampledWithoutReplacementDpEvent({plan.n}, {plan.m})",
+        f"  OpenDP ({g['opendp']['agreement']}):",
+        *(f"    {line}" for line in g["opendp"]["recipe"]),
+        f"  dp_accounting ({g['dp_accounting']['agreement']}):",
+        *(f"    {line}" for line in g["dp_accounting"]["recipe"]),
     ]
 
 
@@ -75,13 +79,14 @@ def cell_table(report: ReleaseReport, truth: Sequence[float] | None = None) -> l
     names = [" / ".join(labels) for labels in report.labels]
     w = max([len(" / ".join(report.attributes)), *map(len, names)])
     mark = spans_zero(report.ci_low, report.ci_high)
-    head = f"{' / '.join(report.attributes).ljust(w)}  {'estimate':>9} {'SE':>7}  {'95% CI':^19}  {'projected':>9}"
+    head = f"{' / '.join(report.attributes).ljust(w)}  {'projected':>9}  {'raw A^-1':>9} {'SE':>7}  {'95% CI':^19}"
     head += f" {'truth':>7}" if truth is not None else ""
     lines = [head + f" {'observed':>8}"]
+    headline = report.headline
     for c, name in enumerate(names):
         ci = f"[{report.ci_low[c]:+.4f}, {report.ci_high[c]:+.4f}]{'*' if mark[c] else ' '}"
-        row = f"{name.ljust(w)}  {report.estimate[c]:+9.4f} {report.standard_error[c]:7.4f}  {ci:<19} "
-        row += f"{report.projected[c]:9.4f}" + (f" {truth[c]:7.4f}" if truth is not None else "")
+        row = f"{name.ljust(w)}  {headline[c]:9.4f}  {report.estimate[c]:+9.4f} {report.standard_error[c]:7.4f}  "
+        row += f"{ci:<19}" + (f" {truth[c]:7.4f}" if truth is not None else "")
         lines.append(row + f" {int(report.observed[c]):8d}")
     return lines
 
@@ -96,7 +101,8 @@ def explain(report: ReleaseReport, truth: Sequence[float] | None = None, l2: flo
     out += [
         "",
         f"{marked} of {len(report.labels)} cells have an interval spanning 0 (*); {negatives} raw estimates are "
-        "negative (noise around a small share; use 'projected' for non-negative shares).",
+        "negative (noise around a small share). Read the projected column (the headline); the raw A^-1 "
+        "estimate is kept for unbiased aggregation.",
     ]
     out += ["", "Parameters:", *parameter_lines(plan), "", "Guarantee:", *guarantee_lines(plan), ""]
     rmse = utility_check(plan)["predicted_rmse"]
@@ -111,11 +117,11 @@ def marginal_lines(columns: Mapping[str, Any], attributes: Sequence[str]) -> lis
     labels = columns["labels"]
     names = [" / ".join(str(v) for v in row) for row in labels]
     w = max([len(" / ".join(attributes)), *map(len, names)])
-    out = [f"{' / '.join(attributes).ljust(w)}  {'estimate':>9} {'SE':>7}  {'95% CI':^19}  {'projected':>9}"]
+    out = [f"{' / '.join(attributes).ljust(w)}  {'projected':>9}  {'raw A^-1':>9} {'SE':>7}  {'95% CI':^19}"]
     for i, name in enumerate(names):
         ci = f"[{columns['ci_low'][i]:+.4f}, {columns['ci_high'][i]:+.4f}]"
         out.append(
-            f"{name.ljust(w)}  {columns['estimate'][i]:+9.4f} {columns['standard_error'][i]:7.4f}  {ci:<19}  "
-            f"{columns['projected'][i]:9.4f}"
+            f"{name.ljust(w)}  {columns['projected'][i]:9.4f}  {columns['estimate'][i]:+9.4f} "
+            f"{columns['standard_error'][i]:7.4f}  {ci:<19}"
         )
     return out

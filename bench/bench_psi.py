@@ -6,10 +6,11 @@ Run:  PYTHONPATH=. python bench/bench_psi.py [--sizes 10000,100000] [--json]
 ``--deployed``: each curator's side of the ring in its own process, as deployed (the lists pass
 between the processes through pipes, standing in for the leader's mailbox). Per curator, in the
 same run: the keyed hash of its ids (``id_tags``), then (after a barrier) the PSI wall time from
-its start to its tags (``psi_start``, N - 1 hops, ``psi_finish``, waits included) and the part
+its start to its tags (``psi_start``, N - 1 hops, ``psi_finish_points`` and its tags, waits
+included; the leader also tags its own F in every curator's domain) and the part
 spent computing (wall, and the process's CPU seconds, which the machine's load does not
-inflate); the leader's ``common_tags`` over all tags is checked against the true
-intersection. Curator j holds the s/2 shared ids and s - s/2 of its own. ``--workers W``: each
+inflate); the leader's matching (``psi_leader_view`` + ``common_tags``) is checked against the
+true intersection. Curator j holds the s/2 shared ids and s - s/2 of its own. ``--workers W``: each
 curator spreads its per-element calls over W processes (``PsiWorkers``). The load average is
 reported before and after.
 
@@ -36,7 +37,16 @@ import numpy as np
 from secure_release.mechanism.alignment import TAG_DTYPE, common_tags, id_tags
 from secure_release.mechanism.keys import AlignmentKey
 from secure_release.mechanism.protocol import CuratorTable
-from secure_release.mechanism.psi import PsiKey, PsiWorkers, psi_finish, psi_reblind, psi_start, run_psi
+from secure_release.mechanism.psi import (
+    PsiKey,
+    PsiWorkers,
+    psi_finish_points,
+    psi_leader_view,
+    psi_reblind,
+    psi_start,
+    psi_tags,
+    run_psi,
+)
 from secure_release.mechanism.schema import Attribute, CuratorSchema
 from secure_release.mechanism.variants import StoredRelease, run_server_sampled_release
 
@@ -98,10 +108,12 @@ def _curator(j: int, num: int, size: int, workers: int, akey: bytes, inbox: Any,
         owner, got_hop, points = inbox.get()
         assert (owner, got_hop) == (j, num)
         t1 = time.perf_counter()
-        tags = psi_finish(own, points, pool)
+        finished = psi_finish_points(own, points, pool)
+        tags = psi_tags(finished, j)  # in this curator's own tag domain (issue 23)
+        domains = [psi_tags(finished, d).tobytes() for d in range(num)] if j == 0 else []  # the leader: all
         t_end = time.perf_counter()
         cpu = time.process_time() - cpu0
-    results.put((j, t_hash, t_end - t0, busy + t_end - t1, tags.tobytes(), hashed.tobytes(), cpu))
+    results.put((j, t_hash, t_end - t0, busy + t_end - t1, tags.tobytes(), hashed.tobytes(), cpu, domains))
 
 
 def bench_deployed(size: int, num: int = 2, workers: int = 1) -> dict[str, Any]:
@@ -120,7 +132,9 @@ def bench_deployed(size: int, num: int = 2, workers: int = 1) -> dict[str, Any]:
         p.join()
     load_after = os.getloadavg()
     t0 = time.perf_counter()
-    psi_common = common_tags([np.frombuffer(g[4], dtype=TAG_DTYPE) for g in got])
+    leader = [np.frombuffer(d, dtype=TAG_DTYPE) for d in got[0][7]]
+    view = psi_leader_view(leader, {g[0]: np.frombuffer(g[4], dtype=TAG_DTYPE) for g in got[1:]})
+    psi_common = common_tags([leader[0], *view.values()])
     t_leader = time.perf_counter() - t0
     hash_common = common_tags([np.frombuffer(g[5], dtype=TAG_DTYPE) for g in got])
     assert psi_common.size == hash_common.size == size // 2, (psi_common.size, hash_common.size)

@@ -203,7 +203,7 @@ def add_run_arguments(p: argparse.ArgumentParser, storing: bool) -> None:
             choices=["seed", "indices", "server"],
             help="who samples, the same at every curator: seed (the leader sends a 32-byte seed; the sample "
             "is pseudorandom, ChaCha20), indices (the leader draws the ordered m-tuple from the OS CSPRNG and "
-            "sends it packed, ceil(log2 n) bits a position; truly random) or server (the server draws the "
+            "sends it packed, ceil(log2 n) bits a position; drawn from the OS CSPRNG) or server (the server draws the "
             "m-tuple of a stored table, --table-id; no data file, no leader; see below)",
         )
         r.add_argument(

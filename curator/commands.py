@@ -1,6 +1,7 @@
 """The curator's operator commands besides ``run``.
 
-- ``budget set --keystore K --data FILE --epsilon E [--dataset NAME]``: the data set's total
+- ``budget set --keystore K --data FILE --epsilon E [--dataset NAME]
+  [--per-release-epsilon E1 --delta D]``: the data set's total
   budget, recorded in the ledger (the only way a budget is set); ``budget show``: the history.
   A data set is a population, named by ``--dataset`` (default: the --data file's or directory's
   name); a refreshed or edited table under the same name spends from the same budget. With
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -35,6 +37,7 @@ from secure_release.curator.ledgersign import HeadSigner
 from secure_release.curator.witness import BudgetWitness, carry_over
 from secure_release.infra.config import ConfigError, require
 from secure_release.infra.tls import secure_channel
+from secure_release.mechanism.accounting import AccountingPolicy, pld_policy
 from secure_release.mechanism.ledger import NoBudgetError, PrivacyLedger
 from secure_release.mechanism.spec import check_name, check_party_name
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
@@ -54,6 +57,10 @@ def add_budget_parser(sub: Any) -> None:
     s.add_argument("--table-id", help="instead of --data: the data set a stored table was made from (one budget)")
     s.add_argument("--dataset", help="the data set (the population); default: the --data file's name")
     s.add_argument("--epsilon", type=float, required=True, help="total budget, finite and > 0")
+    s.add_argument("--per-release-epsilon", type=float, default=None,
+                   help="with --delta: the PLD accounting policy (every release has exactly this epsilon; the budget "
+                        "is the largest number of them whose optimal composition stays within (--epsilon, --delta))")
+    s.add_argument("--delta", type=float, default=None, help="with --per-release-epsilon: the target delta, e.g. 1e-9")
     w = bsub.add_parser("show", help="print the ledger's budgets, releases and entries (JSON)")
     w.add_argument("--keystore", required=True, help="the curator's keystore directory")
     w.add_argument("--data", help="only this table file's data set")
@@ -183,7 +190,8 @@ def _budget_set(args: argparse.Namespace) -> int:
         with linked[1]:
             carried = carry_over(ledger, linked[0], dataset, dataset)
             linked[0].check(ledger.read(), dataset, record=True)
-    entry = ledger.set_budget(dataset, dataset, args.epsilon, fingerprint)
+    policy = _policy(args)
+    entry = ledger.set_budget(dataset, dataset, args.epsilon, fingerprint, policy)
     led = ledger.read()
     out: dict[str, Any] = {
         "dataset": entry.dataset,
@@ -194,6 +202,8 @@ def _budget_set(args: argparse.Namespace) -> int:
         "signed": ledger.signer is not None,
         "witness": "consulted" if linked is not None else "not consulted (no --server)",
     }
+    if policy is not None:
+        out["policy"] = policy.to_dict()
     if carried is not None:
         out["carried_over"] = {"reservations": carried.count, "epsilon": carried.epsilon}
     if adopted:
@@ -202,8 +212,44 @@ def _budget_set(args: argparse.Namespace) -> int:
     return 0
 
 
+def _policy(args: argparse.Namespace) -> AccountingPolicy | None:
+    """The PLD policy of ``budget set`` (both --per-release-epsilon and --delta, or neither)."""
+    per, delta = getattr(args, "per_release_epsilon", None), getattr(args, "delta", None)
+    if per is None and delta is None:
+        return None
+    if per is None or delta is None:
+        raise ConfigError("the PLD accounting policy needs both --per-release-epsilon and --delta")
+    return pld_policy(args.epsilon, delta, per)
+
+
+def policy_views(ledger: PrivacyLedger, dataset: str) -> dict[str, Any] | None:
+    """Both views of a data set whose budget has a PLD policy: basic composition (epsilons add)
+    and the optimal composition (dp_accounting's PLD at the policy's delta) of the releases
+    spent or reserved."""
+    policy = ledger.policy(dataset)
+    if policy is None:
+        return None
+    used, eps = ledger.release_count(dataset), policy.per_release_epsilon
+    return {
+        "policy": policy.to_dict(),
+        "basic": {
+            "releases_allowed": math.floor(policy.total_epsilon / eps * (1 + 1e-12)),
+            "epsilon_spent": used * eps,
+            "releases_spent": used,
+        },
+        "pld": {
+            "releases_allowed": policy.max_releases,
+            "releases_spent": used,
+            "releases_left": policy.max_releases - used,
+            "epsilon_spent": policy.composed_epsilon(used),
+            "delta": policy.delta,
+        },
+    }
+
+
 def ledger_summary(ledger: PrivacyLedger, only: str | None = None) -> dict[str, Any]:
-    """Budgets, spent and remaining per data set, every release's state, every entry."""
+    """Budgets, spent and remaining per data set (with a PLD policy: both views), every
+    release's state, every entry."""
     datasets = sorted({e.dataset for e in ledger.entries if only in (None, e.dataset)})
     return {
         "datasets": [
@@ -215,6 +261,7 @@ def ledger_summary(ledger: PrivacyLedger, only: str | None = None) -> dict[str, 
                 "budget": ledger.budget(d),
                 "spent": ledger.spent(d),
                 "remaining": ledger.remaining(d),
+                **({"accounting": views} if (views := policy_views(ledger, d)) is not None else {}),
             }
             for d in datasets
         ],

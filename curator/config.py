@@ -50,8 +50,9 @@ REQUIRED_STORE = ("table_id", "data", "schema", "curators", "server", "name")
 POSITIONS_PATH_REFUSAL = (
     "only the rekeyed key path runs across the services; the positions path stays in memory "
     "(mechanism.server_sampling): positions repeat across releases of one table, so the researcher "
-    "would see which rows two releases share, which costs more than epsilon_1 + epsilon_2 whenever the "
-    "overlap exceeds m1 m2 / n (the ledger's pure-DP budget no longer holds), and a long-lived table key "
+    "would see which rows two releases share, which costs more than epsilon_1 + epsilon_2 for some overlaps "
+    "(above m1 m2 / n for a binary joint alphabet, below it too for K >= 3, where no bound is proved; the "
+    "ledger's pure-DP budget no longer holds), and a long-lived table key "
     "in the researcher's hands would take away each curator's power to refuse a later release"
 )
 
@@ -119,7 +120,7 @@ def parse_cipher(text: str) -> CipherMode:
 
 def parse_sampling(text: str) -> SamplingMode:
     """``--sampling``: ``seed`` (pseudorandom, from a 32-byte seed) or ``indices`` (the leader
-    ships the OS-drawn ordered tuple, truly random); else a :class:`ConfigError`."""
+    ships the OS-drawn ordered tuple); else a :class:`ConfigError`."""
     try:
         return SamplingMode.parse(str(text))
     except UnknownVariantError as exc:

@@ -83,7 +83,7 @@ class ReleaseRecord:
     dataset_name: str
     seed_fingerprint: str  # the sample's fingerprint (the seed's, or the packed index tuple's)
     retention_until: float | None = None  # set once the release is sealed
-    sampling: SamplingMode = SamplingMode.SEED  # how the sample was shared (says whether it is truly random)
+    sampling: SamplingMode = SamplingMode.SEED  # how the sample was shared (says where its randomness comes from)
     table_id: str = ""  # server-sampled: the stored table; ``sample`` then holds -v_p mod k, not plaintext
 
     def ciphertext(self) -> SymbolArray:
@@ -124,7 +124,8 @@ class ReleaseRecord:
             "retention_until": self.retention_until,
             "sampling": "server" if self.table_id else self.sampling.value,
             "sampling_randomness": (
-                "truly random (the server's OS CSPRNG, exact uniform ordered tuple)" if self.table_id
+                "pseudorandom (the server's fresh seed expanded by ChaCha20; computational against the researcher)"
+                if self.table_id
                 else self.sampling.randomness
             ),
             **({"table_id": self.table_id} if self.table_id else {}),

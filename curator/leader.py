@@ -24,7 +24,7 @@ from secure_release.mechanism.alignment import RowOrder, SortedTags, TagArray, a
 from secure_release.mechanism.errors import SecureReleaseError
 from secure_release.mechanism.keys import Seed
 from secure_release.mechanism.pads import CipherMode
-from secure_release.mechanism.psi import POINT_BYTES
+from secure_release.mechanism.psi import POINT_BYTES, psi_leader_view
 from secure_release.mechanism.psi_proof import ReblindProofError, proof_context, verify_reblind
 from secure_release.mechanism.variants import AlignmentMode, SamplingMode, VariantAgreement, leader_agree_variant
 
@@ -79,6 +79,7 @@ class LeaderState:
     psi_lists: dict[tuple[str, int], bytes] = field(default_factory=dict)  # (owner, hop) -> points
     psi_counts: dict[str, int] = field(default_factory=dict)  # owner -> points of its list
     psi_public: dict[str, bytes] = field(default_factory=dict)  # sender -> its re-blinding public key
+    psi_domain_tags: list[TagArray] | None = None  # PSI: the leader's own tags in every curator's domain
 
     def __post_init__(self) -> None:
         if self.expected_sizes is not None and len(self.expected_sizes) != len(self.curators):
@@ -313,6 +314,18 @@ class LeaderState:
                 raise AgreementError(self.error)
         return self.agree()
 
+    def _matched_lists(self) -> list[TagArray]:
+        """Every curator's tags as the leader matches them: as sent (keyed hash), or with PSI
+        each follower's tags (its own domain) mapped onto the leader's rows (``psi_leader_view``;
+        tags of ids the leader does not hold match nothing)."""
+        lists = [self.tags[c] for c in self.curators]
+        if self.alignment is not AlignmentMode.PSI:
+            return lists
+        if self.psi_domain_tags is None or len(self.psi_domain_tags) != len(self.curators):
+            raise AgreementError(f"release {self.release_id!r}: the leader has no PSI tags of its own in every domain")
+        view = psi_leader_view(self.psi_domain_tags, dict(enumerate(lists[1:], start=1)))
+        return [lists[0], *(view[j] for j in range(1, len(lists)))]
+
     def agree(self) -> VariantAgreement:
         """Common tags, plan and the sample (a seed, or an index tuple drawn from the OS CSPRNG),
         once every curator's tags arrived; wakes the waiters. A failure (e.g. no id common to
@@ -322,7 +335,7 @@ class LeaderState:
                 try:
                     common = None
                     if set(self.curators) <= set(self.tags):  # one matching gives every curator's rows
-                        common, alignments = align_all([self.tags[c] for c in self.curators], self.own_sorted)
+                        common, alignments = align_all(self._matched_lists(), self.own_sorted)
                         self.rows = {c: a.row_order for c, a in zip(self.curators, alignments, strict=True)}
                         if self.alignment is AlignmentMode.PSI and common.size == 0:
                             raise psi_mismatch(self.curators, self.tags)

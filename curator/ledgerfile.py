@@ -30,6 +30,7 @@ from secure_release.infra.fileio import (
     private_dir,
     read_nofollow,
 )
+from secure_release.mechanism.accounting import AccountingPolicy
 from secure_release.mechanism.ledger import (
     LedgerEntry,
     LedgerHead,
@@ -187,9 +188,12 @@ class LedgerFile:
                 atomic_write(self.head_path, signer.sign(ledger.head()).to_json().encode())
             return True
 
-    def set_budget(self, dataset: str, name: str, epsilon: float, table: str = "") -> LedgerEntry:
-        """Append a budget entry (a deleted ledger starts a new history)."""
+    def set_budget(
+        self, dataset: str, name: str, epsilon: float, table: str = "", policy: AccountingPolicy | None = None
+    ) -> LedgerEntry:
+        """Append a budget entry (a deleted ledger starts a new history); ``policy``: the PLD
+        accounting policy fixed with it (``accounting.pld_policy``)."""
         self.reset_after_deletion()
-        _, entry = self.update(lambda led: led.set_budget(dataset, name, epsilon, time.time(), table))
+        _, entry = self.update(lambda led: led.set_budget(dataset, name, epsilon, time.time(), table, policy))
         assert entry is not None
         return entry

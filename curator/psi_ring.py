@@ -5,9 +5,12 @@ Followers talk only to the leader, so the leader is the ring's mailbox: curator 
 ids (``psi_start``) and hands the list to curator j+1 through the leader (``PsiSend``); at each hop
 h = 1 .. N-1 it fetches the list of owner j-h routed to it (``PsiReceive``), raises it to its own
 scalar (``psi_reblind``) and hands it on; finally it fetches its own list after N blindings and
-turns it into 128-bit tags (``psi_finish``). Those tags feed the keyed-hash path unchanged
-(``SubmitTags``, the leader's common tags, canonical order = ascending tag). The leader does the
-same against its own mailbox, without RPCs.
+unmasks it into F and 128-bit tags in its own tag domain (``psi_finish_points``, ``psi_tags``).
+Those tags go to the leader as keyed-hash tags do (``SubmitTags``); the leader, which does the
+same against its own mailbox without RPCs, keeps its own tags in every domain and matches each
+follower's tags against its own rows only (``psi_leader_view``), so it learns its pairwise
+intersection with each curator and nothing about ids it does not hold; each follower is sent its
+own rows of the N-way intersection (``mechanism/psi.py``, issue 23).
 
 The scalar is fresh from the OS per release. A follower keeps it in its keystore (0600) from
 before its first list leaves until its release record is saved (or dropped): restarted with the
@@ -37,7 +40,15 @@ from secure_release.infra.logs import EventLog
 from secure_release.infra.streams import AgreementError, point_chunks, read_point_stream
 from secure_release.infra.tls import secure_channel
 from secure_release.mechanism.alignment import TagArray
-from secure_release.mechanism.psi import POINT_BYTES, PsiKey, PsiWorkers, psi_finish, psi_reblind, psi_start
+from secure_release.mechanism.psi import (
+    POINT_BYTES,
+    PsiKey,
+    PsiWorkers,
+    psi_finish_points,
+    psi_reblind,
+    psi_start,
+    psi_tags,
+)
 from secure_release.mechanism.psi_proof import proof_context, prove_reblind, public_point
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
@@ -100,11 +111,13 @@ def _remote(
 
 
 def ring(me: str, curators: tuple[str, ...], ids: npt.NDArray[np.str_], key: PsiKey, send: Send,
-         receive: Receive, workers: int = 1) -> TagArray:  # fmt: skip
+         receive: Receive, workers: int = 1) -> bytes:  # fmt: skip
     """The ring as one curator sees it, over any transport (``send(owner, hop, points)``,
-    ``receive(owner, hop)``): start, N-1 re-blinding hops, finish (the per-element calls shared
-    by ``workers`` processes). Every re-blinded list goes with a proof that it is the received list
-    raised to this curator's key (:mod:`secure_release.mechanism.psi_proof`), which the leader checks."""
+    ``receive(owner, hop)``): start (masked by the one-time r), N-1 re-blinding hops, finish
+    (unmask and apply the own scalar last); the per-element calls shared by ``workers``
+    processes. Every re-blinded list goes with a proof that it is the received list raised to
+    this curator's key (:mod:`secure_release.mechanism.psi_proof`), which the leader checks.
+    Returns F of every own row, packed in own row order (:func:`psi_finish_points`)."""
     num, at = len(curators), curators.index(me)
     public = public_point(key)
     with PsiWorkers(workers) as pool:
@@ -115,7 +128,7 @@ def ring(me: str, curators: tuple[str, ...], ids: npt.NDArray[np.str_], key: Psi
             received = receive(owner, hop)
             out = psi_reblind(received, key, pool)
             send(owner, hop + 1, out, prove_reblind(key, proof_context(owner, hop + 1), received, out), public)
-        return psi_finish(own, receive(me, num), pool)
+        return psi_finish_points(own, receive(me, num), pool)
 
 
 def run_ring(
@@ -133,7 +146,10 @@ def run_ring(
         workers=config.psi_workers, resumed=kept)  # fmt: skip
     if state is not None:
         send, receive = _local(state, config.name, deadline)
-        tags = ring(config.name, config.curators, ids, key, send, receive, config.psi_workers)
+        points = ring(config.name, config.curators, ids, key, send, receive, config.psi_workers)
+        # the leader matches follower j's tags (domain j) against its own rows in domain j
+        state.psi_domain_tags = [psi_tags(points, d) for d in range(len(config.curators))]
+        tags = state.psi_domain_tags[0]
     else:
         assert config.leader_address is not None
         leader = config.curators[0]
@@ -141,7 +157,8 @@ def run_ring(
                                  role="curator", peer_role="curator", peer_name=leader)  # fmt: skip
         try:
             send, receive = _remote(pb_grpc.CuratorStub(channel), config, log, deadline)
-            tags = ring(config.name, config.curators, ids, key, send, receive, config.psi_workers)
+            points = ring(config.name, config.curators, ids, key, send, receive, config.psi_workers)
+            tags = psi_tags(points, config.curators.index(config.name))  # in this follower's own domain
         except grpc.RpcError as exc:
             raise AgreementError(f"the leader {leader} refused: {exc.code().name}: {exc.details()}") from None
         finally:

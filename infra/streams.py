@@ -41,7 +41,13 @@ from secure_release.infra.wire import (
 )
 from secure_release.mechanism.alignment import TAG_DTYPE, TagArray
 from secure_release.mechanism.errors import ErrorKind, SecureReleaseError, ShapeMismatchError
-from secure_release.mechanism.index_sharing import IndexArray, indices_fingerprint, packed_size, unpack_indices
+from secure_release.mechanism.index_sharing import (
+    IndexArray,
+    indices_fingerprint,
+    packed_size,
+    sample_set_fingerprint,
+    unpack_indices,
+)
 from secure_release.mechanism.keys import Seed
 from secure_release.mechanism.packing import CHUNK_ROWS, digest_of, pack_symbols
 from secure_release.mechanism.pads import CipherMode, ReleasePad
@@ -517,7 +523,7 @@ class ServerSample:
 
     positions: IndexArray
     packed: bytes
-    fingerprint: str
+    fingerprint: str  # sample_set_fingerprint(positions): the ledger's reuse check (any order of one set)
 
 
 def sample_from_chunks(chunks: Iterable[pb.SampleChunk], spec: ReleaseSpec) -> ServerSample:
@@ -542,7 +548,8 @@ def sample_from_chunks(chunks: Iterable[pb.SampleChunk], spec: ReleaseSpec) -> S
     positions = unpack_indices(packed, spec.n, spec.m)
     if fingerprint != indices_fingerprint(packed):
         raise SampleStreamError("the sample's fingerprint does not match its positions")
-    return ServerSample(positions, packed, fingerprint)
+    # the ledger's reuse check takes the order-insensitive fingerprint: a reordered sample is the same sample
+    return ServerSample(positions, packed, sample_set_fingerprint(positions))
 
 
 # ---------------------------------------------------------------------------------- perturbed rows

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Mapping
+from dataclasses import dataclass
 from decimal import Decimal, localcontext
 from fractions import Fraction
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -372,3 +375,157 @@ def amplified_epsilon(base_epsilon: float, sampling_rate: float) -> float:
     if eps0 > 700.0:  # e^eps0 overflows: ln(1 + r(e^x - 1)) = x + ln(r + (1 - r) e^-x), exactly
         return eps0 + math.log(sampling_rate + (1.0 - sampling_rate) * math.exp(-eps0))
     return math.log1p(sampling_rate * math.expm1(eps0))
+
+
+# ------------------------------------------------------------------ many releases on one budget (issue 23)
+#: dp_accounting's PLD grid: losses are rounded up to a multiple of this (pessimistic), so a
+#: composed epsilon is never below the exact one and at most about k times this above it.
+PLD_DISCRETIZATION = 1e-4
+
+
+def kov_optimal_delta(epsilon: float, k: int, epsilon_total: float) -> float:
+    """The exact delta of the k-fold composition of pure epsilon-DP mechanisms at epsilon_total
+    (Kairouz, Oh, Viswanath, "The composition theorem for differential privacy", ICML 2015,
+    Theorem 3.3 and its proof: the worst case is k-fold binary randomized response, whose
+    hockey-stick divergence is)
+
+        delta(eps') = sum_{l=0}^{k} C(k, l) max(0, e^{(k-l) eps} - e^{eps'} e^{l eps}) / (1 + e^eps)^k.
+
+    At eps' = (k - 2i) eps it equals the theorem's delta_i. Evaluated in log space (small k)."""
+    epsilon = check_epsilon(epsilon)
+    if k < 1:
+        raise InvalidSampleSizeError(f"the number of releases must be >= 1, got {k}")
+    log_norm = k * math.log1p(math.exp(epsilon)) if epsilon < 700 else k * epsilon
+    total = 0.0
+    for lo in range(k + 1):
+        a, b = (k - lo) * epsilon, epsilon_total + lo * epsilon
+        if a <= b:
+            continue
+        log_c = math.lgamma(k + 1) - math.lgamma(lo + 1) - math.lgamma(k - lo + 1)
+        total += math.exp(log_c + a - log_norm) * -math.expm1(b - a)
+    return total
+
+
+def kov_optimal_epsilon(epsilon: float, k: int, delta: float) -> float:
+    """The smallest epsilon_total with :func:`kov_optimal_delta` <= delta (bisection to 1e-12):
+    the optimal composition of k pure epsilon-DP mechanisms at target delta (KOV 2015, Thm 3.3)."""
+    if not 0.0 <= delta < 1.0:
+        raise InvalidEpsilonError(f"delta must be in [0, 1), got {delta!r}")
+    lo, hi = -k * epsilon, k * epsilon
+    if kov_optimal_delta(epsilon, k, lo) <= delta:
+        return 0.0
+    while hi - lo > 1e-12:
+        mid = (lo + hi) / 2
+        if kov_optimal_delta(epsilon, k, mid) <= delta:
+            hi = mid
+        else:
+            lo = mid
+    return max(hi, 0.0)
+
+
+def pld_composed_epsilon(epsilon: float, k: int, delta: float) -> float:
+    """The epsilon of k releases, each pure epsilon-DP, at target delta, by dp_accounting's
+    privacy-loss-distribution accountant (the PLD of a generic (epsilon, 0)-DP mechanism,
+    ``from_privacy_parameters``, self-composed k times, pessimistic discretisation
+    :data:`PLD_DISCRETIZATION`). Never below the optimal :func:`kov_optimal_epsilon`; capped at
+    k epsilon, which basic composition gives with delta = 0 (the grid can overshoot it)."""
+    try:
+        from dp_accounting.pld import privacy_loss_distribution as pld
+        from dp_accounting.pld.common import DifferentialPrivacyParameters
+    except ImportError as exc:  # an optional dependency: the accounting (or test/dev) extra
+        raise InvalidEpsilonError(
+            "the PLD accounting policy needs dp_accounting: pip install 'secure-release[accounting]'"
+        ) from exc
+
+    epsilon = check_epsilon(epsilon)
+    if k < 1:
+        raise InvalidSampleSizeError(f"the number of releases must be >= 1, got {k}")
+    if not 0.0 < delta < 1.0:
+        raise InvalidEpsilonError(f"the target delta must be in (0, 1), got {delta!r}")
+    one = pld.from_privacy_parameters(
+        DifferentialPrivacyParameters(epsilon, 0.0), value_discretization_interval=PLD_DISCRETIZATION
+    )
+    composed = one if k == 1 else one.self_compose(k)
+    return min(float(composed.get_epsilon_for_delta(delta)), k * epsilon)
+
+
+def pld_max_releases(total_epsilon: float, delta: float, per_release_epsilon: float) -> int:
+    """The largest k whose PLD composition (:func:`pld_composed_epsilon`) of k pure
+    ``per_release_epsilon``-DP releases stays within (total_epsilon, delta); at least the basic
+    count floor(total / per release) (0 if one release does not fit). Exponential then binary
+    search (the composed epsilon grows with k)."""
+    total, eps = check_epsilon(total_epsilon), check_epsilon(per_release_epsilon)
+    if eps > total:
+        return 0
+
+    def fits(k: int) -> bool:
+        return k * eps <= total * (1 + 1e-12) or pld_composed_epsilon(eps, k, delta) <= total
+
+    lo = max(1, math.floor(total / eps * (1 + 1e-12)))
+    hi = lo * 2
+    while fits(hi):
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
+
+
+@dataclass(frozen=True)
+class AccountingPolicy:
+    """How a data set's budget counts releases, fixed when the budget is set (issue 23).
+
+    ``pld``: every release has exactly ``per_release_epsilon`` (pure DP, Theorem 3.2); the budget
+    (total_epsilon, delta) allows ``max_releases`` = :func:`pld_max_releases` of them (optimal
+    composition by dp_accounting's PLD). A release with another epsilon is refused. The ledger's
+    additive view charges each release its epsilon against max_releases x per_release_epsilon
+    (:attr:`additive_budget`), so both views count the same releases. Make one with
+    :func:`pld_policy`; :meth:`from_dict` re-derives max_releases and refuses a mismatch."""
+
+    total_epsilon: float
+    delta: float
+    per_release_epsilon: float
+    max_releases: int
+    kind: str = "pld"
+
+    @property
+    def additive_budget(self) -> float:
+        """The ledger's additive budget: max_releases x per_release_epsilon."""
+        return self.max_releases * self.per_release_epsilon
+
+    def composed_epsilon(self, releases: int) -> float:
+        """The PLD epsilon at :attr:`delta` of ``releases`` releases (0 for none)."""
+        return 0.0 if releases < 1 else pld_composed_epsilon(self.per_release_epsilon, releases, self.delta)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "total_epsilon": self.total_epsilon,
+            "delta": self.delta,
+            "per_release_epsilon": self.per_release_epsilon,
+            "max_releases": self.max_releases,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> AccountingPolicy:
+        """Parse (e.g. a ledger's budget entry) and check max_releases against the PLD."""
+        if data.get("kind") != "pld":
+            raise InvalidEpsilonError(f"unknown accounting policy {data.get('kind')!r}")
+        policy = pld_policy(float(data["total_epsilon"]), float(data["delta"]), float(data["per_release_epsilon"]))
+        if int(data["max_releases"]) != policy.max_releases:
+            raise InvalidEpsilonError(
+                f"the policy records {data['max_releases']} releases, but dp_accounting allows {policy.max_releases}"
+            )
+        return policy
+
+
+def pld_policy(total_epsilon: float, delta: float, per_release_epsilon: float) -> AccountingPolicy:
+    """The ``pld`` policy of a budget (total_epsilon, delta) for releases of per_release_epsilon
+    each; :class:`InvalidEpsilonError` if delta is outside (0, 1) or not even one release fits."""
+    total, eps = check_epsilon(total_epsilon), check_epsilon(per_release_epsilon)
+    if not (math.isfinite(delta) and 0.0 < delta < 1.0):
+        raise InvalidEpsilonError(f"the target delta must be in (0, 1), got {delta!r}")
+    k = pld_max_releases(total, delta, eps)
+    if k < 1:
+        raise InvalidEpsilonError(f"a per-release epsilon of {eps} does not fit a total budget of {total}")
+    return AccountingPolicy(total, float(delta), eps, k)

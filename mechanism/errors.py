@@ -108,6 +108,13 @@ class BudgetExceededError(SecureReleaseError):
     kind = ErrorKind.RESOURCE_EXHAUSTED
 
 
+class PolicyEpsilonError(SecureReleaseError):
+    """A release's epsilon differs from the per-release epsilon its budget's accounting policy
+    fixed (the PLD count of releases holds only for that epsilon)."""
+
+    kind = ErrorKind.FAILED_PRECONDITION
+
+
 class SeedReuseError(SecureReleaseError):
     """A sampling seed was used for a second release; a reused sample gets no amplification."""
 

@@ -176,7 +176,18 @@ def _check_tuple(pos: IndexArray, n: int) -> None:
 
 
 def indices_fingerprint(packed: bytes) -> str:
-    """A public 8-hex-digit id of a shared tuple, for the ledger's reuse check (like a seed's
-    fingerprint; a repeated tuple gets the same fingerprint in any release)."""
+    """A public 8-hex-digit id of the packed, *ordered* tuple: an integrity check that the
+    positions arrived as sent (the sample chunks carry it). Not for the ledger's reuse check: a
+    reordered tuple is the same sample and gets another value here (:func:`sample_set_fingerprint`)."""
     h = hashlib.sha256(b"fingerprint|index tuple|" + bytes(packed))
     return h.hexdigest()[:8]
+
+
+def sample_set_fingerprint(positions: IndexArray) -> str:
+    """A public 16-hex-digit id of the *set* of sampled positions, for the ledger's reuse check:
+    SHA-256 of the ascending positions as little-endian 64-bit words, so every order of one
+    sample gives the same value (issue 23: re-serving a reordered sample must be refused; a
+    reused sample gets no amplification, DESIGN 3 "Budget")."""
+    pos = np.sort(np.asarray(positions, dtype=np.int64)).astype("<i8")
+    h = hashlib.sha256(b"fingerprint|sample set|" + pos.tobytes())
+    return h.hexdigest()[:16]

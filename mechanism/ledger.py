@@ -9,6 +9,13 @@ by an explicit ``budget`` entry. A release moves through two phases:
   release id already used differently);
 - ``commit`` when the server seals the release, or ``refund`` when it aborts before sealing.
 
+A budget may carry an accounting policy (optional field ``policy`` of the budget entry, absent
+from entries without one so their digests are unchanged): ``pld`` fixes a per-release epsilon and
+a target delta, and the budget is the number of releases whose optimal composition
+(dp_accounting's PLD) stays within (total epsilon, delta) (``accounting.AccountingPolicy``); the
+budget entry's epsilon is then that number times the per-release epsilon, and a release with
+another epsilon is refused (:class:`PolicyEpsilonError`).
+
 Reserved and committed epsilon both count as spent; a refund gives the reservation back; a
 ``carry`` entry records spending the server's witness knew beyond a lost history. Every entry is
 validated on load (known keys and kind, finite epsilon >= 0, in sequence, transitions that follow)
@@ -28,10 +35,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from secure_release.mechanism.accounting import AccountingPolicy
 from secure_release.mechanism.errors import (
     BudgetExceededError,
     ErrorKind,
     NonFiniteInputError,
+    PolicyEpsilonError,
     SecureReleaseError,
     SeedReuseError,
 )
@@ -76,7 +85,8 @@ class EntryKind(enum.Enum):
 REQUIRED_KEYS = frozenset(
     {"seq", "kind", "dataset", "name", "release_id", "epsilon", "seed_fingerprint", "time", "prev", "digest"}
 )
-OPTIONAL_KEYS = {"table": "", "count": 0}
+OPTIONAL_KEYS: dict[str, Any] = {"table": "", "count": 0, "policy": None}
+POLICY_KEYS = frozenset({"kind", "total_epsilon", "delta", "per_release_epsilon", "max_releases"})
 
 
 def _no_constant(name: str) -> float:
@@ -99,6 +109,7 @@ class LedgerEntry:
     digest: str = ""
     table: str = ""  # SHA-256 of the table file a release read ("" for budgets and older entries)
     count: int = 0  # a carry entry: how many reservations it stands for
+    policy: dict[str, Any] | None = None  # a budget entry's accounting policy (None: epsilons add)
 
     def body(self) -> dict[str, Any]:
         """Every field but the digest, JSON-ready (optional extensions only when set)."""
@@ -145,7 +156,10 @@ class LedgerEntry:
                 digest=str(data["digest"]),
                 table=str(data.get("table", "")),
                 count=_integer(data.get("count", 0), "count"),
+                policy=_stored_policy(data.get("policy")),
             )
+            if entry.policy is not None and entry.kind is not EntryKind.BUDGET:
+                raise ValueError(f"a {entry.kind.value} entry carries an accounting policy; only budgets may")
             if entry.kind in (EntryKind.BUDGET, EntryKind.RESERVE) and entry.epsilon <= 0:
                 raise ValueError(f"a {entry.kind.value} entry needs epsilon > 0, got {entry.epsilon!r}")
             return entry
@@ -154,6 +168,23 @@ class LedgerEntry:
                 f"ledger entry {index} is not a valid entry ({type(exc).__name__}: {exc}); the history cannot "
                 "be trusted: restore it from a backup, or see docs/privacy.md ('When the ledger is refused')"
             ) from exc
+
+
+def _stored_policy(value: object) -> dict[str, Any] | None:
+    """A stored accounting policy, checked for shape (kind ``pld``, finite epsilons > 0, delta in
+    (0, 1), a release count >= 1); None if absent. The count is not recomputed here: that needs
+    dp_accounting, and a signed head already protects the entry."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or set(value) != POLICY_KEYS or value["kind"] != "pld":
+        raise ValueError(f"policy must be a 'pld' object with keys {sorted(POLICY_KEYS)}, got {value!r}")
+    total = _stored_epsilon(value["total_epsilon"])
+    per_release = _stored_epsilon(value["per_release_epsilon"])
+    delta = _stored_number(value["delta"], "delta")
+    releases = _integer(value["max_releases"], "max_releases")
+    if min(total, per_release) <= 0 or not 0 < delta < 1 or releases < 1:
+        raise ValueError(f"policy values out of range: {value!r}")
+    return dict(value)
 
 
 def _stored_number(value: object, what: str) -> float:
@@ -280,6 +311,20 @@ class PrivacyLedger:
         values = [e.epsilon for e in self.entries if e.kind is EntryKind.BUDGET and e.dataset == dataset]
         return values[-1] if values else None
 
+    def policy(self, dataset: str) -> AccountingPolicy | None:
+        """The accounting policy of the data set's budget (its last budget entry), None if that
+        budget simply adds epsilons."""
+        entries = [e for e in self.entries if e.kind is EntryKind.BUDGET and e.dataset == dataset]
+        if not entries or entries[-1].policy is None:
+            return None
+        p = entries[-1].policy
+        return AccountingPolicy(float(p["total_epsilon"]), float(p["delta"]), float(p["per_release_epsilon"]),
+                                int(p["max_releases"]))  # fmt: skip
+
+    def release_count(self, dataset: str) -> int:
+        """Reserved plus committed releases of the data set (refunds excluded)."""
+        return sum(1 for r in self.releases().values() if r.dataset == dataset and r.state is not EntryKind.REFUND)
+
     def releases(self) -> dict[str, ReleaseCharge]:
         """Every release this ledger knows, by id, in its latest state."""
         out: dict[str, ReleaseCharge] = {}
@@ -322,11 +367,12 @@ class PrivacyLedger:
     # ------------------------------------------------------------ decisions
     def _entry(
         self, kind: EntryKind, dataset: str, name: str, release_id: str, epsilon: float, seed: str, now: float,
-        table: str = "", count: int = 0,
+        table: str = "", count: int = 0, policy: dict[str, Any] | None = None,
     ) -> LedgerEntry:
         prev = self.entries[-1].digest if self.entries else GENESIS
         draft = LedgerEntry(
-            len(self.entries), kind, dataset, name, release_id, epsilon, seed, float(now), prev, "", table, count
+            len(self.entries), kind, dataset, name, release_id, epsilon, seed, float(now), prev, "", table, count,
+            policy,
         )
         return LedgerEntry(**{**draft.__dict__, "digest": draft.computed_digest()})
 
@@ -339,10 +385,28 @@ class PrivacyLedger:
         extra_count, extra = max(count - have_count, 1), max(epsilon - have_total, 0.0)
         return self._entry(EntryKind.CARRY, dataset, name, "", extra, "", now, count=extra_count)
 
-    def set_budget(self, dataset: str, name: str, epsilon: float, now: float, table: str = "") -> LedgerEntry:
+    def set_budget(
+        self, dataset: str, name: str, epsilon: float, now: float, table: str = "",
+        policy: AccountingPolicy | None = None,
+    ) -> LedgerEntry:  # fmt: skip
         """The entry that sets the data set's total budget to ``epsilon`` (finite, > 0);
-        ``table``: the fingerprint of the table file it was set from (recorded only)."""
-        return self._entry(EntryKind.BUDGET, dataset, name, "", check_charge(epsilon, "a budget"), "", now, table=table)
+        ``table``: the fingerprint of the table file it was set from (recorded only). With a
+        ``policy`` (``accounting.pld_policy``), ``epsilon`` must be its total epsilon and the entry
+        records the policy and its additive budget, max_releases x per-release epsilon."""
+        if policy is None:
+            return self._entry(EntryKind.BUDGET, dataset, name, "", check_charge(epsilon, "a budget"), "", now,
+                               table=table)  # fmt: skip
+        if check_charge(epsilon, "a budget") != policy.total_epsilon:
+            raise PolicyEpsilonError(f"the budget {epsilon} differs from the policy's total {policy.total_epsilon}")
+        other = sorted({r.epsilon for r in self.releases().values() if r.dataset == dataset
+                        and r.state is not EntryKind.REFUND and r.epsilon != policy.per_release_epsilon})  # fmt: skip
+        if other:  # the PLD count composes releases of one epsilon only
+            raise PolicyEpsilonError(
+                f"data set {self.name_of(dataset) or dataset[:16]!r} already holds releases of epsilon {other}; "
+                f"the PLD policy counts releases of epsilon {policy.per_release_epsilon:g} only"
+            )
+        return self._entry(EntryKind.BUDGET, dataset, name, "", policy.additive_budget, "", now, table=table,
+                           policy=policy.to_dict())  # fmt: skip
 
     def tables(self, dataset: str) -> list[str]:
         """The fingerprints of the table files recorded for the data set, first seen first."""
@@ -365,6 +429,21 @@ class PrivacyLedger:
                 f"no budget is set for data set {dataset[:16]}...; set one with "
                 "'secure-release-curator budget set --keystore K --data FILE --epsilon E'"
             )
+        policy = self.policy(dataset)
+        if policy is not None:
+            if epsilon != policy.per_release_epsilon:
+                raise PolicyEpsilonError(
+                    f"data set {self.name_of(dataset) or dataset[:16]!r} is budgeted for releases of epsilon "
+                    f"{policy.per_release_epsilon:g} each (PLD policy, delta {policy.delta:g}); this release has "
+                    f"{epsilon:g}"
+                )
+            used = self.release_count(dataset)
+            if used + 1 > policy.max_releases:
+                raise BudgetExceededError(
+                    f"data set {self.name_of(dataset) or dataset[:16]!r}: {used} of its {policy.max_releases} releases "
+                    f"(epsilon {policy.per_release_epsilon:g} each, PLD within ({policy.total_epsilon:g}, "
+                    f"{policy.delta:g})) are spent or reserved"
+                )
         spent = self.spent(dataset)
         if spent + epsilon > budget * (1 + BUDGET_SLACK):
             raise BudgetExceededError(

@@ -13,23 +13,38 @@ H(id) = from_uniform(d[0:32]) + from_uniform(d[32:64]) (two Elligator 2 maps wit
 clearing, then a point addition: the random-oracle construction of RFC 9380, with SHA-512 in
 place of expand_message_xmd).
 
-Protocol for curators 0 .. N-1, each with a fresh secret scalar s_j (:class:`PsiKey`):
+Protocol for curators 0 .. N-1 (curator 0 leads), each with a fresh secret :class:`PsiKey` that
+gives two scalars, s_j (its share of the common exponent) and r_j (a one-time mask used on its own
+list only):
 
-1. curator j computes H(x)^{s_j} for its ids and sorts them (the sort is a pseudorandom
+1. curator j computes H(x)^{r_j} for its ids and sorts them (the sort is a pseudorandom
    permutation of its rows, so the order says nothing) -> :func:`psi_start`;
-2. the list travels the ring j -> j+1 -> ... -> j+N-1 (mod N); each curator raises every point
-   to its own scalar and forwards the list in the same order -> :func:`psi_reblind`;
-3. back at j, the list holds F(x) = H(x)^{s_0 s_1 ... s_{N-1}} for j's ids, in j's sorted order,
-   so j links each F(x) to its own row -> :func:`psi_finish` gives the 128-bit tag
-   BLAKE2b-128(F(x)) per own row, in the layout of :func:`mechanism.alignment.id_tags`;
-4. as in the keyed-hash mode, every curator sends its tags to the leader, which keeps the tags
-   all curators hold (:func:`mechanism.alignment.common_tags`; canonical order = ascending tag of
-   the fully blinded value) and sends them back in the agreement; each curator aligns with
-   :func:`mechanism.alignment.align`.
+2. the list travels the ring j -> j+1 -> ... -> j+N-1 (mod N); each curator i raises every point
+   to its s_i and forwards the list in the same order -> :func:`psi_reblind`;
+3. back at j, the list holds H(x)^{r_j prod_{i != j} s_i}; j raises it to s_j / r_j (mod L), which
+   removes its mask and applies its own scalar last: F(x) = H(x)^{s_0 s_1 ... s_{N-1}} for j's ids,
+   in j's sorted order -> :func:`psi_finish`. Only j ever holds F of j's ids: every list another
+   party sees carries the mask r_j, which nobody else knows, so (DDH) it is unlinkable to anything
+   that party holds. (Before issue 23 the owner blinded with s_j itself: the ring predecessor then
+   computed F of the owner's ids and matched them with its own, learning their pairwise
+   intersection, and the leader, the mailbox, saw every F.)
+4. tags: curator j sends the leader T_j(x) = BLAKE2b-128(F(x); salt = j) (:func:`psi_tags`, the
+   layout of :func:`mechanism.alignment.id_tags`), a tag *in its own domain j*. The leader computes
+   its own F in every domain, so it matches follower j's tags against its own rows only
+   (:func:`psi_leader_view`): it learns its pairwise intersection with each curator, and nothing
+   about ids it does not hold (tags of two followers are in different domains and never equal).
+   The agreement is the leader's rows held by every follower (canonical order = ascending domain-0
+   tag), and each follower receives only its own rows in that order, i.e. the N-way intersection.
+
+What each party learns (semi-honest, DDH in the prime-order group, BLAKE2b as a random oracle):
+a follower, the N-way intersection (as its own rows) and the list sizes; the leader, in addition,
+its pairwise intersection with each curator. ``tests/unit/test_claims_psi.py`` plays every party as the
+attacker with 3 and 4 curators and planted pairwise-only overlaps.
 
 Costs (per element, measured on the 2-core machine): hash to group ~120 us, one scalar
-multiplication ~180 us; a curator with s ids does s (hash + N multiplications) in total
-(its own list plus N - 1 hops of the others' lists). libsodium has no batch call, so each is one
+multiplication ~180 us; a curator with s ids does s (hash + N + 1 multiplications) in total
+(its own list twice, masked and unmasked, plus N - 1 hops of the others' lists); the leader also
+computes N - 1 more BLAKE2b tags per own id. libsodium has no batch call, so each is one
 call in a tight comprehension; that per-element loop is the unavoidable cost of the mode.
 """
 
@@ -38,9 +53,9 @@ from __future__ import annotations
 import hashlib
 import itertools
 import multiprocessing
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 import numpy as np
@@ -72,7 +87,15 @@ class PsiKey(Secret):
 
     def scalar(self) -> bytes:
         """The scalar s in [1, L): 64 HKDF bytes reduced mod L."""
-        s = sodium.crypto_core_ed25519_scalar_reduce(self.derive("psi-scalar", length=64))
+        return self._scalar("psi-scalar")
+
+    def mask(self) -> bytes:
+        """The one-time mask r in [1, L) of the owner's own list (another HKDF label than s, so a
+        follower restarted with its kept key sends the identical list)."""
+        return self._scalar("psi-mask")
+
+    def _scalar(self, label: str) -> bytes:
+        s = sodium.crypto_core_ed25519_scalar_reduce(self.derive(label, length=64))
         if s == bytes(SCALAR_BYTES):  # probability 2^-252
             raise InvalidPointError("the derived PSI scalar is zero; draw a fresh PsiKey")
         return bytes(s)
@@ -101,12 +124,6 @@ def _blind_piece(scalar: bytes, packed: bytes) -> bytes:
         raise InvalidPointError(
             "a received point is not a canonical, non-identity element of the prime-order subgroup"
         ) from exc
-
-
-def _valid_piece(packed: bytes) -> bool:
-    """True if every point of a packed list is a canonical element of the prime-order subgroup."""
-    valid = sodium.crypto_core_ed25519_is_valid_point
-    return all(valid(packed[i : i + POINT_BYTES]) for i in range(0, len(packed), POINT_BYTES))
 
 
 class PsiWorkers:
@@ -213,19 +230,23 @@ class PsiOwnList:
     """A curator's own list after step 1: what it sends, and how to link the answer back."""
 
     sent: bytes
-    """H(x)^{s_j}, sorted ascending by encoding: the message to the next curator in the ring."""
+    """H(x)^{r_j} (the one-time mask), sorted ascending by encoding: the message to the next curator."""
     row_of: npt.NDArray[np.int64]
     """row_of[i] = the own row whose point is the i-th of ``sent``."""
+    unmask: bytes = field(default=bytes(SCALAR_BYTES), repr=False)
+    """s_j / r_j mod L: turns the returned list into F (secret; never leaves the owner)."""
 
 
 def psi_start(
     ids: Sequence[str] | npt.NDArray[np.str_], key: PsiKey, workers: PsiWorkers = _IN_PROCESS
 ) -> PsiOwnList:
-    """Step 1: hash the own ids to the group, blind with the own scalar, sort."""
-    blinded = _blind_packed(_hash_packed(_encode_ids(ids), workers), key.scalar(), workers)
+    """Step 1: hash the own ids to the group, blind with the one-time mask r_j, sort."""
+    mask = key.mask()
+    blinded = _blind_packed(_hash_packed(_encode_ids(ids), workers), mask, workers)
     order = _sort_order_packed(blinded)
     rows = np.frombuffer(blinded, dtype=np.dtype((np.void, POINT_BYTES)))
-    return PsiOwnList(rows[order].tobytes(), order)
+    unmask = bytes(sodium.crypto_core_ed25519_scalar_mul(key.scalar(), sodium.crypto_core_ed25519_scalar_invert(mask)))
+    return PsiOwnList(rows[order].tobytes(), order, unmask)
 
 
 def psi_reblind(received: bytes, key: PsiKey, workers: PsiWorkers = _IN_PROCESS) -> bytes:
@@ -234,27 +255,71 @@ def psi_reblind(received: bytes, key: PsiKey, workers: PsiWorkers = _IN_PROCESS)
     return _blind_packed(bytes(received), key.scalar(), workers)
 
 
-def blinded_tags(points: Sequence[bytes]) -> TagArray:
-    """BLAKE2b-128 of each fully blinded point, as alignment tags (hi, lo big-endian words)."""
-    digest = b"".join(hashlib.blake2b(p, digest_size=16, person=_TAG_PERSON).digest() for p in points)
+def blinded_tags(points: Sequence[bytes], domain: int = 0) -> TagArray:
+    """BLAKE2b-128 of each fully blinded point in tag domain ``domain`` (salt = the domain as 16
+    big-endian bytes; domain 0 is the unsalted tag), as alignment tags (hi, lo big-endian words)."""
+    salt = int(domain).to_bytes(16, "big")
+    digest = b"".join(hashlib.blake2b(p, digest_size=16, person=_TAG_PERSON, salt=salt).digest() for p in points)
     return np.frombuffer(digest, dtype=TAG_DTYPE).copy()
 
 
-def psi_finish(own: PsiOwnList, returned: bytes, workers: PsiWorkers = _IN_PROCESS) -> TagArray:
-    """Step 3: the fully blinded own list (back after N - 1 hops) as tags in own row order."""
-    points = split_points(returned)
-    if len(points) != own.row_of.size:
-        raise ShapeMismatchError(
-            f"the returned list holds {len(points)} points, but {own.row_of.size} were sent"
-        )
-    # the list came over the wire: reject anything outside the group
-    packed = bytes(returned)
-    if not all(workers.run(_valid_piece, [packed[a * POINT_BYTES : b * POINT_BYTES]
-                                          for a, b in workers.pieces(len(points))])):  # fmt: skip
-        raise InvalidPointError("a returned point is not in the prime-order subgroup")
-    tags = np.zeros(own.row_of.size, dtype=TAG_DTYPE)
-    tags[own.row_of] = blinded_tags(points)
-    return tags
+def psi_finish_points(own: PsiOwnList, returned: bytes, workers: PsiWorkers = _IN_PROCESS) -> bytes:
+    """Step 3: F(x) of every own row, packed in own row order, from the own list back after
+    N - 1 hops (raised to s_j / r_j; libsodium rejects any point outside the group)."""
+    check_packed(returned)
+    count = len(returned) // POINT_BYTES
+    if count != own.row_of.size:
+        raise ShapeMismatchError(f"the returned list holds {count} points, but {own.row_of.size} were sent")
+    if own.unmask == bytes(SCALAR_BYTES):
+        raise InvalidPointError("this own list carries no unmasking scalar (made by psi_start?)")
+    point = np.dtype((np.void, POINT_BYTES))
+    finished = np.frombuffer(_blind_packed(bytes(returned), own.unmask, workers), dtype=point)
+    out = np.empty_like(finished)
+    out[own.row_of] = finished
+    return out.tobytes()
+
+
+def psi_tags(points: bytes, domain: int = 0) -> TagArray:
+    """The tags of packed F points in tag domain ``domain`` (:func:`blinded_tags`)."""
+    return blinded_tags(split_points(points), domain)
+
+
+def psi_finish(own: PsiOwnList, returned: bytes, workers: PsiWorkers = _IN_PROCESS, domain: int = 0) -> TagArray:
+    """Step 3-4 at curator ``domain`` (its index in the ring): its tags, own row order."""
+    return psi_tags(psi_finish_points(own, returned, workers), domain)
+
+
+def _filler(domain: int) -> TagArray:
+    d = hashlib.blake2b(int(domain).to_bytes(8, "big"), digest_size=16, person=b"sr-psi-fill-v1").digest()
+    return np.frombuffer(d, dtype=TAG_DTYPE).copy()
+
+
+def psi_leader_view(leader_tags: Sequence[TagArray], follower_tags: Mapping[int, TagArray]) -> dict[int, TagArray]:
+    """The leader's matching (step 4): follower j's tags (domain j) in the leader's domain 0.
+
+    ``leader_tags[d]``: the leader's own tags in domain d (own row order, d = 0 .. N-1);
+    ``follower_tags[j]``: what follower j sent. A follower tag equal to the leader's domain-j tag
+    of a row becomes that row's domain-0 tag; any other becomes a filler (the tag XOR a per-domain
+    constant, pseudorandom, equal to a real tag with probability 2^-128), so it matches nothing.
+    :func:`mechanism.alignment.align_all` over the leader's domain-0 tags and these lists gives
+    the N-way intersection and every follower's rows. Vectorised (one sort per follower)."""
+    out: dict[int, TagArray] = {}
+    for j, tags in follower_tags.items():
+        if not 1 <= j < len(leader_tags):
+            raise ShapeMismatchError(f"follower {j} has no tag domain among the leader's {len(leader_tags)}")
+        tags = np.ascontiguousarray(np.asarray(tags).astype(TAG_DTYPE, copy=False))
+        fill = _filler(j)
+        view = tags.copy()
+        view["hi"] ^= fill["hi"][0]
+        view["lo"] ^= fill["lo"][0]
+        mine = np.ascontiguousarray(np.asarray(leader_tags[j]).astype(TAG_DTYPE, copy=False))
+        order = np.argsort(mine, kind="stable")
+        ordered = mine[order]
+        at = np.minimum(np.searchsorted(ordered, tags), max(ordered.size - 1, 0))
+        hit = ordered[at] == tags if ordered.size else np.zeros(tags.size, dtype=bool)
+        view[hit] = leader_tags[0][order[at[hit]]]  # every occurrence: a repeated id stays repeated
+        out[j] = view
+    return out
 
 
 def ring_hops(owner: int, num_curators: int) -> list[int]:
@@ -269,9 +334,15 @@ class PsiRun:
     """The outcome of :func:`run_psi` and every curator's received messages."""
 
     tags: list[TagArray]
-    """Per curator, the tag of each own row (own row order)."""
+    """Per curator, its rows as the leader matches them (:func:`psi_leader_view`; own row order):
+    ``common_tags(tags)`` is the N-way intersection in the canonical order."""
     received: list[list[tuple[int, int, bytes]]]
-    """received[i]: (owner, hop, list) for every ring message curator i received."""
+    """received[i]: (owner, hop, list) for every ring message curator i received (the leader,
+    as the mailbox of the services, also sees every other one)."""
+    sent_tags: list[TagArray]
+    """sent_tags[j]: the tags curator j sends the leader (its own domain j; own row order)."""
+    leader_tags: list[TagArray]
+    """The leader's own tags in every domain d = 0 .. N-1 (own row order)."""
 
 
 def run_psi(
@@ -284,12 +355,15 @@ def run_psi(
         raise ShapeMismatchError(f"PSI needs N >= 2 curators and one key each; got {num} and {len(keys)}")
     own = [psi_start(ids, k, workers) for ids, k in zip(id_lists, keys, strict=True)]
     received: list[list[tuple[int, int, bytes]]] = [[] for _ in range(num)]
-    tags = []
+    finished = []
     for j in range(num):
         message = own[j].sent
         for hop, i in enumerate(ring_hops(j, num), start=1):
             received[i].append((j, hop, message))
             message = psi_reblind(message, keys[i], workers)
         received[j].append((j, num, message))
-        tags.append(psi_finish(own[j], message, workers))
-    return PsiRun(tags, received)
+        finished.append(psi_finish_points(own[j], message, workers))
+    sent = [psi_tags(f, j) for j, f in enumerate(finished)]
+    leader = [sent[0], *(psi_tags(finished[0], d) for d in range(1, num))]
+    view = psi_leader_view(leader, {j: sent[j] for j in range(1, num)})
+    return PsiRun([leader[0], *(view[j] for j in range(1, num))], received, sent, leader)

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from secure_release.mechanism.estimators import DEFAULT_ESTIMATOR
 from secure_release.mechanism.plan import ReleasePlan
 from secure_release.mechanism.protocol import ReleaseEstimate
 from secure_release.mechanism.schema import JointSchema
@@ -63,6 +64,13 @@ class ReleaseReport:
     refused: Mapping[str, str] = field(default_factory=dict)
 
     @property
+    def headline(self) -> npt.NDArray[np.float64]:
+        """The estimate the report leads with (``estimators.DEFAULT_ESTIMATOR``, the projection;
+        the raw A^-1 estimate stays in :attr:`estimate`)."""
+        out: npt.NDArray[np.float64] = getattr(self, DEFAULT_ESTIMATOR)
+        return out
+
+    @property
     def marginal(self) -> bool:
         return len(self.covered) < len(self.curators)
 
@@ -104,6 +112,7 @@ class ReleaseReport:
             "curators": list(self.covered),
             "attributes": list(self.attributes),
             "interval_method": self.interval_method,
+            "headline": DEFAULT_ESTIMATOR,
             "cells": [
                 {
                     "labels": list(row.labels),

@@ -27,8 +27,10 @@ Two key paths (:class:`KeyPath`):
   are independent of which individuals were sampled, because the stored order is a secret
   uniform permutation). But the table key is long-lived and positions repeat across releases:
   the researcher learns which rows two releases share, which costs more than epsilon_1 +
-  epsilon_2 when the overlap is above its mean (:func:`overlap_likelihood_ratio`), and the
-  curators can no longer refuse a release themselves (the server must enforce the ledger).
+  epsilon_2 for some overlaps (:func:`overlap_likelihood_ratio` is the exact ratio for K = 2
+  only; for K >= 3 it is exceeded even below the mean overlap, and no bound is proved), and the
+  curators can no longer refuse a release themselves (the server must enforce the ledger). Not
+  public: ``variants.run_server_sampled_release`` refuses it (issue 23).
 
 Budget: every release from a stored table is charged to that table's ledger
 (:func:`charge_table_release`; dataset name :func:`table_ledger_name`).
@@ -74,6 +76,15 @@ class KeyPath(enum.StrEnum):
             return cls(text.lower())
         except ValueError as exc:
             raise UnknownKeyPathError(f"unknown key path {text!r}; allowed: rekeyed, positions") from exc
+
+
+class UnprovedBoundError(SecureReleaseError):
+    """A privacy bound asked for outside the cases where it holds (issue 23: the positions-path
+    overlap ratio is known only for K = 2)."""
+
+
+class PositionsPathError(SecureReleaseError):
+    """The positions key path is not public: its privacy across releases is not accounted."""
 
 
 class UnknownKeyPathError(SecureReleaseError):
@@ -227,17 +238,30 @@ def charge_table_release(
     return entry
 
 
-def overlap_likelihood_ratio(n: int, m1: int, gamma1: float, m2: int, gamma2: float, overlap: int) -> Fraction:
-    """Positions path, two releases from one stored table: the largest likelihood ratio given
-    that the researcher sees that the two samples share ``overlap`` rows (exact rationals):
+def overlap_likelihood_ratio(
+    n: int, m1: int, gamma1: float, m2: int, gamma2: float, overlap: int, joint_size: int
+) -> Fraction:
+    """Positions path, two releases from one stored table, **binary joint alphabet only**
+    (``joint_size`` K = 2; any other K raises :class:`UnprovedBoundError`): the largest
+    likelihood ratio given that the researcher sees that the two samples share ``overlap`` rows
+    (exact rationals):
 
         1 + (m1/n)(g1 - 1) + (m2/n)(g2 - 1) + (overlap/n)(g1 - 1)(g2 - 1).
 
-    Independent, hidden samples give (1 + (m1/n)(g1 - 1))(1 + (m2/n)(g2 - 1)), i.e. Theorem 3.2
-    composed; the two agree when overlap = m1 m2 / n (its mean) and the revealed overlap costs
-    more above it. (The derivation mirrors Theorem 3.2's: the changed individual sits in
-    sample 1 only, in 2 only, or in both, with probabilities (m1 - o)/n, (m2 - o)/n, o/n.)
+    At K = 2 it equals the exact enumeration in every case tested (n = 3, every overlap;
+    tests/unit/test_mech_variants_privacy_exact.py and tests/unit/test_claims_overlap.py); it agrees with the
+    composed (1 + (m1/n)(g1 - 1))(1 + (m2/n)(g2 - 1)) when overlap = m1 m2 / n and exceeds it
+    above. It is not a bound for K >= 3, and none is proved here: by exact enumeration the worst
+    ratio is 127/7 against the formula's 35/3 (n = 3, m = (2, 2), gamma = 5, K = 3, overlap 1,
+    which is *below* the mean 4/3 and still above the composed 121/9) and 53/9 against 17/3
+    (n = 3, m = (2, 1), gamma = (4, 3), K = 4, overlap 1). That is why the positions path is not
+    public (``variants.run_server_sampled_release`` refuses it; the services refuse it too).
     """
+    if joint_size != 2:
+        raise UnprovedBoundError(
+            f"overlap_likelihood_ratio holds for a binary joint alphabet only (K = 2), got K = {joint_size}: for "
+            "K >= 3 exact enumeration exceeds it (127/7 > 35/3 at n = 3, m = (2, 2), gamma = 5, K = 3, overlap 1)"
+        )
     check_sample_size(n, m1)
     check_sample_size(n, m2)
     if not max(0, m1 + m2 - n) <= overlap <= min(m1, m2):

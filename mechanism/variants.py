@@ -2,8 +2,9 @@
 
 - :func:`run_variant_release`: the curator-sampled release with a choice of sampling
   (``seed``: every curator derives the tuple from a shared 32-byte seed, pseudorandom;
-  ``indices``: the leader draws the tuple from the OS CSPRNG and ships it packed, truly random)
-  and of alignment (``keyed-hash``: SipHash tags under a key all curators share, fast;
+  ``indices``: the leader draws the tuple from the OS CSPRNG and ships it packed: no seed
+  expansion, exactly uniform if the OS randomness is) and of alignment (``keyed-hash``:
+  AES-256-CMAC tags under a key all curators share, :mod:`mechanism.alignment`, fast;
   ``psi``: the N-party ECDH PSI of :mod:`mechanism.psi`).
 - :func:`run_server_sampled_release`: one encrypted upload of the whole aligned table, then any
   number of releases, each sampled and perturbed by the server and charged to the table's
@@ -29,8 +30,8 @@ from secure_release.mechanism.alignment import Alignment, TagArray
 from secure_release.mechanism.errors import SecureReleaseError, ShapeMismatchError, TooFewCuratorsError
 from secure_release.mechanism.index_sharing import (
     draw_index_tuple,
-    indices_fingerprint,
     pack_indices,
+    sample_set_fingerprint,
     unpack_indices,
 )
 from secure_release.mechanism.keys import AlignmentKey, PadKey, PramKey, Seed
@@ -56,6 +57,7 @@ from secure_release.mechanism.sampling import sample_positions
 from secure_release.mechanism.schema import JointSchema, SymbolArray, joint_codes, mixed_radix_encode
 from secure_release.mechanism.server_sampling import (
     KeyPath,
+    PositionsPathError,
     TableKey,
     charge_table_release,
     curator_rekey,
@@ -92,7 +94,10 @@ class SamplingMode(enum.StrEnum):
         """What the plan states about the sample's randomness."""
         if self is SamplingMode.SEED:
             return "pseudorandom (ChaCha20 keyed from a 32-byte seed; computational against the researcher)"
-        return "truly random (OS CSPRNG, exact uniform ordered tuple; statistical against the researcher)"
+        return (
+            "from the OS CSPRNG (exactly uniform ordered tuple given uniform OS bytes; no seed expansion; the "
+            "release stays computational: PRAM's coins are ChaCha20)"
+        )
 
 
 class AlignmentMode(enum.StrEnum):
@@ -203,7 +208,7 @@ def sample_fingerprint(agreement: VariantAgreement) -> str:
     if agreement.sampling is SamplingMode.SEED:
         return agreement.base.seed.fingerprint
     assert agreement.packed_indices is not None
-    return indices_fingerprint(agreement.packed_indices)
+    return sample_set_fingerprint(agreement_positions(agreement))
 
 
 @dataclass(frozen=True)
@@ -356,7 +361,41 @@ def run_server_sampled_release(
     pad_keys: Sequence[Sequence[PadKey]] | None = None,
     granted: Sequence[int] | None = None,
 ) -> ServerSampledResult:
-    """Align, encrypt and upload each curator's whole table once, then run every release in
+    """The server-sampled release in memory (:func:`_server_sampled_release`), **rekeyed key path
+    only**: the positions path is not public (:class:`PositionsPathError`), because two of its
+    releases reveal their overlap and no bound on the resulting loss is proved for joint
+    alphabets K >= 3 (``server_sampling.overlap_likelihood_ratio``; issue 23). The other
+    arguments are :func:`_server_sampled_release`'s."""
+    if _mode(key_path, KeyPath) is not KeyPath.REKEYED:
+        raise PositionsPathError(
+            "the positions key path is not public: positions repeat across releases, the researcher sees their "
+            "overlap, and no bound on that loss is proved for K >= 3 (exact enumeration exceeds the K = 2 formula); "
+            "use the rekeyed path"
+        )
+    return _server_sampled_release(
+        tables, releases, KeyPath.REKEYED, table_id, budget, cipher, alignment, alignment_key, psi_keys, table_keys,
+        server_seeds, pram_keys, pad_keys, granted,
+    )  # fmt: skip
+
+
+def _server_sampled_release(
+    tables: Sequence[CuratorTable],
+    releases: Sequence[StoredRelease],
+    key_path: KeyPath | str = KeyPath.REKEYED,
+    table_id: str = "table-1",
+    budget: float = 10.0,
+    cipher: CipherMode | str = CipherMode.CHACHA20,
+    alignment: AlignmentMode | str = AlignmentMode.KEYED_HASH,
+    alignment_key: AlignmentKey | None = None,
+    psi_keys: Sequence[PsiKey] | None = None,
+    table_keys: Sequence[TableKey] | None = None,
+    server_seeds: Sequence[Seed] | None = None,
+    pram_keys: Sequence[PramKey] | None = None,
+    pad_keys: Sequence[Sequence[PadKey]] | None = None,
+    granted: Sequence[int] | None = None,
+) -> ServerSampledResult:
+    """Both key paths (the positions path for the tests and the enumeration only). Align,
+    encrypt and upload each curator's whole table once, then run every release in
     ``releases``: the server draws the sample and applies PRAM; each curator charges its ledger
     for the table (and, on the rekeyed path, returns its re-key column); the researcher decrypts
     and estimates. A refused charge (budget, repeated release id) raises before the release.

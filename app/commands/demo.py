@@ -68,7 +68,7 @@ def register(sub: Any) -> None:
         choices=["seed", "indices", "server"],
         default="seed",
         help="seed: the leader sends a 32-byte seed (pseudorandom sample); indices: it sends the packed "
-        "ordered m-tuple drawn from the OS CSPRNG (truly random; ceil(log2 n) bits a position); server: the "
+        "ordered m-tuple drawn from the OS CSPRNG (no seed expansion; ceil(log2 n) bits a position); server: the "
         "curators store the whole table once, encrypted under their table keys, then run two releases "
         "from it: the server draws each sample (never shown to the researcher), each curator re-keys the "
         "sampled rows to a fresh per-release pad and charges its ledger for the table",

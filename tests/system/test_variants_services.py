@@ -43,8 +43,8 @@ from secure_release.infra.streams import (
 from secure_release.mechanism.alignment import TAG_DTYPE, align, common_tags
 from secure_release.mechanism.index_sharing import (
     InvalidIndexTupleError,
-    indices_fingerprint,
     pack_indices,
+    sample_set_fingerprint,
     unpack_indices,
 )
 from secure_release.mechanism.keys import PramKey, Seed
@@ -143,9 +143,9 @@ def test_index_sharing_across_the_curators_equals_the_in_memory_release(
         record = Keystore(tmp_path / f"ks-{name}").load_record("r1")
         assert record is not None and record.sampling is SamplingMode.INDICES
         reserve = Keystore(tmp_path / f"ks-{name}").ledger.read().entries[1]
-        assert reserve.seed_fingerprint == record.seed_fingerprint == indices_fingerprint(packed)
+        assert reserve.seed_fingerprint == record.seed_fingerprint == sample_set_fingerprint(positions)
     assert json.loads((tmp_path / "ks-bob" / "release-r1.json").read_text())["sampling_randomness"].startswith(
-        "truly random"
+        "from the OS CSPRNG"
     )
 
 

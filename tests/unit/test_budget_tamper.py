@@ -204,7 +204,8 @@ def test_a_non_finite_stored_epsilon_is_the_tampering_error(tmp_path: Path, valu
     ("change", "words"),
     [
         ({"kind": "grant"}, "entry 0"),
-        ({"policy": "pld"}, "unknown keys"),
+        ({"retention": "forever"}, "unknown keys"),
+        ({"policy": "pld"}, "policy must be a .pld. object"),
         ({"seq": 1.5}, "seq"),
         ({"count": -1}, "count"),
     ],

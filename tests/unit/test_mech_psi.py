@@ -28,6 +28,7 @@ from secure_release.mechanism.psi import (
     blind,
     hash_to_group,
     psi_finish,
+    psi_leader_view,
     psi_reblind,
     psi_start,
     ring_hops,
@@ -40,6 +41,11 @@ KEYS = [PsiKey(hashlib.sha256(b"psi-%d" % j).digest()) for j in range(3)]
 
 def _ids(lo: int, hi: int, prefix: str = "id") -> np.ndarray:
     return np.array([f"{prefix}{i}" for i in range(lo, hi)])
+
+
+def _masked(ids: np.ndarray, key: PsiKey) -> set[bytes]:
+    """H(x)^r for the owner's one-time mask r: its own list as it leaves it."""
+    return {sodium.crypto_scalarmult_ed25519_noclamp(key.mask(), p) for p in hash_to_group(ids)}
 
 
 def _aligned_ids(id_lists: list[np.ndarray], keys: list[PsiKey]) -> list[np.ndarray]:
@@ -122,7 +128,7 @@ def test_received_messages_do_not_depend_on_partner_ids_outside_the_intersection
     got1 = set(split_points(next(m for owner, _, m in run1.received[0] if owner == 1)))
     got2 = set(split_points(next(m for owner, _, m in run2.received[0] if owner == 1)))
     assert len(got1 & got2) == common.size
-    assert got1 & got2 == set(blind(hash_to_group(common), keys[1]))
+    assert got1 & got2 == _masked(common, keys[1])  # H(x)^{r_bob}: Bob's one-time mask (issue 23)
 
 
 def test_simulated_view_gives_the_same_outcome() -> None:
@@ -133,12 +139,12 @@ def test_simulated_view_gives_the_same_outcome() -> None:
     keys = KEYS[:2]
     real = run_psi([alice, bob], keys)
     bob_own = psi_start(bob, keys[1])
-    inter_points = set(blind(hash_to_group(_ids(10, 30)), keys[1]))
+    inter_points = _masked(_ids(10, 30), keys[1])
     received = split_points(bob_own.sent)
     simulated = [
         p if p in inter_points else sodium.crypto_core_ed25519_from_uniform(os.urandom(32)) for p in received
     ]
     sim_back = psi_reblind(b"".join(simulated), keys[0])
-    bob_tags = psi_finish(bob_own, sim_back)
-    sim_common = common_tags([real.tags[0], bob_tags])
+    bob_tags = psi_finish(bob_own, sim_back, domain=1)
+    sim_common = common_tags([real.tags[0], psi_leader_view(real.leader_tags, {1: bob_tags})[1]])
     assert np.array_equal(sim_common, common_tags(real.tags))

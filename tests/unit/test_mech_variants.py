@@ -32,9 +32,9 @@ from secure_release.mechanism.variants import (
     StoredRelease,
     UnknownVariantError,
     VariantAgreement,
+    _server_sampled_release,
     agreement_positions,
     align_tables,
-    run_server_sampled_release,
     run_variant_release,
     sample_fingerprint,
 )
@@ -76,7 +76,7 @@ def test_indices_with_the_seed_tuple_is_run_release() -> None:
     )
     _same(v, _base())
     report = v.researcher_view["plan_report"]
-    assert report["sampling_randomness"].startswith("truly random")
+    assert report["sampling_randomness"].startswith("from the OS CSPRNG")
     assert report["agreement_bytes"] == -(-100 * (n - 1).bit_length() // 8)
 
 
@@ -133,7 +133,7 @@ def test_agreement_positions_validates_the_packed_tuple() -> None:
     agreement = leader_agree_variant(*args, CipherMode.CHACHA20, sampling="indices")
     positions = agreement_positions(agreement)
     assert positions.size == 20 and np.unique(positions).size == 20
-    assert len(sample_fingerprint(agreement)) == 8
+    assert len(sample_fingerprint(agreement)) == 16  # the set fingerprint (issue 23)
     assert agreement.seed is None and agreement.plan_report()["sampling"] == "indices"
     base = leader_agree(*args, CipherMode.CHACHA20, seed=SEED)
     zeros = bytes(-(-20 * 9 // 8))  # twenty 9-bit zeros: the right length, a repeated position
@@ -151,7 +151,8 @@ TKEYS = [TableKey(hashlib.sha256(b"table-%d" % j).digest()) for j in range(2)]
 
 
 def _stored(path: str, releases: list[StoredRelease], budget: float = 10.0, seeds: list[Seed] | None = None):  # type: ignore[no-untyped-def]
-    return run_server_sampled_release(
+    # the positions path is not public (issue 23): the tests reach it through the private function
+    return _server_sampled_release(
         list(_tables()), releases, key_path=path, budget=budget, alignment_key=AKEY, table_keys=TKEYS,
         server_seeds=seeds or [SEED] * len(releases), pram_keys=[PRAM] * len(releases),
         pad_keys=[PADS] * len(releases),

@@ -8,9 +8,10 @@ must equal e^epsilon = 1 + (m/n)(gamma - 1).
   (draw_index_tuple fed every finite stream of draws, conditioned on finishing within it);
 - server sampling, positions path: the researcher sees (stored positions p, perturbed rows y);
   the stored order sigma is a uniform secret permutation, enumerated;
-- server sampling, two releases from one stored table (positions path): given the revealed
-  overlap o, the largest ratio equals server_sampling.overlap_likelihood_ratio, which exceeds the
-  composed e^(eps1 + eps2) exactly when o > m1 m2 / n.
+- server sampling, two releases from one stored table (positions path), binary joint alphabet
+  (K = 2): given the revealed overlap o, the largest ratio equals
+  server_sampling.overlap_likelihood_ratio, which exceeds the composed e^(eps1 + eps2) exactly
+  when o > m1 m2 / n (K >= 3: tests/test_claims_overlap.py).
 """
 
 from __future__ import annotations
@@ -176,5 +177,5 @@ def test_two_releases_positions_path_overlap(n: int, m1: int, m2: int, K: int, g
     composed = (1 + Fraction(m1, n) * (r[0][1] - 1)) * (1 + Fraction(m2, n) * (r[1][1] - 1))
     assert set(worst) == set(range(max(0, m1 + m2 - n), min(m1, m2) + 1))
     for o, ratio in worst.items():
-        assert ratio == overlap_likelihood_ratio(n, m1, g1, m2, g2, o)
+        assert ratio == overlap_likelihood_ratio(n, m1, g1, m2, g2, o, K)
         assert (ratio > composed) == (Fraction(o) > Fraction(m1 * m2, n))
