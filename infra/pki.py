@@ -560,5 +560,6 @@ def init_pki(
             (party / "crl.pem").unlink(missing_ok=True)  # a CRL of the replaced CA
         csr = write_request(party, role, name, hosts, force=force)
         cert = sign_request(ca_dir, csr.read_bytes(), replace=force, source=str(csr))
+        csr.unlink()  # signed at once: the party's directory holds only what its service reads
         atomic_write(party / f"{name}.pem", cert_pem(cert), 0o644)
         atomic_write(party / "ca.pem", cert_pem(ca.certificate), 0o644)

@@ -115,7 +115,7 @@ def store(world: World) -> None:
     data = world.base / "data"
     for c in CURATORS:
         ledger = ["-m", "secure_release.curator", "budget", "set", "--keystore", str(world.base / f"ks-{c}"),
-                  "--data", str(data / f"{c}.csv"), "--epsilon", str(BUDGET), "--certs", str(world.certs),
+                  "--data", str(data / f"{c}.csv"), "--epsilon", str(BUDGET), "--certs", str(world.certs / c),
                   "--name", c]  # fmt: skip
         subprocess.run([sys.executable, *ledger], env=world.env, check=True, capture_output=True, timeout=60)
     common = ["--table-id", "t1", "--alignment-key-file", str(world.base / "align.key")]
