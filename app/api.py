@@ -25,7 +25,7 @@ import numpy.typing as npt
 
 from secure_release.frames import Backend, TableInputError, column_names, require, string_columns, to_frame
 from secure_release.mechanism import marginals
-from secure_release.mechanism.guarantee import privacy_guarantee, utility_check
+from secure_release.mechanism.guarantee import plan_report, privacy_guarantee, utility_check
 from secure_release.mechanism.keys import AlignmentKey, PadKey, PramKey, Seed
 from secure_release.mechanism.pads import CipherMode
 from secure_release.mechanism.plan import ReleasePlan, plan_release
@@ -82,7 +82,7 @@ class Plan:
 
     def to_dict(self) -> dict[str, Any]:
         """``secure-release plan --json``: the plan's figures, ``guarantee`` and ``utility``."""
-        return {**self.plan.report(), "utility": self.utility}
+        return {**plan_report(self.plan), "utility": self.utility}
 
 
 def plan(n: int, alphabet: Sequence[int], epsilon: float, m: int | None = None) -> Plan:

@@ -19,9 +19,10 @@ from typing import TYPE_CHECKING, Any, cast
 
 import grpc
 
+from secure_release.infra.certdir import CertWatcher
+from secure_release.infra.identity import IDENTITY_METADATA_KEY, ROLES, Identity, PkiError, identity_of_certificate
 from secure_release.infra.logs import EventLog
 from secure_release.infra.retry import PUSHBACK_KEY
-from secure_release.infra.tls import IDENTITY_METADATA_KEY, ROLES, Identity, PkiError, identity_of_certificate
 
 _RS = "/securerelease.v1.ReleaseServer/"
 _CU = "/securerelease.v1.Curator/"
@@ -121,7 +122,6 @@ def check_call(
 
 # The interceptor base is generic only in grpc-stubs, not at runtime.
 if TYPE_CHECKING:
-    from secure_release.infra.certdir import CertWatcher
 
     _ServerInterceptor = grpc.ServerInterceptor[Any, Any]
 else:

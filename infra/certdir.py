@@ -36,8 +36,9 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from secure_release.infra.identity import PkiError
 from secure_release.infra.logs import EventLog
-from secure_release.infra.tls import PkiError
+from secure_release.infra.pki import verify_issued_by
 
 RELOAD_SECONDS = 10.0
 RELOAD_ENV = "SECURE_RELEASE_CERT_RELOAD_SECONDS"
@@ -167,7 +168,7 @@ def load_party(cert_dir: Path, name: str, strict: bool = True, now: _dt.datetime
     certificate, ``ca.pem`` must have signed it and ``crl.pem`` (if present); with ``strict``
     the certificate must also be valid at ``now`` and not revoked. Raises :class:`PkiError`
     naming the file (and the date)."""
-    from secure_release.infra.pki import verify_issued_by
+
 
     cert_dir = Path(cert_dir)
     check_directory(cert_dir, name)

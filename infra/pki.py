@@ -36,7 +36,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from secure_release.infra.fileio import atomic_write
-from secure_release.infra.tls import (
+from secure_release.infra.identity import (
     CERT_VALIDITY_DAYS,
     PEER_DOMAIN,
     ROLES,
@@ -44,6 +44,7 @@ from secure_release.infra.tls import (
     Identity,
     PkiError,
     check_party,
+    identity_of_certificate,
     peer_dns_name,
 )
 from secure_release.mechanism.errors import ErrorKind
@@ -372,7 +373,6 @@ def revoked_serials(ca_dir: Path) -> set[int]:
 
 
 def _identity(cert: x509.Certificate) -> Identity | None:
-    from secure_release.infra.tls import identity_of_certificate
 
     return identity_of_certificate(cert_pem(cert))
 

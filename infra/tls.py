@@ -19,113 +19,35 @@ local demos only). A TLS connection always takes its identity from the certifica
 
 from __future__ import annotations
 
-import functools
 import sys
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import grpc
-from cryptography import x509
 
-from secure_release.mechanism.errors import InvalidNameError, SecureReleaseError
-from secure_release.mechanism.spec import PARTY_GRAMMAR, check_party_name
+from secure_release.infra.auth import AuthInterceptor, CallLimits
+from secure_release.infra.certdir import WARN_DAYS, CertWatcher, load_party
+from secure_release.infra.identity import (
+    IDENTITY_METADATA_KEY,
+    ROLES,
+    Identity,
+    PkiError,
+    check_party,
+    identity_of_file,
+    peer_dns_name,
+)
+from secure_release.infra.logs import EventLog
+from secure_release.mechanism.errors import SecureReleaseError
 
-if TYPE_CHECKING:
-    from secure_release.infra.certdir import CertWatcher
-
-ROLES = ("curator", "server", "researcher", "analyst")
-URI_SCHEME = "secure-release://"
-#: Certificates also carry ``<role>.<PEER_DOMAIN>`` and ``<name>.<role>.<PEER_DOMAIN>`` as DNS
-#: names; a client pins the one it expects, so the TLS handshake itself fails against a peer of
-#: another role or identity (``.invalid`` is reserved: these names never resolve).
-PEER_DOMAIN = "secure-release.invalid"
-IDENTITY_METADATA_KEY = "x-secure-release-identity"
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024
-CERT_VALIDITY_DAYS = 30
 GRPC_OPTIONS: tuple[tuple[str, Any], ...] = (
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
 )
 #: Servers also refuse to share a port: a second process binding a port in use fails.
 SERVER_OPTIONS: tuple[tuple[str, Any], ...] = (*GRPC_OPTIONS, ("grpc.so_reuseport", 0))
-
-
-class PkiError(SecureReleaseError):
-    """A certificate, key or identity is missing, malformed or not allowed."""
-
-
-@dataclass(frozen=True)
-class Identity:
-    role: str
-    name: str
-
-    def __str__(self) -> str:
-        return f"{self.role}/{self.name}"
-
-    @property
-    def uri(self) -> str:
-        return f"{URI_SCHEME}{self.role}/{self.name}"
-
-    @classmethod
-    def parse(cls, text: str) -> Identity:
-        """``role/name`` (or ``secure-release://role/name``) -> Identity; raises PkiError."""
-        if text.startswith(URI_SCHEME):
-            text = text[len(URI_SCHEME) :]
-        role, sep, name = text.partition("/")
-        if not sep:
-            raise PkiError(f"an identity is 'role/name', got {text!r}")
-        check_party(role, name)
-        return cls(role, name)
-
-
-def check_party(role: str, name: str) -> None:
-    if role not in ROLES:
-        raise PkiError(f"unknown role {role!r}; roles are {', '.join(ROLES)}")
-    try:
-        check_party_name(name)
-    except InvalidNameError:
-        raise PkiError(f"party name {name!r} must match {PARTY_GRAMMAR} (a lowercase DNS label)") from None
-    if name == "ca":
-        raise PkiError("party name 'ca' is reserved for the project CA")
-
-
-def _read(path: Path, what: str) -> bytes:
-    try:
-        return path.read_bytes()
-    except FileNotFoundError:
-        raise PkiError(f"{what} {path} not found; make it with 'secure-release pki request' and 'pki sign'") from None
-
-
-def identity_of_certificate(pem: bytes) -> Identity | None:
-    """The ``secure-release://role/name`` URI SAN of a PEM certificate, or None."""
-    return _identity_of_pem(bytes(pem))
-
-
-@functools.lru_cache(maxsize=256)
-def _identity_of_pem(pem: bytes) -> Identity | None:
-    try:
-        cert = x509.load_pem_x509_certificate(pem)
-        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    except (ValueError, x509.ExtensionNotFound):
-        return None
-    uris = [u for u in san.get_values_for_type(x509.UniformResourceIdentifier) if u.startswith(URI_SCHEME)]
-    if len(uris) != 1:
-        return None  # no identity, or an ambiguous one (two roles): refused as unauthenticated
-    try:
-        return Identity.parse(uris[0])
-    except PkiError:
-        return None
-
-
-def identity_of_file(cert_dir: Path, name: str) -> Identity:
-    """The identity in ``<cert_dir>/<name>.pem``."""
-    ident = identity_of_certificate(_read(Path(cert_dir) / f"{name}.pem", "certificate"))
-    if ident is None:
-        raise PkiError(f"{Path(cert_dir) / f'{name}.pem'} carries no secure-release:// URI SAN")
-    return ident
 
 
 _WARNED: set[tuple[Path, int]] = set()
@@ -137,7 +59,6 @@ def channel_credentials(cert_dir: Path, name: str) -> grpc.ChannelCredentials:
     revoked in ``crl.pem`` (:func:`~secure_release.infra.certdir.load_party`): a client whose
     own certificate would be refused learns why, with the file and the date, before it connects.
     Each new channel reads the files again, so a renewed certificate is used from then on."""
-    from secure_release.infra.certdir import WARN_DAYS, load_party
 
     files = load_party(Path(cert_dir), name, strict=True)
     days = files.days_left()
@@ -297,13 +218,6 @@ class _ExplainedStream:
         return getattr(self._call, name)
 
 
-def peer_dns_name(role: str, name: str | None = None) -> str:
-    """The DNS name a client pins for a peer of ``role`` (and, if given, of that ``name``)."""
-    if name is None:
-        return f"{role}.{PEER_DOMAIN}"
-    return f"{name}.{role}.{PEER_DOMAIN}"
-
-
 def secure_channel(
     address: str,
     cert_dir: Path | None,
@@ -370,7 +284,6 @@ def make_grpc_server(
     ``insecure`` lets that interceptor accept metadata identities (plaintext tests only)."""
     from concurrent import futures
 
-    from secure_release.infra.auth import AuthInterceptor, CallLimits
 
     limits = CallLimits(calls_per_peer, stream_idle_seconds)
     auth = AuthInterceptor(insecure=insecure, limits=limits)
@@ -426,8 +339,6 @@ def bind(
         raise PkiError("a TLS server needs --certs DIR (or pass --insecure for tests only)")
     credentials = None
     if not insecure:
-        from secure_release.infra.certdir import CertWatcher
-        from secure_release.infra.logs import EventLog
 
         assert cert_dir is not None
         auth = _AUTH.get(server)

@@ -63,6 +63,12 @@ def guarantee_statement(epsilon: float | None = None) -> str:
     return f"computational ({value}, 0)-DP under ChaCha20's pseudorandomness"
 
 
+def plan_report(plan: ReleasePlan, sum_sq: float | None = None) -> dict[str, Any]:
+    """The plan's figures (:meth:`ReleasePlan.report`) and its guarantee in standard form
+    (``guarantee``): the keys of ``secure-release plan --json``."""
+    return {**plan.report(sum_sq), "guarantee": privacy_guarantee(plan)}
+
+
 def privacy_guarantee(plan: ReleasePlan) -> dict[str, Any]:
     """The guarantee of ``plan`` as a JSON-ready dict: epsilon, delta = 0, the privacy unit, the
     neighbouring relation, the mechanism, and its parameters in OpenDP's and dp_accounting's terms.

@@ -34,7 +34,8 @@ class ReleasePlan:
         return PramChannel(self.gamma, self.joint_size)
 
     def report(self, sum_sq: float | None = None) -> dict[str, Any]:
-        """The plan as a JSON-ready dict (keys of ``secure-release plan --json``)."""
+        """The plan's figures as a JSON-ready dict (with the guarantee:
+        :func:`mechanism.guarantee.plan_report`, the keys of ``secure-release plan --json``)."""
         K = self.joint_size
         return {
             "n": self.n,
@@ -61,14 +62,7 @@ class ReleasePlan:
                 self.n, self.n, self.gamma
             ),
             "warning": self.utility_warning(sum_sq),
-            "guarantee": self.guarantee(),
         }
-
-    def guarantee(self) -> dict[str, Any]:
-        """The privacy guarantee in standard form (:func:`mechanism.guarantee.privacy_guarantee`)."""
-        from secure_release.mechanism.guarantee import privacy_guarantee  # it imports this module
-
-        return privacy_guarantee(self)
 
     def utility_warning(self, sum_sq: float | None = None) -> str | None:
         """A warning when the predicted per-cell RMSE (l2 RMSE / sqrt K, DESIGN 3's exact MSE

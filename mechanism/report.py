@@ -14,6 +14,7 @@ import numpy as np
 import numpy.typing as npt
 
 from secure_release.mechanism.estimators import DEFAULT_ESTIMATOR
+from secure_release.mechanism.guarantee import plan_report
 from secure_release.mechanism.plan import ReleasePlan
 from secure_release.mechanism.protocol import ReleaseEstimate
 from secure_release.mechanism.schema import JointSchema
@@ -99,7 +100,7 @@ class ReleaseReport:
 
     def privacy(self) -> dict[str, Any]:
         """The plan's privacy and utility figures (keys of ``secure-release plan --json``)."""
-        return self.plan.report()
+        return plan_report(self.plan)
 
     # ------------------------------------------------------------------ JSON
     def to_dict(self) -> dict[str, Any]:

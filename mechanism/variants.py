@@ -28,6 +28,7 @@ import numpy.typing as npt
 from secure_release.mechanism import estimators
 from secure_release.mechanism.alignment import Alignment, TagArray
 from secure_release.mechanism.errors import SecureReleaseError, ShapeMismatchError, TooFewCuratorsError
+from secure_release.mechanism.guarantee import plan_report
 from secure_release.mechanism.index_sharing import (
     draw_index_tuple,
     pack_indices,
@@ -142,7 +143,7 @@ class VariantAgreement:
 
     def plan_report(self) -> dict[str, Any]:
         """The plan (``ReleasePlan.report``) plus the variant and the sample's randomness."""
-        report = self.base.spec.plan.report()
+        report = plan_report(self.base.spec.plan)
         report.update(
             sampling=self.sampling.value,
             sampling_randomness=self.sampling.randomness,

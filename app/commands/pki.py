@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from secure_release.infra.fileio import atomic_write
+from secure_release.infra.identity import CERT_VALIDITY_DAYS, ROLES, PkiError
 from secure_release.infra.pki import (
     cert_pem,
     create_ca,
@@ -26,7 +27,6 @@ from secure_release.infra.pki import (
     sign_request,
     write_request,
 )
-from secure_release.infra.tls import CERT_VALIDITY_DAYS, ROLES, PkiError
 
 _DOCS = "Who runs which command on which machine: docs/deployment.md."
 

@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from secure_release import display
-from secure_release.mechanism.guarantee import utility_check
+from secure_release.mechanism.guarantee import plan_report, utility_check
 from secure_release.mechanism.plan import plan_release
 
 
@@ -54,7 +54,7 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     plan = plan_release(args.n, args.alphabet, args.epsilon, args.m)
-    report = plan.report()
+    report = plan_report(plan)
     utility = utility_check(plan)
     if args.json:
         print(json.dumps({**report, "utility": utility}, sort_keys=True))

@@ -22,6 +22,7 @@ from secure_release.curator.service import SERVICE_NAME, CuratorService
 from secure_release.curator.waits import Deadline
 from secure_release.infra.auth import AuthedContext
 from secure_release.infra.health import check
+from secure_release.infra.identity import Identity
 from secure_release.infra.logs import EventLog
 from secure_release.infra.streams import (
     ROWS_PER_PIECE,
@@ -31,7 +32,7 @@ from secure_release.infra.streams import (
     tag_chunks,
     tags_from_bytes,
 )
-from secure_release.infra.tls import Identity, secure_channel
+from secure_release.infra.tls import secure_channel
 from secure_release.infra.wire import cipher_from_pb, spec_from_pb
 from secure_release.mechanism.alignment import TAG_DTYPE, TagArray, align
 from secure_release.mechanism.keys import AlignmentKey, Seed

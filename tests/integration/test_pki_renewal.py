@@ -21,7 +21,7 @@ from support import chunks_of, code_of, columns, make_params, register_all, serv
 
 from secure_release.curator.service import CuratorService
 from secure_release.infra import health as health_cli
-from secure_release.infra import pki, tls
+from secure_release.infra import identity, pki, tls
 from secure_release.infra.certdir import RELOAD_ENV, load_party
 from secure_release.infra.health import add_health_and_reflection, check_with_certificate
 from secure_release.infra.logs import EventLog
@@ -173,7 +173,7 @@ def test_revoked_analyst_and_researcher_are_refused_within_one_reload(
 def test_a_revoked_client_is_stopped_by_its_own_crl_before_connecting(root: Path, services: dict[str, int]) -> None:
     pki.revoke(root / "ca", name="analyst")
     shutil.copy(root / "ca" / "crl.pem", root / "analyst" / "crl.pem")
-    with pytest.raises(tls.PkiError, match=r"analyst\.pem \(serial [0-9a-f]+\) is revoked in .*crl\.pem"):
+    with pytest.raises(identity.PkiError, match=r"analyst\.pem \(serial [0-9a-f]+\) is revoked in .*crl\.pem"):
         tls.secure_channel(f"127.0.0.1:{services['researcher']}", root / "analyst", "analyst", peer_role="researcher")
 
 

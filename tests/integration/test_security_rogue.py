@@ -10,7 +10,7 @@ import grpc
 import pytest
 from cryptography import x509
 
-from secure_release.infra import tls
+from secure_release.infra import identity, tls
 from secure_release.infra.pki import Authority, host_names, identity_names, issue, load_authority, write_party
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
@@ -37,7 +37,7 @@ def raw_channel(port: int, directory: Path) -> grpc.Channel:
         (directory / "ca.pem").read_bytes(), (directory / "rogue.key").read_bytes(),
         (directory / "rogue.pem").read_bytes(),
     )  # fmt: skip
-    options = [("grpc.ssl_target_name_override", tls.peer_dns_name("server"))]
+    options = [("grpc.ssl_target_name_override", identity.peer_dns_name("server"))]
     return grpc.secure_channel(f"127.0.0.1:{port}", creds, options=options)
 
 
@@ -58,7 +58,7 @@ def test_expired_certificate_fails_the_handshake(certs: Path, tmp_path: Path, se
     )
     assert fetch_code(server_port, d) == grpc.StatusCode.UNAVAILABLE
     # our own client says why before it connects, with the file and the date
-    with pytest.raises(tls.PkiError, match=r"rogue\.pem expired on \d{4}-\d\d-\d\d"):
+    with pytest.raises(identity.PkiError, match=r"rogue\.pem expired on \d{4}-\d\d-\d\d"):
         tls.secure_channel(f"127.0.0.1:{server_port}", d, "rogue", peer_role="server")
 
 

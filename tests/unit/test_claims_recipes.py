@@ -27,6 +27,7 @@ from secure_release.mechanism.guarantee import (
     dp_accounting_recipe,
     guarantee_statement,
     opendp_recipe,
+    plan_report,
     privacy_guarantee,
 )
 from secure_release.mechanism.plan import ReleasePlan, plan_release
@@ -91,7 +92,7 @@ def test_one_function_writes_the_guarantee_everywhere() -> None:
     lines = display.guarantee_lines(plan)
     assert lines[:3] == [f"  {g['statement']}", f"  {STATISTICAL}", f"  {COMPUTATIONAL}"]
     assert api.plan(45222, (6, 4), 0.5).guarantee["statement"] == g["statement"]
-    assert plan.report()["guarantee"]["statement"] == g["statement"]
+    assert plan_report(plan)["guarantee"]["statement"] == g["statement"]
     assert not any("pure" in line for line in lines[:3])
     for text in (STATISTICAL, COMPUTATIONAL):
         assert text.startswith(("statistical", "computational"))

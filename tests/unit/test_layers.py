@@ -150,3 +150,75 @@ def test_no_symlink_in_the_tree() -> None:
         dirnames[:] = [d for d in dirnames if d not in {".git", ".venv", "build", "node_modules"}]
         links += [os.path.join(dirpath, n) for n in dirnames + filenames if os.path.islink(os.path.join(dirpath, n))]
     assert links == []
+
+
+def import_graph(root: Path) -> dict[str, set[str]]:
+    """Module -> the project modules it imports (function-local imports included)."""
+    modules: dict[str, Path] = {}
+    for name, folder in FOLDERS.items():
+        for path in (root / folder).rglob("*.py"):
+            rel = path.relative_to(root / folder).with_suffix("").parts
+            if name == "secure_release" and rel and rel[0] in LAYERS:
+                continue
+            modules[".".join((name, *rel)).removesuffix(".__init__")] = path
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for module, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                targets = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+            else:
+                continue
+            graph[module] |= {t for t in targets if t in modules and t != module}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import cycles of ``graph`` (strongly connected parts of more than one module)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in graph[node]:
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            part = []
+            while True:
+                top = stack.pop()
+                part.append(top)
+                if top == node:
+                    break
+            if len(part) > 1:
+                found.append(sorted(part))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_cycle_not_even_behind_a_function_local_import() -> None:
+    assert cycles(import_graph(ROOT)) == []
+
+
+def test_the_cycle_check_finds_a_planted_circle(tmp_path: Path) -> None:
+    for folder in {*FOLDERS.values()}:
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "__init__.py").write_text("")
+    (tmp_path / "infra/tls.py").write_text("def f():\n    from secure_release.infra.auth import x\n")
+    (tmp_path / "infra/auth.py").write_text("from secure_release.infra.tls import y\n")
+    (tmp_path / "mechanism/plan.py").write_text("from secure_release.mechanism import guarantee\n")
+    (tmp_path / "mechanism/guarantee.py").write_text("import secure_release.mechanism.plan\n")
+    assert sorted(cycles(import_graph(tmp_path))) == [
+        ["secure_release.infra.auth", "secure_release.infra.tls"],
+        ["secure_release.mechanism.guarantee", "secure_release.mechanism.plan"],
+    ]

@@ -19,7 +19,7 @@ from cryptography.x509.oid import NameOID
 from secure_release.cli import main as cli_main
 from secure_release.infra import pki
 from secure_release.infra.certdir import CertWatcher, check_directory, load_party
-from secure_release.infra.tls import PkiError, identity_of_certificate
+from secure_release.infra.identity import PkiError, identity_of_certificate
 
 NOW = dt.datetime.now(dt.UTC)
 
