@@ -31,7 +31,13 @@ from secure_release.mechanism.pads import CipherMode
 from secure_release.mechanism.plan import ReleasePlan, plan_release
 from secure_release.mechanism.protocol import CuratorTable, run_release
 from secure_release.mechanism.report import CELL_COLUMNS, ReleaseReport, build_report
-from secure_release.mechanism.schema import Attribute, CuratorSchema, JointSchema
+from secure_release.mechanism.schema import (
+    Attribute,
+    CuratorSchema,
+    JointSchema,
+    attribute_from_dict,
+    attribute_to_dict,
+)
 from secure_release.mechanism.simulation import ESTIMATORS, sweep
 
 FloatArray = npt.NDArray[np.float64]
@@ -106,7 +112,7 @@ def schema_to_dict(s: CuratorSchema, id_column: str = "id") -> dict[str, Any]:
     return {
         "curator": s.name,
         "id_column": id_column,
-        "attributes": [{"name": a.name, "categories": list(a.categories)} for a in s.attributes],
+        "attributes": [attribute_to_dict(a) for a in s.attributes],
     }
 
 
@@ -141,8 +147,8 @@ def _as_schema(curator: str, spec: CuratorSchema | Mapping[str, Any] | str | Pat
     if isinstance(spec, str | Path):
         return load_schema(spec)
     if "attributes" in spec and isinstance(spec["attributes"], list):
-        attrs = {str(a["name"]): [str(c) for c in a["categories"]] for a in spec["attributes"]}
-        return schema(str(spec.get("curator", curator)), attrs)
+        attrs = tuple(attribute_from_dict(a) for a in spec["attributes"])
+        return CuratorSchema(str(spec.get("curator", curator)), attrs)
     return schema(curator, spec)
 
 

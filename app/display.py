@@ -44,10 +44,11 @@ def parameter_lines(plan: ReleasePlan) -> list[str]:
     return [f"  {name:<8} {value:>{width}}   {text}" for name, value, text in rows]
 
 
-def guarantee_lines(plan: ReleasePlan) -> list[str]:
-    """The guarantee in standard form, one statement a line."""
-    g = privacy_guarantee(plan)
+def guarantee_lines(plan: ReleasePlan, preprocessing: Sequence[str] = ()) -> list[str]:
+    """The guarantee in standard form, one statement a line (and one per preprocessed attribute)."""
+    g = privacy_guarantee(plan, preprocessing)
     return [
+        *(f"  preprocessing: {line}" for line in preprocessing),
         f"  ({g['epsilon']:.4g}, {g['delta']:g})-DP, {g['definition']}",
         f"  privacy unit: {g['privacy_unit']}",
         f"  neighbouring: {g['neighbouring_relation']}",

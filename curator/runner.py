@@ -23,6 +23,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from typing import Any
 
 import grpc
 import numpy as np
@@ -93,7 +94,10 @@ def load_table(
     the caller finds repeated ids in its own tag sort (:func:`hashed_tags`)."""
     spec = spec or own_schema(config)
     table = read_table(config.data, spec, query=config.query, check_repeats=check_repeats)
-    log("table_loaded", rows=table.num_rows, alphabet_size=spec.schema.alphabet_size, peak_rss_mib=peak_rss_mib())
+    preprocessing = [d for d in (a.describe() for a in spec.schema.attributes) if d]
+    extra: dict[str, Any] = {"preprocessing": preprocessing} if preprocessing else {}
+    log("table_loaded", rows=table.num_rows, alphabet_size=spec.schema.alphabet_size, peak_rss_mib=peak_rss_mib(),
+        **extra)
     return table
 
 

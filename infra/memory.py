@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 from functools import cache
 from typing import Any
 
 
 @cache
 def _libc() -> Any:
-    name = ctypes.util.find_library("c")
-    return ctypes.CDLL(name) if name else None
+    """The C library already loaded in this process (``dlopen(NULL)``: no ``ldconfig`` child
+    process, which ``ctypes.util.find_library`` would start)."""
+    try:
+        return ctypes.CDLL(None)
+    except OSError:
+        return None
 
 
 def release_free_memory() -> None:

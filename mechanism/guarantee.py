@@ -11,6 +11,7 @@ with those libraries.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 from secure_release.mechanism import accounting
@@ -34,16 +35,27 @@ THEOREM = "Lin, Wang, Rane, Theorem 3.2: epsilon = ln(1 + (m/n)(gamma - 1)), tig
 COMPOSITION = "sequential: the epsilons of releases on the same data add (each curator's ledger sums them)"
 
 
-def privacy_guarantee(plan: ReleasePlan) -> dict[str, Any]:
+PREPROCESSING = (
+    "each curator maps its own values to categories before the release by public rules fixed in its "
+    "schema (bins at public edges, clamping to the outer bins, a public label for missing cells): a "
+    "fixed, data-independent map of each record, so the guarantee holds for the records as given; "
+    "the released categories describe the mapped values"
+)
+
+
+def privacy_guarantee(plan: ReleasePlan, preprocessing: Sequence[str] = ()) -> dict[str, Any]:
     """The guarantee of ``plan`` as a JSON-ready dict: epsilon, delta = 0, the privacy unit, the
     neighbouring relation, the mechanism, and its parameters in OpenDP's and dp_accounting's terms.
 
     ``epsilon`` is recomputed from (n, m, gamma) by Theorem 3.2, so it is the value the parameters
     actually give (equal to ``plan.epsilon`` up to rounding for a plan made by ``plan_release``).
+    ``preprocessing``: one sentence per attribute with public preprocessing
+    (:meth:`~mechanism.schema.Attribute.describe`); when given, the guarantee states them.
     """
     K = plan.joint_size
     local_epsilon = math.log(plan.gamma)
-    return {
+    extra: dict[str, Any] = {"preprocessing": {"rule": PREPROCESSING, "attributes": list(preprocessing)}}
+    return ({} if not preprocessing else extra) | {
         "definition": "pure epsilon-differential privacy",
         "epsilon": accounting.epsilon_from_gamma(plan.n, plan.m, plan.gamma),
         "delta": 0.0,

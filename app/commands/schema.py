@@ -83,5 +83,9 @@ def run_check(args: argparse.Namespace) -> int:
     table = read_table(args.data, spec)
     s = spec.schema
     sizes = " x ".join(str(a.size) for a in s.attributes)
-    print(f"{args.data}: {table.ids.size} rows match schema {s.name!r} (alphabet {sizes} = {s.alphabet_size})")
+    print(f"{args.data}: {table.num_rows} rows match schema {s.name!r} (alphabet {sizes} = {s.alphabet_size})")
+    for attribute in s.attributes:
+        note = attribute.describe()
+        if note:
+            print(f"  {note}")
     return 0
