@@ -16,9 +16,15 @@ import grpc
 import numpy as np
 
 from secure_release.curator.config import CuratorConfig
-from secure_release.curator.errors import AgreementError, AlphabetSizeMismatchError, SpecRefusedError
+from secure_release.curator.errors import (
+    AgreementError,
+    AlphabetSizeMismatchError,
+    ReleaseRefusedError,
+    SpecRefusedError,
+)
 from secure_release.curator.leader import LeaderState
 from secure_release.curator.waits import Deadline, retry_until
+from secure_release.infra.exitcodes import REFUSED, exit_code_for, is_refusal
 from secure_release.infra.logs import EventLog, peak_rss_mib
 from secure_release.infra.tls import secure_channel
 from secure_release.infra.wire import (
@@ -223,6 +229,8 @@ def follow_leader(
             per_call_s=AGREEMENT_CALL_S,
         )
     except grpc.RpcError as exc:
+        if exit_code_for(exc) == REFUSED or is_refusal(exc.details() or ""):
+            raise ReleaseRefusedError(f"the leader {leader} refused: {exc.details()}") from None
         raise AgreementError(f"the leader {leader} refused: {exc.code().name}: {exc.details()}") from None
     finally:
         channel.close()

@@ -33,7 +33,6 @@ from secure_release.mechanism.errors import (
     SecureReleaseError,
     UnknownCipherError,
 )
-from secure_release.mechanism.ledger import NoBudgetError
 
 #: Errors in what the operator gave (flags, files, keystore): exit code 2.
 USAGE_ERRORS = (
@@ -43,7 +42,6 @@ USAGE_ERRORS = (
     InvalidNameError,
     NonFiniteInputError,
     UnknownCipherError,
-    NoBudgetError,
     KeystoreError,
     TableChangedError,
     OSError,
@@ -65,8 +63,8 @@ The budget is set beforehand, never per run:
   python -m secure_release.curator budget set --keystore ks-alice --data alice.csv --epsilon 2.0
 
 Exit codes: 0 released (keys served), 1 the release failed or was aborted (the reason is printed
-and recorded at the server), 2 a usage, config or input error, 3 refused (e.g. the budget does
-not cover the release).
+and recorded at the server), 2 a usage, config or input error, 3 refused (no budget set, or the
+budget does not cover the release), at this curator or at any other party of the release.
 
 Example (two terminals; certificates from 'secure-release pki init certs', the key from
 'secure-release keygen alignment align.key', schemas from 'secure-release schema draft'; the

@@ -12,6 +12,13 @@ class AgreementError(SecureReleaseError):
     kind = ErrorKind.FAILED_PRECONDITION
 
 
+class ReleaseRefusedError(SecureReleaseError):
+    """A party refused the release (its budget, a permission): every party exits 3 (refused),
+    with the refusing party's reason."""
+
+    kind = ErrorKind.PERMISSION_DENIED
+
+
 class SpecRefusedError(AgreementError):
     """This curator refuses the leader's spec (it differs from its own settings); ``spec`` is the
     leader's spec, which the curator joins at the server only to abort it visibly."""
@@ -85,6 +92,13 @@ class ReleaseAbortedError(SecureReleaseError):
     server and shown to every party."""
 
     kind = ErrorKind.FAILED_PRECONDITION
+
+
+class ReleaseAbortedAsRefusedError(ReleaseAbortedError):
+    """The release was aborted because a party refused it (the server's recorded reason says
+    so): exit 3 (refused), as at the refusing party."""
+
+    kind = ErrorKind.PERMISSION_DENIED
 
 
 class TagLimitError(SecureReleaseError):

@@ -30,7 +30,7 @@ import numpy as np
 
 from secure_release.curator.agreement import agree, leader_state, own_alignment
 from secure_release.curator.config import CuratorConfig
-from secure_release.curator.errors import ReleaseAbortedError, SpecRefusedError
+from secure_release.curator.errors import ReleaseAbortedError, ReleaseRefusedError, SpecRefusedError
 from secure_release.curator.keystore import Keystore, ReleaseRecord
 from secure_release.curator.leader import LeaderState
 from secure_release.curator.ledgerfile import file_fingerprint
@@ -38,6 +38,7 @@ from secure_release.curator.service import SERVICE_NAME, CuratorService
 from secure_release.curator.table import EncodedTable, TableSpec, load_schema, raise_repeats, read_table
 from secure_release.curator.upload import ServerLink
 from secure_release.infra.config import ConfigError, write_port_file
+from secure_release.infra.exitcodes import refusal_reason
 from secure_release.infra.health import add_health_and_reflection
 from secure_release.infra.logs import EventLog, peak_rss_mib
 from secure_release.infra.memory import release_free_memory
@@ -229,7 +230,7 @@ def setup_release(run: Run) -> ReleaseRecord:
         agreement = agree(config, run.own.tags, run.own.alphabet_size, run.state, run.log, deadline)
     except SpecRefusedError as exc:
         if run.state is None:
-            refuse_visibly(run, exc.spec, f"{config.name} refuses the agreed spec: {exc}")
+            refuse_visibly(run, exc.spec, f"{config.name} refuses the agreed spec: {exc}")  # a mismatch: exit 1
         raise
     if run.state is not None:
         psi_own = run.own.tags if config.alignment is AlignmentMode.PSI else None
@@ -240,8 +241,7 @@ def setup_release(run: Run) -> ReleaseRecord:
         reserve(config, run.keystore, run.own.fingerprint, sample_fingerprint(agreement), run.log)
     except SecureReleaseError as exc:
         if run.state is None:
-            reason = f"{config.name} cannot reserve its budget: {type(exc).__name__}: {exc}"
-            refuse_visibly(run, agreement.base.spec, reason)
+            refuse_visibly(run, agreement.base.spec, refusal_reason(exc, f"{config.name} cannot reserve its budget"))
         raise
     if run.state is not None:  # followers may align while the leader prepares its own part
         run.link.register(agreement.base.spec)
@@ -281,11 +281,11 @@ def abort_and_settle(
     server with the reason, then refund once the server confirms ABORTED or never knew the
     release (the record is dropped, so a restart cannot resume it); a release that sealed after
     all is left to commit, and an unknown outcome keeps the reservation."""
-    reason = f"{type(exc).__name__}: {exc}"
     reserved = config.release_id in keystore.ledger.read().releases()
     if not (reserved or isinstance(exc, ReleaseAbortedError)):
         return
-    status, unknown = link.abort(reason if isinstance(exc, ReleaseAbortedError) else f"{config.name}: {reason}")
+    passed_on = isinstance(exc, ReleaseAbortedError | ReleaseRefusedError)  # another party's reason
+    status, unknown = link.abort(str(exc) if passed_on else refusal_reason(exc, config.name))
     if status is not None and status.state in (pb.RELEASE_STATE_SEALED, pb.RELEASE_STATE_PERTURBED):
         log.warning("sealed_after_all", release_id=config.release_id)
     elif (status is not None and status.state == pb.RELEASE_STATE_ABORTED) or unknown:
@@ -305,7 +305,7 @@ def fail_release(run: Run, exc: Exception) -> None:
     confirms ABORTED, or the server never knew the release (the record is then dropped, so a
     restart cannot resume it)."""
     config = run.config
-    reason = f"{type(exc).__name__}: {exc}"
+    reason = refusal_reason(exc, config.name)
     if run.state is not None:
         run.state.fail(reason)
     abort_and_settle(config, run.keystore, run.link, run.log, exc)

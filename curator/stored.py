@@ -57,6 +57,7 @@ from secure_release.curator.upload import (
 )
 from secure_release.curator.waits import TRANSIENT, Deadline, retry_until
 from secure_release.infra.config import ConfigError
+from secure_release.infra.exitcodes import refusal_reason
 from secure_release.infra.logs import EventLog
 from secure_release.infra.wire import ServerSample, TableDeclaration, sample_from_chunks, table_chunks
 from secure_release.mechanism.errors import ErrorKind, SecureReleaseError, ShapeMismatchError
@@ -265,7 +266,7 @@ def fetch_sample(run: StoredRun, spec: ReleaseSpec) -> ServerSample:
 def refuse(run: StoredRun, spec: ReleaseSpec, exc: SecureReleaseError) -> None:
     """This curator's ledger refuses: join the release at the server and abort it with the reason
     (everyone polling its status stops)."""
-    reason = f"{run.config.name} cannot reserve its budget: {type(exc).__name__}: {exc}"
+    reason = refusal_reason(exc, f"{run.config.name} cannot reserve its budget")
     with contextlib.suppress(SecureReleaseError, grpc.RpcError):
         run.link.register(spec)
     run.link.abort(reason)
@@ -291,7 +292,7 @@ def prepare_stored(run: StoredRun, spec: ReleaseSpec) -> ReleaseRecord:
             )
         )  # fmt: skip
     except SecureReleaseError as exc:  # e.g. a repeated sample: nothing reserved; everybody stops
-        run.link.abort(f"{config.name} cannot reserve its budget: {type(exc).__name__}: {exc}")
+        run.link.abort(refusal_reason(exc, f"{config.name} cannot reserve its budget"))
         raise
     run.log("ledger_reserved", release_id=config.release_id, epsilon=spec.plan.epsilon, dataset=dataset,
             new=entry is not None, remaining=run.keystore.ledger.read().remaining(dataset))  # fmt: skip

@@ -17,8 +17,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress
 
 from secure_release.curator.config import CuratorConfig
-from secure_release.curator.errors import ReleaseAbortedError, WaitTimeoutError
+from secure_release.curator.errors import ReleaseAbortedAsRefusedError, ReleaseAbortedError, WaitTimeoutError
 from secure_release.curator.waits import TRANSIENT, Deadline, retry_until
+from secure_release.infra.exitcodes import is_refusal
 from secure_release.infra.logs import EventLog
 from secure_release.infra.tls import secure_channel
 from secure_release.infra.wire import spec_to_pb
@@ -73,6 +74,8 @@ def progress_of(status: pb.ReleaseStatus, curator: str) -> pb.CuratorProgress | 
 def raise_if_aborted(status: pb.ReleaseStatus | None) -> None:
     """:class:`ReleaseAbortedError` with the recorded reason if the release is ABORTED."""
     if status is not None and status.state == pb.RELEASE_STATE_ABORTED:
+        if is_refusal(status.abort_reason):
+            raise ReleaseAbortedAsRefusedError(f"release {status.release_id!r} was {status.abort_reason}")
         raise ReleaseAbortedError(f"release {status.release_id!r} was aborted: {status.abort_reason}")
 
 

@@ -27,6 +27,22 @@ _USAGE_STATUSES = frozenset({"INVALID_ARGUMENT", "NOT_FOUND"})
 _USAGE_OS_ERRORS = (FileNotFoundError, IsADirectoryError, NotADirectoryError)
 
 
+#: How an abort reason says the release was refused (not failed): every party that reads it from
+#: the server's status exits :data:`REFUSED` too, so a refusal exits 3 at every party.
+REFUSAL_MARK = "refused: "
+
+
+def refusal_reason(exc: BaseException, who: str) -> str:
+    """The abort reason ``who`` records for ``exc``: marked as a refusal when ``exc`` is one."""
+    text = f"{who}: {type(exc).__name__}: {exc}"
+    return REFUSAL_MARK + text if exit_code_for(exc) == REFUSED and not str(exc).startswith(REFUSAL_MARK) else text
+
+
+def is_refusal(reason: str) -> bool:
+    """Whether an abort reason (or an error message quoting it) records a refusal."""
+    return REFUSAL_MARK in reason
+
+
 def grpc_status_name(exc: BaseException) -> str | None:
     """The status name of a gRPC error (None for anything else)."""
     code = getattr(exc, "code", None)

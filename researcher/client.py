@@ -20,10 +20,12 @@ from pathlib import Path
 import grpc
 
 from secure_release.infra.config import ConfigError
+from secure_release.infra.exitcodes import is_refusal
 from secure_release.infra.logs import EventLog
 from secure_release.infra.retry import with_retries
 from secure_release.infra.tls import secure_channel
 from secure_release.infra.wire import cipher_from_pb, schema_from_pb, spec_from_pb
+from secure_release.mechanism.errors import ErrorKind
 from secure_release.mechanism.keys import PadKey
 from secure_release.mechanism.packing import unpack_symbols
 from secure_release.mechanism.pads import CipherMode, ReleasePad
@@ -67,6 +69,12 @@ UNAVAILABLE_CODES = frozenset(
 class ReleaseAbortedError(FetchError):
     """The release was aborted before sealing; the server recorded the reason. Nothing will be
     released under this id."""
+
+
+class ReleaseRefusedByCuratorError(ReleaseAbortedError):
+    """A curator refused the release (its budget, a permission); exit 3 as at every party."""
+
+    kind = ErrorKind.PERMISSION_DENIED
 
 
 class Deadline:
@@ -169,6 +177,8 @@ def wait_perturbed(endpoints: Endpoints, release_id: str, timeout: float | Deadl
             if status is not None and status.state == pb.RELEASE_STATE_PERTURBED:
                 return _perturbed_release(status, release_id)
             if status is not None and status.state == pb.RELEASE_STATE_ABORTED:
+                if is_refusal(status.abort_reason):
+                    raise ReleaseRefusedByCuratorError(f"release {release_id!r} was {status.abort_reason}")
                 raise ReleaseAbortedError(f"release {release_id!r} was aborted: {status.abort_reason}")
             if deadline.left() <= 0:
                 raise ReleaseNotReadyError(
