@@ -230,7 +230,7 @@ def follow_leader(
         )
     except grpc.RpcError as exc:
         if exit_code_for(exc) == REFUSED or is_refusal(exc.details() or ""):
-            raise ReleaseRefusedError(f"the leader {leader} refused: {exc.details()}") from None
+            raise ReleaseRefusedError(f"the leader {leader} refused: {exc.code().name}: {exc.details()}") from None
         raise AgreementError(f"the leader {leader} refused: {exc.code().name}: {exc.details()}") from None
     finally:
         channel.close()

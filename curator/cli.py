@@ -56,8 +56,9 @@ How a release runs:
      refused and aborted for everybody), samples the same m rows, persists pad and sample, adds
      the pad, uploads what the server lacks and commits; a restart resumes where it stopped;
   4. once the server seals the release the reservation is committed (an abort refunds it), and
-     the curator serves its pad key to the researchers it granted (--grant) until the key
-     retention ends (--key-retention) or SIGTERM.
+     the curator serves its pad key to the researchers it granted (--grant); it exits 0 once
+     each of them stored its result and acknowledged the key, or when the key retention ends
+     (--key-retention, the upper bound), or on SIGTERM; --serve-until-stopped keeps serving.
 
 The budget is set beforehand, never per run:
   python -m secure_release.curator budget set --keystore ks-alice --data alice.csv --epsilon 2.0
@@ -173,7 +174,7 @@ def add_run_arguments(p: argparse.ArgumentParser, storing: bool) -> None:
     if storing:
         p.set_defaults(release_id=None, epsilon=None, m=None, cipher="chacha20", sampling="seed",
                        researcher="researcher", grant=[], key_retention=DEFAULT_KEY_RETENTION_S,
-                       exit_after_keys=False, key_path="rekeyed")  # fmt: skip
+                       exit_after_keys=False, serve_until_stopped=True, key_path="rekeyed")  # fmt: skip
     else:
         r.add_argument("--release-id", help="release identifier, the same at every curator (e.g. r1)")
         r.add_argument("--epsilon", type=float, help="privacy level epsilon > 0 of this release")
@@ -266,10 +267,13 @@ def add_run_arguments(p: argparse.ArgumentParser, storing: bool) -> None:
     )
     if not storing:
         n.add_argument(
-            "--exit-after-keys",
+            "--serve-until-stopped",
             action="store_true",
-            help="exit once every granted researcher fetched the key (default: serve until SIGTERM)",
+            help="keep serving the key after every granted researcher acknowledged it, until SIGTERM or "
+            "the key retention ends (default: exit 0 once every granted researcher stored its result "
+            "and acknowledged the key)",
         )
+        n.add_argument("--exit-after-keys", action="store_true", help="(the default now; kept for old scripts)")
     t = p.add_argument_group("testing only (need SECURE_RELEASE_TESTING=1)")
     t.add_argument("--insecure-test-seed", help=argparse.SUPPRESS)
     t.add_argument("--insecure-test-pad-key", help=argparse.SUPPRESS)

@@ -81,7 +81,7 @@ class CuratorConfig:
     port_file: str | None
     insecure: bool
     timeout: float
-    exit_after_keys: bool
+    exit_after_keys: bool  # exit once every granted researcher acknowledged the key (not --serve-until-stopped)
     alignment_key: AlignmentKey | None  # None only with --alignment psi (no shared key needed)
     key_retention: float = DEFAULT_KEY_RETENTION_S  # seconds keys are served after sealing
     max_rows: int = 1 << 24  # leader: tags a follower may send (as --max-rows)
@@ -312,7 +312,7 @@ def config_from_args(args: argparse.Namespace, storing: bool = False) -> Curator
         port_file=args.port_file,
         insecure=bool(args.insecure),
         timeout=_positive(args.timeout, "--timeout"),
-        exit_after_keys=bool(args.exit_after_keys),
+        exit_after_keys=not bool(getattr(args, "serve_until_stopped", False)),
         alignment_key=None if server_sampled else _alignment_key(args, alignment),
         key_retention=_positive(args.key_retention, "--key-retention"),
         max_rows=_max_rows(args.max_rows),

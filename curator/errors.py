@@ -12,9 +12,9 @@ class AgreementError(SecureReleaseError):
     kind = ErrorKind.FAILED_PRECONDITION
 
 
-class ReleaseRefusedError(SecureReleaseError):
-    """A party refused the release (its budget, a permission): every party exits 3 (refused),
-    with the refusing party's reason."""
+class ReleaseRefusedError(AgreementError):
+    """A party refused the release (its budget, a permission, a bound): every party exits 3
+    (refused), with the refusing party's reason."""
 
     kind = ErrorKind.PERMISSION_DENIED
 

@@ -314,25 +314,36 @@ def fail_release(run: Run, exc: Exception) -> None:
 
 
 def serve_keys(run: Run, record: ReleaseRecord, stop: threading.Event) -> None:
-    """Serve the key to the granted researchers until the key retention ends, SIGTERM, or
-    (--exit-after-keys) every granted researcher fetched it."""
-    config = run.config
-    run.service.add_release(config.release_id, record.pad, config.grants)
+    """Serve the key to the granted researchers until every one acknowledged it (it stored its
+    result durably; a fetch alone is not enough), the key retention ends, or SIGTERM; with
+    --serve-until-stopped only the last two end it."""
+    serve_until_acknowledged(run.config, run.service, run.log, record, stop)
+
+
+def serve_until_acknowledged(
+    config: CuratorConfig, service: CuratorService, log: EventLog, record: ReleaseRecord, stop: threading.Event
+) -> None:
+    """The key-serving wait of :func:`serve_keys` (shared with server-side sampling)."""
+    service.add_release(config.release_id, record.pad, config.grants)
     until = record.retention_until or time.time()
-    run.log(
+    waiting = ", ".join(service.unacknowledged(config.release_id)) or "nobody"
+    stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(until))
+    finish = "until each acknowledges it or" if config.exit_after_keys else "until"
+    log(
         "serving_keys",
         release_id=config.release_id,
         grants=sorted(config.grants),
         retention_s=round(until - time.time(), 1),
+        note=f"serving the key to {waiting} {finish} {stamp}, Ctrl-C to stop",
     )
     while not stop.is_set() and time.time() < until:
-        if config.exit_after_keys and run.service.wait_keys_served(config.release_id, timeout=POLL_S):
-            run.log("keys_served", release_id=config.release_id)
+        if config.exit_after_keys and service.wait_keys_acknowledged(config.release_id, timeout=POLL_S):
+            log("keys_acknowledged", release_id=config.release_id, note="every granted researcher stored its result")
             return
         if not config.exit_after_keys:
             stop.wait(min(POLL_S, max(0.0, until - time.time())))
     if not stop.is_set():
-        run.log("key_retention_ended", release_id=config.release_id)
+        log("key_retention_ended", release_id=config.release_id)
 
 
 def stop_on_sigterm() -> threading.Event:

@@ -227,6 +227,7 @@ class KeyRecord:
     pad: ReleasePad
     grants: frozenset[str]
     served: set[str] = field(default_factory=set)
+    acknowledged: set[str] = field(default_factory=set)  # stored their result: the key is no longer needed
 
 
 def _wait_seconds(context: grpc.ServicerContext) -> float:
@@ -402,6 +403,25 @@ class CuratorService(pb_grpc.CuratorServicer):
                     return False
                 self.keys_served.wait(left if left is not None else 1.0)
 
+    def wait_keys_acknowledged(self, release_id: str, timeout: float | None = None) -> bool:
+        """Block until every granted researcher acknowledged this release's key, i.e. stored
+        its result durably (False on timeout)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self.keys_served:
+            while True:
+                rec = self.keys.get(release_id)
+                if rec is not None and rec.grants <= rec.acknowledged:
+                    return True
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self.keys_served.wait(left if left is not None else 1.0)
+
+    def unacknowledged(self, release_id: str) -> list[str]:
+        """The granted researchers that have not acknowledged the key yet."""
+        rec = self.keys.get(release_id)
+        return [] if rec is None else sorted(rec.grants - rec.acknowledged)
+
     def hold_key(self, release_id: str, why: str) -> None:
         """Answer key requests for ``release_id`` with UNAVAILABLE (``why``) until it is added."""
         self.pending[release_id] = why
@@ -436,3 +456,19 @@ class CuratorService(pb_grpc.CuratorServicer):
         with self.keys_served:
             rec.served.add(ident.name)
             self.keys_served.notify_all()
+
+    def AcknowledgeKey(self, request: pb.KeyAck, context: grpc.ServicerContext) -> pb.KeyAckResponse:  # noqa: N802
+        """A granted researcher stored its result durably: it needs this key no more
+        (idempotent; logged)."""
+        ident = caller(context)
+        try:
+            rec = self._granted_record(request.release_id, ident.name)
+        except SecureReleaseError as exc:
+            self.log.warning("ack_refused", release_id=request.release_id, caller=str(ident), reason=type(exc).__name__)
+            abort_with(context, exc)
+        with self.keys_served:
+            rec.acknowledged.add(ident.name)
+            done = rec.grants <= rec.acknowledged
+            self.keys_served.notify_all()
+        self.log("key_acknowledged", release_id=request.release_id, caller=str(ident), all_acknowledged=done)
+        return pb.KeyAckResponse(all_acknowledged=done)

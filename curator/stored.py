@@ -42,6 +42,7 @@ from secure_release.curator.runner import (
     abort_and_settle,
     load_table,
     own_schema,
+    serve_until_acknowledged,
     settle,
     start_server,
     stop_on_sigterm,
@@ -316,17 +317,7 @@ def fail_stored(run: StoredRun, exc: Exception) -> None:
 
 def serve_stored_keys(run: StoredRun, record: ReleaseRecord, stop: threading.Event) -> None:
     """Serve the release key to the granted researchers (as ``runner.serve_keys``)."""
-    config = run.config
-    run.service.add_release(config.release_id, record.pad, config.grants)
-    until = record.retention_until or time.time()
-    run.log("serving_keys", release_id=config.release_id, grants=sorted(config.grants),
-            retention_s=round(until - time.time(), 1))  # fmt: skip
-    while not stop.is_set() and time.time() < until:
-        if config.exit_after_keys and run.service.wait_keys_served(config.release_id, timeout=POLL_S):
-            run.log("keys_served", release_id=config.release_id)
-            return
-        if not config.exit_after_keys:
-            stop.wait(min(POLL_S, max(0.0, until - time.time())))
+    serve_until_acknowledged(run.config, run.service, run.log, record, stop)
 
 
 def _resumable(config: CuratorConfig, keystore: Keystore) -> ReleaseRecord | None:

@@ -337,6 +337,23 @@ def fetch_key(
     return key
 
 
+def acknowledge_keys(endpoints: Endpoints, release_id: str, curators: Iterable[str], log: EventLog) -> None:
+    """Tell each curator whose key was used that the result is durably stored, so it may stop
+    serving the key (best effort: a curator that does not hear it serves until its key
+    retention ends; never fatal to the release, whose result is already written)."""
+    for curator in curators:
+        address = endpoints.curators.get(curator)
+        if address is None:
+            continue
+        try:
+            with endpoints.curator_channel(curator, address) as channel:
+                pb_grpc.CuratorStub(channel).AcknowledgeKey(pb.KeyAck(release_id=release_id), timeout=10.0)
+            log("key_acknowledged", release_id=release_id, curator=curator)
+        except grpc.RpcError as exc:
+            log.warning("key_ack_failed", release_id=release_id, curator=curator, code=exc.code().name,
+                        address=address)  # fmt: skip
+
+
 def fetch_keys(endpoints: Endpoints, spec: ReleaseSpec, log: EventLog, deadline: Deadline | None = None) -> KeyResults:
     """Ask every curator of the release for its key (each until the shared ``deadline``)."""
     answers = {curator: fetch_key(endpoints, spec, curator, log, deadline) for curator in spec.curators}

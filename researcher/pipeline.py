@@ -24,6 +24,7 @@ from secure_release.researcher.client import (
     Deadline,
     Endpoints,
     KeyResults,
+    acknowledge_keys,
     fetch_keys,
     fetch_perturbed,
     wait_perturbed,
@@ -86,7 +87,8 @@ def process_release(
     if report.marginal:
         log.warning("marginal_only", release_id=release_id, refused=",".join(sorted(report.refused)))
     if out is not None:
-        paths = write_report(out, report)
+        paths = write_report(out, report)  # atomic and fsynced: the result is durable now
         log("written", release_id=release_id, files=",".join(p.name for p in paths))
+        acknowledge_keys(endpoints, release_id, keys.granted, log)  # only now: a crash before finds the keys
     log("estimated", release_id=release_id, marginal=report.marginal, cells=len(report.labels))
     return report

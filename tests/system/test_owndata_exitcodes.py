@@ -58,7 +58,7 @@ def _launch(
     if budgets is not None:
         for name, eps in budgets.items():
             set_budgets(cluster, {cluster.root / f"keystore-{name}": data / f"{name}.csv"}, eps)
-    extra = [*FAST, "--exit-after-keys"]
+    extra = FAST  # a curator exits 0 by default once the researcher acknowledged its key
     return launch_release(
         cluster, data, world / "certs", rid, epsilon, 300, "chacha20", world / "align.key",
         alice_extra=extra, bob_extra=extra, budgets=budgets is None,

@@ -1065,6 +1065,45 @@ class KeyRequest(_message.Message):
 Global___KeyRequest: _TypeAlias = KeyRequest  # noqa: Y015
 
 @_typing.final
+class KeyAck(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RELEASE_ID_FIELD_NUMBER: _builtins.int
+    release_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        release_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["release_id", b"release_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___KeyAck: _TypeAlias = KeyAck  # noqa: Y015
+
+@_typing.final
+class KeyAckResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ALL_ACKNOWLEDGED_FIELD_NUMBER: _builtins.int
+    all_acknowledged: _builtins.bool
+    """every researcher the curator granted has now acknowledged (the curator may finish)"""
+    def __init__(
+        self,
+        *,
+        all_acknowledged: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["all_acknowledged", b"all_acknowledged"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___KeyAckResponse: _TypeAlias = KeyAckResponse  # noqa: Y015
+
+@_typing.final
 class KeyChunk(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
