@@ -27,6 +27,7 @@ import grpc
 from secure_release.curator.keystore import Keystore
 from secure_release.curator.ledgerfile import LedgerFile, file_fingerprint
 from secure_release.infra.config import ConfigError, require
+from secure_release.infra.fileio import require_file
 from secure_release.infra.tls import secure_channel
 from secure_release.mechanism.ledger import PrivacyLedger
 from secure_release.mechanism.spec import check_name, check_party_name
@@ -92,7 +93,7 @@ def _dataset(args: argparse.Namespace) -> tuple[str, str]:
     if bool(args.data) == bool(getattr(args, "table_id", None)):
         raise ConfigError("give exactly one of --data FILE or --table-id ID")
     if args.data:
-        return file_fingerprint(args.data), args.dataset or Path(args.data).name
+        return file_fingerprint(require_file(args.data, "--data")), args.dataset or Path(args.data).name
     record = Keystore(args.keystore).load_table(args.table_id)
     if record is None:
         raise ConfigError(

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from secure_release.infra.config import ConfigError, require, split_address, testing_enabled
+from secure_release.infra.fileio import require_dir, require_file
 from secure_release.mechanism.accounting import check_epsilon
 from secure_release.mechanism.errors import UnknownCipherError
 from secure_release.mechanism.keys import AlignmentKey, PadKey, Seed
@@ -179,7 +180,7 @@ def _alignment_key(args: argparse.Namespace, mode: AlignmentMode) -> AlignmentKe
     if mode is AlignmentMode.PSI:
         return None
     if args.alignment_key_file:
-        return AlignmentKey.from_hex(Path(args.alignment_key_file).read_text().strip())
+        return AlignmentKey.from_hex(require_file(args.alignment_key_file, "--alignment-key-file").read_text().strip())
     env = os.environ.get(ALIGNMENT_KEY_ENV, "").strip()
     if env:
         return AlignmentKey.from_hex(env)
@@ -267,7 +268,12 @@ def config_from_args(args: argparse.Namespace, storing: bool = False) -> Curator
         require(args, *REQUIRED)
     if not args.insecure:
         require(args, "certs")
+        require_dir(args.certs, "--certs")
     check_config_file(args.config)
+    if getattr(args, "data", None) and not getattr(args, "query", None):
+        require_file(args.data, "--data")
+    if getattr(args, "schema", None):
+        require_file(args.schema, "--schema")
     test_seed, test_pad_key, test_psi_key = _test_secrets(args)
     test_table_key = _test_table_key(args)
     plain = not (server_sampled or storing)

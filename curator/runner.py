@@ -28,7 +28,7 @@ from typing import Any
 import grpc
 import numpy as np
 
-from secure_release.curator.agreement import agree, leader_state, own_alignment
+from secure_release.curator.agreement import agree, leader_state, own_alignment, report_failure_to_leader
 from secure_release.curator.config import CuratorConfig
 from secure_release.curator.errors import ReleaseAbortedError, ReleaseRefusedError, SpecRefusedError
 from secure_release.curator.keystore import Keystore, ReleaseRecord
@@ -313,6 +313,20 @@ def fail_release(run: Run, exc: Exception) -> None:
         run.state.wait_all_told(min(LINGER_S, config.timeout))
 
 
+def fail_before_agreement(
+    config: CuratorConfig, state: LeaderState | None, log: EventLog, exc: SecureReleaseError
+) -> None:
+    """A curator that fails before the agreement stops every party at once: a follower tells
+    the leader; the leader fails its agreement and keeps answering until every follower was told
+    (a few seconds at most), so none waits for its --timeout."""
+    reason = refusal_reason(exc, config.name)
+    if state is None:
+        report_failure_to_leader(config, reason, log)
+        return
+    state.fail(reason)
+    state.wait_all_told(min(LINGER_S, config.timeout))
+
+
 def serve_keys(run: Run, record: ReleaseRecord, stop: threading.Event) -> None:
     """Serve the key to the granted researchers until every one acknowledged it (it stored its
     result durably; a fetch alone is not enough), the key retention ends, or SIGTERM; with
@@ -459,11 +473,19 @@ def run(config: CuratorConfig) -> int:
     were served; a failed or aborted release raises (after telling every party)."""
     log = EventLog("curator", config.name)
     stop = stop_on_sigterm()
-    opened = open_service(config, log)
+    try:
+        opened = open_service(config, log)
+    except SecureReleaseError as exc:  # a wrong schema: the leader (if we follow) stops everybody now
+        report_failure_to_leader(config, refusal_reason(exc, config.name), log)
+        raise
     server = start_server(config, opened.service, log)  # listening before the table is read
     parts: Run | None = None
     try:
-        parts, record = open_run(config, log, stop, opened)
+        try:
+            parts, record = open_run(config, log, stop, opened)
+        except SecureReleaseError as exc:  # bad rows, a table that changed: every party stops at once
+            fail_before_agreement(config, opened.state, log, exc)
+            raise
         try:
             if record is None:
                 record = setup_release(parts)

@@ -277,8 +277,12 @@ class CuratorService(pb_grpc.CuratorServicer):
             return self.max_tag_bytes
 
         state: LeaderState | None = None
+        first = next(iter(request_iterator), None)
+        if first is not None and first.failure:
+            return self._follower_failed(first, ident.name, str(ident), admit, context)
+        chunks = itertools.chain([first] if first is not None else [], request_iterator)
         try:
-            got = read_tag_stream(request_iterator, ident.name, admit)
+            got = read_tag_stream(chunks, ident.name, admit)
             state = self._leading_for(got.release_id, ident.name)
             state.add_tags(ident.name, got.tags, got.alphabet_size, got.alignment)
         except SecureReleaseError as exc:
@@ -291,6 +295,25 @@ class CuratorService(pb_grpc.CuratorServicer):
             alphabet_size=state.sizes.get(ident.name, got.alphabet_size),
         )
         return pb.SubmitTagsResponse(release_id=got.release_id, tags_received=int(got.tags.size))
+
+    def _follower_failed(
+        self, chunk: pb.TagChunk, name: str, who: str, admit: Callable[[str], int], context: grpc.ServicerContext
+    ) -> pb.SubmitTagsResponse:
+        """A follower cannot take part (it failed before the agreement): fail the agreement for
+        every party at once with its reason."""
+        state: LeaderState | None = None
+        try:
+            if chunk.curator != name:
+                raise CallerNotAllowedError(f"certificate name {name!r} may not report for {chunk.curator!r}")
+            admit(chunk.release_id)
+            state = self._leading_for(chunk.release_id, name)
+        except SecureReleaseError as exc:
+            self._refuse(context, "tags_refused", who, name, state, exc)
+        reason = chunk.failure[:2000]
+        self.log.warning("curator_failed", release_id=chunk.release_id, curator=name, reason=reason)
+        state.fail(reason)
+        state.mark_told(name)
+        return pb.SubmitTagsResponse(release_id=chunk.release_id, tags_received=0)
 
     def _asked_by(self, release_id: str, curator: str, certificate_name: str) -> LeaderState:
         """The leader state of ``release_id`` for a call made as ``curator``, which must be the

@@ -39,6 +39,15 @@ class MissingInputFileError(SecureReleaseError):
     (usage: exit 2, naming the flag and the path)."""
 
 
+def require_dir(path: str | Path, flag: str) -> Path:
+    """``path`` if it names a directory; else :class:`MissingInputFileError` naming ``flag``."""
+    target = Path(path)
+    if target.is_dir():
+        return target
+    problem = "is not a directory" if target.exists() else "does not exist"
+    raise MissingInputFileError(f"{flag} {path}: {problem}")
+
+
 def require_file(path: str | Path, flag: str) -> Path:
     """``path`` if it names a readable file; else :class:`MissingInputFileError` naming ``flag``
     and the path as typed (one line, no errno)."""

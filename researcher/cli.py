@@ -36,6 +36,7 @@ from secure_release.infra.config import (
     write_port_file,
 )
 from secure_release.infra.exitcodes import USAGE, describe, exit_code_for
+from secure_release.infra.fileio import require_dir
 from secure_release.infra.health import add_health_and_reflection
 from secure_release.infra.logs import EventLog, setup_logging
 from secure_release.infra.tls import bind, make_grpc_server
@@ -162,7 +163,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace | None:
 
 def endpoints_of(args: argparse.Namespace) -> Endpoints:
     """Where to connect and as whom, from the parsed flags."""
-    certs = Path(args.certs) if args.certs else None
+    certs = require_dir(args.certs, "--certs") if args.certs else None
     return Endpoints(certs, args.name, args.insecure, args.server, parse_curators(args.curator))
 
 

@@ -178,7 +178,7 @@ def wait_perturbed(endpoints: Endpoints, release_id: str, timeout: float | Deadl
                 return _perturbed_release(status, release_id)
             if status is not None and status.state == pb.RELEASE_STATE_ABORTED:
                 if is_refusal(status.abort_reason):
-                    raise ReleaseRefusedByCuratorError(f"release {release_id!r} was {status.abort_reason}")
+                    raise ReleaseRefusedByCuratorError(f"{status.abort_reason} (release {release_id!r} aborted)")
                 raise ReleaseAbortedError(f"release {release_id!r} was aborted: {status.abort_reason}")
             if deadline.left() <= 0:
                 raise ReleaseNotReadyError(

@@ -31,6 +31,7 @@ from secure_release.infra.config import (
     write_port_file,
 )
 from secure_release.infra.exitcodes import exit_code_for
+from secure_release.infra.fileio import require_dir
 from secure_release.infra.health import add_health_and_reflection
 from secure_release.infra.logs import setup_logging
 from secure_release.mechanism.errors import SecureReleaseError
@@ -151,6 +152,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         raise ConfigError("--store DIR is required (or SECURE_RELEASE_STORE)")
     if not args.insecure and not args.certs:
         raise ConfigError("--certs DIR is required unless --insecure (tests only)")
+    if args.certs:
+        require_dir(args.certs, "--certs")
     if args.grace < 0:
         raise ConfigError(f"--grace must be >= 0 seconds, got {args.grace}")
     key = None

@@ -78,9 +78,10 @@ def run_draft(args: argparse.Namespace) -> int:
 
 def run_check(args: argparse.Namespace) -> int:
     from secure_release.curator.table import load_schema, read_table
+    from secure_release.infra.fileio import require_file
 
-    spec = load_schema(args.schema)
-    table = read_table(args.data, spec)
+    spec = load_schema(require_file(args.schema, "schema"))
+    table = read_table(require_file(args.data, "data"), spec)
     s = spec.schema
     sizes = " x ".join(str(a.size) for a in s.attributes)
     print(f"{args.data}: {table.num_rows} rows match schema {s.name!r} (alphabet {sizes} = {s.alphabet_size})")

@@ -817,6 +817,7 @@ class TagChunk(_message.Message):
     LAST_FIELD_NUMBER: _builtins.int
     ALPHABET_SIZE_FIELD_NUMBER: _builtins.int
     ALIGNMENT_FIELD_NUMBER: _builtins.int
+    FAILURE_FIELD_NUMBER: _builtins.int
     release_id: _builtins.str
     curator: _builtins.str
     sequence: _builtins.int
@@ -827,6 +828,10 @@ class TagChunk(_message.Message):
     """the submitting curator's alphabet size (its schema's joint size)"""
     alignment: Global___AlignmentMode.ValueType
     """how these tags were made (must be the leader's mode)"""
+    failure: _builtins.str
+    """Set (with last, no tags) by a curator that cannot take part (bad rows, a wrong schema, no
+    budget): its reason. The leader fails the agreement for every party at once with it.
+    """
     def __init__(
         self,
         *,
@@ -837,10 +842,11 @@ class TagChunk(_message.Message):
         last: _builtins.bool = ...,
         alphabet_size: _builtins.int = ...,
         alignment: Global___AlignmentMode.ValueType = ...,
+        failure: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["alignment", b"alignment", "alphabet_size", b"alphabet_size", "curator", b"curator", "last", b"last", "release_id", b"release_id", "sequence", b"sequence", "tags", b"tags"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["alignment", b"alignment", "alphabet_size", b"alphabet_size", "curator", b"curator", "failure", b"failure", "last", b"last", "release_id", b"release_id", "sequence", b"sequence", "tags", b"tags"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
