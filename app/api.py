@@ -23,7 +23,15 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from secure_release.frames import Backend, TableInputError, column_names, require, string_columns, to_frame
+from secure_release.frames import (
+    Backend,
+    TableInputError,
+    column_names,
+    require,
+    string_columns,
+    string_columns_with_missing,
+    to_frame,
+)
 from secure_release.mechanism import marginals
 from secure_release.mechanism.guarantee import privacy_guarantee, utility_check
 from secure_release.mechanism.keys import AlignmentKey, PadKey, PramKey, Seed
@@ -123,22 +131,94 @@ def load_schema(path: str | Path) -> CuratorSchema:
     return _load(path).schema
 
 
+#: A numeric column with more distinct values than this needs public bins (``ranges``).
+DRAFT_MAX_NUMERIC_CATEGORIES = 12
+#: The missing label a draft gives a column with empty cells.
+DRAFT_MISSING_LABEL = "missing"
+
+
+class DraftNeedsRangeError(TableInputError):
+    """A numeric column has too many distinct values to list as categories, and no public range
+    was given to bin it (``--range COLUMN=LOW:HIGH``)."""
+
+
+def _is_number(values: npt.NDArray[np.str_]) -> bool:
+    try:
+        numbers = values.astype(np.float64)
+    except ValueError:
+        return False
+    return bool(values.size) and bool(np.all(np.isfinite(numbers)))
+
+
+def _natural_order(values: Sequence[str]) -> list[str]:
+    """Numbers numerically (when every value is one), else text order."""
+    arr = np.asarray(list(values), dtype=str)
+    if _is_number(arr):
+        return [str(v) for v in arr[np.argsort(arr.astype(np.float64), kind="stable")]]
+    return sorted(values)
+
+
+def equal_width_edges(low: float, high: float, bins: int) -> list[float]:
+    """``bins`` equal-width bins over the public range [low, high] (edges rounded to 12
+    significant digits so they read back as typed: 2500, 3500, ...)."""
+    if not (np.isfinite(low) and np.isfinite(high) and high > low):
+        raise TableInputError(f"a range needs finite LOW < HIGH, got {low}:{high}")
+    if bins < 1:
+        raise TableInputError(f"--bins must be >= 1, got {bins}")
+    return [float(f"{e:.12g}") for e in np.linspace(low, high, bins + 1)]
+
+
 def draft_schema(
-    table: Any, curator: str, id_column: str = "id", attributes: Sequence[str] | None = None, warn: bool = True
+    table: Any, curator: str, id_column: str = "id", attributes: Sequence[str] | None = None, warn: bool = True,
+    ranges: Mapping[str, tuple[float, float]] | None = None, bins: int = 4,
+    codebook: Mapping[str, Sequence[str]] | None = None,
 ) -> dict[str, Any]:
-    """A DRAFT schema dict from a table: each attribute's distinct values, sorted. It warns that
-    the categories must come from a public codebook (:data:`CODEBOOK_WARNING`)."""
+    """A DRAFT schema dict from a table. A column in ``ranges`` is binned at ``bins`` equal-width
+    bins of that public range (never the data's own minimum or maximum); a numeric column with
+    more than :data:`DRAFT_MAX_NUMERIC_CATEGORIES` distinct values and no range raises
+    :class:`DraftNeedsRangeError` naming it. Categories follow ``codebook`` (public, in its order)
+    when it lists the column, else a natural order (numbers numerically); empty cells give a
+    ``missing`` entry (with a warning), never a category. Warns that categories read from the
+    data must be replaced by a public codebook's (:data:`CODEBOOK_WARNING`)."""
     names = list(attributes) if attributes is not None else [c for c in column_names(table) if c != id_column]
     if not names:
         raise TableInputError(f"no attribute columns besides the id column {id_column!r}")
-    cols = string_columns(table, names, f"curator {curator}")
+    ranges, codebook = dict(ranges or {}), dict(codebook or {})
+    unknown = sorted((set(ranges) | set(codebook)) - set(names))
+    if unknown:
+        raise TableInputError(f"--range/--codebook name column(s) {unknown} that are not attributes: {names}")
+    cols = string_columns_with_missing(table, names, f"curator {curator}")
+    entries: list[dict[str, Any]] = []
+    for name in names:
+        values = cols[name]
+        empty = values == ""
+        present = values[~empty]
+        entry: dict[str, Any] = {"name": name}
+        if name in ranges:
+            entry["bins"] = [int(e) if float(e).is_integer() else e for e in equal_width_edges(*ranges[name], bins)]
+        elif name in codebook:
+            entry["categories"] = [str(c) for c in codebook[name]]
+        else:
+            distinct = np.unique(present).tolist()
+            if _is_number(present) and len(distinct) > DRAFT_MAX_NUMERIC_CATEGORIES:
+                raise DraftNeedsRangeError(
+                    f"column {name!r} is numeric with {len(distinct)} distinct values: give its public range "
+                    f"(--range {name}=LOW:HIGH [--bins N]); bins are never drawn from the data's own minimum "
+                    "or maximum, which would disclose them"
+                )
+            entry["categories"] = _natural_order(distinct)
+        if bool(empty.any()):
+            label = DRAFT_MISSING_LABEL
+            while label in entry.get("categories", []):
+                label = f"({label})"
+            entry["missing"] = label
+            warnings.warn(f"column {name!r} has {int(empty.sum())} empty cell(s): drafted as \"missing\": "
+                          f"{label!r} (a public category of its own), never as an empty category", UserWarning,
+                          stacklevel=2)  # fmt: skip
+        entries.append(entry)
     if warn:
         warnings.warn(CODEBOOK_WARNING, UserWarning, stacklevel=2)
-    return {
-        "curator": curator,
-        "id_column": id_column,
-        "attributes": [{"name": a, "categories": np.unique(cols[a]).tolist()} for a in names],
-    }
+    return {"curator": curator, "id_column": id_column, "attributes": entries}
 
 
 def _as_schema(curator: str, spec: CuratorSchema | Mapping[str, Any] | str | Path) -> CuratorSchema:
