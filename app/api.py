@@ -237,7 +237,10 @@ def _as_schema(curator: str, spec: CuratorSchema | Mapping[str, Any] | str | Pat
 class Result:
     """A released estimate (:class:`ReleaseReport`) with DataFrame views, marginals and plots.
 
-    ``truth`` (the true shares of the aligned table) is known only for in-memory releases.
+    ``truth`` (the true shares of the aligned table) is known only for in-memory releases. It is
+    the private data the release protects, so it never leaves the object by default:
+    :meth:`cells`, :meth:`to_pandas`, :meth:`to_polars`, :meth:`to_dict` and :meth:`save` omit it
+    unless the caller passes ``include_truth=True`` (simulations and demos only).
     """
 
     report: ReleaseReport
@@ -257,30 +260,73 @@ class Result:
         """The privacy guarantee in standard form."""
         return privacy_guarantee(self.report.plan)
 
+    def __repr__(self) -> str:
+        """A few lines: release id, n, m, K, epsilon, estimator and the guarantee (never the truth)."""
+        r, plan = self.report, self.report.plan
+        g = self.guarantee
+        held = "; truth held, not exported" if self.truth is not None else ""
+        scope = f", marginal over {', '.join(r.curators)}" if r.marginal else ""
+        return (
+            f"<Result {r.release_id}: n={plan.n}, m={plan.m}, K={plan.joint_size}, epsilon={plan.epsilon:g}{scope}\n"
+            f"  estimator: unbiased A^-1 estimate with exact 95% intervals (projected and MLE alongside)\n"
+            f"  guarantee: ({g['epsilon']:.4g}, 0)-DP, replace-one, one record of the aligned table{held}>"
+        )
+
+    def _repr_html_(self) -> str:
+        """Jupyter: the parameters, the cells table and every attribute's marginal with 95% intervals."""
+        import html
+
+        r, plan = self.report, self.report.plan
+
+        def table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+            th = "".join(f"<th>{html.escape(h)}</th>" for h in head)
+            body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows)
+            return f"<table><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>"
+
+        cells = [
+            [*labels, f"{r.estimate[c]:+.4f}", f"{r.standard_error[c]:.4f}",
+             f"[{r.ci_low[c]:+.4f}, {r.ci_high[c]:+.4f}]", f"{r.projected[c]:.4f}"]
+            for c, labels in enumerate(r.labels)
+        ]  # fmt: skip
+        parts = [
+            f"<h4>Release {html.escape(r.release_id)}</h4>",
+            f"<p>n = {plan.n}, m = {plan.m}, K = {plan.joint_size}, epsilon = {plan.epsilon:g}, "
+            f"({self.guarantee['epsilon']:.4g}, 0)-DP</p>",
+            table([*r.attributes, "estimate", "SE", "95% CI", "projected"], cells),
+        ]
+        for attribute in r.attributes:
+            t = self.marginal_table(attribute)
+            rows = [[str(t.labels[i, 0]), f"{t.estimate[i]:+.4f}", f"{t.standard_error[i]:.4f}",
+                     f"[{t.ci_low[i]:+.4f}, {t.ci_high[i]:+.4f}]"] for i in range(t.estimate.size)]  # fmt: skip
+            parts += [f"<h5>{html.escape(attribute)}</h5>", table([attribute, "estimate", "SE", "95% CI"], rows)]
+        parts += [f"<p><b>Warning:</b> {html.escape(w)}</p>" for w in self.warnings]
+        return "\n".join(parts)
+
     @property
     def l2_error(self) -> float | None:
         """||estimate - truth||_2, when the truth is known."""
         return None if self.truth is None else float(np.linalg.norm(self.report.estimate - self.truth))
 
-    def cells(self, backend: Backend = "pandas") -> Any:
+    def cells(self, backend: Backend = "pandas", include_truth: bool = False) -> Any:
         """One row per cell: the attribute labels, estimate (raw A^-1), projected, mle,
-        standard_error, ci_low, ci_high (95%), observed, ci_spans_zero (and truth if known)."""
+        standard_error, ci_low, ci_high (95%), observed, ci_spans_zero (and, with
+        ``include_truth`` for a simulation or demo, the truth if known)."""
         r = self.report
         labels = np.asarray(r.labels, dtype=str).reshape(len(r.labels), len(r.attributes))
         cols: dict[str, npt.ArrayLike] = {a: labels[:, j] for j, a in enumerate(r.attributes)}
         cols.update({c: getattr(r, c) for c in CELL_COLUMNS})
         cols["ci_spans_zero"] = (r.ci_low <= 0.0) & (r.ci_high >= 0.0)
-        if self.truth is not None:
+        if include_truth and self.truth is not None:
             cols["truth"] = self.truth
         return to_frame(cols, backend)
 
-    def to_pandas(self) -> Any:
-        """:meth:`cells` as a pandas DataFrame."""
-        return self.cells("pandas")
+    def to_pandas(self, include_truth: bool = False) -> Any:
+        """:meth:`cells` as a pandas DataFrame (no truth unless ``include_truth``)."""
+        return self.cells("pandas", include_truth)
 
-    def to_polars(self) -> Any:
-        """:meth:`cells` as a polars DataFrame."""
-        return self.cells("polars")
+    def to_polars(self, include_truth: bool = False) -> Any:
+        """:meth:`cells` as a polars DataFrame (no truth unless ``include_truth``)."""
+        return self.cells("polars", include_truth)
 
     def marginal_table(self, *attributes: str) -> marginals.Marginal:
         """The marginal over ``attributes`` as arrays (estimate, projected, SE, 95% CI)."""
@@ -313,13 +359,19 @@ class Result:
     def conditional(
         self, target: Sequence[str] | str, given: Sequence[str] | str, backend: Backend = "pandas"
     ) -> Any:
-        """P(target | given) from the projected estimate, one row per (given, target) combination."""
+        """P(target | given) from the projected estimate, one row per (given, target) combination,
+        with a conservative 95% interval (ci_low, ci_high: the ratio of the exact intervals of
+        the joint and the given shares, each at 97.5%; :func:`mechanism.marginals.conditional_intervals`)."""
         tgt = [target] if isinstance(target, str) else list(target)
         giv = [given] if isinstance(given, str) else list(given)
         r = self.report
         labels, prob = marginals.conditional(r.attributes, r.labels, r.projected, tgt, giv)
+        low, high = marginals.conditional_intervals(
+            r.attributes, r.labels, r.observed, tgt, giv, r.plan.n, r.plan.m, r.plan.channel.keep
+        )
         cols: dict[str, npt.ArrayLike] = {a: labels[:, j] for j, a in enumerate([*giv, *tgt])}
         cols["probability"] = prob
+        cols["ci_low"], cols["ci_high"] = low, high
         return to_frame(cols, backend)
 
     def plot_marginal(self, attribute: str, ax: Any = None) -> Any:
@@ -337,12 +389,22 @@ class Result:
         ax.set_title(f"{self.report.release_id}: {attribute} (epsilon {self.plan.epsilon:g}, m {self.plan.m})")
         return ax
 
-    def to_dict(self) -> dict[str, Any]:
-        """The report's JSON with ``guarantee`` and ``warnings`` (and ``truth`` if known)."""
+    def to_dict(self, include_truth: bool = False) -> dict[str, Any]:
+        """The report's JSON with ``guarantee`` and ``warnings`` (and, with ``include_truth`` for
+        a simulation or demo, ``truth`` if known: it is the private data the release protects)."""
         d = {**self.report.to_dict(), "guarantee": self.guarantee, "warnings": list(self.warnings)}
-        if self.truth is not None:
+        if include_truth and self.truth is not None:
             d["truth"] = self.truth.tolist()
         return d
+
+    def save(self, path: str | Path, include_truth: bool = False) -> Path:
+        """Write :meth:`to_dict` as JSON to ``path`` (mode 0600; no truth unless ``include_truth``);
+        :func:`load_result` reads it back."""
+        from secure_release.infra.fileio import atomic_write
+
+        target = Path(path)
+        atomic_write(target, json.dumps(self.to_dict(include_truth), indent=1).encode("utf-8"))
+        return target
 
 
 def _result(report: ReleaseReport, truth: FloatArray | None = None) -> Result:

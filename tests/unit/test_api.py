@@ -75,13 +75,13 @@ def test_other_table_kinds_give_the_same_release(result: api.Result, kind: str) 
 
 
 def test_cells_frame_has_every_column(result: api.Result) -> None:
-    df = result.cells()
+    df = result.cells(include_truth=True)
     assert list(df.columns) == ["edu", "mar", "sex", "sal", "estimate", "projected", "mle", "standard_error",
                                 "ci_low", "ci_high", "observed", "ci_spans_zero", "truth"]  # fmt: skip
     assert len(df) == 24 and df["observed"].sum() == result.plan.m
     spans = (df["ci_low"] <= 0) & (df["ci_high"] >= 0)
     assert (df["ci_spans_zero"] == spans).all()
-    assert result.to_polars().shape == (24, 13)
+    assert result.to_polars(include_truth=True).shape == (24, 13)
 
 
 def test_marginal_over_all_attributes_is_the_cells(result: api.Result) -> None:
