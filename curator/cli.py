@@ -26,7 +26,7 @@ from secure_release.curator.keystore import KeystoreError, TableChangedError
 from secure_release.curator.table import BadRowsError, SchemaFileError
 from secure_release.infra.config import ConfigError, apply_env_and_config, subcommand_parser
 from secure_release.infra.exitcodes import USAGE, describe, exit_code_for
-from secure_release.infra.logs import setup_logging
+from secure_release.infra.logs import add_log_format_flag, pop_log_format, setup_logging
 from secure_release.mechanism.errors import (
     InvalidNameError,
     NonFiniteInputError,
@@ -126,10 +126,11 @@ forgets the table key).
 def build_parser() -> argparse.ArgumentParser:
     """The curator's command line (``run``, ``store-table``, ``budget``, ``release``, ``table``)."""
     parser = argparse.ArgumentParser(
-        prog="python -m secure_release.curator",
+        prog="secure-release-curator",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    add_log_format_flag(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     add_budget_parser(sub)
     add_release_parser(sub)
@@ -287,6 +288,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     try:
+        argv, log_format = pop_log_format(argv)
         if argv and argv[0] in ("run", "store-table"):
             apply_env_and_config(subcommand_parser(parser, argv[0]), argv[1:])
         args = parser.parse_args(argv)
@@ -295,7 +297,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.print_help()
             return 2
         os.umask(0o077)  # keystores, ledgers, pads: every file 0600, every directory 0700
-        setup_logging()
+        setup_logging(log_format=log_format)
         return _dispatch(args)
     except KeyboardInterrupt:
         return 130

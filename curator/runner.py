@@ -498,7 +498,15 @@ def run(config: CuratorConfig) -> int:
             fail_release(parts, exc)
             raise
         record = parts.keystore.set_retention(record, time.time() + config.key_retention)
+        spec = record.spec
+        left = parts.keystore.ledger.read().remaining(parts.own.fingerprint)
+        left_text = f"{left:g}" if left is not None else "?"
+        to = ", ".join(config.grants) or "nobody"
+        log("released", release_id=config.release_id, n=spec.n, m=spec.m, epsilon=spec.plan.epsilon, budget_left=left,
+            note=f"released {config.release_id}: n={spec.n}, m={spec.m}; epsilon {spec.plan.epsilon:g} spent, "
+                 f"{left_text} left on data set {config.dataset}; the result goes to {to}")  # fmt: skip
         serve_keys(parts, record, stop)
+        log("finished", release_id=config.release_id, note=f"done: {config.release_id} released, exiting 0")
         return 0
     finally:
         if parts is not None:

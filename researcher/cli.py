@@ -38,7 +38,7 @@ from secure_release.infra.config import (
 from secure_release.infra.exitcodes import USAGE, describe, exit_code_for
 from secure_release.infra.fileio import require_dir
 from secure_release.infra.health import add_health_and_reflection
-from secure_release.infra.logs import EventLog, setup_logging
+from secure_release.infra.logs import EventLog, add_log_format_flag, pop_log_format, setup_logging
 from secure_release.infra.tls import bind, make_grpc_server
 from secure_release.mechanism.errors import SecureReleaseError
 from secure_release.mechanism.report import ReleaseReport
@@ -94,11 +94,12 @@ def _common(p: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     """The ``serve`` and ``fetch`` parsers (their flags are part of the compose file's contract)."""
     parser = argparse.ArgumentParser(
-        prog="python -m secure_release.researcher",
+        prog="secure-release-researcher",
         description=__doc__,
         epilog=EXAMPLE,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    add_log_format_flag(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     s = sub.add_parser(
         "serve",
@@ -214,11 +215,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run ``serve`` or ``fetch``; exit codes of the shared convention (infra/exitcodes.py): 1 if
     the release failed (aborted, a key missing, an RPC), 2 on a bad setting, 3 if refused."""
     try:
-        args = parse_args(list(sys.argv[1:] if argv is None else argv))
+        rest, log_format = pop_log_format(list(sys.argv[1:] if argv is None else argv))
+        args = parse_args(rest)
         if args is None:
             return 2
         os.umask(0o077)  # results and estimates: every file 0600, every directory 0700
-        setup_logging()
+        setup_logging(log_format=log_format)
         log = EventLog("researcher", args.name)
         return fetch(args, log) if args.command == "fetch" else serve(args, log)
     except KeyboardInterrupt:

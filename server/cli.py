@@ -33,7 +33,7 @@ from secure_release.infra.config import (
 from secure_release.infra.exitcodes import exit_code_for
 from secure_release.infra.fileio import require_dir
 from secure_release.infra.health import add_health_and_reflection
-from secure_release.infra.logs import setup_logging
+from secure_release.infra.logs import add_log_format_flag, pop_log_format, setup_logging
 from secure_release.mechanism.errors import SecureReleaseError
 from secure_release.mechanism.keys import PramKey, Seed
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
@@ -143,6 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="TESTS ONLY: draw every server-sampled release's positions from this 64-hex-digit seed "
         "(with its release id) instead of a fresh OS seed; refused unless SECURE_RELEASE_TESTING=1",
     )
+    add_log_format_flag(p)
     return p
 
 
@@ -196,18 +197,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Parse, configure and serve until SIGTERM/SIGINT; exit codes per infra/exitcodes.py."""
     parser = build_parser()
     try:
-        apply_env_and_config(parser, list(argv) if argv is not None else None)
-        config = config_from_args(parser.parse_args(argv))
-        return serve(config)
+        rest, log_format = pop_log_format(list(sys.argv[1:] if argv is None else argv))
+        apply_env_and_config(parser, rest)
+        config = config_from_args(parser.parse_args(rest))
+        return serve(config, log_format)
     except SecureReleaseError as exc:
         sys.stderr.write(f"secure-release-server: error: {type(exc).__name__}: {exc}\n")
         return exit_code_for(exc)
 
 
-def serve(config: ServerConfig) -> int:
+def serve(config: ServerConfig, log_format: str | None = None) -> int:
     """Open the store, finish any sealed release, serve, and stop gracefully on a signal."""
     os.umask(0o077)  # every file this process creates: 0600, every directory: 0700
-    setup_logging(config.log_level)
+    setup_logging(config.log_level, log_format=log_format)
     log = logging.getLogger("secure_release.server")
     key_factory = PramKey.generate
     if config.test_pram_key is not None:
