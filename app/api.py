@@ -171,15 +171,16 @@ def equal_width_edges(low: float, high: float, bins: int) -> list[float]:
 def draft_schema(
     table: Any, curator: str, id_column: str = "id", attributes: Sequence[str] | None = None, warn: bool = True,
     ranges: Mapping[str, tuple[float, float]] | None = None, bins: int = 4,
-    codebook: Mapping[str, Sequence[str]] | None = None,
+    codebook: Mapping[str, Sequence[str]] | None = None, missing_tokens: Sequence[str] = (),
 ) -> dict[str, Any]:
     """A DRAFT schema dict from a table. A column in ``ranges`` is binned at ``bins`` equal-width
     bins of that public range (never the data's own minimum or maximum); a numeric column with
     more than :data:`DRAFT_MAX_NUMERIC_CATEGORIES` distinct values and no range raises
     :class:`DraftNeedsRangeError` naming it. Categories follow ``codebook`` (public, in its order)
     when it lists the column, else a natural order (numbers numerically); empty cells give a
-    ``missing`` entry (with a warning), never a category. Warns that categories read from the
-    data must be replaced by a public codebook's (:data:`CODEBOOK_WARNING`)."""
+    ``missing`` entry (with a warning), never a category, and so do ``missing_tokens`` (listed as
+    the entry's ``missing_tokens`` where they occur). Warns that categories read from the data must
+    be replaced by a public codebook's (:data:`CODEBOOK_WARNING`)."""
     names = list(attributes) if attributes is not None else [c for c in column_names(table) if c != id_column]
     if not names:
         raise TableInputError(f"no attribute columns besides the id column {id_column!r}")
@@ -191,7 +192,8 @@ def draft_schema(
     entries: list[dict[str, Any]] = []
     for name in names:
         values = cols[name]
-        empty = values == ""
+        tokens = sorted(set(np.unique(values).tolist()) & set(missing_tokens))
+        empty = (values == "") | np.isin(values, tokens)
         present = values[~empty]
         entry: dict[str, Any] = {"name": name}
         if name in ranges:
@@ -212,6 +214,8 @@ def draft_schema(
             while label in entry.get("categories", []):
                 label = f"({label})"
             entry["missing"] = label
+            if tokens:
+                entry["missing_tokens"] = tokens
             warnings.warn(f"column {name!r} has {int(empty.sum())} empty cell(s): drafted as \"missing\": "
                           f"{label!r} (a public category of its own), never as an empty category", UserWarning,
                           stacklevel=2)  # fmt: skip

@@ -46,6 +46,14 @@ def register(sub: Any) -> None:
     )
     d.add_argument("--bins", type=int, default=4, help="bins per --range (default: 4)")
     d.add_argument(
+        "--missing-token",
+        action="append",
+        default=[],
+        metavar="TOKEN",
+        help='a cell text meaning "missing" (e.g. NA, ?; repeat): counted with empty cells under the '
+        "missing label, never as a category",
+    )
+    d.add_argument(
         "--codebook",
         type=Path,
         help='a public codebook, JSON {"COLUMN": [CATEGORY, ...]}: its categories, in its order, for the '
@@ -103,7 +111,8 @@ def run_draft(args: argparse.Namespace) -> int:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         schema = draft_schema(read_columns(require_file(args.data, "data")), args.curator, args.id_column, attrs,
-                              warn=False, ranges=_ranges(args.range), bins=args.bins, codebook=codebook)  # fmt: skip
+                              warn=False, ranges=_ranges(args.range), bins=args.bins, codebook=codebook,
+                              missing_tokens=args.missing_token)  # fmt: skip
     for warning in caught:
         sys.stderr.write(f"warning: {warning.message}\n")
     text = json.dumps(schema, indent=1) + "\n"
