@@ -24,6 +24,7 @@ from secure_release.curator.commands import (
 from secure_release.curator.config import DEFAULT_KEY_RETENTION_S, POSITIONS_PATH_REFUSAL
 from secure_release.curator.keystore import KeystoreError, TableChangedError
 from secure_release.curator.table import BadRowsError, SchemaFileError
+from secure_release.infra import metrics
 from secure_release.infra.config import ConfigError, apply_env_and_config, subcommand_parser
 from secure_release.infra.exitcodes import USAGE, describe, exit_code_for
 from secure_release.infra.logs import add_log_format_flag, pop_log_format, setup_logging
@@ -131,6 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_log_format_flag(parser)
+    metrics.add_metrics_flag(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     add_budget_parser(sub)
     add_release_parser(sub)
@@ -289,6 +291,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
         argv, log_format = pop_log_format(argv)
+        argv, metrics_address = metrics.pop_metrics_listen(argv)
         if argv and argv[0] in ("run", "store-table"):
             apply_env_and_config(subcommand_parser(parser, argv[0]), argv[1:])
         args = parser.parse_args(argv)
@@ -298,6 +301,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         os.umask(0o077)  # keystores, ledgers, pads: every file 0600, every directory 0700
         setup_logging(log_format=log_format)
+        metrics.start_metrics(metrics_address, "curator")
         return _dispatch(args)
     except KeyboardInterrupt:
         return 130

@@ -37,6 +37,7 @@ from secure_release.curator.ledgerfile import file_fingerprint
 from secure_release.curator.service import SERVICE_NAME, CuratorService
 from secure_release.curator.table import EncodedTable, TableSpec, load_schema, raise_repeats, read_table
 from secure_release.curator.upload import ServerLink
+from secure_release.infra import metrics
 from secure_release.infra.config import ConfigError, write_port_file
 from secure_release.infra.exitcodes import refusal_reason
 from secure_release.infra.health import add_health_and_reflection
@@ -140,7 +141,7 @@ def settle(config: CuratorConfig, keystore: Keystore, sealed: bool, log: EventLo
 
 def start_server(config: CuratorConfig, service: CuratorService, log: EventLog) -> grpc.Server:
     """The Curator service with health and reflection, listening (port written if asked)."""
-    server = make_grpc_server(insecure=config.insecure)
+    server = make_grpc_server(insecure=config.insecure, interceptors=metrics.interceptors())
     pb_grpc.add_CuratorServicer_to_server(service, server)
     add_health_and_reflection(server, [SERVICE_NAME])
     port = bind(server, config.listen_host, config.listen_port, config.certs, config.name, config.insecure)
@@ -503,6 +504,7 @@ def run(config: CuratorConfig) -> int:
         left_text = f"{left:g}" if left is not None else "?"
         to = ", ".join(config.grants) or "nobody"
         log("released", release_id=config.release_id, n=spec.n, m=spec.m, epsilon=spec.plan.epsilon, budget_left=left,
+            dataset=config.dataset,
             note=f"released {config.release_id}: n={spec.n}, m={spec.m}; epsilon {spec.plan.epsilon:g} spent, "
                  f"{left_text} left on data set {config.dataset}; the result goes to {to}")  # fmt: skip
         serve_keys(parts, record, stop)

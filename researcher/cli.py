@@ -27,6 +27,7 @@ from pathlib import Path
 
 import grpc
 
+from secure_release.infra import metrics
 from secure_release.infra.config import (
     ConfigError,
     apply_env_and_config,
@@ -100,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_log_format_flag(parser)
+    metrics.add_metrics_flag(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     s = sub.add_parser(
         "serve",
@@ -187,7 +189,7 @@ def serve(args: argparse.Namespace, log: EventLog) -> int:
     tracker = ReleaseTracker(process, log, load_reports(out, log) if out is not None else {})
     if out is not None:
         prewarm()  # the heat map's plotting library, while the release is still on its way
-    server = make_grpc_server(insecure=args.insecure)
+    server = make_grpc_server(insecure=args.insecure, interceptors=metrics.interceptors())
     readers = frozenset({f"researcher/{args.name}", *(f"analyst/{a}" for a in args.analyst if a)})
     pb_grpc.add_ResearcherServicer_to_server(ResearcherService(tracker, log, args.timeout, readers), server)
     health = add_health_and_reflection(server, [SERVICE_NAME])
@@ -216,11 +218,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     the release failed (aborted, a key missing, an RPC), 2 on a bad setting, 3 if refused."""
     try:
         rest, log_format = pop_log_format(list(sys.argv[1:] if argv is None else argv))
+        rest, metrics_address = metrics.pop_metrics_listen(rest)
         args = parse_args(rest)
         if args is None:
             return 2
         os.umask(0o077)  # results and estimates: every file 0600, every directory 0700
         setup_logging(log_format=log_format)
+        metrics.start_metrics(metrics_address, "researcher")
         log = EventLog("researcher", args.name)
         return fetch(args, log) if args.command == "fetch" else serve(args, log)
     except KeyboardInterrupt:

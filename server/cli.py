@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from secure_release.infra import tls
+from secure_release.infra import metrics, tls
 from secure_release.infra.config import (
     ConfigError,
     apply_env_and_config,
@@ -143,6 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="TESTS ONLY: draw every server-sampled release's positions from this 64-hex-digit seed "
         "(with its release id) instead of a fresh OS seed; refused unless SECURE_RELEASE_TESTING=1",
     )
+    metrics.add_metrics_flag(p)
     add_log_format_flag(p)
     return p
 
@@ -198,18 +199,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
         rest, log_format = pop_log_format(list(sys.argv[1:] if argv is None else argv))
+        rest, metrics_address = metrics.pop_metrics_listen(rest)
         apply_env_and_config(parser, rest)
         config = config_from_args(parser.parse_args(rest))
-        return serve(config, log_format)
+        return serve(config, log_format, metrics_address)
     except SecureReleaseError as exc:
         sys.stderr.write(f"secure-release-server: error: {type(exc).__name__}: {exc}\n")
         return exit_code_for(exc)
 
 
-def serve(config: ServerConfig, log_format: str | None = None) -> int:
+def serve(config: ServerConfig, log_format: str | None = None, metrics_address: str | None = None) -> int:
     """Open the store, finish any sealed release, serve, and stop gracefully on a signal."""
     os.umask(0o077)  # every file this process creates: 0600, every directory: 0700
     setup_logging(config.log_level, log_format=log_format)
+    started = metrics.start_metrics(metrics_address, "server")
+    if started is not None:
+        started.watch_store(Path(config.store))
     log = logging.getLogger("secure_release.server")
     key_factory = PramKey.generate
     if config.test_pram_key is not None:
@@ -227,6 +232,7 @@ def serve(config: ServerConfig, log_format: str | None = None) -> int:
         service.perturb_if_sealed(rid)
 
     server = tls.make_grpc_server(
+        interceptors=metrics.interceptors(),
         insecure=config.insecure,
         calls_per_peer=config.calls_per_peer,
         stream_idle_seconds=config.stream_idle_seconds,
