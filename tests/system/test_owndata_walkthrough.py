@@ -98,6 +98,7 @@ def test_the_page_runs_as_written(tmp_path: Path) -> None:
     assert "Release r1" in outputs["analyst show"]
     assert "[2500, 3500)" in outputs["analyst marginal"] and "[5500, 6500]" in outputs["analyst marginal"]
     assert (tmp_path / "r1.parquet").stat().st_size > 0 and (tmp_path / "results" / "r1.json").exists()
+    assert "[2500, 3500)" in (tmp_path / "r1.html").read_text()
     schema = json.loads((tmp_path / "alice.json").read_text())
     assert schema["attributes"][0] == {"name": "species", "categories": ["Adelie", "Chinstrap", "Gentoo"],
                                        "missing": "missing", "missing_tokens": ["NA"]}  # fmt: skip
