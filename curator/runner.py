@@ -314,6 +314,30 @@ def fail_release(run: Run, exc: Exception) -> None:
         run.state.wait_all_told(min(LINGER_S, config.timeout))
 
 
+PROBE_S = 3.0
+
+
+def probe_server(config: CuratorConfig, log: EventLog) -> None:
+    """Say within seconds if the release server at --server cannot be reached (a typo in the
+    address shows at once, not at the end of --timeout); the run itself goes on and retries."""
+    from secure_release.infra.tls import secure_channel
+
+    try:
+        channel = secure_channel(config.server, config.certs, config.name, config.insecure, role="curator",
+                                 peer_role="server")  # fmt: skip
+    except Exception as exc:  # a note only: the run reports the error itself
+        log.warning("server_unreachable", server=config.server, error=type(exc).__name__)
+        return
+    try:
+        grpc.channel_ready_future(channel).result(timeout=PROBE_S)
+    except grpc.FutureTimeoutError:
+        log.warning("server_unreachable", server=config.server,
+                    note=f"cannot reach the release server at {config.server} (--server) after {PROBE_S:g} s; "
+                         "check the address; retrying until --timeout")  # fmt: skip
+    finally:
+        channel.close()
+
+
 def fail_before_agreement(
     config: CuratorConfig, state: LeaderState | None, log: EventLog, exc: SecureReleaseError
 ) -> None:
@@ -480,6 +504,7 @@ def run(config: CuratorConfig) -> int:
         report_failure_to_leader(config, refusal_reason(exc, config.name), log)
         raise
     server = start_server(config, opened.service, log)  # listening before the table is read
+    threading.Thread(target=probe_server, args=(config, log), daemon=True).start()
     parts: Run | None = None
     try:
         try:

@@ -73,7 +73,7 @@ def test_every_command_names_a_missing_file(tmp_path: Path, command: list[str]) 
     assert f"{missing}: does not exist" in proc.stderr and "Errno" not in proc.stderr
 
 
-def test_an_unreachable_leader_is_named_with_its_address_within_seconds(world: Path, tmp_path: Path) -> None:
+def test_an_unreachable_leader_and_server_are_named_within_seconds(world: Path, tmp_path: Path) -> None:
     subprocess.run([sys.executable, "-m", "secure_release.curator", "budget", "set", "--keystore",
                     str(tmp_path / "ks"), "--data", str(world / "data" / "bob.csv"), "--epsilon", "1"],
                    check=True, env=_env(), capture_output=True)  # fmt: skip
@@ -85,6 +85,9 @@ def test_an_unreachable_leader_is_named_with_its_address_within_seconds(world: P
         while time.monotonic() < deadline and "cannot reach the leader alice at 127.0.0.1:9" not in log.read_text():
             time.sleep(0.2)
         assert "cannot reach the leader alice at 127.0.0.1:9" in log.read_text(), log.read_text()[-2000:]
+        while time.monotonic() < deadline and "cannot reach the release server at 127.0.0.1:9" not in log.read_text():
+            time.sleep(0.2)
+        assert "cannot reach the release server at 127.0.0.1:9 (--server)" in log.read_text(), log.read_text()[-2000:]
         assert proc.poll() is None  # said at once, long before its --timeout of 30 s
     finally:
         proc.kill()

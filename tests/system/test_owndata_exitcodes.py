@@ -1,14 +1,16 @@
 """The README's exit-code table, row by row, through the real processes (issue 26, item 6):
 0 released at every curator; 1 a runtime failure (a peer unreachable); 2 usage at every
-command; 3 a refusal (no budget, past the budget) at every party, leader and followers alike,
+command; 130 interrupted; 3 a refusal (no budget, past the budget) at every party, leader and followers alike,
 and at a researcher fetching a release a follower refused (a leader refuses before the
 agreement, so that release never reaches the server)."""
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -113,6 +115,28 @@ def test_an_unreachable_leader_exits_1(world: Path, tmp_path: Path) -> None:
                     "--data", str(data / "bob.csv"), "--epsilon", "1"], check=True, env=_env(), capture_output=True)
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=_env())
     assert proc.returncode == 1, proc.stderr[-2000:]
+
+
+def test_an_interrupt_exits_130(world: Path, tmp_path: Path) -> None:
+    data = world / "data"
+    cmd = [sys.executable, "-m", "secure_release.curator", "run", "--data", str(data / "bob.csv"), "--schema",
+           str(data / "bob.json"), "--name", "bob", "--keystore", str(tmp_path / "ks"), "--release-id", "r1",
+           "--epsilon", "0.5", "--server", "127.0.0.1:9", "--certs", str(world / "certs"), "--curators",
+           "alice,bob", "--leader-address", "127.0.0.1:9", "--alignment-key-file", str(world / "align.key"),
+           "--timeout", "60"]  # fmt: skip
+    log = tmp_path / "bob.log"
+    with log.open("wb") as fh:
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=_env())
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and "listening" not in log.read_text():
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=20) == 130, log.read_text()[-2000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 @pytest.mark.parametrize(
