@@ -503,7 +503,14 @@ def _encode_binned(
     missing = np.zeros(0, dtype=np.intp)
     numbers: pa.ChunkedArray | pa.Array = column
     kind = column.type.value_type if pa.types.is_dictionary(column.type) else column.type
-    if not (pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_decimal(kind)):
+    temporal = pa.types.is_date(kind) or pa.types.is_timestamp(kind)
+    if attribute.dates and temporal:  # days since 1970-01-01, as the edges
+        numbers = pc.cast(pc.cast(column, pa.date32()), pa.int32())
+        if column.null_count:
+            missing = np.flatnonzero(np.asarray(column.is_null().to_numpy(zero_copy_only=False)))
+    elif attribute.dates:
+        numbers, missing = _parse_dates(attribute, column, problems)
+    elif not (pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_decimal(kind)):
         numbers, missing = _parse_numbers(attribute, column, problems)
     elif column.null_count:
         missing = np.flatnonzero(np.asarray(column.is_null().to_numpy(zero_copy_only=False)))
@@ -530,13 +537,15 @@ def _encode_binned(
                           "schema to keep such rows")
         bad_rows = np.setdiff1d(bad_rows, missing)
     if bad_rows.size:
-        lo, hi = edge_text(attribute.bins[0]), edge_text(attribute.bins[-1])
-        allowed = "a finite number" if attribute.clamp else f"a number in [{lo}, {hi}] (or declare \"clamp\": true)"
+        lo, hi = attribute.edge_label(attribute.bins[0]), attribute.edge_label(attribute.bins[-1])
+        what = "a date" if attribute.dates else "a number"
+        allowed = f"a finite {what[2:]}" if attribute.clamp else f"{what} in [{lo}, {hi}] (or declare \"clamp\": true)"
         shown = pc.take(numbers if isinstance(numbers, pa.ChunkedArray) else pa.chunked_array([numbers]),
                         pa.array(bad_rows)).to_pylist()
         for r, value in zip(bad_rows.tolist(), shown, strict=True):
             if r not in problems.reasons:  # a cell that is not a number is already named
-                number = edge_text(value) if value is not None and np.isfinite(value) else repr(value)
+                finite = value is not None and np.isfinite(value)
+                number = attribute.edge_label(value) if finite else repr(value)
                 problems.reasons[r] = [f"{attribute.name}={number} is outside the bins; allowed: {allowed}"]
         codes[bad_rows] = 0
     return codes.view(np.dtype(f"u{codes.itemsize}"))
@@ -569,6 +578,29 @@ def _parse_numbers(
     return pc.cast(pc.if_else(ok, cleaned, pa.scalar("nan", text.type)), pa.float64()), missing
 
 
+def _parse_dates(
+    attribute: Attribute, column: pa.ChunkedArray, problems: _Problems
+) -> tuple[pa.Array, npt.NDArray[np.intp]]:
+    """A text column of ISO dates (YYYY-MM-DD) as day numbers since 1970-01-01 (Arrow's
+    strptime) and its missing rows; a cell that is not a date is flagged and read as NaN."""
+    text, bad_utf8 = _text(column)
+    problems.flag(np.flatnonzero(bad_utf8), f"{attribute.name} is not valid UTF-8 (the file must be UTF-8)")
+    is_missing = pc.equal(text, "")
+    if attribute.missing_tokens:
+        is_missing = pc.or_(is_missing, pc.is_in(text, value_set=pa.array(list(attribute.missing_tokens))))
+    skip = np.asarray(is_missing.to_numpy(zero_copy_only=False)) | bad_utf8
+    missing = np.flatnonzero(np.asarray(is_missing.to_numpy(zero_copy_only=False)) & ~bad_utf8)
+    stamps = pc.strptime(text, format="%Y-%m-%d", unit="s", error_is_null=True)
+    days = pc.cast(pc.cast(stamps, pa.date32()), pa.int32())
+    wrong = np.flatnonzero(np.asarray(days.is_null().to_numpy(zero_copy_only=False)) & ~skip)
+    for r, value in zip(wrong.tolist(), pc.take(text, pa.array(wrong)).to_pylist(), strict=True):
+        problems.reasons.setdefault(r, []).append(
+            f"{attribute.name}={value!r} is not a date (YYYY-MM-DD)"
+            + ("" if attribute.missing is not None else '; declare "missing" and "missing_tokens" for such cells')
+        )
+    return days, missing
+
+
 def _signed_code_dtype(num_categories: int) -> type[np.signedinteger[Any]]:
     """The narrowest signed type holding codes 0..num_categories - 1 and the -1 of "not found"."""
     return np.int8 if num_categories <= 1 << 7 else np.int16 if num_categories <= 1 << 15 else np.int32
@@ -595,7 +627,7 @@ def read_table(
     path = Path(data_path)
     names = [a.name for a in spec.schema.attributes]
     needed = [spec.id_column, *names]
-    numeric = {a.name: not a.missing_tokens for a in spec.schema.attributes if a.bins is not None}
+    numeric = {a.name: not (a.missing_tokens or a.dates) for a in spec.schema.attributes if a.bins is not None}
     header, table, wrong_width = _open_batches(path, needed, names, query, numeric)
     missing = [c for c in needed if c not in header]
     if missing:

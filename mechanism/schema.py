@@ -9,6 +9,7 @@ significant, in Z_K with K = k_1 ... k_N.
 
 from __future__ import annotations
 
+import datetime
 import itertools
 import math
 from collections.abc import Mapping, Sequence
@@ -45,10 +46,31 @@ def edge_text(edge: float) -> str:
     return str(int(value)) if value.is_integer() and abs(value) < 2**53 else repr(value)
 
 
-def bin_labels(edges: Sequence[float]) -> tuple[str, ...]:
+_EPOCH = datetime.date(1970, 1, 1).toordinal()
+
+
+def date_text(day: float) -> str:
+    """A day number (days since 1970-01-01) as an ISO date."""
+    return datetime.date.fromordinal(int(day) + _EPOCH).isoformat()
+
+
+def date_edges(name: str, edges: Sequence[Any]) -> tuple[float, ...] | None:
+    """ISO date edges ("2020-01-01") as day numbers since 1970-01-01, or None if they are not
+    all date strings (then they must be numbers)."""
+    if not edges or not all(isinstance(e, str) for e in edges):
+        return None
+    try:
+        return tuple(float(datetime.date.fromisoformat(e).toordinal() - _EPOCH) for e in edges)
+    except ValueError as exc:
+        raise InvalidBinsError(
+            f"attribute {name!r}: date bins are ISO dates (YYYY-MM-DD), got {list(edges)!r}"
+        ) from exc
+
+
+def bin_labels(edges: Sequence[float], dates: bool = False) -> tuple[str, ...]:
     """The labels of the bins between ``edges``: "[a, b)" for every bin but the last, which is
-    closed: "[a, b]"."""
-    texts = [edge_text(e) for e in edges]
+    closed: "[a, b]" (``dates``: day numbers, written as ISO dates)."""
+    texts = [date_text(e) if dates else edge_text(e) for e in edges]
     last = len(texts) - 2
     return tuple(f"[{texts[i]}, {texts[i + 1]}{']' if i == last else ')'}" for i in range(len(texts) - 1))
 
@@ -89,6 +111,7 @@ class Attribute:
     clamp: bool = field(default=False, compare=False)
     missing: str | None = field(default=None, compare=False)
     missing_tokens: tuple[str, ...] = field(default=(), compare=False)
+    dates: bool = field(default=False, compare=False)  # bins are day numbers (ISO dates in the schema)
 
     def __post_init__(self) -> None:
         if not self.categories:
@@ -99,7 +122,7 @@ class Attribute:
             )
         if self.bins is not None:
             edges = check_edges(self.name, self.bins)
-            expected = bin_labels(edges) + ((self.missing,) if self.missing is not None else ())
+            expected = bin_labels(edges, self.dates) + ((self.missing,) if self.missing is not None else ())
             if self.categories != expected:
                 raise InvalidBinsError(
                     f"attribute {self.name!r}: the categories of a binned attribute are its bins' labels "
@@ -137,13 +160,19 @@ class Attribute:
 
     @classmethod
     def binned(
-        cls, name: str, edges: Sequence[float], clamp: bool = False, missing: str | None = None,
+        cls, name: str, edges: Sequence[Any], clamp: bool = False, missing: str | None = None,
         missing_tokens: Sequence[str] = (),
     ) -> Attribute:
-        """A numeric attribute binned at public ``edges`` (labels from :func:`bin_labels`)."""
-        values = check_edges(name, edges)
-        labels = bin_labels(values) + ((missing,) if missing is not None else ())
-        return cls(name, labels, values, bool(clamp), missing, tuple(missing_tokens))
+        """A numeric attribute binned at public ``edges`` (labels from :func:`bin_labels`); ISO
+        date strings as edges make a date attribute (binned by day)."""
+        days = date_edges(name, edges)
+        values = check_edges(name, days if days is not None else edges)
+        labels = bin_labels(values, days is not None) + ((missing,) if missing is not None else ())
+        return cls(name, labels, values, bool(clamp), missing, tuple(missing_tokens), days is not None)
+
+    def edge_label(self, edge: float) -> str:
+        """One edge as the labels write it (a number, or an ISO date)."""
+        return date_text(edge) if self.dates else edge_text(edge)
 
     @property
     def size(self) -> int:
@@ -169,8 +198,8 @@ class Attribute:
         """One sentence on this attribute's public preprocessing, or None if it has none."""
         parts: list[str] = []
         if self.bins is not None:
-            lo, hi = edge_text(self.bins[0]), edge_text(self.bins[-1])
-            parts.append(f"{self.name} binned at public edges {[edge_text(e) for e in self.bins]}")
+            lo, hi = self.edge_label(self.bins[0]), self.edge_label(self.bins[-1])
+            parts.append(f"{self.name} binned at public edges {[self.edge_label(e) for e in self.bins]}")
             if self.clamp:
                 parts.append(
                     f"clamped: a value below {lo} is counted in {self.categories[0]} and one above {hi} "
@@ -220,10 +249,13 @@ class Attribute:
     ) -> npt.NDArray[np.int64]:
         """A binned attribute given as text: labels as they are, the rest parsed as numbers."""
         rest = np.flatnonzero(~is_label)
-        try:
-            numbers = arr[rest].astype(np.float64)
-        except ValueError:
-            numbers = np.asarray([_to_float(v) for v in arr[rest].tolist()], dtype=np.float64)
+        if self.dates:
+            numbers = np.asarray([_to_day(v) for v in arr[rest].tolist()], dtype=np.float64)  # small, in memory
+        else:
+            try:
+                numbers = arr[rest].astype(np.float64)
+            except ValueError:
+                numbers = np.asarray([_to_float(v) for v in arr[rest].tolist()], dtype=np.float64)
         codes, bad = self.bin_codes(numbers)
         self._refuse(rest[bad], arr, "outside the bins " + self._range_text() + " (or not a number)")
         out = label_codes.astype(np.int64)
@@ -233,7 +265,7 @@ class Attribute:
     def _range_text(self) -> str:
         assert self.bins is not None
         tail = "; declare \"missing\" for empty cells" if self.missing is None else ""
-        return f"[{edge_text(self.bins[0])}, {edge_text(self.bins[-1])}]{tail}"
+        return f"[{self.edge_label(self.bins[0])}, {self.edge_label(self.bins[-1])}]{tail}"
 
     def _refuse(self, rows: npt.NDArray[np.intp], values: npt.NDArray[Any], allowed: str) -> None:
         if rows.size:
@@ -241,6 +273,13 @@ class Attribute:
             raise UnknownCategoryError(
                 f"attribute {self.name!r}: {rows.size} value(s) {allowed} ({shown})"
             )
+
+
+def _to_day(text: str) -> float:
+    try:
+        return float(datetime.date.fromisoformat(text[:10]).toordinal() - _EPOCH)
+    except ValueError:
+        return math.nan
 
 
 def _to_float(text: str) -> float:
@@ -294,7 +333,11 @@ def attribute_from_dict(data: Mapping[str, Any]) -> Attribute:
 def attribute_to_dict(attribute: Attribute) -> dict[str, Any]:
     """The schema-file entry of ``attribute`` (inverse of :func:`attribute_from_dict`)."""
     out: dict[str, Any] = {"name": attribute.name}
-    if attribute.bins is not None:
+    if attribute.bins is not None and attribute.dates:
+        out["bins"] = [date_text(e) for e in attribute.bins]
+        if attribute.clamp:
+            out["clamp"] = True
+    elif attribute.bins is not None:
         out["bins"] = [int(e) if float(e).is_integer() and abs(e) < 2**53 else e for e in attribute.bins]
         if attribute.clamp:
             out["clamp"] = True

@@ -177,3 +177,25 @@ def test_the_guarantee_states_what_clamping_does() -> None:
     assert g["preprocessing"]["attributes"] == [clamped]
     assert "data-independent" in g["preprocessing"]["rule"]
     assert "refused" in (Attribute.binned("mass", EDGES).describe() or "")
+
+
+def test_date_columns_bin_by_day_from_text_and_from_arrow_dates(tmp_path: Path) -> None:
+    import datetime
+
+    edges = ["2007-01-01", "2008-01-01", "2010-01-01"]
+    attribute = {"name": "seen", "bins": edges, "missing": "unknown"}
+    rows = "id,seen\n1,2007-01-01\n2,2009-12-31\n3,2010-01-01\n4,\n5,2008-01-01\n"
+    got = _read(tmp_path, rows, attribute)["seen"]
+    assert got == ["[2007-01-01, 2008-01-01)", "[2008-01-01, 2010-01-01]", "[2008-01-01, 2010-01-01]", "unknown",
+                   "[2008-01-01, 2010-01-01]"]  # fmt: skip
+    rows = "id,seen\n1,2006-12-31\n2,31/12/2008\n3,2008-06-01\n"
+    problems = _problems(tmp_path, rows, {"name": "seen", "bins": edges})
+    assert problems[0] == (2, 'seen=2006-12-31 is outside the bins; allowed: a date in [2007-01-01, 2010-01-01] '
+                              '(or declare "clamp": true)')  # fmt: skip
+    assert problems[1][0] == 3 and "seen='31/12/2008' is not a date (YYYY-MM-DD)" in problems[1][1]
+    days = pa.array([datetime.date(2007, 5, 1), datetime.date(2011, 1, 1)], pa.date32())
+    pq.write_table(pa.table({"id": ["a", "b"], "seen": days}), tmp_path / "d.parquet")
+    spec = load_schema(_schema(tmp_path, {"name": "seen", "bins": edges, "clamp": True}))
+    table = read_table(tmp_path / "d.parquet", spec)
+    assert table.columns["seen"].tolist() == ["[2007-01-01, 2008-01-01)", "[2008-01-01, 2010-01-01]"]
+    assert attribute_to_dict(spec.schema.attributes[0]) == {"name": "seen", "bins": edges, "clamp": True}
