@@ -453,8 +453,9 @@ def curator_tables(
     out = []
     for name, table in tables.items():
         s = _as_schema(name, schemas[name])
-        cols = string_columns(table, [id_column, *(a.name for a in s.attributes)], f"curator {name}")
-        ids = cols.pop(id_column)
+        ids = string_columns(table, [id_column], f"curator {name}")[id_column]  # an id is never missing
+        # a null cell is "" here: counted under the attribute's declared missing label, else refused
+        cols = string_columns_with_missing(table, [a.name for a in s.attributes], f"curator {name}")
         out.append(CuratorTable(CuratorSchema(name, s.attributes), ids, cols))
     return out
 

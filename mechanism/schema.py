@@ -241,7 +241,8 @@ class Attribute:
             bad_rows = np.flatnonzero(~ok)
             if self.bins is not None:
                 return self._encode_number_text(arr, ok, order[pos_clipped])
-            self._refuse(bad_rows, arr, f"outside its categories; allowed: {list(self.categories)}")
+            hint = "" if self.missing is not None else ' (an empty value is missing: declare "missing": LABEL)'
+            self._refuse(bad_rows, arr, f"outside its categories; allowed: {list(self.categories)}{hint}")
         return order[pos_clipped].astype(np.int64)
 
     def _encode_number_text(

@@ -96,3 +96,21 @@ def test_conditional_has_intervals_that_hold_the_truth(result: api.Result) -> No
     # fixed keys (test_keys=7): deterministic; each interval holds >= 95% by construction
     assert ((df["ci_low"] <= true_p) & (true_p <= df["ci_high"])).all()
     assert float((df["ci_high"] - df["ci_low"]).max()) < 0.8  # informative, not [0, 1]
+
+
+def test_a_null_cell_in_a_notebook_table_is_missing_only_by_declaration() -> None:
+    from secure_release.mechanism.errors import UnknownCategoryError
+
+    ids = [f"p{i}" for i in range(300)]
+    alice = pd.DataFrame({"id": ids, "sp": (["a", "g", None] * 100)})
+    bob = pd.DataFrame({"id": ids, "sex": ["f", "m", "f"] * 100})
+    declared = {"alice": {"curator": "alice", "attributes": [{"name": "sp", "categories": ["a", "g"],
+                                                              "missing": "n/a"}]},
+                "bob": {"sex": ["f", "m"]}}  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = api.release({"alice": alice, "bob": bob}, declared, epsilon=1.0, test_keys=1)
+        assert {labels[0] for labels in result.report.labels} == {"a", "g", "n/a"}
+        with pytest.raises(UnknownCategoryError, match='empty value is missing: declare "missing"'):
+            api.release({"alice": alice, "bob": bob}, {"alice": {"sp": ["a", "g"]}, "bob": {"sex": ["f", "m"]}},
+                        epsilon=1.0, test_keys=1)  # fmt: skip
