@@ -12,12 +12,16 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
+import sys
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress
 
 from secure_release.infra.config import ConfigError
 from secure_release.infra.exitcodes import is_refusal
@@ -27,7 +31,7 @@ from secure_release.infra.tls import secure_channel
 from secure_release.infra.wire import cipher_from_pb, schema_from_pb, spec_from_pb
 from secure_release.mechanism.errors import ErrorKind
 from secure_release.mechanism.keys import PadKey
-from secure_release.mechanism.packing import unpack_symbols
+from secure_release.mechanism.packing import CHUNK_ROWS, unpack_symbols
 from secure_release.mechanism.pads import CipherMode, ReleasePad
 from secure_release.mechanism.schema import CuratorSchema, SymbolArray
 from secure_release.mechanism.spec import ReleaseSpec
@@ -204,7 +208,23 @@ def _collect_columns(chunks: Iterable[pb.PerturbedChunk], spec: ReleaseSpec) -> 
     (the server's digest) and the digest the last chunk carries."""
     parts: list[list[bytes]] = [[] for _ in spec.curators]
     hasher = hashlib.sha256()
+    total = max(1, math.ceil(spec.m / CHUNK_ROWS))
+    with Progress(f"{spec.release_id} download", BarColumn(), MofNCompleteColumn(), console=Console(stderr=True),
+                  disable=not sys.stderr.isatty() or total < 4) as progress:  # fmt: skip
+        task = progress.add_task("download", total=total)
+        def advance(seq: int) -> None:
+            progress.update(task, completed=min(seq + 1, total))
+
+        return _join_chunks(chunks, spec, parts, hasher, advance)
+
+
+def _join_chunks(
+    chunks: Iterable[pb.PerturbedChunk], spec: ReleaseSpec, parts: list[list[bytes]], hasher: Any,
+    advance: Callable[[int], None],
+) -> tuple[list[bytes], bytes, bytes]:
+    """The body of :func:`_collect_columns` (``advance``: the progress bar, on a terminal)."""
     for expected_seq, chunk in enumerate(chunks):
+        advance(expected_seq)
         if chunk.sequence != expected_seq or len(chunk.columns) != len(spec.curators):
             raise FetchError(
                 f"perturbed chunk {chunk.sequence} (expected {expected_seq}) has {len(chunk.columns)} columns; "
