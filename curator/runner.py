@@ -18,11 +18,13 @@ the failure for a while, and the reservation is refunded once the server confirm
 from __future__ import annotations
 
 import contextlib
+import json
 import signal
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -40,6 +42,7 @@ from secure_release.curator.upload import ServerLink
 from secure_release.infra import metrics
 from secure_release.infra.config import ConfigError, write_port_file
 from secure_release.infra.exitcodes import refusal_reason
+from secure_release.infra.fileio import atomic_write
 from secure_release.infra.health import add_health_and_reflection
 from secure_release.infra.logs import EventLog, peak_rss_mib
 from secure_release.infra.memory import release_free_memory
@@ -338,6 +341,14 @@ def probe_server(config: CuratorConfig, log: EventLog) -> None:
         channel.close()
 
 
+def _acks_file(config: CuratorConfig) -> Path | None:
+    """Where this release's key acknowledgements are kept (None without a keystore)."""
+    keystore = getattr(config, "keystore", None)
+    if keystore is None or not Path(keystore).is_dir():
+        return None
+    return Path(keystore) / f"acknowledged-{config.release_id}.json"
+
+
 def fail_before_agreement(
     config: CuratorConfig, state: LeaderState | None, log: EventLog, exc: SecureReleaseError
 ) -> None:
@@ -362,8 +373,15 @@ def serve_keys(run: Run, record: ReleaseRecord, stop: threading.Event) -> None:
 def serve_until_acknowledged(
     config: CuratorConfig, service: CuratorService, log: EventLog, record: ReleaseRecord, stop: threading.Event
 ) -> None:
-    """The key-serving wait of :func:`serve_keys` (shared with server-side sampling)."""
+    """The key-serving wait of :func:`serve_keys` (shared with server-side sampling). The
+    acknowledgements are kept in the keystore (``acknowledged-<release>.json``), so a curator
+    restarted after a researcher acknowledged does not wait for it again."""
     service.add_release(config.release_id, record.pad, config.grants)
+    acks = _acks_file(config)
+    saved: set[str] = set()
+    if acks is not None and acks.exists():
+        saved = set(json.loads(acks.read_text(encoding="utf-8"))) & set(config.grants)
+        service.keys[config.release_id].acknowledged.update(saved)
     until = record.retention_until or time.time()
     waiting = ", ".join(service.unacknowledged(config.release_id)) or "nobody"
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(until))
@@ -376,7 +394,13 @@ def serve_until_acknowledged(
         note=f"serving the key to {waiting} {finish} {stamp}, Ctrl-C to stop",
     )
     while not stop.is_set() and time.time() < until:
+        now = set(service.keys[config.release_id].acknowledged)
+        if acks is not None and now != saved:
+            atomic_write(acks, json.dumps(sorted(now)).encode("utf-8"))
+            saved = now
         if config.exit_after_keys and service.wait_keys_acknowledged(config.release_id, timeout=POLL_S):
+            if acks is not None and set(service.keys[config.release_id].acknowledged) != saved:
+                atomic_write(acks, json.dumps(sorted(service.keys[config.release_id].acknowledged)).encode("utf-8"))
             log("keys_acknowledged", release_id=config.release_id, note="every granted researcher stored its result")
             return
         if not config.exit_after_keys:

@@ -78,8 +78,8 @@ def _record(retention_s: float) -> ReleaseRecord:
     return replace(record, retention_until=time.time() + retention_s)
 
 
-def _serve(exit_after_keys: bool, retention_s: float) -> tuple[CuratorService, threading.Thread, threading.Event,
-                                                                list[dict[str, Any]]]:  # fmt: skip
+def _serve(exit_after_keys: bool, retention_s: float, keystore: Path | None = None) -> tuple[
+        CuratorService, threading.Thread, threading.Event, list[dict[str, Any]]]:  # fmt: skip
     service = CuratorService("alice", SCHEMA, EventLog("curator", "alice"))
     events: list[dict[str, Any]] = []
 
@@ -90,7 +90,7 @@ def _serve(exit_after_keys: bool, retention_s: float) -> tuple[CuratorService, t
             real(event, **fields)  # a field the logging module reserves would fail here
             events.append({"event": event, **fields})
 
-    config = SimpleNamespace(release_id="r1", grants=("res",), exit_after_keys=exit_after_keys)
+    config = SimpleNamespace(release_id="r1", grants=("res",), exit_after_keys=exit_after_keys, keystore=keystore)
     stop = threading.Event()
     thread = threading.Thread(
         target=serve_until_acknowledged, args=(config, service, Log(), _record(retention_s), stop), daemon=True
@@ -141,3 +141,14 @@ def test_the_researcher_acknowledges_each_curator_whose_key_it_used(tmp_path: Pa
         assert service.wait_keys_acknowledged("r1", timeout=1.0)
     finally:
         server.stop(None)
+
+
+def test_a_restarted_curator_remembers_the_acknowledgement(tmp_path: Path) -> None:
+    service, thread, _stop, _ = _serve(exit_after_keys=True, retention_s=3600, keystore=tmp_path)
+    service.AcknowledgeKey(pb.KeyAck(release_id="r1"), _as("res"))
+    thread.join(3.0)
+    assert not thread.is_alive()
+    assert (tmp_path / "acknowledged-r1.json").read_text() == '["res"]'
+    _, again, _stop2, events = _serve(exit_after_keys=True, retention_s=3600, keystore=tmp_path)  # the restart
+    again.join(3.0)
+    assert not again.is_alive() and events[-1]["event"] == "keys_acknowledged"
