@@ -9,7 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import grpc
+
 from secure_release.infra.wire import report_from_pb
+from secure_release.mechanism.errors import ErrorKind, SecureReleaseError
 from secure_release.mechanism.report import ReleaseReport
 
 
@@ -18,6 +21,16 @@ def _channel(address: str, certs: Path | None, name: str, insecure: bool = False
     from secure_release.infra.tls import secure_channel
 
     return secure_channel(address, certs, name, insecure, "analyst" if insecure else None, peer_role="researcher")
+
+
+#: How long ``fetch_report`` waits for the researcher service to accept a connection.
+CONNECT_S = 10.0
+
+
+class ResearcherUnreachableError(SecureReleaseError):
+    """The researcher service at --researcher does not accept a connection."""
+
+    kind = ErrorKind.UNAVAILABLE
 
 
 def fetch_report(
@@ -29,6 +42,13 @@ def fetch_report(
     from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
 
     with _channel(address, certs, name, insecure) as ch:
+        if wait:  # a researcher that is still starting is waited for, briefly; a wrong address is said
+            try:
+                grpc.channel_ready_future(ch).result(timeout=min(CONNECT_S, timeout))
+            except grpc.FutureTimeoutError:
+                raise ResearcherUnreachableError(
+                    f"cannot reach the researcher at {address} (--researcher) within {min(CONNECT_S, timeout):g} s"
+                ) from None
         request = pb.EstimateRequest(release_id=release_id, wait=wait)
         resp = pb_grpc.ResearcherStub(ch).GetEstimate(request, timeout=timeout)
     return report_from_pb(resp)

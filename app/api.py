@@ -23,7 +23,15 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from secure_release.frames import Backend, TableInputError, column_names, require, string_columns, to_frame
+from secure_release.frames import (
+    Backend,
+    TableInputError,
+    column_names,
+    require,
+    string_columns,
+    string_columns_with_missing,
+    to_frame,
+)
 from secure_release.mechanism import marginals
 from secure_release.mechanism.guarantee import plan_report, privacy_guarantee, utility_check
 from secure_release.mechanism.keys import AlignmentKey, PadKey, PramKey, Seed
@@ -31,7 +39,13 @@ from secure_release.mechanism.pads import CipherMode
 from secure_release.mechanism.plan import ReleasePlan, plan_release
 from secure_release.mechanism.protocol import CuratorTable, run_release
 from secure_release.mechanism.report import CELL_COLUMNS, ReleaseReport, build_report
-from secure_release.mechanism.schema import Attribute, CuratorSchema, JointSchema
+from secure_release.mechanism.schema import (
+    Attribute,
+    CuratorSchema,
+    JointSchema,
+    attribute_from_dict,
+    attribute_to_dict,
+)
 from secure_release.mechanism.simulation import ESTIMATORS, sweep
 
 FloatArray = npt.NDArray[np.float64]
@@ -106,7 +120,7 @@ def schema_to_dict(s: CuratorSchema, id_column: str = "id") -> dict[str, Any]:
     return {
         "curator": s.name,
         "id_column": id_column,
-        "attributes": [{"name": a.name, "categories": list(a.categories)} for a in s.attributes],
+        "attributes": [attribute_to_dict(a) for a in s.attributes],
     }
 
 
@@ -117,22 +131,98 @@ def load_schema(path: str | Path) -> CuratorSchema:
     return _load(path).schema
 
 
+#: A numeric column with more distinct values than this needs public bins (``ranges``).
+DRAFT_MAX_NUMERIC_CATEGORIES = 12
+#: The missing label a draft gives a column with empty cells.
+DRAFT_MISSING_LABEL = "missing"
+
+
+class DraftNeedsRangeError(TableInputError):
+    """A numeric column has too many distinct values to list as categories, and no public range
+    was given to bin it (``--range COLUMN=LOW:HIGH``)."""
+
+
+def _is_number(values: npt.NDArray[np.str_]) -> bool:
+    try:
+        numbers = values.astype(np.float64)
+    except ValueError:
+        return False
+    return bool(values.size) and bool(np.all(np.isfinite(numbers)))
+
+
+def _natural_order(values: Sequence[str]) -> list[str]:
+    """Numbers numerically (when every value is one), else text order."""
+    arr = np.asarray(list(values), dtype=str)
+    if _is_number(arr):
+        return [str(v) for v in arr[np.argsort(arr.astype(np.float64), kind="stable")]]
+    return sorted(values)
+
+
+def equal_width_edges(low: float, high: float, bins: int) -> list[float]:
+    """``bins`` equal-width bins over the public range [low, high] (edges rounded to 12
+    significant digits so they read back as typed: 2500, 3500, ...)."""
+    if not (np.isfinite(low) and np.isfinite(high) and high > low):
+        raise TableInputError(f"a range needs finite LOW < HIGH, got {low}:{high}")
+    if bins < 1:
+        raise TableInputError(f"--bins must be >= 1, got {bins}")
+    return [float(f"{e:.12g}") for e in np.linspace(low, high, bins + 1)]
+
+
 def draft_schema(
-    table: Any, curator: str, id_column: str = "id", attributes: Sequence[str] | None = None, warn: bool = True
+    table: Any, curator: str, id_column: str = "id", attributes: Sequence[str] | None = None, warn: bool = True,
+    ranges: Mapping[str, tuple[float, float]] | None = None, bins: int = 4,
+    codebook: Mapping[str, Sequence[str]] | None = None, missing_tokens: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """A DRAFT schema dict from a table: each attribute's distinct values, sorted. It warns that
-    the categories must come from a public codebook (:data:`CODEBOOK_WARNING`)."""
+    """A DRAFT schema dict from a table. A column in ``ranges`` is binned at ``bins`` equal-width
+    bins of that public range (never the data's own minimum or maximum); a numeric column with
+    more than :data:`DRAFT_MAX_NUMERIC_CATEGORIES` distinct values and no range raises
+    :class:`DraftNeedsRangeError` naming it. Categories follow ``codebook`` (public, in its order)
+    when it lists the column, else a natural order (numbers numerically); empty cells give a
+    ``missing`` entry (with a warning), never a category, and so do ``missing_tokens`` (listed as
+    the entry's ``missing_tokens`` where they occur). Warns that categories read from the data must
+    be replaced by a public codebook's (:data:`CODEBOOK_WARNING`)."""
     names = list(attributes) if attributes is not None else [c for c in column_names(table) if c != id_column]
     if not names:
         raise TableInputError(f"no attribute columns besides the id column {id_column!r}")
-    cols = string_columns(table, names, f"curator {curator}")
+    ranges, codebook = dict(ranges or {}), dict(codebook or {})
+    unknown = sorted((set(ranges) | set(codebook)) - set(names))
+    if unknown:
+        raise TableInputError(f"--range/--codebook name column(s) {unknown} that are not attributes: {names}")
+    cols = string_columns_with_missing(table, names, f"curator {curator}")
+    entries: list[dict[str, Any]] = []
+    for name in names:
+        values = cols[name]
+        tokens = sorted(set(np.unique(values).tolist()) & set(missing_tokens))
+        empty = (values == "") | np.isin(values, tokens)
+        present = values[~empty]
+        entry: dict[str, Any] = {"name": name}
+        if name in ranges:
+            entry["bins"] = [int(e) if float(e).is_integer() else e for e in equal_width_edges(*ranges[name], bins)]
+        elif name in codebook:
+            entry["categories"] = [str(c) for c in codebook[name]]
+        else:
+            distinct = np.unique(present).tolist()
+            if _is_number(present) and len(distinct) > DRAFT_MAX_NUMERIC_CATEGORIES:
+                raise DraftNeedsRangeError(
+                    f"column {name!r} is numeric with {len(distinct)} distinct values: give its public range "
+                    f"(--range {name}=LOW:HIGH [--bins N]); bins are never drawn from the data's own minimum "
+                    "or maximum, which would disclose them"
+                )
+            entry["categories"] = _natural_order(distinct)
+        if bool(empty.any()):
+            label = DRAFT_MISSING_LABEL
+            while label in entry.get("categories", []):
+                label = f"({label})"
+            entry["missing"] = label
+            if tokens:
+                entry["missing_tokens"] = tokens
+            warnings.warn(f"column {name!r} has {int(empty.sum())} empty cell(s): drafted as \"missing\": "
+                          f"{label!r} (a public category of its own), never as an empty category", UserWarning,
+                          stacklevel=2)  # fmt: skip
+        entries.append(entry)
     if warn:
         warnings.warn(CODEBOOK_WARNING, UserWarning, stacklevel=2)
-    return {
-        "curator": curator,
-        "id_column": id_column,
-        "attributes": [{"name": a, "categories": np.unique(cols[a]).tolist()} for a in names],
-    }
+    return {"curator": curator, "id_column": id_column, "attributes": entries}
 
 
 def _as_schema(curator: str, spec: CuratorSchema | Mapping[str, Any] | str | Path) -> CuratorSchema:
@@ -141,8 +231,8 @@ def _as_schema(curator: str, spec: CuratorSchema | Mapping[str, Any] | str | Pat
     if isinstance(spec, str | Path):
         return load_schema(spec)
     if "attributes" in spec and isinstance(spec["attributes"], list):
-        attrs = {str(a["name"]): [str(c) for c in a["categories"]] for a in spec["attributes"]}
-        return schema(str(spec.get("curator", curator)), attrs)
+        attrs = tuple(attribute_from_dict(a) for a in spec["attributes"])
+        return CuratorSchema(str(spec.get("curator", curator)), attrs)
     return schema(curator, spec)
 
 
@@ -151,7 +241,10 @@ def _as_schema(curator: str, spec: CuratorSchema | Mapping[str, Any] | str | Pat
 class Result:
     """A released estimate (:class:`ReleaseReport`) with DataFrame views, marginals and plots.
 
-    ``truth`` (the true shares of the aligned table) is known only for in-memory releases.
+    ``truth`` (the true shares of the aligned table) is known only for in-memory releases. It is
+    the private data the release protects, so it never leaves the object by default:
+    :meth:`cells`, :meth:`to_pandas`, :meth:`to_polars`, :meth:`to_dict` and :meth:`save` omit it
+    unless the caller passes ``include_truth=True`` (simulations and demos only).
     """
 
     report: ReleaseReport
@@ -171,6 +264,48 @@ class Result:
         """The privacy guarantee in standard form."""
         return privacy_guarantee(self.report.plan)
 
+    def __repr__(self) -> str:
+        """A few lines: release id, n, m, K, epsilon, estimator and the guarantee (never the truth)."""
+        r, plan = self.report, self.report.plan
+        g = self.guarantee
+        held = "; truth held, not exported" if self.truth is not None else ""
+        scope = f", marginal over {', '.join(r.curators)}" if r.marginal else ""
+        return (
+            f"<Result {r.release_id}: n={plan.n}, m={plan.m}, K={plan.joint_size}, epsilon={plan.epsilon:g}{scope}\n"
+            f"  estimator: unbiased A^-1 estimate with exact 95% intervals (projected and MLE alongside)\n"
+            f"  guarantee: ({g['epsilon']:.4g}, 0)-DP, replace-one, one record of the aligned table{held}>"
+        )
+
+    def _repr_html_(self) -> str:
+        """Jupyter: the parameters, the cells table and every attribute's marginal with 95% intervals."""
+        import html
+
+        r, plan = self.report, self.report.plan
+
+        def table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+            th = "".join(f"<th>{html.escape(h)}</th>" for h in head)
+            body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows)
+            return f"<table><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>"
+
+        cells = [
+            [*labels, f"{r.estimate[c]:+.4f}", f"{r.standard_error[c]:.4f}",
+             f"[{r.ci_low[c]:+.4f}, {r.ci_high[c]:+.4f}]", f"{r.projected[c]:.4f}"]
+            for c, labels in enumerate(r.labels)
+        ]  # fmt: skip
+        parts = [
+            f"<h4>Release {html.escape(r.release_id)}</h4>",
+            f"<p>n = {plan.n}, m = {plan.m}, K = {plan.joint_size}, epsilon = {plan.epsilon:g}, "
+            f"({self.guarantee['epsilon']:.4g}, 0)-DP</p>",
+            table([*r.attributes, "estimate", "SE", "95% CI", "projected"], cells),
+        ]
+        for attribute in r.attributes:
+            t = self.marginal_table(attribute)
+            rows = [[str(t.labels[i, 0]), f"{t.estimate[i]:+.4f}", f"{t.standard_error[i]:.4f}",
+                     f"[{t.ci_low[i]:+.4f}, {t.ci_high[i]:+.4f}]"] for i in range(t.estimate.size)]  # fmt: skip
+            parts += [f"<h5>{html.escape(attribute)}</h5>", table([attribute, "estimate", "SE", "95% CI"], rows)]
+        parts += [f"<p><b>Warning:</b> {html.escape(w)}</p>" for w in self.warnings]
+        return "\n".join(parts)
+
     @property
     def headline(self) -> npt.NDArray[np.float64]:
         """The estimate a report leads with (the projection, ``estimators.DEFAULT_ESTIMATOR``;
@@ -182,25 +317,26 @@ class Result:
         """||estimate - truth||_2, when the truth is known."""
         return None if self.truth is None else float(np.linalg.norm(self.report.estimate - self.truth))
 
-    def cells(self, backend: Backend = "pandas") -> Any:
+    def cells(self, backend: Backend = "pandas", include_truth: bool = False) -> Any:
         """One row per cell: the attribute labels, estimate (raw A^-1), projected, mle,
-        standard_error, ci_low, ci_high (95%), observed, ci_spans_zero (and truth if known)."""
+        standard_error, ci_low, ci_high (95%), observed, ci_spans_zero (and, with
+        ``include_truth`` for a simulation or demo, the truth if known)."""
         r = self.report
         labels = np.asarray(r.labels, dtype=str).reshape(len(r.labels), len(r.attributes))
         cols: dict[str, npt.ArrayLike] = {a: labels[:, j] for j, a in enumerate(r.attributes)}
         cols.update({c: getattr(r, c) for c in CELL_COLUMNS})
         cols["ci_spans_zero"] = (r.ci_low <= 0.0) & (r.ci_high >= 0.0)
-        if self.truth is not None:
+        if include_truth and self.truth is not None:
             cols["truth"] = self.truth
         return to_frame(cols, backend)
 
-    def to_pandas(self) -> Any:
-        """:meth:`cells` as a pandas DataFrame."""
-        return self.cells("pandas")
+    def to_pandas(self, include_truth: bool = False) -> Any:
+        """:meth:`cells` as a pandas DataFrame (no truth unless ``include_truth``)."""
+        return self.cells("pandas", include_truth)
 
-    def to_polars(self) -> Any:
-        """:meth:`cells` as a polars DataFrame."""
-        return self.cells("polars")
+    def to_polars(self, include_truth: bool = False) -> Any:
+        """:meth:`cells` as a polars DataFrame (no truth unless ``include_truth``)."""
+        return self.cells("polars", include_truth)
 
     def marginal_table(self, *attributes: str) -> marginals.Marginal:
         """The marginal over ``attributes`` as arrays (estimate, projected, SE, 95% CI)."""
@@ -233,13 +369,19 @@ class Result:
     def conditional(
         self, target: Sequence[str] | str, given: Sequence[str] | str, backend: Backend = "pandas"
     ) -> Any:
-        """P(target | given) from the projected estimate, one row per (given, target) combination."""
+        """P(target | given) from the projected estimate, one row per (given, target) combination,
+        with a conservative 95% interval (ci_low, ci_high: the ratio of the exact intervals of
+        the joint and the given shares, each at 97.5%; :func:`mechanism.marginals.conditional_intervals`)."""
         tgt = [target] if isinstance(target, str) else list(target)
         giv = [given] if isinstance(given, str) else list(given)
         r = self.report
         labels, prob = marginals.conditional(r.attributes, r.labels, r.projected, tgt, giv)
+        low, high = marginals.conditional_intervals(
+            r.attributes, r.labels, r.observed, tgt, giv, r.plan.n, r.plan.m, r.plan.channel.keep
+        )
         cols: dict[str, npt.ArrayLike] = {a: labels[:, j] for j, a in enumerate([*giv, *tgt])}
         cols["probability"] = prob
+        cols["ci_low"], cols["ci_high"] = low, high
         return to_frame(cols, backend)
 
     def plot_marginal(self, attribute: str, ax: Any = None) -> Any:
@@ -257,12 +399,22 @@ class Result:
         ax.set_title(f"{self.report.release_id}: {attribute} (epsilon {self.plan.epsilon:g}, m {self.plan.m})")
         return ax
 
-    def to_dict(self) -> dict[str, Any]:
-        """The report's JSON with ``guarantee`` and ``warnings`` (and ``truth`` if known)."""
+    def to_dict(self, include_truth: bool = False) -> dict[str, Any]:
+        """The report's JSON with ``guarantee`` and ``warnings`` (and, with ``include_truth`` for
+        a simulation or demo, ``truth`` if known: it is the private data the release protects)."""
         d = {**self.report.to_dict(), "guarantee": self.guarantee, "warnings": list(self.warnings)}
-        if self.truth is not None:
+        if include_truth and self.truth is not None:
             d["truth"] = self.truth.tolist()
         return d
+
+    def save(self, path: str | Path, include_truth: bool = False) -> Path:
+        """Write :meth:`to_dict` as JSON to ``path`` (mode 0600; no truth unless ``include_truth``);
+        :func:`load_result` reads it back."""
+        from secure_release.infra.fileio import atomic_write
+
+        target = Path(path)
+        atomic_write(target, json.dumps(self.to_dict(include_truth), indent=1).encode("utf-8"))
+        return target
 
 
 def _result(report: ReleaseReport, truth: FloatArray | None = None) -> Result:
@@ -307,8 +459,9 @@ def curator_tables(
     out = []
     for name, table in tables.items():
         s = _as_schema(name, schemas[name])
-        cols = string_columns(table, [id_column, *(a.name for a in s.attributes)], f"curator {name}")
-        ids = cols.pop(id_column)
+        ids = string_columns(table, [id_column], f"curator {name}")[id_column]  # an id is never missing
+        # a null cell is "" here: counted under the attribute's declared missing label, else refused
+        cols = string_columns_with_missing(table, [a.name for a in s.attributes], f"curator {name}")
         out.append(CuratorTable(CuratorSchema(name, s.attributes), ids, cols))
     return out
 

@@ -45,11 +45,13 @@ def parameter_lines(plan: ReleasePlan) -> list[str]:
     return [f"  {name:<8} {value:>{width}}   {text}" for name, value, text in rows]
 
 
-def guarantee_lines(plan: ReleasePlan) -> list[str]:
-    """The guarantee in standard form, one statement a line; the OpenDP and dp_accounting lines
-    are the exact code a reader can run (``mechanism.guarantee``; tests run them)."""
-    g = privacy_guarantee(plan)
+def guarantee_lines(plan: ReleasePlan, preprocessing: Sequence[str] = ()) -> list[str]:
+    """The guarantee in standard form, one statement a line (and one per preprocessed attribute);
+    the OpenDP and dp_accounting lines are the exact code a reader can run (``mechanism.guarantee``;
+    tests run them)."""
+    g = privacy_guarantee(plan, preprocessing)
     return [
+        *(f"  preprocessing: {line}" for line in preprocessing),
         f"  {g['statement']}",
         f"  {g['statistical']}",
         f"  {g['computational']}",
@@ -125,3 +127,87 @@ def marginal_lines(columns: Mapping[str, Any], attributes: Sequence[str]) -> lis
             f"{columns['standard_error'][i]:7.4f}  {ci:<19}"
         )
     return out
+
+
+def html_report(result: Any) -> str:
+    """One self-contained HTML page a researcher can send (``secure-release analyst report``):
+    the plan, the guarantee, the budget this release spent, the cells table, one marginal chart
+    per attribute with its 95% intervals (inline SVG: no script, no external file) and the
+    warnings. Built from the same :class:`~secure_release.api.Result` as ``analyst show``; every
+    number also sits in a ``data-value`` attribute at full precision (a reader can check it).
+    ``result`` never carries the truth here (the page is for sending)."""
+    from html import escape
+
+    report, plan = result.report, result.report.plan
+    g = privacy_guarantee(plan)
+
+    def num(value: float, shown: str) -> str:
+        return f'<td data-value="{float(value)!r}">{escape(shown)}</td>'
+
+    params = "".join(
+        f"<tr><th>{escape(name)}</th><td>{escape(value)}</td><td>{escape(text)}</td></tr>"
+        for name, value, text in (
+            ("n", f"{plan.n}", "records all curators hold (after alignment)"),
+            ("m", f"{plan.m}", "records sampled"),
+            ("K", f"{plan.joint_size}", "joint cells"),
+            ("epsilon spent", f"{plan.epsilon:g}", "this release's share of each curator's budget"),
+            ("gamma", f"{plan.gamma:.6g}", "PRAM's diagonal weight"),
+        )
+    )
+    head = "".join(f"<th>{escape(a)}</th>" for a in report.attributes)
+    rows = []
+    for c, labels in enumerate(report.labels):
+        cells = "".join(f"<td>{escape(str(v))}</td>" for v in labels)
+        rows.append(
+            f'<tr class="cell">{cells}{num(report.estimate[c], f"{report.estimate[c]:+.4f}")}'
+            f'{num(report.standard_error[c], f"{report.standard_error[c]:.4f}")}'
+            f'{num(report.ci_low[c], f"{report.ci_low[c]:+.4f}")}{num(report.ci_high[c], f"{report.ci_high[c]:+.4f}")}'
+            f'{num(report.projected[c], f"{report.projected[c]:.4f}")}</tr>'
+        )
+    charts = [_svg_marginal(result.marginal_table(a), a) for a in report.attributes]
+    warnings = "".join(f'<p class="warning">WARNING: {escape(w)}</p>' for w in result.warnings)
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>Release {escape(report.release_id)}</title>
+<style>body{{font-family:sans-serif;max-width:60em;margin:2em auto}}table{{border-collapse:collapse}}
+td,th{{border:1px solid #ccc;padding:2px 8px;text-align:right}}.warning{{color:#a00}}</style></head>
+<body><h1>Release <span id="release-id">{escape(report.release_id)}</span></h1>
+<p>{escape(report.note)}</p>
+<h2>Plan</h2><table id="plan">{params}</table>
+<h2>Guarantee</h2><p id="guarantee">{escape(g['statement'])} {escape(g['statistical'])}
+{escape(g['computational'])} Privacy unit:
+{escape(g['privacy_unit'])}; neighbouring: {escape(g['neighbouring_relation'])}; mechanism: {escape(g['mechanism'])}.
+Releases on the same data compose: their epsilons add.</p>
+<h2>Cells</h2><table id="cells"><thead><tr>{head}<th>estimate</th><th>SE</th><th>95% CI low</th>
+<th>95% CI high</th><th>projected</th></tr></thead><tbody>{"".join(rows)}</tbody></table>
+<h2>Marginals</h2>{"".join(charts)}
+<h2>Warnings</h2>{warnings or "<p>none</p>"}
+</body></html>
+"""
+
+
+def _svg_marginal(t: Any, attribute: str) -> str:
+    """A bar chart of one marginal with its 95% intervals as error bars (inline SVG)."""
+    from html import escape
+
+    width, height, pad = 480, 220, 30
+    top = max(1e-9, float(np.max(np.maximum(t.estimate, t.ci_high))))
+    bottom = min(0.0, float(np.min(np.minimum(t.estimate, t.ci_low))))
+
+    def y(v: float) -> float:
+        return pad + (top - v) / (top - bottom) * (height - 2 * pad)
+
+    step = (width - 2 * pad) / max(1, t.estimate.size)
+    parts = [f'<line x1="{pad}" x2="{width - pad}" y1="{y(0.0):.1f}" y2="{y(0.0):.1f}" stroke="black"/>']
+    for i in range(t.estimate.size):
+        x = pad + i * step
+        est, lo, hi = float(t.estimate[i]), float(t.ci_low[i]), float(t.ci_high[i])
+        label = escape(str(t.labels[i, 0]))
+        parts.append(
+            f'<rect class="bar" data-label="{label}" data-estimate="{est!r}" data-ci-low="{lo!r}" '
+            f'data-ci-high="{hi!r}" x="{x + step * 0.15:.1f}" width="{step * 0.7:.1f}" '
+            f'y="{min(y(est), y(0.0)):.1f}" height="{abs(y(est) - y(0.0)):.1f}" fill="#4c72b0"/>'
+            f'<line x1="{x + step / 2:.1f}" x2="{x + step / 2:.1f}" y1="{y(hi):.1f}" y2="{y(lo):.1f}" stroke="black"/>'
+            f'<text x="{x + step / 2:.1f}" y="{height - 8}" font-size="10" text-anchor="middle">{label}</text>'
+        )
+    return (f'<h3>{escape(attribute)}</h3><svg class="marginal" data-attribute="{escape(attribute)}" '
+            f'width="{width}" height="{height}" xmlns="http://www.w3.org/2000/svg">{"".join(parts)}</svg>')  # fmt: skip

@@ -68,6 +68,35 @@ def _one_column(table: Any, kind: str, name: str) -> tuple[npt.NDArray[np.str_],
     return np.strings.strip(values), missing
 
 
+def _missing_mask(table: Any, kind: str, name: str) -> npt.NDArray[np.bool_]:
+    """Which cells of one column are null (NaN, None)."""
+    if kind == "pandas":
+        return np.asarray(table[name].isna().to_numpy(), dtype=bool)
+    if kind == "polars":
+        return np.asarray(table[name].is_null().to_numpy(), dtype=bool)
+    if kind == "pyarrow":
+        return np.asarray(table.column(name).is_null().to_numpy(zero_copy_only=False), dtype=bool)
+    return np.asarray([v is None for v in table[name]], dtype=bool)
+
+
+def string_columns_with_missing(
+    table: Any, names: Sequence[str], what: str = "table"
+) -> dict[str, npt.NDArray[np.str_]]:
+    """As :func:`string_columns`, but a null cell becomes "" (a missing value) instead of an error."""
+    kind = _kind(table)
+    present = column_names(table)
+    absent = [n for n in names if n not in present]
+    if absent:
+        raise TableInputError(f"{what}: missing column(s) {absent}; it has {present}")
+    out: dict[str, npt.NDArray[np.str_]] = {}
+    for name in names:
+        values, missing = _one_column(table, kind, name)
+        if missing:
+            values = np.where(_missing_mask(table, kind, name), "", values)
+        out[name] = values
+    return out
+
+
 def string_columns(table: Any, names: Sequence[str], what: str = "table") -> dict[str, npt.NDArray[np.str_]]:
     """One numpy string column per name; :class:`TableInputError` if a column is absent or has
     missing values (a missing value is not a category: recode it, e.g. as "unknown", first)."""

@@ -18,7 +18,7 @@ import numpy.typing as npt
 
 from secure_release.mechanism.datasets import synthetic_counts, two_curator_split
 from secure_release.mechanism.errors import SecureReleaseError
-from secure_release.mechanism.schema import Attribute, CuratorSchema, JointSchema
+from secure_release.mechanism.schema import CuratorSchema, JointSchema, attribute_from_dict
 
 ADULT_CSV = Path(__file__).resolve().parent / "data" / "adult_counts.csv"
 ADULT_SPLIT = "education,marital:sex,salary"
@@ -128,10 +128,7 @@ def read_schema(path: str | Path) -> JointSchema:
             tuple(
                 CuratorSchema(
                     str(c["name"]),
-                    tuple(
-                        Attribute(str(a["name"]), tuple(str(x) for x in a["categories"]))
-                        for a in c["attributes"]
-                    ),
+                    tuple(attribute_from_dict(a) for a in c["attributes"]),
                 )
                 for c in spec["curators"]
             )

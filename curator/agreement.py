@@ -9,15 +9,17 @@ settings (:func:`spec_differences`) before it samples anything.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import replace
 
 import grpc
 import numpy as np
 
 from secure_release.curator.config import CuratorConfig
-from secure_release.curator.errors import AlphabetSizeMismatchError, SpecRefusedError
+from secure_release.curator.errors import AlphabetSizeMismatchError, ReleaseRefusedError, SpecRefusedError
 from secure_release.curator.leader import LeaderState
 from secure_release.curator.waits import Deadline, retry_until
+from secure_release.infra.exitcodes import REFUSED, exit_code_for, is_refusal
 from secure_release.infra.logs import EventLog, peak_rss_mib
 from secure_release.infra.streams import AgreementError, agreement_from_chunks, tag_chunks
 from secure_release.infra.tls import secure_channel
@@ -161,7 +163,33 @@ def follow_leader(
             per_call_s=AGREEMENT_CALL_S,
         )
     except grpc.RpcError as exc:
+        if exit_code_for(exc) == REFUSED or is_refusal(exc.details() or ""):
+            raise ReleaseRefusedError(f"the leader {leader} refused: {exc.code().name}: {exc.details()}") from None
         raise AgreementError(f"the leader {leader} refused: {exc.code().name}: {exc.details()}") from None
+    finally:
+        channel.close()
+
+
+def report_failure_to_leader(config: CuratorConfig, reason: str, log: EventLog, seconds: float = 5.0) -> None:
+    """A follower that cannot take part (it failed before the agreement) tells the leader, which
+    fails the release for every party at once with ``reason`` (best effort, a few seconds: a
+    leader that cannot be reached learns it at its own deadline)."""
+    if config.leader or config.leader_address is None:
+        return
+    leader = config.curators[0]
+    channel = secure_channel(config.leader_address, config.certs, config.name, config.insecure,
+                             role="curator", peer_role="curator", peer_name=leader)  # fmt: skip
+    try:
+        chunk = pb.TagChunk(release_id=config.release_id, curator=config.name, last=True, failure=reason)
+
+        def send(timeout: float) -> None:
+            pb_grpc.CuratorStub(channel).SubmitTags(iter([chunk]), timeout=timeout)
+
+        retry_until(send, f"the leader {leader} at {config.leader_address} to hear our failure",
+                    Deadline(seconds, threading.Event()), log, per_call_s=seconds)  # fmt: skip
+        log("failure_reported", leader=config.leader_address)
+    except (grpc.RpcError, SecureReleaseError) as exc:
+        log.warning("failure_unreported", leader=config.leader_address, error=f"{type(exc).__name__}: {exc}")
     finally:
         channel.close()
 

@@ -21,16 +21,16 @@ from secure_release.curator.commands import (
 from secure_release.curator.config import DEFAULT_KEY_RETENTION_S, POSITIONS_PATH_REFUSAL
 from secure_release.curator.keystore import KeystoreError, TableChangedError
 from secure_release.curator.table import BadRowsError, SchemaFileError
+from secure_release.infra import metrics
 from secure_release.infra.config import ConfigError, apply_env_and_config, subcommand_parser
 from secure_release.infra.entry import run_main
 from secure_release.infra.exitcodes import USAGE
-from secure_release.infra.logs import setup_logging
+from secure_release.infra.logs import add_log_format_flag, pop_log_format, setup_logging
 from secure_release.mechanism.errors import (
     InvalidNameError,
     NonFiniteInputError,
     UnknownCipherError,
 )
-from secure_release.mechanism.ledger import NoBudgetError
 from secure_release.mechanism.spec import DEFAULT_MAX_EPSILON
 
 #: Errors in what the operator gave (flags, files, keystore): exit code 2.
@@ -41,7 +41,6 @@ USAGE_ERRORS = (
     InvalidNameError,
     NonFiniteInputError,
     UnknownCipherError,
-    NoBudgetError,
     KeystoreError,
     TableChangedError,
     OSError,
@@ -56,8 +55,9 @@ How a release runs:
      refused and aborted for everybody), samples the same m rows, persists pad and sample, adds
      the pad, uploads what the server lacks and commits; a restart resumes where it stopped;
   4. once the server seals the release the reservation is committed (an abort refunds it), and
-     the curator serves its pad key to the researchers it granted (--grant) until the key
-     retention ends (--key-retention) or SIGTERM.
+     the curator serves its pad key to the researchers it granted (--grant); it exits 0 once
+     each of them stored its result and acknowledged the key, or when the key retention ends
+     (--key-retention, the upper bound), or on SIGTERM; --serve-until-stopped keeps serving.
 
 The budget is set beforehand, never per run, per data set (--dataset, default the --data file's
 name; a refreshed table under the same name spends from the same budget); --certs/--name sign the
@@ -66,8 +66,8 @@ ledger's head and --server carries over what the server's witness knows was spen
       --certs certs --name alice --server 127.0.0.1:7000
 
 Exit codes: 0 released (keys served), 1 the release failed or was aborted (the reason is printed
-and recorded at the server), 2 a usage, config or input error, 3 refused (e.g. the budget does
-not cover the release).
+and recorded at the server), 2 a usage, config or input error, 3 refused (no budget set, or the
+budget does not cover the release), at this curator or at any other party of the release.
 
 Example (two terminals; certificates from 'secure-release pki init certs', one directory per party, the key from
 'secure-release keygen alignment align.key', schemas from 'secure-release schema draft'; the
@@ -128,10 +128,12 @@ forgets the table key).
 def build_parser() -> argparse.ArgumentParser:
     """The curator's command line (``run``, ``store-table``, ``budget``, ``release``, ``table``)."""
     parser = argparse.ArgumentParser(
-        prog="python -m secure_release.curator",
+        prog="secure-release-curator",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    add_log_format_flag(parser)
+    metrics.add_metrics_flag(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     add_budget_parser(sub)
     add_release_parser(sub)
@@ -180,7 +182,7 @@ def add_run_arguments(p: argparse.ArgumentParser, storing: bool) -> None:
     if storing:
         p.set_defaults(release_id=None, epsilon=None, m=None, cipher="chacha20", sampling="seed",
                        researcher="researcher", grant=[], key_retention=DEFAULT_KEY_RETENTION_S,
-                       exit_after_keys=False, key_path="rekeyed")  # fmt: skip
+                       exit_after_keys=False, serve_until_stopped=True, key_path="rekeyed")  # fmt: skip
     else:
         r.add_argument("--release-id", help="release identifier, the same at every curator (e.g. r1)")
         r.add_argument("--epsilon", type=float, help="privacy level epsilon > 0 of this release")
@@ -279,10 +281,13 @@ def add_run_arguments(p: argparse.ArgumentParser, storing: bool) -> None:
     )
     if not storing:
         n.add_argument(
-            "--exit-after-keys",
+            "--serve-until-stopped",
             action="store_true",
-            help="exit once every granted researcher fetched the key (default: serve until SIGTERM)",
+            help="keep serving the key after every granted researcher acknowledged it, until SIGTERM or "
+            "the key retention ends (default: exit 0 once every granted researcher stored its result "
+            "and acknowledged the key)",
         )
+        n.add_argument("--exit-after-keys", action="store_true", help="(the default now; kept for old scripts)")
     t = p.add_argument_group("testing only (need SECURE_RELEASE_TESTING=1)")
     t.add_argument("--insecure-test-seed", help=argparse.SUPPRESS)
     t.add_argument("--insecure-test-pad-key", help=argparse.SUPPRESS)
@@ -297,14 +302,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
 
     def body() -> int:
-        if argv and argv[0] in ("run", "store-table"):
-            apply_env_and_config(subcommand_parser(parser, argv[0]), argv[1:])
-        args = parser.parse_args(argv)
+        rest, log_format = pop_log_format(argv)
+        rest, metrics_address = metrics.pop_metrics_listen(rest)
+        if rest and rest[0] in ("run", "store-table"):
+            apply_env_and_config(subcommand_parser(parser, rest[0]), rest[1:])
+        args = parser.parse_args(rest)
         commands = ("run", "store-table", "budget", "release", "table")
         if args.command not in commands or getattr(args, "action", "") is None:
             parser.print_help()
             return USAGE
-        setup_logging()
+        setup_logging(log_format=log_format)
+        metrics.start_metrics(metrics_address, "curator")
         return _dispatch(args)
 
     return run_main("secure-release-curator", body, usage_errors=USAGE_ERRORS)

@@ -36,6 +36,7 @@ from secure_release.curator.ledgerfile import LedgerFile, file_fingerprint
 from secure_release.curator.ledgersign import HeadSigner
 from secure_release.curator.witness import BudgetWitness, carry_over
 from secure_release.infra.config import ConfigError, require
+from secure_release.infra.fileio import require_file
 from secure_release.infra.tls import secure_channel
 from secure_release.mechanism.accounting import AccountingPolicy, pld_policy
 from secure_release.mechanism.ledger import NoBudgetError, PrivacyLedger
@@ -111,6 +112,8 @@ def _dataset(args: argparse.Namespace) -> tuple[str, str]:
     """(data set, fingerprint of the table file or "") of ``--dataset``, ``--data`` or ``--table-id``."""
     if args.data and getattr(args, "table_id", None):
         raise ConfigError("give at most one of --data FILE or --table-id ID")
+    if args.data and not Path(args.data).is_dir():
+        require_file(args.data, "--data")  # a typo is named, never taken as a new data set
     fingerprint = file_fingerprint(args.data) if args.data and Path(args.data).is_file() else ""
     if args.dataset:
         return check_name(args.dataset, "--dataset"), fingerprint

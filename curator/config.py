@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from secure_release.infra.config import ConfigError, require, split_address, testing_enabled
+from secure_release.infra.fileio import require_dir, require_file
 from secure_release.mechanism.accounting import check_epsilon
 from secure_release.mechanism.errors import UnknownCipherError
 from secure_release.mechanism.keys import AlignmentKey, PadKey, Seed
@@ -82,7 +83,7 @@ class CuratorConfig:
     port_file: str | None
     insecure: bool
     timeout: float
-    exit_after_keys: bool
+    exit_after_keys: bool  # exit once every granted researcher acknowledged the key (not --serve-until-stopped)
     alignment_key: AlignmentKey | None  # None only with --alignment psi (no shared key needed)
     key_retention: float = DEFAULT_KEY_RETENTION_S  # seconds keys are served after sealing
     max_rows: int = 1 << 24  # leader: tags a follower may send (as --max-rows)
@@ -181,7 +182,7 @@ def _alignment_key(args: argparse.Namespace, mode: AlignmentMode) -> AlignmentKe
     if mode is AlignmentMode.PSI:
         return None
     if args.alignment_key_file:
-        return AlignmentKey.from_hex(Path(args.alignment_key_file).read_text().strip())
+        return AlignmentKey.from_hex(require_file(args.alignment_key_file, "--alignment-key-file").read_text().strip())
     env = os.environ.get(ALIGNMENT_KEY_ENV, "").strip()
     if env:
         return AlignmentKey.from_hex(env)
@@ -269,7 +270,12 @@ def config_from_args(args: argparse.Namespace, storing: bool = False) -> Curator
         require(args, *REQUIRED)
     if not args.insecure:
         require(args, "certs")
+        require_dir(args.certs, "--certs")
     check_config_file(args.config)
+    if getattr(args, "data", None) and not getattr(args, "query", None):
+        require_file(args.data, "--data")
+    if getattr(args, "schema", None):
+        require_file(args.schema, "--schema")
     test_seed, test_pad_key, test_psi_key = _test_secrets(args)
     test_table_key = _test_table_key(args)
     plain = not (server_sampled or storing)
@@ -314,7 +320,7 @@ def config_from_args(args: argparse.Namespace, storing: bool = False) -> Curator
         port_file=args.port_file,
         insecure=bool(args.insecure),
         timeout=_positive(args.timeout, "--timeout"),
-        exit_after_keys=bool(args.exit_after_keys),
+        exit_after_keys=not bool(getattr(args, "serve_until_stopped", False)),
         alignment_key=None if server_sampled else _alignment_key(args, alignment),
         key_retention=_positive(args.key_retention, "--key-retention"),
         max_rows=_max_rows(args.max_rows),

@@ -7,6 +7,13 @@ from secure_release.infra.streams import AgreementError  # the agreement stream'
 from secure_release.mechanism.errors import ErrorKind, SecureReleaseError
 
 
+class ReleaseRefusedError(AgreementError):
+    """A party refused the release (its budget, a permission, a bound): every party exits 3
+    (refused), with the refusing party's reason."""
+
+    kind = ErrorKind.PERMISSION_DENIED
+
+
 class SpecRefusedError(AgreementError):
     """This curator refuses the leader's spec (it differs from its own settings); ``spec`` is the
     leader's spec, which the curator joins at the server only to abort it visibly."""
@@ -73,6 +80,13 @@ class ReleaseAbortedError(SecureReleaseError):
     server and shown to every party."""
 
     kind = ErrorKind.FAILED_PRECONDITION
+
+
+class ReleaseAbortedAsRefusedError(ReleaseAbortedError):
+    """The release was aborted because a party refused it (the server's recorded reason says
+    so): exit 3 (refused), as at the refusing party."""
+
+    kind = ErrorKind.PERMISSION_DENIED
 
 
 

@@ -17,8 +17,10 @@ from secure_release.curator.errors import (
     AlphabetSizeMismatchError,
     PsiLimitError,
     PsiMismatchError,
+    ReleaseRefusedError,
 )
 from secure_release.curator.keystore import tags_digest
+from secure_release.infra.exitcodes import is_refusal
 from secure_release.infra.streams import AgreementError, CallerNotAllowedError, PsiStreamError
 from secure_release.mechanism.alignment import RowOrder, SortedTags, TagArray, align_all
 from secure_release.mechanism.errors import SecureReleaseError
@@ -136,7 +138,7 @@ class LeaderState:
             )
         with self.cond:
             if self.error is not None:
-                raise AgreementError(self.error)
+                raise self._failure()
             if hop > 1 and self.psi_counts.get(owner) != count:
                 error = PsiStreamError(
                     f"the PSI list of {owner!r} has {self.psi_counts.get(owner)} points, "
@@ -193,7 +195,7 @@ class LeaderState:
         with self.cond:
             self.cond.wait_for(lambda: self.error is not None or (owner, hop) in self.psi_lists, timeout)
             if self.error is not None:
-                raise AgreementError(self.error)
+                raise self._failure()
             return self.psi_lists.get((owner, hop))
 
     def restore(
@@ -276,7 +278,7 @@ class LeaderState:
         digest = tags_digest(tags)  # outside the lock: SHA-256 of 160 MB at 10^7 ids takes ~0.3 s
         with self.cond:
             if self.error is not None:
-                raise AgreementError(self.error)
+                raise self._failure()
             try:
                 size = self._checked_size(curator, alphabet_size)
             except AlphabetSizeMismatchError as exc:
@@ -311,7 +313,7 @@ class LeaderState:
                 if self.error is None:
                     missing = sorted(set(self.curators) - set(self.tags))
                     self._fail(f"timed out after {timeout:g} s waiting for the tags of {missing}")
-                raise AgreementError(self.error)
+                raise self._failure()
         return self.agree()
 
     def _matched_lists(self) -> list[TagArray]:
@@ -364,13 +366,19 @@ class LeaderState:
         with self.cond:
             self.cond.wait_for(lambda: self.published or self.error is not None, timeout)
             if self.error is not None:
-                raise AgreementError(self.error)
+                raise self._failure()
             return self.agreement if self.published else None
 
     def fail(self, message: str) -> None:
         """Fail the agreement: every waiting follower is told ``message``."""
         with self.cond:
             self._fail(message)
+
+    def _failure(self) -> SecureReleaseError:
+        """The error the failed agreement is reported as: a refusal (exit 3 at every party)
+        when the reason records one, else :class:`AgreementError`."""
+        assert self.error is not None
+        return ReleaseRefusedError(self.error) if is_refusal(self.error) else AgreementError(self.error)
 
     def _fail(self, message: str) -> None:
         self.error = self.error or message

@@ -18,18 +18,21 @@ the failure for a while, and the reservation is refunded once the server confirm
 from __future__ import annotations
 
 import contextlib
+import json
 import signal
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
 
-from secure_release.curator.agreement import agree, leader_state, own_alignment
+from secure_release.curator.agreement import agree, leader_state, own_alignment, report_failure_to_leader
 from secure_release.curator.config import CuratorConfig
-from secure_release.curator.errors import ReleaseAbortedError, SpecRefusedError
+from secure_release.curator.errors import ReleaseAbortedError, ReleaseRefusedError, SpecRefusedError
 from secure_release.curator.keystore import Keystore, ReleaseRecord
 from secure_release.curator.leader import LeaderState
 from secure_release.curator.ledgerfile import file_fingerprint
@@ -38,8 +41,11 @@ from secure_release.curator.service import SERVICE_NAME, CuratorService
 from secure_release.curator.table import EncodedTable, TableSpec, load_schema, raise_repeats, read_table
 from secure_release.curator.upload import ServerLink
 from secure_release.curator.witness import BudgetWitness
+from secure_release.infra import metrics
 from secure_release.infra.config import ConfigError, write_port_file
 from secure_release.infra.entry import stop_on_signals
+from secure_release.infra.exitcodes import refusal_reason
+from secure_release.infra.fileio import atomic_write
 from secure_release.infra.health import add_health_and_reflection
 from secure_release.infra.logs import EventLog, peak_rss_mib
 from secure_release.infra.memory import release_free_memory
@@ -96,7 +102,10 @@ def load_table(
     the caller finds repeated ids in its own tag sort (:func:`hashed_tags`)."""
     spec = spec or own_schema(config)
     table = read_table(config.data, spec, query=config.query, check_repeats=check_repeats)
-    log("table_loaded", rows=table.num_rows, alphabet_size=spec.schema.alphabet_size, peak_rss_mib=peak_rss_mib())
+    preprocessing = [d for d in (a.describe() for a in spec.schema.attributes) if d]
+    extra: dict[str, Any] = {"preprocessing": preprocessing} if preprocessing else {}
+    log("table_loaded", rows=table.num_rows, alphabet_size=spec.schema.alphabet_size, peak_rss_mib=peak_rss_mib(),
+        **extra)
     return table
 
 
@@ -158,7 +167,7 @@ def settle(config: CuratorConfig, keystore: Keystore, sealed: bool, log: EventLo
 
 def start_server(config: CuratorConfig, service: CuratorService, log: EventLog) -> grpc.Server:
     """The Curator service with health and reflection, listening (port written if asked)."""
-    server = make_grpc_server(insecure=config.insecure)
+    server = make_grpc_server(insecure=config.insecure, interceptors=metrics.interceptors())
     pb_grpc.add_CuratorServicer_to_server(service, server)
     add_health_and_reflection(server, [SERVICE_NAME])
     port = bind(server, config.listen_host, config.listen_port, config.certs, config.name, config.insecure)
@@ -249,7 +258,7 @@ def setup_release(run: Run) -> ReleaseRecord:
         agreement = agree(config, run.own.tags, run.own.alphabet_size, run.state, run.log, deadline)
     except SpecRefusedError as exc:
         if run.state is None:
-            refuse_visibly(run, exc.spec, f"{config.name} refuses the agreed spec: {exc}")
+            refuse_visibly(run, exc.spec, f"{config.name} refuses the agreed spec: {exc}")  # a mismatch: exit 1
         raise
     if run.state is not None:
         psi_own = run.own.tags if config.alignment is AlignmentMode.PSI else None
@@ -260,8 +269,7 @@ def setup_release(run: Run) -> ReleaseRecord:
         reserve(config, run.keystore, run.own.fingerprint, sample_fingerprint(agreement), run.log, run.witness)
     except SecureReleaseError as exc:
         if run.state is None:
-            reason = f"{config.name} cannot reserve its budget: {type(exc).__name__}: {exc}"
-            refuse_visibly(run, agreement.base.spec, reason)
+            refuse_visibly(run, agreement.base.spec, refusal_reason(exc, f"{config.name} cannot reserve its budget"))
         raise
     if run.state is not None:  # followers may align while the leader prepares its own part
         run.link.register(agreement.base.spec)
@@ -301,11 +309,11 @@ def abort_and_settle(
     server with the reason, then refund once the server confirms ABORTED or never knew the
     release (the record is dropped, so a restart cannot resume it); a release that sealed after
     all is left to commit, and an unknown outcome keeps the reservation."""
-    reason = f"{type(exc).__name__}: {exc}"
     reserved = config.release_id in keystore.ledger.read().releases()
     if not (reserved or isinstance(exc, ReleaseAbortedError)):
         return
-    status, unknown = link.abort(reason if isinstance(exc, ReleaseAbortedError) else f"{config.name}: {reason}")
+    passed_on = isinstance(exc, ReleaseAbortedError | ReleaseRefusedError)  # another party's reason
+    status, unknown = link.abort(str(exc) if passed_on else refusal_reason(exc, config.name))
     if status is not None and status.state in (pb.RELEASE_STATE_SEALED, pb.RELEASE_STATE_PERTURBED):
         log.warning("sealed_after_all", release_id=config.release_id)
     elif (status is not None and status.state == pb.RELEASE_STATE_ABORTED) or unknown:
@@ -325,7 +333,7 @@ def fail_release(run: Run, exc: Exception) -> None:
     confirms ABORTED, or the server never knew the release (the record is then dropped, so a
     restart cannot resume it)."""
     config = run.config
-    reason = f"{type(exc).__name__}: {exc}"
+    reason = refusal_reason(exc, config.name)
     if run.state is not None:
         run.state.fail(reason)
     abort_and_settle(config, run.keystore, run.link, run.log, exc)
@@ -333,26 +341,96 @@ def fail_release(run: Run, exc: Exception) -> None:
         run.state.wait_all_told(min(LINGER_S, config.timeout))
 
 
+PROBE_S = 3.0
+
+
+def probe_server(config: CuratorConfig, log: EventLog) -> None:
+    """Say within seconds if the release server at --server cannot be reached (a typo in the
+    address shows at once, not at the end of --timeout); the run itself goes on and retries."""
+    from secure_release.infra.tls import secure_channel
+
+    try:
+        channel = secure_channel(config.server, config.certs, config.name, config.insecure, role="curator",
+                                 peer_role="server")  # fmt: skip
+    except Exception as exc:  # a note only: the run reports the error itself
+        log.warning("server_unreachable", server=config.server, error=type(exc).__name__)
+        return
+    try:
+        grpc.channel_ready_future(channel).result(timeout=PROBE_S)
+    except grpc.FutureTimeoutError:
+        log.warning("server_unreachable", server=config.server,
+                    note=f"cannot reach the release server at {config.server} (--server) after {PROBE_S:g} s; "
+                         "check the address; retrying until --timeout")  # fmt: skip
+    finally:
+        channel.close()
+
+
+def _acks_file(config: CuratorConfig) -> Path | None:
+    """Where this release's key acknowledgements are kept (None without a keystore)."""
+    keystore = getattr(config, "keystore", None)
+    if keystore is None or not Path(keystore).is_dir():
+        return None
+    return Path(keystore) / f"acknowledged-{config.release_id}.json"
+
+
+def fail_before_agreement(
+    config: CuratorConfig, state: LeaderState | None, log: EventLog, exc: SecureReleaseError
+) -> None:
+    """A curator that fails before the agreement stops every party at once: a follower tells
+    the leader; the leader fails its agreement and keeps answering until every follower was told
+    (a few seconds at most), so none waits for its --timeout."""
+    reason = refusal_reason(exc, config.name)
+    if state is None:
+        report_failure_to_leader(config, reason, log)
+        return
+    state.fail(reason)
+    state.wait_all_told(min(LINGER_S, config.timeout))
+
+
 def serve_keys(run: Run, record: ReleaseRecord, stop: threading.Event) -> None:
-    """Serve the key to the granted researchers until the key retention ends, SIGTERM, or
-    (--exit-after-keys) every granted researcher fetched it."""
-    config = run.config
-    run.service.add_release(config.release_id, record.pad, config.grants)
+    """Serve the key to the granted researchers until every one acknowledged it (it stored its
+    result durably; a fetch alone is not enough), the key retention ends, or SIGTERM; with
+    --serve-until-stopped only the last two end it."""
+    serve_until_acknowledged(run.config, run.service, run.log, record, stop)
+
+
+def serve_until_acknowledged(
+    config: CuratorConfig, service: CuratorService, log: EventLog, record: ReleaseRecord, stop: threading.Event
+) -> None:
+    """The key-serving wait of :func:`serve_keys` (shared with server-side sampling). The
+    acknowledgements are kept in the keystore (``acknowledged-<release>.json``), so a curator
+    restarted after a researcher acknowledged does not wait for it again."""
+    service.add_release(config.release_id, record.pad, config.grants)
+    acks = _acks_file(config)
+    saved: set[str] = set()
+    if acks is not None and acks.exists():
+        saved = set(json.loads(acks.read_text(encoding="utf-8"))) & set(config.grants)
+        service.keys[config.release_id].acknowledged.update(saved)
     until = record.retention_until or time.time()
-    run.log(
+    waiting = ", ".join(service.unacknowledged(config.release_id)) or "nobody"
+    stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(until))
+    finish = "until each acknowledges it or" if config.exit_after_keys else "until"
+    log(
         "serving_keys",
         release_id=config.release_id,
         grants=sorted(config.grants),
         retention_s=round(until - time.time(), 1),
+        note=f"serving the key to {waiting} {finish} {stamp}, Ctrl-C to stop",
     )
     while not stop.is_set() and time.time() < until:
-        if config.exit_after_keys and run.service.wait_keys_served(config.release_id, timeout=POLL_S):
-            run.log("keys_served", release_id=config.release_id)
+        now = set(service.keys[config.release_id].acknowledged)
+        if acks is not None and now != saved:
+            atomic_write(acks, json.dumps(sorted(now)).encode("utf-8"))
+            saved = now
+        if config.exit_after_keys and service.wait_keys_acknowledged(config.release_id, timeout=POLL_S):
+            if acks is not None and set(service.keys[config.release_id].acknowledged) != saved:
+                atomic_write(acks, json.dumps(sorted(service.keys[config.release_id].acknowledged)).encode("utf-8"))
+            log("keys_acknowledged", release_id=config.release_id, note="every granted researcher stored its result")
             return
         if not config.exit_after_keys:
             stop.wait(min(POLL_S, max(0.0, until - time.time())))
     if not stop.is_set():
-        run.log("key_retention_ended", release_id=config.release_id)
+        log("key_retention_ended", release_id=config.release_id)
 
 
 def stop_on_sigterm() -> threading.Event:
@@ -468,11 +546,20 @@ def run(config: CuratorConfig) -> int:
     were served; a failed or aborted release raises (after telling every party)."""
     log = EventLog("curator", config.name)
     stop = stop_on_sigterm()
-    opened = open_service(config, log)
+    try:
+        opened = open_service(config, log)
+    except SecureReleaseError as exc:  # a wrong schema: the leader (if we follow) stops everybody now
+        report_failure_to_leader(config, refusal_reason(exc, config.name), log)
+        raise
     server = start_server(config, opened.service, log)  # listening before the table is read
+    threading.Thread(target=probe_server, args=(config, log), daemon=True).start()
     parts: Run | None = None
     try:
-        parts, record = open_run(config, log, stop, opened)
+        try:
+            parts, record = open_run(config, log, stop, opened)
+        except SecureReleaseError as exc:  # bad rows, a table that changed: every party stops at once
+            fail_before_agreement(config, opened.state, log, exc)
+            raise
         try:
             if record is None:
                 record = setup_release(parts)
@@ -485,7 +572,16 @@ def run(config: CuratorConfig) -> int:
             fail_release(parts, exc)
             raise
         record = parts.keystore.set_retention(record, time.time() + config.key_retention)
+        spec = record.spec
+        left = parts.keystore.ledger.read().remaining(parts.own.fingerprint)
+        left_text = f"{left:g}" if left is not None else "?"
+        to = ", ".join(config.grants) or "nobody"
+        log("released", release_id=config.release_id, n=spec.n, m=spec.m, epsilon=spec.plan.epsilon, budget_left=left,
+            dataset=config.dataset,
+            note=f"released {config.release_id}: n={spec.n}, m={spec.m}; epsilon {spec.plan.epsilon:g} spent, "
+                 f"{left_text} left on data set {config.dataset}; the result goes to {to}")  # fmt: skip
         serve_keys(parts, record, stop)
+        log("finished", release_id=config.release_id, note=f"done: {config.release_id} released, exiting 0")
         return 0
     finally:
         if parts is not None:

@@ -18,9 +18,10 @@ release, and this curator's grants. Every refusal is logged and sent as a named 
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import NoReturn
 
@@ -66,6 +67,7 @@ class KeyRecord:
     pad: ReleasePad
     grants: frozenset[str]
     served: set[str] = field(default_factory=set)
+    acknowledged: set[str] = field(default_factory=set)  # stored their result: the key is no longer needed
 
 
 def _wait_seconds(context: grpc.ServicerContext) -> float:
@@ -115,8 +117,12 @@ class CuratorService(pb_grpc.CuratorServicer):
             return self.max_tag_bytes
 
         state: LeaderState | None = None
+        first = next(iter(request_iterator), None)
+        if first is not None and first.failure:
+            return self._follower_failed(first, ident.name, str(ident), admit, context)
+        chunks = itertools.chain([first] if first is not None else [], request_iterator)
         try:
-            got = read_tag_stream(request_iterator, ident.name, admit)
+            got = read_tag_stream(chunks, ident.name, admit)
             state = self._leading_for(got.release_id, ident.name)
             state.add_tags(ident.name, got.tags, got.alphabet_size, got.alignment)
         except SecureReleaseError as exc:
@@ -129,6 +135,25 @@ class CuratorService(pb_grpc.CuratorServicer):
             alphabet_size=state.sizes.get(ident.name, got.alphabet_size),
         )
         return pb.SubmitTagsResponse(release_id=got.release_id, tags_received=int(got.tags.size))
+
+    def _follower_failed(
+        self, chunk: pb.TagChunk, name: str, who: str, admit: Callable[[str], int], context: grpc.ServicerContext
+    ) -> pb.SubmitTagsResponse:
+        """A follower cannot take part (it failed before the agreement): fail the agreement for
+        every party at once with its reason."""
+        state: LeaderState | None = None
+        try:
+            if chunk.curator != name:
+                raise CallerNotAllowedError(f"certificate name {name!r} may not report for {chunk.curator!r}")
+            admit(chunk.release_id)
+            state = self._leading_for(chunk.release_id, name)
+        except SecureReleaseError as exc:
+            self._refuse(context, "tags_refused", who, name, state, exc)
+        reason = chunk.failure[:2000]
+        self.log.warning("curator_failed", release_id=chunk.release_id, curator=name, reason=reason)
+        state.fail(reason)
+        state.mark_told(name)
+        return pb.SubmitTagsResponse(release_id=chunk.release_id, tags_received=0)
 
     def _asked_by(self, release_id: str, curator: str, certificate_name: str) -> LeaderState:
         """The leader state of ``release_id`` for a call made as ``curator``, which must be the
@@ -241,6 +266,25 @@ class CuratorService(pb_grpc.CuratorServicer):
                     return False
                 self.keys_served.wait(left if left is not None else 1.0)
 
+    def wait_keys_acknowledged(self, release_id: str, timeout: float | None = None) -> bool:
+        """Block until every granted researcher acknowledged this release's key, i.e. stored
+        its result durably (False on timeout)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self.keys_served:
+            while True:
+                rec = self.keys.get(release_id)
+                if rec is not None and rec.grants <= rec.acknowledged:
+                    return True
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self.keys_served.wait(left if left is not None else 1.0)
+
+    def unacknowledged(self, release_id: str) -> list[str]:
+        """The granted researchers that have not acknowledged the key yet."""
+        rec = self.keys.get(release_id)
+        return [] if rec is None else sorted(rec.grants - rec.acknowledged)
+
     def hold_key(self, release_id: str, why: str) -> None:
         """Answer key requests for ``release_id`` with UNAVAILABLE (``why``) until it is added."""
         self.pending[release_id] = why
@@ -275,3 +319,19 @@ class CuratorService(pb_grpc.CuratorServicer):
         with self.keys_served:
             rec.served.add(ident.name)
             self.keys_served.notify_all()
+
+    def AcknowledgeKey(self, request: pb.KeyAck, context: grpc.ServicerContext) -> pb.KeyAckResponse:  # noqa: N802
+        """A granted researcher stored its result durably: it needs this key no more
+        (idempotent; logged)."""
+        ident = caller(context)
+        try:
+            rec = self._granted_record(request.release_id, ident.name)
+        except SecureReleaseError as exc:
+            self.log.warning("ack_refused", release_id=request.release_id, caller=str(ident), reason=type(exc).__name__)
+            abort_with(context, exc)
+        with self.keys_served:
+            rec.acknowledged.add(ident.name)
+            done = rec.grants <= rec.acknowledged
+            self.keys_served.notify_all()
+        self.log("key_acknowledged", release_id=request.release_id, caller=str(ident), all_acknowledged=done)
+        return pb.KeyAckResponse(all_acknowledged=done)

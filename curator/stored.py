@@ -44,6 +44,7 @@ from secure_release.curator.runner import (
     load_table,
     open_keystore,
     own_schema,
+    serve_until_acknowledged,
     settle,
     start_server,
     stop_on_sigterm,
@@ -60,6 +61,7 @@ from secure_release.curator.upload import (
 from secure_release.curator.waits import TRANSIENT, Deadline, retry_until
 from secure_release.curator.witness import BudgetWitness
 from secure_release.infra.config import ConfigError
+from secure_release.infra.exitcodes import refusal_reason
 from secure_release.infra.logs import EventLog
 from secure_release.infra.streams import ServerSample, TableDeclaration, sample_from_chunks, table_chunks
 from secure_release.mechanism.errors import ErrorKind, SecureReleaseError
@@ -268,7 +270,7 @@ def fetch_sample(run: StoredRun, spec: ReleaseSpec) -> ServerSample:
 def refuse(run: StoredRun, spec: ReleaseSpec, exc: SecureReleaseError) -> None:
     """This curator's ledger refuses: join the release at the server and abort it with the reason
     (everyone polling its status stops)."""
-    reason = f"{run.config.name} cannot reserve its budget: {type(exc).__name__}: {exc}"
+    reason = refusal_reason(exc, f"{run.config.name} cannot reserve its budget")
     with contextlib.suppress(SecureReleaseError, grpc.RpcError):
         run.link.register(spec)
     run.link.abort(reason)
@@ -297,7 +299,7 @@ def prepare_stored(run: StoredRun, spec: ReleaseSpec) -> ReleaseRecord:
             )
         )  # fmt: skip
     except SecureReleaseError as exc:  # e.g. a repeated sample: nothing reserved; everybody stops
-        run.link.abort(f"{config.name} cannot reserve its budget: {type(exc).__name__}: {exc}")
+        run.link.abort(refusal_reason(exc, f"{config.name} cannot reserve its budget"))
         raise
     witness.check(run.keystore.ledger.read(), dataset, record=True)
     run.log("ledger_reserved", release_id=config.release_id, epsilon=spec.plan.epsilon, dataset=dataset,
@@ -322,17 +324,7 @@ def fail_stored(run: StoredRun, exc: Exception) -> None:
 
 def serve_stored_keys(run: StoredRun, record: ReleaseRecord, stop: threading.Event) -> None:
     """Serve the release key to the granted researchers (as ``runner.serve_keys``)."""
-    config = run.config
-    run.service.add_release(config.release_id, record.pad, config.grants)
-    until = record.retention_until or time.time()
-    run.log("serving_keys", release_id=config.release_id, grants=sorted(config.grants),
-            retention_s=round(until - time.time(), 1))  # fmt: skip
-    while not stop.is_set() and time.time() < until:
-        if config.exit_after_keys and run.service.wait_keys_served(config.release_id, timeout=POLL_S):
-            run.log("keys_served", release_id=config.release_id)
-            return
-        if not config.exit_after_keys:
-            stop.wait(min(POLL_S, max(0.0, until - time.time())))
+    serve_until_acknowledged(run.config, run.service, run.log, record, stop)
 
 
 def _resumable(config: CuratorConfig, keystore: Keystore) -> ReleaseRecord | None:

@@ -17,8 +17,14 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress
 
 from secure_release.curator.config import CuratorConfig
-from secure_release.curator.errors import ReleaseAbortedError, UploadRefusedError, WaitTimeoutError
+from secure_release.curator.errors import (
+    ReleaseAbortedAsRefusedError,
+    ReleaseAbortedError,
+    UploadRefusedError,
+    WaitTimeoutError,
+)
 from secure_release.curator.waits import TRANSIENT, Deadline, retry_until
+from secure_release.infra.exitcodes import is_refusal
 from secure_release.infra.logs import EventLog
 from secure_release.infra.streams import upload_chunks
 from secure_release.infra.tls import secure_channel
@@ -71,6 +77,8 @@ def progress_of(status: pb.ReleaseStatus, curator: str) -> pb.CuratorProgress | 
 def raise_if_aborted(status: pb.ReleaseStatus | None) -> None:
     """:class:`ReleaseAbortedError` with the recorded reason if the release is ABORTED."""
     if status is not None and status.state == pb.RELEASE_STATE_ABORTED:
+        if is_refusal(status.abort_reason):
+            raise ReleaseAbortedAsRefusedError(f"{status.abort_reason} (release {status.release_id!r} aborted)")
         raise ReleaseAbortedError(f"release {status.release_id!r} was aborted: {status.abort_reason}")
 
 
@@ -98,7 +106,8 @@ class ServerLink(ServerChannel):
         request = pb.ReleaseStatusRequest(release_id=self.config.release_id)
         try:
             status: pb.ReleaseStatus = retry_until(
-                lambda t: self.stub.GetReleaseStatus(request, timeout=min(t, STATUS_CALL_S)), what, self.deadline
+                lambda t: self.stub.GetReleaseStatus(request, timeout=min(t, STATUS_CALL_S)),
+                f"{what} (the server at {self.config.server})", self.deadline, self.log,
             )
         except grpc.RpcError as exc:
             if exc.code() == grpc.StatusCode.NOT_FOUND:
@@ -112,7 +121,7 @@ class ServerLink(ServerChannel):
         try:
             retry_until(
                 lambda t: self.stub.RegisterPart(request, timeout=t),
-                "the server to register our part",
+                f"the server at {self.config.server} to register our part",
                 self.deadline,
                 self.log,
             )
@@ -139,7 +148,8 @@ class ServerLink(ServerChannel):
             return response
 
         try:
-            resp = retry_until(once, "the server to take our upload", self.deadline, self.log, UPLOAD_CALL_S)
+            what = f"the server at {self.config.server} to take our upload"
+            resp = retry_until(once, what, self.deadline, self.log, UPLOAD_CALL_S)
         except grpc.RpcError as exc:
             raise_if_aborted(self.status())
             raise UploadRefusedError(f"the server refused {self.config.name}'s upload: {exc.details()}") from exc
@@ -168,7 +178,7 @@ class ServerLink(ServerChannel):
         try:
             status: pb.ReleaseStatus = retry_until(
                 lambda t: self.stub.AbortRelease(request, timeout=min(t, STATUS_CALL_S)),
-                "the server to record the abort",
+                f"the server at {self.config.server} to record the abort",
                 grace,
                 self.log,
                 retry=TRANSIENT | {grpc.StatusCode.NOT_FOUND},

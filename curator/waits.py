@@ -71,6 +71,7 @@ def retry_until(
     deadline (then :class:`WaitTimeoutError` naming ``what`` and the last error)."""
     delay = FIRST_DELAY_S
     attempt = 0
+    unreachable_said = False
     while True:
         left = deadline.check(what)
         attempt += 1
@@ -85,6 +86,11 @@ def retry_until(
                     f"gave up after {deadline.seconds:g} s (--timeout) waiting for {what}; "
                     f"last answer {code.name}: {exc.details()}"
                 ) from None
+            if log is not None and code == grpc.StatusCode.UNAVAILABLE and not unreachable_said:
+                unreachable_said = True  # said at once, not after the whole --timeout
+                said = (exc.details() or "")[:200]
+                log.warning("unreachable", what=what, code=code.name,
+                            note=f"cannot reach {what} yet ({said}); retrying until --timeout")  # fmt: skip
             if log is not None and (attempt in (1, 2, 4, 8) or attempt % 16 == 0):
                 log("retry", what=what, attempt=attempt, code=code.name, delay_s=round(delay, 2))
             deadline.sleep(delay, what)

@@ -45,6 +45,7 @@ ACCESS: Mapping[str, frozenset[str]] = {
     _CU + "SubmitTags": frozenset({"curator"}),
     _CU + "GetAgreement": frozenset({"curator"}),
     _CU + "ReleaseKey": frozenset({"researcher"}),
+    _CU + "AcknowledgeKey": frozenset({"researcher"}),
     _CU + "PsiSend": frozenset({"curator"}),
     _CU + "PsiReceive": frozenset({"curator"}),
     _RE + "NotifyReady": frozenset({"server"}),

@@ -28,6 +28,27 @@ _USAGE_STATUSES = frozenset({"INVALID_ARGUMENT", "NOT_FOUND"})
 _USAGE_OS_ERRORS = (FileNotFoundError, IsADirectoryError, NotADirectoryError)
 
 
+#: How an abort reason says the release was refused (not failed): every party that reads it from
+#: the server's status exits :data:`REFUSED` too, so a refusal exits 3 at every party.
+REFUSAL_MARK = "refused: "
+
+
+def refusal_reason(exc: BaseException, who: str) -> str:
+    """The abort reason ``who`` records for ``exc``: marked as a refusal when ``exc`` is one; a
+    refusal passed on from another party keeps that party's reason."""
+    if is_refusal(str(exc)):
+        return str(exc)
+    text = f"{who}: {type(exc).__name__}: {exc}"
+    return REFUSAL_MARK + text if exit_code_for(exc) == REFUSED else text
+
+
+def is_refusal(reason: str) -> bool:
+    """Whether an abort reason records a refusal: it starts with :data:`REFUSAL_MARK`, perhaps
+    after the name of the error that carried it ("ReleaseRefusedError: refused: ...")."""
+    head, _, tail = reason.partition(": ")
+    return reason.startswith(REFUSAL_MARK) or (head.isidentifier() and tail.startswith(REFUSAL_MARK))
+
+
 def grpc_status_name(exc: BaseException) -> str | None:
     """The status name of a gRPC error (None for anything else)."""
     code = getattr(exc, "code", None)

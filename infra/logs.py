@@ -1,4 +1,9 @@
-"""One JSON-line log format for every role, and the guard that keeps secrets out of it.
+"""One JSON-line log format for every role, a readable text form for a person at a terminal,
+and the guard that keeps secrets out of both.
+
+``--log-format json|text`` (every CLI; default: text on a terminal, JSON otherwise, so compose
+and log shippers keep JSON): text prints one line per event with rich, the event's ``note``
+(a sentence for a person) when it has one, else the event and its fields.
 
 Every record is one JSON object on stderr: ``time``, ``level``, ``component``, ``party``,
 ``event`` and the event's fields. :class:`SecretFieldFilter` runs on every record: a field
@@ -11,9 +16,12 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import time
 from typing import Any, TextIO
+
+from secure_release.mechanism.errors import SecureReleaseError
 
 ROOT_LOGGER = "secure_release"
 SECRET_WORDS = ("key", "seed", "pad", "secret", "plaintext", "symbols", "password", "token")
@@ -57,10 +65,78 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, sort_keys=True)
 
 
-def setup_logging(level: str = "INFO", stream: TextIO | None = None) -> None:
-    """Send every ``secure_release.*`` logger to ``stream`` (stderr) as JSON lines."""
-    handler = logging.StreamHandler(stream or sys.stderr)
-    handler.setFormatter(JsonFormatter())
+LOG_FORMATS = ("json", "text")
+LOG_FORMAT_ENV = "SECURE_RELEASE_LOG_FORMAT"
+#: Fields the text form leaves out (the party is the line's prefix; the rest is for machines).
+_QUIET_FIELDS = frozenset({"component", "party", "note", "peak_rss_mib", "redacted"})
+
+
+class TextFormatter(logging.Formatter):
+    """One line a person reads at a glance: ``party  note`` or ``party  event words: k=v, ...``."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        fields = _fields(record)
+        who = str(fields.get("party", ""))
+        note = fields.get("note")
+        if note:
+            text = str(note)
+        else:
+            shown = ", ".join(f"{k}={v}" for k, v in fields.items() if k not in _QUIET_FIELDS)
+            text = record.getMessage().replace("_", " ") + (f": {shown}" if shown else "")
+        return f"{who:<10} {text}" if who else text
+
+
+class UnknownLogFormatError(SecureReleaseError):
+    """``--log-format`` other than json or text."""
+
+
+def pop_log_format(argv: list[str]) -> tuple[list[str], str | None]:
+    """``argv`` without ``--log-format X`` (anywhere: before or after a subcommand) and X (or
+    the environment's :data:`LOG_FORMAT_ENV`, or None: chosen by :func:`setup_logging`)."""
+    out, fmt, i = [], os.environ.get(LOG_FORMAT_ENV) or None, 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--log-format" and i + 1 < len(argv):
+            fmt, i = argv[i + 1], i + 2
+            continue
+        if arg.startswith("--log-format="):
+            fmt, i = arg.partition("=")[2], i + 1
+            continue
+        out.append(arg)
+        i += 1
+    if fmt is not None and fmt not in LOG_FORMATS:
+        raise UnknownLogFormatError(f"--log-format {fmt!r}: allowed: {', '.join(LOG_FORMATS)}")
+    return out, fmt
+
+
+def add_log_format_flag(parser: Any) -> None:
+    """Document ``--log-format`` on a CLI's top-level parser (:func:`pop_log_format` takes it
+    out of argv before parsing, so it works before or after a subcommand)."""
+    parser.add_argument(
+        "--log-format",
+        choices=LOG_FORMATS,
+        help="json (one object a line, for machines) or text (one readable line per event); "
+        f"default: text on a terminal, json otherwise (env {LOG_FORMAT_ENV})",
+    )
+
+
+def setup_logging(level: str = "INFO", stream: TextIO | None = None, log_format: str | None = None) -> None:
+    """Send every ``secure_release.*`` logger to ``stream`` (stderr): JSON lines, or readable
+    text lines (with rich) when ``log_format`` is "text" or, unset, when the stream is a terminal."""
+    target = stream or sys.stderr
+    if log_format is None:
+        log_format = "text" if target.isatty() else "json"
+    handler: logging.Handler
+    if log_format == "text":
+        from rich.console import Console
+        from rich.logging import RichHandler
+
+        handler = RichHandler(console=Console(file=target, stderr=target is sys.stderr), show_path=False,
+                              markup=False, rich_tracebacks=False, log_time_format="%H:%M:%S")  # fmt: skip
+        handler.setFormatter(TextFormatter())
+    else:
+        handler = logging.StreamHandler(target)
+        handler.setFormatter(JsonFormatter())
     handler.addFilter(SecretFieldFilter())
     root = logging.getLogger(ROOT_LOGGER)
     root.handlers[:] = [handler]

@@ -64,6 +64,10 @@ class UnknownCategoryError(SecureReleaseError):
     """A value is not one of the attribute's declared categories."""
 
 
+class InvalidBinsError(SecureReleaseError):
+    """An attribute's bins (public edges), clamp or schema fields are malformed."""
+
+
 class EmptyDomainError(SecureReleaseError):
     """An attribute, a curator or a joint alphabet has no categories."""
 

@@ -15,6 +15,7 @@ lines printed for checking the epsilon with those libraries; a test runs them.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 from secure_release.mechanism import accounting
@@ -69,17 +70,28 @@ def plan_report(plan: ReleasePlan, sum_sq: float | None = None) -> dict[str, Any
     return {**plan.report(sum_sq), "guarantee": privacy_guarantee(plan)}
 
 
-def privacy_guarantee(plan: ReleasePlan) -> dict[str, Any]:
+PREPROCESSING = (
+    "each curator maps its own values to categories before the release by public rules fixed in its "
+    "schema (bins at public edges, clamping to the outer bins, a public label for missing cells): a "
+    "fixed, data-independent map of each record, so the guarantee holds for the records as given; "
+    "the released categories describe the mapped values"
+)
+
+
+def privacy_guarantee(plan: ReleasePlan, preprocessing: Sequence[str] = ()) -> dict[str, Any]:
     """The guarantee of ``plan`` as a JSON-ready dict: epsilon, delta = 0, the privacy unit, the
     neighbouring relation, the mechanism, and its parameters in OpenDP's and dp_accounting's terms.
 
     ``epsilon`` is recomputed from (n, m, gamma) by Theorem 3.2, so it is the value the parameters
     actually give (equal to ``plan.epsilon`` up to rounding for a plan made by ``plan_release``).
+    ``preprocessing``: one sentence per attribute with public preprocessing
+    (:meth:`~mechanism.schema.Attribute.describe`); when given, the guarantee states them.
     """
     K = plan.joint_size
     local_epsilon = math.log(plan.gamma)
     epsilon = accounting.epsilon_from_gamma(plan.n, plan.m, plan.gamma)
-    return {
+    extra: dict[str, Any] = {"preprocessing": {"rule": PREPROCESSING, "attributes": list(preprocessing)}}
+    return ({} if not preprocessing else extra) | {
         "definition": guarantee_statement(),
         "statement": guarantee_statement(epsilon),
         "statistical": STATISTICAL,

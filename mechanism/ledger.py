@@ -58,9 +58,10 @@ class LedgerTamperedError(SecureReleaseError):
 
 
 class NoBudgetError(SecureReleaseError):
-    """No budget was set for this data set (or its ledger was deleted)."""
+    """No budget was set for this data set (or its ledger was deleted): the release is refused
+    (exit 3), as one past the budget is."""
 
-    kind = ErrorKind.FAILED_PRECONDITION
+    kind = ErrorKind.RESOURCE_EXHAUSTED
 
 
 class LedgerStateError(SecureReleaseError):

@@ -9,8 +9,11 @@ significant, in Z_K with K = k_1 ... k_N.
 
 from __future__ import annotations
 
+import datetime
+import itertools
+import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from math import prod
 from typing import Any
 
@@ -21,6 +24,7 @@ from secure_release.mechanism.errors import (
     AlphabetOverflowError,
     DuplicateNameError,
     EmptyDomainError,
+    InvalidBinsError,
     ShapeMismatchError,
     SymbolOutOfRangeError,
     UnknownCategoryError,
@@ -35,12 +39,79 @@ SymbolArray = npt.NDArray[np.uint32]
 CodeArray = npt.NDArray[np.int64]
 
 
+def edge_text(edge: float) -> str:
+    """A bin edge as a label writes it: an integral edge without a decimal point (2500), any
+    other in the shortest form that reads back exactly (0.25)."""
+    value = float(edge)
+    return str(int(value)) if value.is_integer() and abs(value) < 2**53 else repr(value)
+
+
+_EPOCH = datetime.date(1970, 1, 1).toordinal()
+
+
+def date_text(day: float) -> str:
+    """A day number (days since 1970-01-01) as an ISO date."""
+    return datetime.date.fromordinal(int(day) + _EPOCH).isoformat()
+
+
+def date_edges(name: str, edges: Sequence[Any]) -> tuple[float, ...] | None:
+    """ISO date edges ("2020-01-01") as day numbers since 1970-01-01, or None if they are not
+    all date strings (then they must be numbers)."""
+    if not edges or not all(isinstance(e, str) for e in edges):
+        return None
+    try:
+        return tuple(float(datetime.date.fromisoformat(e).toordinal() - _EPOCH) for e in edges)
+    except ValueError as exc:
+        raise InvalidBinsError(
+            f"attribute {name!r}: date bins are ISO dates (YYYY-MM-DD), got {list(edges)!r}"
+        ) from exc
+
+
+def bin_labels(edges: Sequence[float], dates: bool = False) -> tuple[str, ...]:
+    """The labels of the bins between ``edges``: "[a, b)" for every bin but the last, which is
+    closed: "[a, b]" (``dates``: day numbers, written as ISO dates)."""
+    texts = [date_text(e) if dates else edge_text(e) for e in edges]
+    last = len(texts) - 2
+    return tuple(f"[{texts[i]}, {texts[i + 1]}{']' if i == last else ')'}" for i in range(len(texts) - 1))
+
+
+def check_edges(name: str, edges: Sequence[float]) -> tuple[float, ...]:
+    """``edges`` as floats after checking there are at least two, all finite, strictly increasing."""
+    try:
+        values = tuple(float(e) for e in edges)
+    except (TypeError, ValueError) as exc:
+        raise InvalidBinsError(f"attribute {name!r}: bins must be numbers, got {list(edges)!r}") from exc
+    if len(values) < 2:
+        raise InvalidBinsError(f"attribute {name!r}: bins needs at least two edges (one bin), got {list(edges)!r}")
+    if not all(math.isfinite(v) for v in values):
+        raise InvalidBinsError(f"attribute {name!r}: every bin edge must be finite, got {list(edges)!r}")
+    if any(b <= a for a, b in itertools.pairwise(values)):
+        raise InvalidBinsError(f"attribute {name!r}: bin edges must be strictly increasing, got {list(edges)!r}")
+    return values
+
+
 @dataclass(frozen=True)
 class Attribute:
-    """A categorical attribute with ordered categories (the order fixes the codes)."""
+    """An attribute with ordered categories (the order fixes the codes).
+
+    Optional, public preprocessing (none of it changes the codes' meaning, which the categories
+    alone fix, so it is left out of equality):
+
+    * ``bins``: public edges e_0 < ... < e_B of a numeric attribute; a value x is in bin i when
+      e_i <= x < e_(i+1), the last bin closed, and the categories are the bins' labels "[a, b)"
+      (:func:`bin_labels`), then the missing label if any. A value outside [e_0, e_B] is refused,
+      unless ``clamp`` is set: then it is counted in the first or the last bin.
+    * ``missing``: the label of an extra, last category for empty or null cells and for the
+      tokens in ``missing_tokens`` (such as "?" or "NA"); without it, a missing value is refused.
+    """
 
     name: str
     categories: tuple[str, ...]
+    bins: tuple[float, ...] | None = field(default=None, compare=False)
+    clamp: bool = field(default=False, compare=False)
+    missing: str | None = field(default=None, compare=False)
+    missing_tokens: tuple[str, ...] = field(default=(), compare=False)
+    dates: bool = field(default=False, compare=False)  # bins are day numbers (ISO dates in the schema)
 
     def __post_init__(self) -> None:
         if not self.categories:
@@ -49,14 +120,117 @@ class Attribute:
             raise UnknownCategoryError(
                 f"attribute {self.name!r} lists a category twice; categories must be distinct"
             )
+        if self.bins is not None:
+            edges = check_edges(self.name, self.bins)
+            expected = bin_labels(edges, self.dates) + ((self.missing,) if self.missing is not None else ())
+            if self.categories != expected:
+                raise InvalidBinsError(
+                    f"attribute {self.name!r}: the categories of a binned attribute are its bins' labels "
+                    f"{list(expected)}, got {list(self.categories)}"
+                )
+        elif self.clamp:
+            raise InvalidBinsError(f"attribute {self.name!r}: clamp needs bins (public edges to clamp to)")
+        if self.missing is not None:
+            if self.missing.strip() == "" or self.missing != self.missing.strip():
+                raise UnknownCategoryError(
+                    f"attribute {self.name!r}: the missing label must be a non-empty word without "
+                    f"surrounding spaces, got {self.missing!r}"
+                )
+            if self.categories[-1] != self.missing or self.missing in self.categories[:-1]:
+                raise UnknownCategoryError(
+                    f"attribute {self.name!r}: the missing label {self.missing!r} must be the last "
+                    "category and no other category"
+                )
+            clash = sorted(set(self.missing_tokens) & set(self.categories))
+            if clash:
+                raise UnknownCategoryError(
+                    f"attribute {self.name!r}: missing token(s) {clash} are also categories; a token "
+                    "must not be a value of its own"
+                )
+        elif self.missing_tokens:
+            raise UnknownCategoryError(
+                f"attribute {self.name!r}: missing tokens {list(self.missing_tokens)} need a "
+                '"missing" label (the category they are counted in)'
+            )
+        if "" in self.categories:
+            raise UnknownCategoryError(
+                f"attribute {self.name!r}: the empty string is not a category; declare "
+                '"missing": LABEL to count empty cells under a public label'
+            )
+
+    @classmethod
+    def binned(
+        cls, name: str, edges: Sequence[Any], clamp: bool = False, missing: str | None = None,
+        missing_tokens: Sequence[str] = (),
+    ) -> Attribute:
+        """A numeric attribute binned at public ``edges`` (labels from :func:`bin_labels`); ISO
+        date strings as edges make a date attribute (binned by day)."""
+        days = date_edges(name, edges)
+        values = check_edges(name, days if days is not None else edges)
+        labels = bin_labels(values, days is not None) + ((missing,) if missing is not None else ())
+        return cls(name, labels, values, bool(clamp), missing, tuple(missing_tokens), days is not None)
+
+    def edge_label(self, edge: float) -> str:
+        """One edge as the labels write it (a number, or an ISO date)."""
+        return date_text(edge) if self.dates else edge_text(edge)
 
     @property
     def size(self) -> int:
         return len(self.categories)
 
-    def encode(self, values: Sequence[str] | npt.NDArray[np.str_]) -> npt.NDArray[np.int64]:
-        """Category indices of ``values`` (vectorized); unknown values raise with their rows."""
-        arr = np.asarray(values, dtype=str)
+    @property
+    def missing_code(self) -> int | None:
+        """The code of the missing label (the last one), or None without one."""
+        return self.size - 1 if self.missing is not None else None
+
+    def bin_codes(self, values: npt.NDArray[np.floating[Any]]) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.bool_]]:
+        """Bin index of each value (vectorized) and which values are refused: not finite, or
+        outside [e_0, e_B] without ``clamp`` (a clamped value gets the first or the last bin)."""
+        if self.bins is None:
+            raise InvalidBinsError(f"attribute {self.name!r} has no bins")
+        inner = np.asarray(self.bins[1:-1], dtype=np.float64)
+        codes = np.searchsorted(inner, values, side="right")  # e_B itself falls in the last bin
+        # NaN fails both comparisons; a clamped value needs only to be finite
+        bad = ~np.isfinite(values) if self.clamp else ~((values >= self.bins[0]) & (values <= self.bins[-1]))
+        return codes, np.asarray(bad)
+
+    def describe(self) -> str | None:
+        """One sentence on this attribute's public preprocessing, or None if it has none."""
+        parts: list[str] = []
+        if self.bins is not None:
+            lo, hi = self.edge_label(self.bins[0]), self.edge_label(self.bins[-1])
+            parts.append(f"{self.name} binned at public edges {[self.edge_label(e) for e in self.bins]}")
+            if self.clamp:
+                parts.append(
+                    f"clamped: a value below {lo} is counted in {self.categories[0]} and one above {hi} "
+                    f"in {self.categories[len(self.bins) - 2]}, so those bins hold values outside their "
+                    "labels (a fixed, data-independent map of each record: the guarantee is unchanged)"
+                )
+            else:
+                parts.append(f"values outside [{lo}, {hi}] refused")
+        if self.missing is not None:
+            tokens = f" and the tokens {list(self.missing_tokens)}" if self.missing_tokens else ""
+            parts.append(f"{self.name}: empty cells{tokens} counted as {self.missing!r}")
+        return "; ".join(parts) if parts else None
+
+    def encode(self, values: Sequence[str] | npt.NDArray[Any]) -> npt.NDArray[np.int64]:
+        """Category indices of ``values`` (vectorized); unknown values raise with their rows.
+        A binned attribute also takes numbers (binned at its edges); a missing label counts empty
+        cells, NaN/None and its missing tokens."""
+        raw = np.asarray(values)
+        if self.bins is not None and raw.dtype.kind in "iuf":
+            numbers = raw.astype(np.float64)
+            codes, bad = self.bin_codes(numbers)
+            if self.missing is not None:
+                nan = np.isnan(numbers)
+                codes[nan], bad = self.size - 1, bad & ~nan
+            self._refuse(np.flatnonzero(bad), numbers, "outside the bins " + self._range_text())
+            return codes.astype(np.int64)
+        if raw.dtype == object:
+            raw = np.asarray(["" if v is None or (isinstance(v, float) and math.isnan(v)) else v for v in raw.tolist()])
+        arr = raw.astype(str)
+        if self.missing is not None:
+            arr = np.where(np.isin(arr, [*self.missing_tokens, ""]), self.missing, arr)
         cats = np.asarray(self.categories, dtype=str)
         order = np.argsort(cats, kind="stable")
         sorted_cats = cats[order]
@@ -64,13 +238,117 @@ class Attribute:
         pos_clipped = np.minimum(pos, len(cats) - 1)
         ok = sorted_cats[pos_clipped] == arr
         if not np.all(ok):
-            bad = np.flatnonzero(~ok)
-            shown = ", ".join(f"row {int(i)}: {str(arr[i])!r}" for i in bad[:5])
-            raise UnknownCategoryError(
-                f"attribute {self.name!r}: {bad.size} value(s) outside its categories "
-                f"({shown}); allowed: {list(self.categories)}"
-            )
+            bad_rows = np.flatnonzero(~ok)
+            if self.bins is not None:
+                return self._encode_number_text(arr, ok, order[pos_clipped])
+            hint = "" if self.missing is not None else ' (an empty value is missing: declare "missing": LABEL)'
+            self._refuse(bad_rows, arr, f"outside its categories; allowed: {list(self.categories)}{hint}")
         return order[pos_clipped].astype(np.int64)
+
+    def _encode_number_text(
+        self, arr: npt.NDArray[np.str_], is_label: npt.NDArray[np.bool_], label_codes: npt.NDArray[np.intp]
+    ) -> npt.NDArray[np.int64]:
+        """A binned attribute given as text: labels as they are, the rest parsed as numbers."""
+        rest = np.flatnonzero(~is_label)
+        if self.dates:
+            numbers = np.asarray([_to_day(v) for v in arr[rest].tolist()], dtype=np.float64)  # small, in memory
+        else:
+            try:
+                numbers = arr[rest].astype(np.float64)
+            except ValueError:
+                numbers = np.asarray([_to_float(v) for v in arr[rest].tolist()], dtype=np.float64)
+        codes, bad = self.bin_codes(numbers)
+        self._refuse(rest[bad], arr, "outside the bins " + self._range_text() + " (or not a number)")
+        out = label_codes.astype(np.int64)
+        out[rest] = codes
+        return out
+
+    def _range_text(self) -> str:
+        assert self.bins is not None
+        tail = "; declare \"missing\" for empty cells" if self.missing is None else ""
+        return f"[{self.edge_label(self.bins[0])}, {self.edge_label(self.bins[-1])}]{tail}"
+
+    def _refuse(self, rows: npt.NDArray[np.intp], values: npt.NDArray[Any], allowed: str) -> None:
+        if rows.size:
+            shown = ", ".join(f"row {int(i)}: {_shown(values[i])}" for i in rows[:5])
+            raise UnknownCategoryError(
+                f"attribute {self.name!r}: {rows.size} value(s) {allowed} ({shown})"
+            )
+
+
+def _to_day(text: str) -> float:
+    try:
+        return float(datetime.date.fromisoformat(text[:10]).toordinal() - _EPOCH)
+    except ValueError:
+        return math.nan
+
+
+def _to_float(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        return math.nan
+
+
+def _shown(value: Any) -> str:
+    item = value.item() if isinstance(value, np.generic) else value
+    return repr(item)
+
+
+def attribute_from_dict(data: Mapping[str, Any]) -> Attribute:
+    """An attribute from its schema-file entry: ``{"name", "categories"}`` or ``{"name", "bins",
+    "clamp"?}``, either with ``"missing"?`` and ``"missing_tokens"?``."""
+    name = str(data["name"])
+    known = {"name", "categories", "bins", "clamp", "missing", "missing_tokens"}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise InvalidBinsError(f"attribute {name!r}: unknown field(s) {unknown}; allowed: {sorted(known)}")
+    missing = data.get("missing")
+    missing_label = None if missing is None else str(missing)
+    tokens = data.get("missing_tokens", [])
+    if not isinstance(tokens, list):
+        raise UnknownCategoryError(f"attribute {name!r}: missing_tokens must be a list of strings, got {tokens!r}")
+    token_tuple = tuple(str(t) for t in tokens)
+    if "bins" in data:
+        if "categories" in data:
+            raise InvalidBinsError(f"attribute {name!r}: give either categories or bins, not both")
+        if not isinstance(data["bins"], list):
+            raise InvalidBinsError(f"attribute {name!r}: bins must be a list of edges, got {data['bins']!r}")
+        clamp = data.get("clamp", False)
+        if not isinstance(clamp, bool):
+            raise InvalidBinsError(f"attribute {name!r}: clamp must be true or false, got {clamp!r}")
+        return Attribute.binned(name, data["bins"], clamp, missing_label, token_tuple)
+    if "clamp" in data:
+        raise InvalidBinsError(f"attribute {name!r}: clamp needs bins (public edges to clamp to)")
+    categories = tuple(str(c) for c in data["categories"])
+    if missing_label is not None and missing_label in categories:
+        raise UnknownCategoryError(
+            f"attribute {name!r}: the missing label {missing_label!r} is already a category; it must be "
+            "a label of its own (it becomes the last category, so it must be the last category and no other)"
+        )
+    if missing_label is not None:
+        categories = (*categories, missing_label)
+    return Attribute(name, categories, None, False, missing_label, token_tuple)
+
+
+def attribute_to_dict(attribute: Attribute) -> dict[str, Any]:
+    """The schema-file entry of ``attribute`` (inverse of :func:`attribute_from_dict`)."""
+    out: dict[str, Any] = {"name": attribute.name}
+    if attribute.bins is not None and attribute.dates:
+        out["bins"] = [date_text(e) for e in attribute.bins]
+        if attribute.clamp:
+            out["clamp"] = True
+    elif attribute.bins is not None:
+        out["bins"] = [int(e) if float(e).is_integer() and abs(e) < 2**53 else e for e in attribute.bins]
+        if attribute.clamp:
+            out["clamp"] = True
+    else:
+        out["categories"] = list(attribute.categories[:-1] if attribute.missing is not None else attribute.categories)
+    if attribute.missing is not None:
+        out["missing"] = attribute.missing
+        if attribute.missing_tokens:
+            out["missing_tokens"] = list(attribute.missing_tokens)
+    return out
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from secure_release.infra import metrics
 from secure_release.infra.config import (
     ConfigError,
     apply_env_and_config,
@@ -32,8 +33,9 @@ from secure_release.infra.config import (
 )
 from secure_release.infra.entry import run_main, serve_until_signal
 from secure_release.infra.exitcodes import USAGE
+from secure_release.infra.fileio import require_dir
 from secure_release.infra.health import add_health_and_reflection
-from secure_release.infra.logs import EventLog, setup_logging
+from secure_release.infra.logs import EventLog, add_log_format_flag, pop_log_format, setup_logging
 from secure_release.infra.tls import bind, make_grpc_server
 from secure_release.mechanism.report import ReleaseReport
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
@@ -88,11 +90,13 @@ def _common(p: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     """The ``serve`` and ``fetch`` parsers (their flags are part of the compose file's contract)."""
     parser = argparse.ArgumentParser(
-        prog="python -m secure_release.researcher",
+        prog="secure-release-researcher",
         description=__doc__,
         epilog=EXAMPLE,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    add_log_format_flag(parser)
+    metrics.add_metrics_flag(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     s = sub.add_parser(
         "serve",
@@ -157,7 +161,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace | None:
 
 def endpoints_of(args: argparse.Namespace) -> Endpoints:
     """Where to connect and as whom, from the parsed flags."""
-    certs = Path(args.certs) if args.certs else None
+    certs = require_dir(args.certs, "--certs") if args.certs else None
     return Endpoints(certs, args.name, args.insecure, args.server, parse_curators(args.curator))
 
 
@@ -180,7 +184,7 @@ def serve(args: argparse.Namespace, log: EventLog) -> int:
     tracker = ReleaseTracker(process, log, load_reports(out, log) if out is not None else {})
     if out is not None:
         prewarm()  # the heat map's plotting library, while the release is still on its way
-    server = make_grpc_server(insecure=args.insecure)
+    server = make_grpc_server(insecure=args.insecure, interceptors=metrics.interceptors())
     readers = frozenset({f"researcher/{args.name}", *(f"analyst/{a}" for a in args.analyst if a)})
     pb_grpc.add_ResearcherServicer_to_server(ResearcherService(tracker, log, args.timeout, readers), server)
     health = add_health_and_reflection(server, [SERVICE_NAME])
@@ -206,10 +210,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     the release failed (aborted, a key missing, an RPC), 2 on a bad setting, 3 if refused."""
 
     def body() -> int:
-        args = parse_args(list(sys.argv[1:] if argv is None else argv))
+        rest, log_format = pop_log_format(list(sys.argv[1:] if argv is None else argv))
+        rest, metrics_address = metrics.pop_metrics_listen(rest)
+        args = parse_args(rest)
         if args is None:
             return USAGE
-        setup_logging()
+        setup_logging(log_format=log_format)
+        metrics.start_metrics(metrics_address, "researcher")
         log = EventLog("researcher", args.name)
         return fetch(args, log) if args.command == "fetch" else serve(args, log)
 

@@ -11,21 +11,26 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress
 
 from secure_release.infra.config import ConfigError
+from secure_release.infra.exitcodes import is_refusal
 from secure_release.infra.logs import EventLog
 from secure_release.infra.retry import with_retries
 from secure_release.infra.streams import FetchError, key_from_chunks, perturbed_from_chunks
 from secure_release.infra.tls import secure_channel
 from secure_release.infra.wire import cipher_from_pb, schema_from_pb, spec_from_pb
+from secure_release.mechanism.errors import ErrorKind
 from secure_release.mechanism.keys import PadKey
-from secure_release.mechanism.packing import unpack_symbols
+from secure_release.mechanism.packing import CHUNK_ROWS, unpack_symbols
 from secure_release.mechanism.pads import CipherMode, ReleasePad
 from secure_release.mechanism.schema import CuratorSchema, SymbolArray
 from secure_release.mechanism.spec import ReleaseSpec
@@ -62,6 +67,12 @@ UNAVAILABLE_CODES = frozenset(
 class AbortedBeforeSealError(FetchError):
     """The release was aborted before sealing; the server recorded the reason. Nothing will be
     released under this id."""
+
+
+class ReleaseRefusedByCuratorError(AbortedBeforeSealError):
+    """A curator refused the release (its budget, a permission); exit 3 as at every party."""
+
+    kind = ErrorKind.PERMISSION_DENIED
 
 
 class FetchDeadline:
@@ -164,6 +175,8 @@ def wait_perturbed(endpoints: Endpoints, release_id: str, timeout: float | Fetch
             if status is not None and status.state == pb.RELEASE_STATE_PERTURBED:
                 return _perturbed_release(status, release_id)
             if status is not None and status.state == pb.RELEASE_STATE_ABORTED:
+                if is_refusal(status.abort_reason):
+                    raise ReleaseRefusedByCuratorError(f"{status.abort_reason} (release {release_id!r} aborted)")
                 raise AbortedBeforeSealError(f"release {release_id!r} was aborted: {status.abort_reason}")
             if deadline.left() <= 0:
                 raise ReleaseNotReadyError(
@@ -184,6 +197,17 @@ def _perturbed_release(status: pb.ReleaseStatus, release_id: str) -> PerturbedRe
 
 
 # ---------------------------------------------------------------------------------- rows
+def _with_progress(chunks: Iterable[pb.PerturbedChunk], spec: ReleaseSpec) -> Iterator[pb.PerturbedChunk]:
+    """``chunks`` as they arrive, advancing a download bar on a terminal (large releases only)."""
+    total = max(1, math.ceil(spec.m / CHUNK_ROWS))
+    with Progress(f"{spec.release_id} download", BarColumn(), MofNCompleteColumn(), console=Console(stderr=True),
+                  disable=not sys.stderr.isatty() or total < 4) as progress:  # fmt: skip
+        task = progress.add_task("download", total=total)
+        for seq, chunk in enumerate(chunks):
+            progress.update(task, completed=min(seq + 1, total))
+            yield chunk
+
+
 def _check_digest(computed: bytes, published: Iterable[bytes], release_id: str) -> None:
     """Every non-empty published digest must equal the digest of the rows received."""
     for digest in published:
@@ -206,7 +230,7 @@ def fetch_perturbed(
             stream = pb_grpc.ReleaseServerStub(channel).FetchPerturbed(
                 pb.FetchRequest(release_id=spec.release_id), timeout=FETCH_RPC_SECONDS
             )
-            return perturbed_from_chunks(stream, spec)
+            return perturbed_from_chunks(_with_progress(stream, spec), spec)
 
     packed, computed, streamed = with_retries(once, "fetch_perturbed", log)
     _check_digest(computed, (release.digest, streamed, notified_digest), spec.release_id)
@@ -297,6 +321,23 @@ def fetch_key(
     key = _curator_key(head, otp, spec, curator)
     log("key_received", release_id=spec.release_id, curator=curator, cipher=spec.cipher.value)
     return key
+
+
+def acknowledge_keys(endpoints: Endpoints, release_id: str, curators: Iterable[str], log: EventLog) -> None:
+    """Tell each curator whose key was used that the result is durably stored, so it may stop
+    serving the key (best effort: a curator that does not hear it serves until its key
+    retention ends; never fatal to the release, whose result is already written)."""
+    for curator in curators:
+        address = endpoints.curators.get(curator)
+        if address is None:
+            continue
+        try:
+            with endpoints.curator_channel(curator, address) as channel:
+                pb_grpc.CuratorStub(channel).AcknowledgeKey(pb.KeyAck(release_id=release_id), timeout=10.0)
+            log("key_acknowledged", release_id=release_id, curator=curator)
+        except grpc.RpcError as exc:
+            log.warning("key_ack_failed", release_id=release_id, curator=curator, code=exc.code().name,
+                        address=address)  # fmt: skip
 
 
 def fetch_keys(

@@ -24,6 +24,7 @@ from secure_release.researcher.client import (
     Endpoints,
     FetchDeadline,
     KeyResults,
+    acknowledge_keys,
     fetch_keys,
     fetch_perturbed,
     wait_perturbed,
@@ -86,7 +87,12 @@ def process_release(
     if report.marginal:
         log.warning("marginal_only", release_id=release_id, refused=",".join(sorted(report.refused)))
     if out is not None:
-        paths = write_report(out, report)
-        log("written", release_id=release_id, files=",".join(p.name for p in paths))
-    log("estimated", release_id=release_id, marginal=report.marginal, cells=len(report.labels))
+        paths = write_report(out, report)  # atomic and fsynced: the result is durable now
+        log("written", release_id=release_id, files=",".join(p.name for p in paths),
+            note=f"result of {release_id} written: {', '.join(str(p) for p in paths)}")  # fmt: skip
+        acknowledge_keys(endpoints, release_id, keys.granted, log)  # only now: a crash before finds the keys
+    scope = "a marginal" if report.marginal else "the joint table"
+    log("estimated", release_id=release_id, marginal=report.marginal, cells=len(report.labels),
+        note=f"estimated {release_id}: {scope} of {len(report.labels)} cells, m={report.plan.m}, "
+             f"epsilon {report.plan.epsilon:g}")  # fmt: skip
     return report

@@ -9,12 +9,13 @@ options, e.g. ``{"listen": "0.0.0.0:7000", "store": "/data"}``), environment var
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from secure_release.infra import tls
+from secure_release.infra import metrics, tls
 from secure_release.infra.config import (
     ConfigError,
     apply_env_and_config,
@@ -25,8 +26,9 @@ from secure_release.infra.config import (
     write_port_file,
 )
 from secure_release.infra.entry import run_main, serve_until_signal
+from secure_release.infra.fileio import require_dir
 from secure_release.infra.health import add_health_and_reflection
-from secure_release.infra.logs import setup_logging
+from secure_release.infra.logs import add_log_format_flag, pop_log_format, setup_logging
 from secure_release.mechanism.keys import PramKey, Seed
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
 from secure_release.server.service import ReleaseService, make_notifier
@@ -149,6 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="TESTS ONLY: draw every server-sampled release's positions from this 64-hex-digit seed "
         "(with its release id) instead of a fresh OS seed; refused unless SECURE_RELEASE_TESTING=1",
     )
+    metrics.add_metrics_flag(p)
+    add_log_format_flag(p)
     return p
 
 
@@ -158,6 +162,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         raise ConfigError("--store DIR is required (or SECURE_RELEASE_STORE)")
     if not args.insecure and not args.certs:
         raise ConfigError("--certs DIR is required unless --insecure (tests only)")
+    if args.certs:
+        require_dir(args.certs, "--certs")
     if args.grace < 0:
         raise ConfigError(f"--grace must be >= 0 seconds, got {args.grace}")
     key = None
@@ -204,15 +210,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
 
     def body() -> int:
-        apply_env_and_config(parser, list(argv) if argv is not None else None)
-        return serve(config_from_args(parser.parse_args(argv)))
+        rest, log_format = pop_log_format(list(sys.argv[1:] if argv is None else argv))
+        rest, metrics_address = metrics.pop_metrics_listen(rest)
+        apply_env_and_config(parser, rest)
+        return serve(config_from_args(parser.parse_args(rest)), log_format, metrics_address)
 
     return run_main("secure-release-server", body)
 
 
-def serve(config: ServerConfig) -> int:
+def serve(config: ServerConfig, log_format: str | None = None, metrics_address: str | None = None) -> int:
     """Open the store, finish any sealed release, serve, and stop gracefully on a signal."""
-    setup_logging(config.log_level)
+    setup_logging(config.log_level, log_format=log_format)
+    started = metrics.start_metrics(metrics_address, "server")
+    if started is not None:
+        started.watch_store(Path(config.store))
     log = service_log
     log.party = config.name
     key_factory = PramKey.generate
@@ -231,6 +242,7 @@ def serve(config: ServerConfig) -> int:
         service.perturb_if_sealed(rid)
 
     server = tls.make_grpc_server(
+        interceptors=metrics.interceptors(),
         insecure=config.insecure,
         calls_per_peer=config.calls_per_peer,
         stream_idle_seconds=config.stream_idle_seconds,

@@ -26,6 +26,7 @@ EPILOG = (
     f"  secure-release analyst marginal r1 education --plot education.png {_CONN}\n"
     f"  secure-release analyst conditional r1 --target salary --given education {_CONN}\n"
     f"  secure-release analyst export r1 r1.parquet {_CONN}\n"
+    f"  secure-release analyst report r1 --out r1.html {_CONN}\n"
 )
 
 
@@ -66,6 +67,11 @@ def register(sub: Any) -> None:
     cond.add_argument("--json", action="store_true", help="print JSON rows")
     _connection(cond)
     cond.set_defaults(func=run_conditional)
+    rep = asub.add_parser("report", help="write one self-contained HTML report to send (--out r.html)")
+    rep.add_argument("release_id")
+    rep.add_argument("--out", type=Path, required=True, help="the HTML file to write")
+    _connection(rep)
+    rep.set_defaults(func=run_report)
     exp = asub.add_parser("export", help="write the cells to FILE: .csv, .json or .parquet")
     exp.add_argument("release_id")
     exp.add_argument("file", type=Path)
@@ -79,6 +85,18 @@ def fetch(args: argparse.Namespace) -> Result:
 
     report = fetch_report(args.researcher, args.certs, args.name, args.release_id, True, args.timeout, args.insecure)
     return _result(report)
+
+
+def run_report(args: argparse.Namespace) -> int:
+    """``analyst report ID --out r.html``: plan, guarantee, budget spent, cells, a marginal
+    chart per attribute with intervals and the warnings, in one HTML file (the data of ``show``)."""
+    from secure_release.infra.fileio import atomic_write
+
+    result = fetch(args)
+    atomic_write(args.out, display.html_report(result).encode("utf-8"), 0o644)
+    print(f"wrote {args.out} (release {args.release_id}: {len(result.report.labels)} cells, "
+          f"{len(result.attributes)} marginal charts)")  # fmt: skip
+    return 0
 
 
 def run_list(args: argparse.Namespace) -> int:

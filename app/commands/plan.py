@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 from typing import Any
 
 from secure_release import display
-from secure_release.mechanism.guarantee import plan_report, utility_check
+from secure_release.mechanism.guarantee import plan_report, privacy_guarantee, utility_check
 from secure_release.mechanism.plan import plan_release
 
 
@@ -43,8 +44,17 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--alphabet",
         type=_alphabet,
-        required=True,
-        help="alphabet size of each curator, comma separated (e.g. 6,4 gives K = 24)",
+        help="alphabet size of each curator, comma separated (e.g. 6,4 gives K = 24; "
+        "default: from the --schema files)",
+    )
+    p.add_argument(
+        "--schema",
+        action="append",
+        type=Path,
+        default=[],
+        metavar="FILE",
+        help="a curator's schema JSON, once per curator in release order: gives the alphabet and "
+        "states each attribute's bins, clamping and missing label in the guarantee",
     )
     p.add_argument("--epsilon", type=float, required=True, help="privacy level epsilon > 0")
     p.add_argument("--m", type=int, default=None, help="number of samples in [1, n] (default: m*)")
@@ -53,8 +63,18 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    plan = plan_release(args.n, args.alphabet, args.epsilon, args.m)
+    from secure_release.curator.table import load_schema
+    from secure_release.infra.fileio import require_file
+
+    schemas = [load_schema(require_file(path, "--schema")).schema for path in args.schema]
+    alphabet = args.alphabet or [s.alphabet_size for s in schemas]
+    if len(alphabet) < 2:
+        raise SystemExit("secure-release plan: give --alphabet SIZES or one --schema FILE per curator (two or more)")
+    preprocessing = [d for s in schemas for d in (a.describe() for a in s.attributes) if d]
+    plan = plan_release(args.n, alphabet, args.epsilon, args.m)
     report = plan_report(plan)
+    if preprocessing:
+        report["guarantee"] = privacy_guarantee(plan, preprocessing)
     utility = utility_check(plan)
     if args.json:
         print(json.dumps({**report, "utility": utility}, sort_keys=True))
@@ -79,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
     for key, value in rows:
         print(f"{key:<{width}}  {value}")
     print("\nGuarantee:")
-    print("\n".join(display.guarantee_lines(plan)))
+    print("\n".join(display.guarantee_lines(plan, preprocessing)))
     for line in display.warning_lines(plan):
         print("\n" + line)
     return 0

@@ -36,6 +36,29 @@ def register(sub: Any) -> None:
     d.add_argument("--id-column", default="id", help="the id column (default: id)")
     d.add_argument("--attributes", help="comma-separated attribute columns (default: every other column)")
     d.add_argument("--out", type=Path, help="write the schema here (default: standard output)")
+    d.add_argument(
+        "--range",
+        action="append",
+        default=[],
+        metavar="COLUMN=LOW:HIGH",
+        help="bin a numeric column at equal-width bins of this PUBLIC range (repeat per column; a "
+        "numeric column with many distinct values needs one: bins never come from the data)",
+    )
+    d.add_argument("--bins", type=int, default=4, help="bins per --range (default: 4)")
+    d.add_argument(
+        "--missing-token",
+        action="append",
+        default=[],
+        metavar="TOKEN",
+        help='a cell text meaning "missing" (e.g. NA, ?; repeat): counted with empty cells under the '
+        "missing label, never as a category",
+    )
+    d.add_argument(
+        "--codebook",
+        type=Path,
+        help='a public codebook, JSON {"COLUMN": [CATEGORY, ...]}: its categories, in its order, for the '
+        "columns it lists (default: the values in the data, in natural order, with a loud warning)",
+    )
     d.set_defaults(func=run_draft)
     c = ssub.add_parser("check", help="check a table against a schema; print its rows and alphabet")
     c.add_argument("data", type=Path, help="the curator's table: CSV or Parquet")
@@ -50,7 +73,7 @@ def read_columns(path: Path) -> dict[str, list[str]] | Any:
 
         return require("pyarrow.parquet").read_table(path)
     with path.open(newline="", encoding="utf-8") as fh:
-        rows = [r for r in csv.reader(fh) if r]
+        rows = [r for r in csv.reader(fh) if r]  # a small table: the draft reads it whole
     if not rows:
         raise TableInputError(f"{path}: empty file; expected a header line")
     header = [h.strip() for h in rows[0]]
@@ -61,27 +84,63 @@ def read_columns(path: Path) -> dict[str, list[str]] | Any:
     return {h: list(col) for h, col in zip(header, columns, strict=True)}
 
 
+def _ranges(items: list[str]) -> dict[str, tuple[float, float]]:
+    out: dict[str, tuple[float, float]] = {}
+    for item in items:
+        column, _, span = item.partition("=")
+        low, _, high = span.partition(":")
+        try:
+            out[column.strip()] = (float(low), float(high))
+        except ValueError:
+            raise TableInputError(f"--range takes COLUMN=LOW:HIGH (numbers), got {item!r}") from None
+    return out
+
+
 def run_draft(args: argparse.Namespace) -> int:
+    from secure_release.infra.fileio import require_file
+
     attrs = [a.strip() for a in args.attributes.split(",") if a.strip()] if args.attributes else None
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        schema = draft_schema(read_columns(args.data), args.curator, args.id_column, attrs, warn=False)
+    codebook = None
+    if args.codebook is not None:
+        try:
+            codebook = json.loads(require_file(args.codebook, "--codebook").read_text(encoding="utf-8"))
+        except ValueError as exc:
+            raise TableInputError(f"--codebook {args.codebook}: not JSON {{COLUMN: [CATEGORY, ...]}} ({exc})") from None
+        if not isinstance(codebook, dict) or not all(isinstance(v, list) for v in codebook.values()):
+            raise TableInputError(f"--codebook {args.codebook}: expected JSON {{COLUMN: [CATEGORY, ...]}}")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        schema = draft_schema(read_columns(require_file(args.data, "data")), args.curator, args.id_column, attrs,
+                              warn=False, ranges=_ranges(args.range), bins=args.bins, codebook=codebook,
+                              missing_tokens=args.missing_token)  # fmt: skip
+    for warning in caught:
+        sys.stderr.write(f"warning: {warning.message}\n")
     text = json.dumps(schema, indent=1) + "\n"
     if args.out is not None:
         args.out.write_text(text, encoding="utf-8")
     else:
         sys.stdout.write(text)
-    sizes = " x ".join(str(len(a["categories"])) for a in schema["attributes"])
-    sys.stderr.write(f"\nWARNING: {CODEBOOK_WARNING}\n(alphabet {sizes} from {args.data})\n")
+    from secure_release.mechanism.schema import attribute_from_dict
+
+    sizes = " x ".join(str(attribute_from_dict(a).size) for a in schema["attributes"])
+    from_data = [a["name"] for a in schema["attributes"] if "categories" in a and a["name"] not in (codebook or {})]
+    if from_data:
+        sys.stderr.write(f"\nWARNING: {CODEBOOK_WARNING}\n(categories of {from_data} read from {args.data})\n")
+    sys.stderr.write(f"(alphabet {sizes})\n")
     return 0
 
 
 def run_check(args: argparse.Namespace) -> int:
     from secure_release.curator.table import load_schema, read_table
+    from secure_release.infra.fileio import require_file
 
-    spec = load_schema(args.schema)
-    table = read_table(args.data, spec)
+    spec = load_schema(require_file(args.schema, "schema"))
+    table = read_table(require_file(args.data, "data"), spec)
     s = spec.schema
     sizes = " x ".join(str(a.size) for a in s.attributes)
-    print(f"{args.data}: {table.ids.size} rows match schema {s.name!r} (alphabet {sizes} = {s.alphabet_size})")
+    print(f"{args.data}: {table.num_rows} rows match schema {s.name!r} (alphabet {sizes} = {s.alphabet_size})")
+    for attribute in s.attributes:
+        note = attribute.describe()
+        if note:
+            print(f"  {note}")
     return 0

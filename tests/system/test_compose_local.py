@@ -121,7 +121,7 @@ def _env(svc: dict[str, Any], rewrite: Any, name: str) -> dict[str, str]:
     raw = svc.get("environment") or {}
     if isinstance(raw, list):
         raw = dict(item.split("=", 1) if "=" in item else (item, os.environ.get(item, "")) for item in raw)
-    env.update({k: rewrite(name, str(v)) for k, v in raw.items()})
+    env.update({k: rewrite(name, _interpolate(str(v))) for k, v in raw.items()})  # compose interpolates these too
     return env
 
 

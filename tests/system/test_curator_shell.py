@@ -104,7 +104,7 @@ def test_release_past_budget_refused_before_upload(tmp_path: Path) -> None:
            "--alignment-key-file", str(tmp_path / "k"), "--keystore", str(tmp_path / "ks"),
            "--timeout", "1"]  # fmt: skip
     unset = subprocess.run(run, capture_output=True, text=True, timeout=60, env=env)
-    assert unset.returncode == 2, unset.stderr
+    assert unset.returncode == 3, unset.stderr  # refused: no budget for this data set
     assert "NoBudgetError" in unset.stderr and "budget set" in unset.stderr
     budget = [*cli, "budget", "set", "--keystore", str(tmp_path / "ks"), "--data", str(data), "--epsilon", "0.3"]
     assert subprocess.run(budget, capture_output=True, timeout=60, env=env).returncode == 0

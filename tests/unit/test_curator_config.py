@@ -27,12 +27,15 @@ KEY_HEX = "ab" * 32
 def key_file(tmp_path: Path) -> Path:
     path = tmp_path / "align.key"
     path.write_text(KEY_HEX + "\n")
+    for name in ("alice.csv", "alice.json"):  # the config checks that --data and --schema exist
+        (tmp_path / name).write_text("")
     return path
 
 
 def _base(key_file: Path) -> list[str]:
     return [
-        "--data", "alice.csv", "--schema", "alice.json", "--release-id", "r1", "--epsilon", "0.5",
+        "--data", str(key_file.parent / "alice.csv"), "--schema", str(key_file.parent / "alice.json"),
+        "--release-id", "r1", "--epsilon", "0.5",
         "--server", "127.0.0.1:7000", "--name", "alice", "--curators", "alice, bob", "--leader",
         "--insecure", "--alignment-key-file", str(key_file),
     ]  # fmt: skip

@@ -89,4 +89,4 @@ def test_parquet_integer_ids_and_arrow_ipc(tmp_path: Path) -> None:
     assert [ln for ln, _ in info.value.problems] == [3, 4]
     assert "missing id" in info.value.problems[0][1]
     assert "duplicate id (first on line 2)" in info.value.problems[1][1]
-    assert "edu='' not in" in info.value.problems[1][1]
+    assert "edu is missing (empty); declare \"missing\"" in info.value.problems[1][1]

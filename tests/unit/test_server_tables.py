@@ -220,7 +220,7 @@ def test_wire_conversions_round_trip_and_refuse() -> None:
 
 
 def test_the_cli_offers_only_the_rekeyed_path_and_test_seeds_need_the_testing_switch(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     from secure_release.curator.cli import build_parser
     from secure_release.curator.config import config_from_args
@@ -235,6 +235,9 @@ def test_the_cli_offers_only_the_rekeyed_path_and_test_seeds_need_the_testing_sw
         config_from_args(build_parser().parse_args([*base, "--key-path", "positions"]))
     with pytest.raises(ConfigError, match=r"table[_-]id"):
         config_from_args(build_parser().parse_args([a for a in base if a not in ("--table-id", "t1")]))
+    for name in ("a.csv", "a.json"):  # the config checks that --data and --schema exist
+        (tmp_path / name).write_text("")
+    monkeypatch.chdir(tmp_path)
     store = ["store-table", "--table-id", "t1", "--data", "a.csv", "--schema", "a.json", "--curators", "alice,bob",
              "--server", "127.0.0.1:1", "--name", "alice", "--leader", "--insecure", "--alignment", "psi"]  # fmt: skip
     stored = config_from_args(build_parser().parse_args(store), storing=True)

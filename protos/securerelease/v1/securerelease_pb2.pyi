@@ -872,6 +872,7 @@ class TagChunk(_message.Message):
     LAST_FIELD_NUMBER: _builtins.int
     ALPHABET_SIZE_FIELD_NUMBER: _builtins.int
     ALIGNMENT_FIELD_NUMBER: _builtins.int
+    FAILURE_FIELD_NUMBER: _builtins.int
     release_id: _builtins.str
     curator: _builtins.str
     sequence: _builtins.int
@@ -882,6 +883,10 @@ class TagChunk(_message.Message):
     """the submitting curator's alphabet size (its schema's joint size)"""
     alignment: Global___AlignmentMode.ValueType
     """how these tags were made (must be the leader's mode)"""
+    failure: _builtins.str
+    """Set (with last, no tags) by a curator that cannot take part (bad rows, a wrong schema, no
+    budget): its reason. The leader fails the agreement for every party at once with it.
+    """
     def __init__(
         self,
         *,
@@ -892,10 +897,11 @@ class TagChunk(_message.Message):
         last: _builtins.bool = ...,
         alphabet_size: _builtins.int = ...,
         alignment: Global___AlignmentMode.ValueType = ...,
+        failure: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["alignment", b"alignment", "alphabet_size", b"alphabet_size", "curator", b"curator", "last", b"last", "release_id", b"release_id", "sequence", b"sequence", "tags", b"tags"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["alignment", b"alignment", "alphabet_size", b"alphabet_size", "curator", b"curator", "failure", b"failure", "last", b"last", "release_id", b"release_id", "sequence", b"sequence", "tags", b"tags"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1127,6 +1133,45 @@ class KeyRequest(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___KeyRequest: _TypeAlias = KeyRequest  # noqa: Y015
+
+@_typing.final
+class KeyAck(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RELEASE_ID_FIELD_NUMBER: _builtins.int
+    release_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        release_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["release_id", b"release_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___KeyAck: _TypeAlias = KeyAck  # noqa: Y015
+
+@_typing.final
+class KeyAckResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ALL_ACKNOWLEDGED_FIELD_NUMBER: _builtins.int
+    all_acknowledged: _builtins.bool
+    """every researcher the curator granted has now acknowledged (the curator may finish)"""
+    def __init__(
+        self,
+        *,
+        all_acknowledged: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["all_acknowledged", b"all_acknowledged"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___KeyAckResponse: _TypeAlias = KeyAckResponse  # noqa: Y015
 
 @_typing.final
 class KeyChunk(_message.Message):

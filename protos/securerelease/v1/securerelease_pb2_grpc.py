@@ -527,6 +527,11 @@ class CuratorStub:
                 request_serializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.KeyRequest.SerializeToString,
                 response_deserializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.KeyChunk.FromString,
                 _registered_method=True)
+        self.AcknowledgeKey = channel.unary_unary(
+                '/securerelease.v1.Curator/AcknowledgeKey',
+                request_serializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.KeyAck.SerializeToString,
+                response_deserializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.KeyAckResponse.FromString,
+                _registered_method=True)
         self.PsiSend = channel.stream_unary(
                 '/securerelease.v1.Curator/PsiSend',
                 request_serializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.PsiChunk.SerializeToString,
@@ -559,6 +564,15 @@ class CuratorServicer:
 
     def ReleaseKey(self, request, context):
         """researcher <- curator: the pad key (chacha20) or the pad (otp), if granted.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AcknowledgeKey(self, request, context):
+        """researcher -> curator: the result of the release is durably stored, so this curator may
+        stop serving its key to the caller (a fetch alone is not enough: a researcher that crashed
+        between the fetch and the write would find no key). Idempotent.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -597,6 +611,11 @@ def add_CuratorServicer_to_server(servicer, server):
                     servicer.ReleaseKey,
                     request_deserializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.KeyRequest.FromString,
                     response_serializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.KeyChunk.SerializeToString,
+            ),
+            'AcknowledgeKey': grpc.unary_unary_rpc_method_handler(
+                    servicer.AcknowledgeKey,
+                    request_deserializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.KeyAck.FromString,
+                    response_serializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.KeyAckResponse.SerializeToString,
             ),
             'PsiSend': grpc.stream_unary_rpc_method_handler(
                     servicer.PsiSend,
@@ -691,6 +710,33 @@ class Curator:
             '/securerelease.v1.Curator/ReleaseKey',
             secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.KeyRequest.SerializeToString,
             secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.KeyChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AcknowledgeKey(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/securerelease.v1.Curator/AcknowledgeKey',
+            secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.KeyAck.SerializeToString,
+            secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.KeyAckResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -208,6 +208,11 @@ class CuratorStub:
     """curator <- leading curator: the release parameters, the sampling seed and the common tags."""
     ReleaseKey: _grpc.UnaryStreamMultiCallable[_securerelease_pb2.KeyRequest, _securerelease_pb2.KeyChunk]
     """researcher <- curator: the pad key (chacha20) or the pad (otp), if granted."""
+    AcknowledgeKey: _grpc.UnaryUnaryMultiCallable[_securerelease_pb2.KeyAck, _securerelease_pb2.KeyAckResponse]
+    """researcher -> curator: the result of the release is durably stored, so this curator may
+    stop serving its key to the caller (a fetch alone is not enough: a researcher that crashed
+    between the fetch and the write would find no key). Idempotent.
+    """
     PsiSend: _grpc.StreamUnaryMultiCallable[_securerelease_pb2.PsiChunk, _securerelease_pb2.PsiSendResponse]
     """curator -> leading curator (PSI alignment): one ring hop's list of blinded points, for the
     leader to hand on to the next curator of the ring (the leader is the mailbox).
@@ -228,6 +233,11 @@ class CuratorAsyncStub(CuratorStub):
     """curator <- leading curator: the release parameters, the sampling seed and the common tags."""
     ReleaseKey: _aio.UnaryStreamMultiCallable[_securerelease_pb2.KeyRequest, _securerelease_pb2.KeyChunk]  # type: ignore[assignment]
     """researcher <- curator: the pad key (chacha20) or the pad (otp), if granted."""
+    AcknowledgeKey: _aio.UnaryUnaryMultiCallable[_securerelease_pb2.KeyAck, _securerelease_pb2.KeyAckResponse]  # type: ignore[assignment]
+    """researcher -> curator: the result of the release is durably stored, so this curator may
+    stop serving its key to the caller (a fetch alone is not enough: a researcher that crashed
+    between the fetch and the write would find no key). Idempotent.
+    """
     PsiSend: _aio.StreamUnaryMultiCallable[_securerelease_pb2.PsiChunk, _securerelease_pb2.PsiSendResponse]  # type: ignore[assignment]
     """curator -> leading curator (PSI alignment): one ring hop's list of blinded points, for the
     leader to hand on to the next curator of the ring (the leader is the mailbox).
@@ -263,6 +273,17 @@ class CuratorServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_securerelease_pb2.KeyChunk], _abc.AsyncIterator[_securerelease_pb2.KeyChunk]]:
         """researcher <- curator: the pad key (chacha20) or the pad (otp), if granted."""
+
+    @_abc_1.abstractmethod
+    def AcknowledgeKey(
+        self,
+        request: _securerelease_pb2.KeyAck,
+        context: _ServicerContext,
+    ) -> _typing.Union[_securerelease_pb2.KeyAckResponse, _abc.Awaitable[_securerelease_pb2.KeyAckResponse]]:
+        """researcher -> curator: the result of the release is durably stored, so this curator may
+        stop serving its key to the caller (a fetch alone is not enough: a researcher that crashed
+        between the fetch and the write would find no key). Idempotent.
+        """
 
     @_abc_1.abstractmethod
     def PsiSend(

@@ -1,0 +1,114 @@
+"""Errors that name what the user typed (issue 26, item 8): a missing file exits 2 with one line
+naming the flag and the path; an unreachable peer is reported with its address within seconds;
+a follower that fails before the agreement makes the leader abort for every party at once."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from secure_release.cluster import PARTIES, Cluster, launch_release
+from secure_release.demo_data import write_demo_data
+from secure_release.infra.pki import init_pki
+from secure_release.mechanism.keys import AlignmentKey
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("errors")
+    write_demo_data(root / "data", rows=1200, seed=5)
+    init_pki(root / "certs", list(PARTIES))
+    (root / "align.key").write_text(AlignmentKey.generate().reveal().hex())
+    return root
+
+
+def _curator(world: Path, tmp: Path, **override: str) -> list[str]:
+    data = world / "data"
+    flags = {"--data": str(data / "bob.csv"), "--schema": str(data / "bob.json"), "--name": "bob",
+             "--keystore": str(tmp / "ks"), "--release-id": "r1", "--epsilon": "0.5", "--server": "127.0.0.1:9",
+             "--certs": str(world / "certs"), "--curators": "alice,bob", "--leader-address": "127.0.0.1:9",
+             "--alignment-key-file": str(world / "align.key"), "--timeout": "30"}  # fmt: skip
+    flags.update(override)
+    return [sys.executable, "-m", "secure_release.curator", "run", *(x for kv in flags.items() for x in kv)]
+
+
+@pytest.mark.parametrize("flag", ["--data", "--schema", "--alignment-key-file", "--certs"])
+def test_a_missing_file_exits_2_naming_the_flag_and_the_path(world: Path, tmp_path: Path, flag: str) -> None:
+    missing = str(tmp_path / "no-such-file")
+    proc = subprocess.run(_curator(world, tmp_path, **{flag: missing}), capture_output=True, text=True,
+                          timeout=60, env=_env())  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert f"{flag} {missing}: does not exist" in proc.stderr
+    assert "Errno" not in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["-m", "secure_release.server", "--listen", "127.0.0.1:0", "--store", "s", "--certs", "{missing}"],
+        ["-m", "secure_release.researcher", "fetch", "--release-id", "r1", "--server", "127.0.0.1:9",
+         "--certs", "{missing}"],
+        ["-m", "secure_release", "plan", "--n", "100", "--epsilon", "1", "--schema", "{missing}", "--schema", "x"],
+    ],
+)
+def test_every_command_names_a_missing_file(tmp_path: Path, command: list[str]) -> None:
+    missing = str(tmp_path / "nope")
+    cmd = [sys.executable, *(c.replace("{missing}", missing) for c in command)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=_env(), cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert f"{missing}: does not exist" in proc.stderr and "Errno" not in proc.stderr
+
+
+def test_an_unreachable_leader_and_server_are_named_within_seconds(world: Path, tmp_path: Path) -> None:
+    subprocess.run([sys.executable, "-m", "secure_release.curator", "budget", "set", "--keystore",
+                    str(tmp_path / "ks"), "--data", str(world / "data" / "bob.csv"), "--epsilon", "1"],
+                   check=True, env=_env(), capture_output=True)  # fmt: skip
+    log = tmp_path / "bob.log"
+    with log.open("wb") as fh:
+        proc = subprocess.Popen(_curator(world, tmp_path), stdout=fh, stderr=subprocess.STDOUT, env=_env())
+    try:
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and "cannot reach the leader alice at 127.0.0.1:9" not in log.read_text():
+            time.sleep(0.2)
+        assert "cannot reach the leader alice at 127.0.0.1:9" in log.read_text(), log.read_text()[-2000:]
+        while time.monotonic() < deadline and "cannot reach the release server at 127.0.0.1:9" not in log.read_text():
+            time.sleep(0.2)
+        assert "cannot reach the release server at 127.0.0.1:9 (--server)" in log.read_text(), log.read_text()[-2000:]
+        assert proc.poll() is None  # said at once, long before its --timeout of 30 s
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_follower_with_bad_rows_makes_the_leader_abort_for_everybody_at_once(world: Path, tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    shutil.copytree(world / "data", data)
+    with (data / "bob.csv").open("a") as fh:
+        fh.write("bob-extra-1,not-a-category,not-a-category\n")
+    cluster = Cluster(tmp_path, env=_env())
+    try:
+        launch_release(cluster, data, world / "certs", "r-bad", 0.5, 200, "chacha20", world / "align.key",
+                       alice_extra=["--timeout", "60"], bob_extra=["--timeout", "60"])  # fmt: skip
+        started = time.monotonic()
+        codes = {name: cluster.procs[name].wait(timeout=50) for name in ("alice", "bob")}
+        took = time.monotonic() - started
+    finally:
+        cluster.close()
+    assert codes == {"alice": 1, "bob": 2}, cluster.tail("alice") + cluster.tail("bob")
+    assert took < 20, took  # not the leader's --timeout of 60 s
+    tail = cluster.tail("alice", 5)
+    assert "bob: BadRowsError" in tail and "not-a-category" in tail and "timed out" not in tail, tail
