@@ -26,7 +26,7 @@ from secure_release.curator.keystore import KeystoreError, TableChangedError
 from secure_release.curator.table import BadRowsError, SchemaFileError
 from secure_release.infra import metrics
 from secure_release.infra.config import ConfigError, apply_env_and_config, subcommand_parser
-from secure_release.infra.exitcodes import USAGE, describe, exit_code_for
+from secure_release.infra.exitcodes import USAGE, describe, exit_code_for, verdict
 from secure_release.infra.logs import add_log_format_flag, pop_log_format, setup_logging
 from secure_release.mechanism.errors import (
     InvalidNameError,
@@ -309,8 +309,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(f"curator: error: {describe(exc)}\n")
         return USAGE
     except (SecureReleaseError, grpc.RpcError) as exc:  # one line, no traceback of secrets
-        sys.stderr.write(f"curator: error: {describe(exc)}\n")
-        return exit_code_for(exc)
+        code = exit_code_for(exc)
+        sys.stderr.write(f"curator: {verdict(code)}: {describe(exc)}\n")
+        return code
 
 
 def _dispatch(args: argparse.Namespace) -> int:

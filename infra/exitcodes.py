@@ -77,6 +77,12 @@ def exit_code_for(exc: BaseException) -> int:
     return FAILURE
 
 
+def verdict(code: int) -> str:
+    """The first word of a command's last line for its exit code: "refused" (3), "failed" (1),
+    "error" (2, usage), so the end of the output says which row of the table it was."""
+    return {REFUSED: "refused", FAILURE: "failed"}.get(code, "error")
+
+
 def describe(exc: BaseException) -> str:
     """One line naming the error (never a traceback, never a key)."""
     status = grpc_status_name(exc)

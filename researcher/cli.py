@@ -36,7 +36,7 @@ from secure_release.infra.config import (
     subcommand_parser,
     write_port_file,
 )
-from secure_release.infra.exitcodes import USAGE, describe, exit_code_for
+from secure_release.infra.exitcodes import USAGE, describe, exit_code_for, verdict
 from secure_release.infra.fileio import require_dir
 from secure_release.infra.health import add_health_and_reflection
 from secure_release.infra.logs import EventLog, add_log_format_flag, pop_log_format, setup_logging
@@ -233,5 +233,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(f"researcher: error: {describe(exc)}\n")
         return USAGE
     except (SecureReleaseError, grpc.RpcError) as exc:
-        sys.stderr.write(f"researcher: error: {describe(exc)}\n")
-        return exit_code_for(exc)
+        code = exit_code_for(exc)
+        sys.stderr.write(f"researcher: {verdict(code)}: {describe(exc)}\n")
+        return code
