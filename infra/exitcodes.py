@@ -89,4 +89,7 @@ def describe(exc: BaseException) -> str:
     if status is not None:
         details = getattr(exc, "details", None)
         return f"RPC failed: {status}: {details() if callable(details) else ''}"
+    if isinstance(exc, OSError) and exc.filename is not None and exc.strerror:
+        # a file named by a flag or inside a directory a flag names (--certs DIR): the path, no errno
+        return f"{exc.filename}: {exc.strerror.lower()}"
     return f"{type(exc).__name__}: {exc}"
