@@ -2,7 +2,8 @@
 
 :func:`run_main` turns whatever stops a command into one line on stderr (never a traceback,
 never a key) and the exit code of the shared convention (:mod:`.exitcodes`): 0 ok, 1 runtime
-failure, 2 usage, 3 refused, 130 interrupted. :func:`serve_until_signal` is the loop every
+failure, 2 usage, 3 refused, 130 interrupted; the line starts with the row's word (``refused:``,
+``failed:`` or ``error:``). :func:`serve_until_signal` is the loop every
 service runs after it starts listening: it returns on SIGTERM or SIGINT.
 """
 
@@ -35,16 +36,17 @@ def run_main(
     except KeyboardInterrupt:
         return exitcodes.INTERRUPTED
     except usage_errors as exc:
-        _say(program, exc)
-        return exitcodes.USAGE
+        return _say(program, exc, exitcodes.USAGE)
     except REPORTED as exc:
-        _say(program, exc)
-        return exitcodes.exit_code_for(exc)
+        return _say(program, exc, exitcodes.exit_code_for(exc))
 
 
-def _say(program: str, exc: BaseException) -> None:
-    sys.stderr.write(f"{program}: error: {exitcodes.describe(exc)}\n")
+def _say(program: str, exc: BaseException, code: int) -> int:
+    """One last line naming the row of the exit-code table (``refused``, ``failed`` or
+    ``error``) and what stopped the command; returns ``code``."""
+    sys.stderr.write(f"{program}: {exitcodes.verdict(code)}: {exitcodes.describe(exc)}\n")
     sys.stderr.flush()
+    return code
 
 
 def stop_on_signals(signals: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGINT)) -> threading.Event:

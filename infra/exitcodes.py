@@ -81,10 +81,19 @@ def exit_code_for(exc: BaseException) -> int:
     return FAILURE
 
 
+def verdict(code: int) -> str:
+    """The first word of a command's last line for its exit code: "refused" (3), "failed" (1),
+    "error" (2, usage), so the end of the output says which row of the table it was."""
+    return {REFUSED: "refused", FAILURE: "failed"}.get(code, "error")
+
+
 def describe(exc: BaseException) -> str:
     """One line naming the error (never a traceback, never a key)."""
     status = grpc_status_name(exc)
     if status is not None:
         details = getattr(exc, "details", None)
         return f"RPC failed: {status}: {details() if callable(details) else ''}"
+    if isinstance(exc, OSError) and exc.filename is not None and exc.strerror:
+        # a file named by a flag or inside a directory a flag names (--certs DIR): the path, no errno
+        return f"{exc.filename}: {exc.strerror.lower()}"
     return f"{type(exc).__name__}: {exc}"

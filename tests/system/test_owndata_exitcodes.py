@@ -92,6 +92,7 @@ def test_a_refusal_exits_3_at_every_party(
     reason = "NoBudgetError" if len(budgets) == 1 else "BudgetExceededError"
     for name in ("alice", "bob"):
         assert reason in cluster.tail(name, 5), cluster.tail(name, 5)
+        assert "curator: refused: " in cluster.tail(name, 1)  # the last line says which row it was
     if refuser != "bob":
         return  # the leader refuses before the agreement: the release never reaches the server
     fetch = subprocess.run(
@@ -101,6 +102,7 @@ def test_a_refusal_exits_3_at_every_party(
         capture_output=True, text=True, timeout=60, env=_env(),
     )  # fmt: skip
     assert fetch.returncode == 3, fetch.stderr[-2000:]
+    assert "researcher: refused: " in fetch.stderr
     assert f"refused: {refuser}" in fetch.stderr
 
 

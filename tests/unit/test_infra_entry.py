@@ -41,7 +41,8 @@ def test_every_stop_is_one_line_and_the_conventions_code(
     if code == exitcodes.INTERRUPTED:
         assert err == ""
     else:
-        assert err.startswith("tool: error: ") and err.count("\n") == 1 and "Traceback" not in err
+        word = {exitcodes.REFUSED: "refused", exitcodes.FAILURE: "failed"}.get(code, "error")
+        assert err.startswith(f"tool: {word}: ") and err.count("\n") == 1 and "Traceback" not in err
 
 
 def test_a_body_that_returns_gives_its_code_and_unknown_errors_propagate() -> None:

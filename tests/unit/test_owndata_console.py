@@ -89,3 +89,11 @@ def test_every_help_shows_the_installed_command_name() -> None:
     assert budget.prog == "secure-release-curator budget"
     for name in ("secure-release-curator", "secure-release-server", "secure-release-researcher"):
         assert "--log-format" in parsers[name].format_help()
+
+
+def test_a_missing_file_is_named_without_an_errno() -> None:
+    from secure_release.infra.exitcodes import describe
+
+    with pytest.raises(OSError) as info:
+        Path("/nonexistent/certs/alice.pem").read_text(encoding="ascii")
+    assert describe(info.value) == "/nonexistent/certs/alice.pem: no such file or directory"
