@@ -39,7 +39,7 @@ from secure_release.infra.config import ConfigError, require
 from secure_release.infra.fileio import require_file
 from secure_release.infra.tls import secure_channel
 from secure_release.mechanism.accounting import AccountingPolicy, pld_policy
-from secure_release.mechanism.ledger import NoBudgetError, PrivacyLedger
+from secure_release.mechanism.ledger import LostHistoryError, PrivacyLedger
 from secure_release.mechanism.spec import check_name, check_party_name
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
@@ -180,7 +180,7 @@ def _budget_set(args: argparse.Namespace) -> int:
     ledger = _ledger(args)
     dataset, fingerprint = _dataset(args)
     if not args.server and ledger.was_deleted():
-        raise NoBudgetError(
+        raise LostHistoryError(
             f"{ledger.path} was deleted although its head records entries: setting a budget now would forget what "
             "was spent. Give --server HOST:PORT (with --certs and --name) so the server's witness carries the "
             "spending over, or restore the ledger from a backup"

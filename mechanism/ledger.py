@@ -64,6 +64,12 @@ class NoBudgetError(SecureReleaseError):
     kind = ErrorKind.RESOURCE_EXHAUSTED
 
 
+class LostHistoryError(SecureReleaseError):
+    """``budget set`` on a ledger whose entries were deleted while its head records some: setting
+    a budget now would forget what was spent; the operator must give the server's witness
+    (``--server``) or restore the ledger (exit 2: a flag is missing)."""
+
+
 class LedgerStateError(SecureReleaseError):
     """The entry does not fit the release's state (e.g. a refund after a commit)."""
 

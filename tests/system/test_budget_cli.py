@@ -91,7 +91,10 @@ def test_budget_show_data_recovery_and_refreshed_tables(tmp_path: Path, certs: P
 
 def test_a_run_past_the_curators_epsilon_cap_is_refused_before_anything(tmp_path: Path) -> None:
     (tmp_path / "align.key").write_text("ab" * 32)
-    done = _cli("run", "--data", "x.csv", "--schema", "x.json", "--release-id", "r1", "--epsilon", "25",
+    (tmp_path / "x.csv").write_text("id,a\n1,u\n")  # the files exist: the cap is what refuses the run
+    (tmp_path / "x.json").write_text('{"attributes": [{"name": "a", "categories": ["u", "v"]}]}')
+    done = _cli("run", "--data", str(tmp_path / "x.csv"), "--schema", str(tmp_path / "x.json"), "--release-id", "r1",
+                "--epsilon", "25",
                 "--server", "127.0.0.1:1", "--insecure", "--name", "alice", "--curators", "alice,bob", "--leader",
                 "--alignment-key-file", str(tmp_path / "align.key"))  # fmt: skip
     assert done.returncode == 2 and "--max-epsilon" in done.stderr and "cap of 20" in done.stderr

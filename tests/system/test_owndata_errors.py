@@ -40,7 +40,7 @@ def _curator(world: Path, tmp: Path, **override: str) -> list[str]:
     data = world / "data"
     flags = {"--data": str(data / "bob.csv"), "--schema": str(data / "bob.json"), "--name": "bob",
              "--keystore": str(tmp / "ks"), "--release-id": "r1", "--epsilon": "0.5", "--server": "127.0.0.1:9",
-             "--certs": str(world / "certs"), "--curators": "alice,bob", "--leader-address": "127.0.0.1:9",
+             "--certs": str(world / "certs" / "bob"), "--curators": "alice,bob", "--leader-address": "127.0.0.1:9",
              "--alignment-key-file": str(world / "align.key"), "--timeout": "30"}  # fmt: skip
     flags.update(override)
     return [sys.executable, "-m", "secure_release.curator", "run", *(x for kv in flags.items() for x in kv)]
@@ -75,7 +75,8 @@ def test_every_command_names_a_missing_file(tmp_path: Path, command: list[str]) 
 
 def test_an_unreachable_leader_and_server_are_named_within_seconds(world: Path, tmp_path: Path) -> None:
     subprocess.run([sys.executable, "-m", "secure_release.curator", "budget", "set", "--keystore",
-                    str(tmp_path / "ks"), "--data", str(world / "data" / "bob.csv"), "--epsilon", "1"],
+                    str(tmp_path / "ks"), "--data", str(world / "data" / "bob.csv"), "--epsilon", "1",
+                    "--certs", str(world / "certs" / "bob"), "--name", "bob"],
                    check=True, env=_env(), capture_output=True)  # fmt: skip
     log = tmp_path / "bob.log"
     with log.open("wb") as fh:

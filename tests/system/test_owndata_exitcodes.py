@@ -59,7 +59,7 @@ def _launch(
     data = world / "data"
     if budgets is not None:
         for name, eps in budgets.items():
-            set_budgets(cluster, {cluster.root / f"keystore-{name}": data / f"{name}.csv"}, eps)
+            set_budgets(cluster, {cluster.root / f"keystore-{name}": data / f"{name}.csv"}, eps, world / "certs")
     extra = FAST  # a curator exits 0 by default once the researcher acknowledged its key
     return launch_release(
         cluster, data, world / "certs", rid, epsilon, 300, "chacha20", world / "align.key",
@@ -97,7 +97,7 @@ def test_a_refusal_exits_3_at_every_party(
         return  # the leader refuses before the agreement: the release never reaches the server
     fetch = subprocess.run(
         [sys.executable, "-m", "secure_release.researcher", "fetch", "--release-id", "r-no", "--certs",
-         str(world / "certs"), "--server", addrs["server"], "--out", str(cluster.root / "fetched"),
+         str(world / "certs" / "researcher"), "--server", addrs["server"], "--out", str(cluster.root / "fetched"),
          "--timeout", "10"],
         capture_output=True, text=True, timeout=60, env=_env(),
     )  # fmt: skip
@@ -110,11 +110,12 @@ def test_an_unreachable_leader_exits_1(world: Path, tmp_path: Path) -> None:
     data = world / "data"
     cmd = [sys.executable, "-m", "secure_release.curator", "run", "--data", str(data / "bob.csv"), "--schema",
            str(data / "bob.json"), "--name", "bob", "--keystore", str(tmp_path / "ks"), "--release-id", "r1",
-           "--epsilon", "0.5", "--server", "127.0.0.1:9", "--certs", str(world / "certs"), "--curators",
+           "--epsilon", "0.5", "--server", "127.0.0.1:9", "--certs", str(world / "certs" / "bob"), "--curators",
            "alice,bob", "--leader-address", "127.0.0.1:9", "--alignment-key-file", str(world / "align.key"),
            "--timeout", "4"]  # fmt: skip
     subprocess.run([sys.executable, "-m", "secure_release.curator", "budget", "set", "--keystore", str(tmp_path / "ks"),
-                    "--data", str(data / "bob.csv"), "--epsilon", "1"], check=True, env=_env(), capture_output=True)
+                    "--data", str(data / "bob.csv"), "--epsilon", "1", "--certs", str(world / "certs" / "bob"),
+                    "--name", "bob"], check=True, env=_env(), capture_output=True)
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=_env())
     assert proc.returncode == 1, proc.stderr[-2000:]
 
@@ -123,7 +124,7 @@ def test_an_interrupt_exits_130(world: Path, tmp_path: Path) -> None:
     data = world / "data"
     cmd = [sys.executable, "-m", "secure_release.curator", "run", "--data", str(data / "bob.csv"), "--schema",
            str(data / "bob.json"), "--name", "bob", "--keystore", str(tmp_path / "ks"), "--release-id", "r1",
-           "--epsilon", "0.5", "--server", "127.0.0.1:9", "--certs", str(world / "certs"), "--curators",
+           "--epsilon", "0.5", "--server", "127.0.0.1:9", "--certs", str(world / "certs" / "bob"), "--curators",
            "alice,bob", "--leader-address", "127.0.0.1:9", "--alignment-key-file", str(world / "align.key"),
            "--timeout", "60"]  # fmt: skip
     log = tmp_path / "bob.log"

@@ -95,7 +95,9 @@ def test_revoked_researcher_and_analyst_are_refused_by_the_running_services(orgs
     (tmp_path / "align.key").write_text(AlignmentKey.generate().reveal().hex())
     cluster = Cluster(tmp_path, env={**os.environ, RELOAD_ENV: "0.2"})
     try:
-        addrs = launch_release(cluster, tmp_path / "data", root, "r-rev", 1.0, 200, "chacha20", tmp_path / "align.key")
+        serve = ["--serve-until-stopped"]  # the curators keep serving keys after the researcher acknowledged
+        addrs = launch_release(cluster, tmp_path / "data", root, "r-rev", 1.0, 200, "chacha20", tmp_path / "align.key",
+                               alice_extra=serve, bob_extra=serve)  # fmt: skip
         get_estimate(addrs["researcher"], root, "r-rev", timeout=120)
 
         def call(what: str) -> grpc.StatusCode:
