@@ -255,25 +255,22 @@ class CuratorService(pb_grpc.CuratorServicer):
 
     def wait_keys_served(self, release_id: str, timeout: float | None = None) -> bool:
         """Block until every granted researcher fetched this release's key (False on timeout)."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        with self.keys_served:
-            while True:
-                rec = self.keys.get(release_id)
-                if rec is not None and rec.grants <= rec.served:
-                    return True
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    return False
-                self.keys_served.wait(left if left is not None else 1.0)
+        return self._wait_for_all(release_id, lambda rec: rec.served, timeout)
 
     def wait_keys_acknowledged(self, release_id: str, timeout: float | None = None) -> bool:
         """Block until every granted researcher acknowledged this release's key, i.e. stored
         its result durably (False on timeout)."""
+        return self._wait_for_all(release_id, lambda rec: rec.acknowledged, timeout)
+
+    def _wait_for_all(
+        self, release_id: str, done: Callable[[KeyRecord], set[str]], timeout: float | None
+    ) -> bool:
+        """Block until every grant of the release's key is in ``done(record)`` (False on timeout)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self.keys_served:
             while True:
                 rec = self.keys.get(release_id)
-                if rec is not None and rec.grants <= rec.acknowledged:
+                if rec is not None and rec.grants <= done(rec):
                     return True
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:

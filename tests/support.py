@@ -110,3 +110,16 @@ def served_serial(port: int, party: Path, name: str) -> int:
         der = conn.getpeercert(binary_form=True)
     assert der is not None
     return x509.load_der_x509_certificate(der).serial_number
+
+
+def demo_world(root: Path, rows: int, seed: int) -> Path:
+    """A directory with the demo tables of two curators (``data/``), a PKI of :data:`PARTIES`
+    (``certs/NAME`` per party) and an alignment key (``align.key``), for system tests."""
+    from secure_release.demo_data import write_demo_data
+    from secure_release.infra.pki import init_pki
+    from secure_release.mechanism.keys import AlignmentKey
+
+    write_demo_data(root / "data", rows=rows, seed=seed)
+    init_pki(root / "certs", list(PARTIES))
+    (root / "align.key").write_text(AlignmentKey.generate().reveal().hex())
+    return root

@@ -12,11 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
+from support import demo_world
 
-from secure_release.cluster import PARTIES, Cluster, launch_release
-from secure_release.demo_data import write_demo_data
-from secure_release.infra.pki import init_pki
-from secure_release.mechanism.keys import AlignmentKey
+from secure_release.cluster import Cluster, launch_release
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -29,11 +27,7 @@ def _env() -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("errors")
-    write_demo_data(root / "data", rows=1200, seed=5)
-    init_pki(root / "certs", list(PARTIES))
-    (root / "align.key").write_text(AlignmentKey.generate().reveal().hex())
-    return root
+    return demo_world(tmp_path_factory.mktemp("errors"), rows=1200, seed=5)
 
 
 def _curator(world: Path, tmp: Path, **override: str) -> list[str]:

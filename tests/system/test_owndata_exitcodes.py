@@ -15,11 +15,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support import demo_world
 
-from secure_release.cluster import PARTIES, Cluster, get_estimate, launch_release, set_budgets
-from secure_release.demo_data import write_demo_data
-from secure_release.infra.pki import init_pki
-from secure_release.mechanism.keys import AlignmentKey
+from secure_release.cluster import Cluster, get_estimate, launch_release, set_budgets
 
 ROOT = Path(__file__).resolve().parents[2]
 FAST = ["--timeout", "30"]
@@ -33,11 +31,7 @@ def _env() -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("exitcodes")
-    write_demo_data(root / "data", rows=1500, seed=3)
-    init_pki(root / "certs", list(PARTIES))
-    (root / "align.key").write_text(AlignmentKey.generate().reveal().hex())
-    return root
+    return demo_world(tmp_path_factory.mktemp("exitcodes"), rows=1500, seed=3)
 
 
 @pytest.fixture()
