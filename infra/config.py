@@ -117,3 +117,21 @@ def subcommand_parser(parser: argparse.ArgumentParser, name: str) -> argparse.Ar
             sub: argparse.ArgumentParser = action.choices[name]
             return sub
     raise KeyError(name)
+
+
+def pop_option(argv: list[str], flag: str, env: str) -> tuple[list[str], str | None]:
+    """``argv`` without ``FLAG VALUE`` or ``FLAG=VALUE`` (anywhere: before or after a
+    subcommand) and the value (the last one given; else the environment variable ``env``; else
+    None). For the options every service CLI shares (``--log-format``, ``--metrics-listen``)."""
+    out, value, i = [], os.environ.get(env) or None, 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == flag and i + 1 < len(argv):
+            value, i = argv[i + 1], i + 2
+            continue
+        if arg.startswith(flag + "="):
+            value, i = arg.partition("=")[2], i + 1
+            continue
+        out.append(arg)
+        i += 1
+    return out, value

@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
 import time
 from typing import Any, TextIO
 
+from secure_release.infra.config import pop_option
 from secure_release.mechanism.errors import SecureReleaseError
 
 ROOT_LOGGER = "secure_release"
@@ -93,17 +93,7 @@ class UnknownLogFormatError(SecureReleaseError):
 def pop_log_format(argv: list[str]) -> tuple[list[str], str | None]:
     """``argv`` without ``--log-format X`` (anywhere: before or after a subcommand) and X (or
     the environment's :data:`LOG_FORMAT_ENV`, or None: chosen by :func:`setup_logging`)."""
-    out, fmt, i = [], os.environ.get(LOG_FORMAT_ENV) or None, 0
-    while i < len(argv):
-        arg = argv[i]
-        if arg == "--log-format" and i + 1 < len(argv):
-            fmt, i = argv[i + 1], i + 2
-            continue
-        if arg.startswith("--log-format="):
-            fmt, i = arg.partition("=")[2], i + 1
-            continue
-        out.append(arg)
-        i += 1
+    out, fmt = pop_option(argv, "--log-format", LOG_FORMAT_ENV)
     if fmt is not None and fmt not in LOG_FORMATS:
         raise UnknownLogFormatError(f"--log-format {fmt!r}: allowed: {', '.join(LOG_FORMATS)}")
     return out, fmt

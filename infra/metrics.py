@@ -17,7 +17,6 @@ metrics call; like the logs, they carry ids, counts and durations, never a key o
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from secure_release.infra.config import ConfigError, split_address
+from secure_release.infra.config import ConfigError, pop_option, split_address
 from secure_release.infra.logs import ROOT_LOGGER
 
 METRICS_ENV = "SECURE_RELEASE_METRICS_LISTEN"
@@ -173,18 +172,7 @@ ACTIVE: Metrics | None = None
 def pop_metrics_listen(argv: list[str]) -> tuple[list[str], str | None]:
     """``argv`` without ``--metrics-listen HOST:PORT`` (anywhere) and the address (or the
     environment's :data:`METRICS_ENV`; None: metrics off)."""
-    out, address, i = [], os.environ.get(METRICS_ENV) or None, 0
-    while i < len(argv):
-        arg = argv[i]
-        if arg == "--metrics-listen" and i + 1 < len(argv):
-            address, i = argv[i + 1], i + 2
-            continue
-        if arg.startswith("--metrics-listen="):
-            address, i = arg.partition("=")[2], i + 1
-            continue
-        out.append(arg)
-        i += 1
-    return out, address
+    return pop_option(argv, "--metrics-listen", METRICS_ENV)
 
 
 def add_metrics_flag(parser: Any) -> None:
