@@ -162,6 +162,11 @@ def budget(args: argparse.Namespace) -> int:
     if args.action == "set":
         return _budget_set(args)
     if args.action == "show":
+        if not Path(args.keystore).is_dir():
+            raise ConfigError(
+                f"--keystore {args.keystore}: no such keystore ('budget set' creates one; 'run' uses keystore-NAME "
+                "unless --keystore is given)"
+            )
         ledger = _ledger(args)
         only = _dataset(args)[0] if args.data or args.table_id or args.dataset else None
         out = ledger_summary(ledger.read(), only)
@@ -177,8 +182,8 @@ def budget(args: argparse.Namespace) -> int:
 
 def _budget_set(args: argparse.Namespace) -> int:
     """Carry over what the witness knows, adopt an unsigned head, append the budget entry."""
+    dataset, fingerprint = _dataset(args)  # checks --data before the keystore is created
     ledger = _ledger(args)
-    dataset, fingerprint = _dataset(args)
     if not args.server and ledger.was_deleted():
         raise LostHistoryError(
             f"{ledger.path} was deleted although its head records entries: setting a budget now would forget what "

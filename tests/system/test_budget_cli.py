@@ -98,3 +98,13 @@ def test_a_run_past_the_curators_epsilon_cap_is_refused_before_anything(tmp_path
                 "--server", "127.0.0.1:1", "--insecure", "--name", "alice", "--curators", "alice,bob", "--leader",
                 "--alignment-key-file", str(tmp_path / "align.key"))  # fmt: skip
     assert done.returncode == 2 and "--max-epsilon" in done.stderr and "cap of 20" in done.stderr
+
+
+def test_a_mistyped_path_leaves_no_keystore_behind(tmp_path: Path) -> None:
+    """``budget set`` with a missing --data file, and ``budget show`` of a keystore that does not
+    exist, exit 2 naming the path and create nothing (a typo never looks like an empty ledger)."""
+    ks = tmp_path / "ks"
+    done = _cli("budget", "set", "--keystore", str(ks), "--data", str(tmp_path / "nope.csv"), "--epsilon", "1")
+    assert done.returncode == 2 and "nope.csv: does not exist" in done.stderr and not ks.exists()
+    shown = _cli("budget", "show", "--keystore", str(ks), "--dataset", "adult")
+    assert shown.returncode == 2 and "no such keystore" in shown.stderr and not ks.exists()
