@@ -45,7 +45,7 @@ from secure_release.infra import metrics
 from secure_release.infra.config import ConfigError, write_port_file
 from secure_release.infra.entry import stop_on_signals
 from secure_release.infra.exitcodes import refusal_reason
-from secure_release.infra.fileio import atomic_write
+from secure_release.infra.fileio import UnsafePathError, atomic_write, read_nofollow
 from secure_release.infra.health import add_health_and_reflection
 from secure_release.infra.logs import EventLog, peak_rss_mib
 from secure_release.infra.memory import release_free_memory
@@ -373,6 +373,30 @@ def _acks_file(config: CuratorConfig) -> Path | None:
     return Path(keystore) / f"acknowledged-{config.release_id}.json"
 
 
+def _load_acks(acks: Path | None, log: EventLog) -> set[str]:
+    """The researchers a restarted curator already heard from (never through a link; a file that
+    is not a JSON list of names counts as none, logged)."""
+    if acks is None or not acks.exists():
+        return set()
+    try:
+        names = json.loads(read_nofollow(acks).decode("utf-8"))
+        if isinstance(names, list) and all(isinstance(n, str) for n in names):
+            return set(names)
+    except UnsafePathError:
+        raise  # a planted link is refused, never read
+    except (ValueError, UnicodeDecodeError):
+        pass
+    log.warning("acknowledgements_unreadable", path=str(acks), note="ignored: waiting for every researcher again")
+    return set()
+
+
+def _save_acks(acks: Path | None, now: set[str], saved: set[str]) -> set[str]:
+    """Persist the acknowledgements (0600) when they changed; what is saved now."""
+    if acks is not None and now != saved:
+        atomic_write(acks, json.dumps(sorted(now)).encode("utf-8"))
+    return now
+
+
 def fail_before_agreement(
     config: CuratorConfig, state: LeaderState | None, log: EventLog, exc: SecureReleaseError
 ) -> None:
@@ -402,10 +426,8 @@ def serve_until_acknowledged(
     restarted after a researcher acknowledged does not wait for it again."""
     service.add_release(config.release_id, record.pad, config.grants)
     acks = _acks_file(config)
-    saved: set[str] = set()
-    if acks is not None and acks.exists():
-        saved = set(json.loads(acks.read_text(encoding="utf-8"))) & set(config.grants)
-        service.keys[config.release_id].acknowledged.update(saved)
+    saved = _load_acks(acks, log) & set(config.grants)
+    service.keys[config.release_id].acknowledged.update(saved)
     until = record.retention_until or time.time()
     waiting = ", ".join(service.unacknowledged(config.release_id)) or "nobody"
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(until))
@@ -418,13 +440,9 @@ def serve_until_acknowledged(
         note=f"serving the key to {waiting} {finish} {stamp}, Ctrl-C to stop",
     )
     while not stop.is_set() and time.time() < until:
-        now = set(service.keys[config.release_id].acknowledged)
-        if acks is not None and now != saved:
-            atomic_write(acks, json.dumps(sorted(now)).encode("utf-8"))
-            saved = now
+        saved = _save_acks(acks, set(service.keys[config.release_id].acknowledged), saved)
         if config.exit_after_keys and service.wait_keys_acknowledged(config.release_id, timeout=POLL_S):
-            if acks is not None and set(service.keys[config.release_id].acknowledged) != saved:
-                atomic_write(acks, json.dumps(sorted(service.keys[config.release_id].acknowledged)).encode("utf-8"))
+            _save_acks(acks, set(service.keys[config.release_id].acknowledged), saved)
             log("keys_acknowledged", release_id=config.release_id, note="every granted researcher stored its result")
             return
         if not config.exit_after_keys:
