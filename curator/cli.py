@@ -62,8 +62,8 @@ How a release runs:
 The budget is set beforehand, never per run, per data set (--dataset, default the --data file's
 name; a refreshed table under the same name spends from the same budget); --certs/--name sign the
 ledger's head and --server carries over what the server's witness knows was spent:
-  python -m secure_release.curator budget set --keystore ks-alice --data alice.csv --epsilon 2.0 \\
-      --certs certs --name alice --server 127.0.0.1:7000
+  secure-release-curator budget set --keystore ks-alice --data alice.csv --epsilon 2.0 \\
+      --certs certs/alice --name alice --server 127.0.0.1:7000
 
 Exit codes: 0 released (keys served), 1 the release failed or was aborted (the reason is printed
 and recorded at the server), 2 a usage, config or input error, 3 refused (no budget set, or the
@@ -95,7 +95,7 @@ columns encrypted under table keys ('store-table'), each release needs only the 
 Only the rekeyed key path runs here; """ + POSITIONS_PATH_REFUSAL + """.
 
 Example (after 'store-table --table-id adult'):
-  secure-release-curator budget set --keystore ks-alice --table-id adult --epsilon 2.0 --certs certs --name alice
+  secure-release-curator budget set --keystore ks-alice --table-id adult --epsilon 2.0 --certs certs/alice --name alice
   secure-release-curator run --sampling server --table-id adult --release-id r1 --epsilon 0.5 \\
       --server 127.0.0.1:7000 --certs certs/alice --name alice --curators alice,bob --grant researcher \\
       --keystore ks-alice --listen 127.0.0.1:7101
