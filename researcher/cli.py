@@ -1,4 +1,4 @@
-"""``python -m secure_release.researcher``: decrypt and estimate secure releases.
+"""secure-release-researcher: decrypt and estimate secure releases.
 
   serve   run the Researcher service: the server notifies it when a release is perturbed; it
           fetches the perturbed rows, asks each curator for its key, estimates and writes
