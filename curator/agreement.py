@@ -10,6 +10,7 @@ settings (:func:`spec_differences`) before it samples anything.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 
 import grpc
@@ -23,7 +24,7 @@ from secure_release.infra.exitcodes import REFUSED, exit_code_for, is_refusal
 from secure_release.infra.logs import EventLog, peak_rss_mib
 from secure_release.infra.streams import AgreementError, agreement_from_chunks, tag_chunks
 from secure_release.infra.tls import secure_channel
-from secure_release.mechanism.alignment import Alignment, RowOrder, SortedTags, TagArray, align
+from secure_release.mechanism.alignment import TAG_DTYPE, Alignment, RowOrder, SortedTags, TagArray, align
 from secure_release.mechanism.errors import SecureReleaseError
 from secure_release.mechanism.plan import plan_release
 from secure_release.mechanism.spec import ReleaseSpec
@@ -31,11 +32,14 @@ from secure_release.mechanism.variants import VariantAgreement, sample_fingerpri
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
 
+#: A curator's tags: one array, or (a sharded table) a function that makes them shard by shard.
+TagSource = TagArray | Callable[[], Iterable[TagArray]]
+
 SUBMIT_TIMEOUT_S = 60.0
 AGREEMENT_CALL_S = 20.0  # one GetAgreement call: the leader waits up to half of it, then streams
 
 
-def leader_state(config: CuratorConfig, own_size: int) -> LeaderState:
+def leader_state(config: CuratorConfig, own_size: int, kind: type[LeaderState] = LeaderState) -> LeaderState:
     """The leader's collector for this release (its own size cross-checked against
     ``--alphabet-sizes`` at once, before anything is sent)."""
     sizes = config.expected_sizes
@@ -44,7 +48,7 @@ def leader_state(config: CuratorConfig, own_size: int) -> LeaderState:
             f"--alphabet-sizes gives {config.name} size {sizes[config.curators.index(config.name)]}, "
             f"its schema has {own_size}"
         )
-    return LeaderState(
+    return kind(
         config.release_id,
         config.curators,
         sizes,
@@ -117,7 +121,7 @@ def _fetch_agreement(stub: pb_grpc.CuratorStub, config: CuratorConfig, timeout: 
 
 
 def follow_leader(
-    config: CuratorConfig, tags: TagArray, own_size: int, log: EventLog, deadline: Deadline
+    config: CuratorConfig, tags: TagSource, own_size: int, log: EventLog, deadline: Deadline
 ) -> VariantAgreement:
     """Send this curator's tags and alphabet size to the leader, then fetch the agreement (both
     retried while the leader is unreachable or not ready, until ``deadline``). A refusal by the
@@ -137,8 +141,9 @@ def follow_leader(
         stub = pb_grpc.CuratorStub(channel)
 
         def submit(timeout: float) -> pb.SubmitTagsResponse:
+            source = tags() if callable(tags) else tags  # a sharded table streams its shards afresh each time
             resp: pb.SubmitTagsResponse = stub.SubmitTags(
-                tag_chunks(config.release_id, config.name, tags, own_size, config.alignment), timeout=timeout
+                tag_chunks(config.release_id, config.name, source, own_size, config.alignment), timeout=timeout
             )
             log("tags_submitted", leader=config.leader_address, tags=int(resp.tags_received))
             return resp
@@ -195,14 +200,14 @@ def report_failure_to_leader(config: CuratorConfig, reason: str, log: EventLog, 
 
 
 def agree(
-    config: CuratorConfig, tags: TagArray, own_size: int, state: LeaderState | None, log: EventLog, deadline: Deadline
+    config: CuratorConfig, tags: TagSource, own_size: int, state: LeaderState | None, log: EventLog, deadline: Deadline
 ) -> VariantAgreement:
     """Step 1, leader (``state`` given; a restored agreement is reused) or follower: the
     checked (spec, sample, common tags)."""
     if state is not None and state.agreement is not None:
         agreement = state.agreement
     elif state is not None:
-        state.add_tags(config.name, tags, own_size)
+        state.add_tags(config.name, tags if isinstance(tags, np.ndarray) else np.zeros(0, dtype=TAG_DTYPE), own_size)
         agreement = state.collect(deadline.check("the tags of every curator"))
     else:
         agreement = follow_leader(config, tags, own_size, log, deadline)

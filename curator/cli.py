@@ -288,6 +288,18 @@ def add_run_arguments(p: argparse.ArgumentParser, storing: bool) -> None:
             "and acknowledged the key)",
         )
         n.add_argument("--exit-after-keys", action="store_true", help="(the default now; kept for old scripts)")
+    c = p.add_argument_group(
+        "cluster (pip install 'secure-release[cluster]'; keyed-hash alignment and seed sampling)",
+        "A table past one machine's memory: read, hash, shuffle and align it on a Dask cluster inside this "
+        "curator's trust domain. --data may then be a directory or glob of Parquet or CSV files.",
+    )
+    c.add_argument("--engine", choices=("local", "dask"), default=None,
+                   help="local: this process (default); dask: an embedded cluster, or --scheduler's")  # fmt: skip
+    c.add_argument("--scheduler", help="tcp://HOST:PORT (or tls://) of this curator's running Dask scheduler")
+    c.add_argument("--scheduler-file", help="the scheduler file of this curator's running Dask scheduler")
+    c.add_argument("--workers", type=int, help="embedded cluster: worker processes (default: one a core, at most 8)")
+    c.add_argument("--worker-memory", help="embedded cluster: memory limit of each worker, spilling above (default 2GiB)")
+    c.add_argument("--shards", type=int, help="tag shards, a power of two (default: about 10^6 tags a shard)")
     t = p.add_argument_group("testing only (need SECURE_RELEASE_TESTING=1)")
     t.add_argument("--insecure-test-seed", help=argparse.SUPPRESS)
     t.add_argument("--insecure-test-pad-key", help=argparse.SUPPRESS)

@@ -7,6 +7,7 @@ seed or by an OS-drawn index tuple; the tags are keyed-hash or PSI tags alike).
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -21,7 +22,7 @@ from secure_release.curator.errors import (
 )
 from secure_release.curator.keystore import tags_digest
 from secure_release.infra.exitcodes import is_refusal
-from secure_release.infra.streams import AgreementError, CallerNotAllowedError, PsiStreamError
+from secure_release.infra.streams import AgreementError, CallerNotAllowedError, PsiStreamError, TagBuffer
 from secure_release.mechanism.alignment import RowOrder, SortedTags, TagArray, align_all
 from secure_release.mechanism.errors import SecureReleaseError
 from secure_release.mechanism.keys import Seed
@@ -296,6 +297,18 @@ class LeaderState:
             self.digests[curator] = digest
             self.sizes[curator] = size
             self.cond.notify_all()
+
+    def add_tag_stream(
+        self, curator: str, pieces: Iterable[bytes], alphabet_size: int, alignment: AlignmentMode
+    ) -> int:
+        """A follower's tags as they arrive (the byte pieces of its TagChunk stream), joined and
+        recorded by :meth:`add_tags`; returns how many arrived."""
+        joined = TagBuffer()
+        for piece in pieces:
+            joined.add(piece)
+        tags = joined.tags()
+        self.add_tags(curator, tags, alphabet_size, alignment)
+        return int(tags.size)
 
     def wait_all_tags(self, timeout: float) -> bool:
         """Until every curator's tags arrived (True), the agreement failed, or the timeout."""

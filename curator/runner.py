@@ -29,8 +29,9 @@ from typing import Any
 
 import grpc
 import numpy as np
+import numpy.typing as npt
 
-from secure_release.curator.agreement import agree, leader_state, own_alignment, report_failure_to_leader
+from secure_release.curator.agreement import TagSource, agree, leader_state, own_alignment, report_failure_to_leader
 from secure_release.curator.config import CuratorConfig
 from secure_release.curator.errors import ReleaseAbortedError, ReleaseRefusedError, SpecRefusedError
 from secure_release.curator.keystore import Keystore, ReleaseRecord
@@ -38,6 +39,7 @@ from secure_release.curator.leader import LeaderState
 from secure_release.curator.ledgerfile import file_fingerprint
 from secure_release.curator.ledgersign import HeadSigner
 from secure_release.curator.service import SERVICE_NAME, CuratorService
+from secure_release.curator.sharded import ClusterLeader, ShardedTable
 from secure_release.curator.table import EncodedTable, TableSpec, load_schema, raise_repeats, read_table
 from secure_release.curator.upload import ServerLink
 from secure_release.curator.witness import BudgetWitness
@@ -63,6 +65,7 @@ from secure_release.mechanism.errors import SecureReleaseError
 from secure_release.mechanism.ledger import PrivacyLedger
 from secure_release.mechanism.pads import new_release_pad
 from secure_release.mechanism.protocol import CuratorTable, curator_tags
+from secure_release.mechanism.schema import SymbolArray
 from secure_release.mechanism.spec import ReleaseSpec
 from secure_release.mechanism.variants import AlignmentMode, VariantAgreement, agreement_positions, sample_fingerprint
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
@@ -76,15 +79,23 @@ LINGER_S = 10.0  # how long a failed leader keeps answering followers with the f
 class OwnData:
     """This curator's table, its fingerprint and the keyed tags of its ids."""
 
-    table: CuratorTable
+    table: CuratorTable | None  # None on a cluster: the rows are ``sharded``
     tags: TagArray
     fingerprint: str = ""
     sorted_tags: SortedTags | None = None  # the tags sorted for align (and the repeat check)
+    sharded: ShardedTable | None = None  # --engine dask: the rows as tag shards on the cluster
 
     @property
     def alphabet_size(self) -> int:
         """Number of symbols of this curator's joint attribute code."""
+        if self.table is None:
+            assert self.sharded is not None
+            return self.sharded.alphabet_size
         return self.table.schema.alphabet_size
+
+    def tag_source(self) -> TagSource:
+        """The tags as :func:`agree` sends them: the array, or the shards one at a time."""
+        return self.sharded.tag_pieces if self.sharded is not None else self.tags
 
 
 def own_schema(config: CuratorConfig) -> TableSpec:
@@ -184,25 +195,35 @@ def prepare(
     keystore: Keystore,
     log: EventLog,
     leader_rows: RowOrder | None = None,
+    aligned: SymbolArray | None = None,
 ) -> ReleaseRecord:
     """Align to the common tags, take the agreed m rows (from the seed, or the leader's index
     tuple), encrypt them under a fresh pad and persist pad, sample and table fingerprint (0600,
-    fsync) before anything is uploaded."""
+    fsync) before anything is uploaded. ``aligned``: the symbols of the common rows in canonical
+    order, as a cluster gathered them (then nothing is aligned here)."""
     spec = agreement.base.spec
-    if agreement.own_rows is None and leader_rows is None:  # match the common tags ourselves
-        alignment = own_alignment(agreement, own.tags, own.sorted_tags)
-    else:  # the row order the leader computed (a follower checks it)
-        alignment = own_alignment(agreement, own.tags, leader_rows=leader_rows)
-    release_free_memory()
-    log(
-        "aligned",
-        matched=alignment.num_matched,
-        unmatched=alignment.num_unmatched,
-        rows=alignment.num_rows,
-        peak_rss_mib=peak_rss_mib(),
-    )
-    positions = agreement_positions(agreement)
-    sample = own.table.symbols()[alignment.row_order[positions]]  # gathers m rows, not n
+    positions: npt.NDArray[np.int64]
+    if aligned is not None:
+        log("aligned", matched=int(aligned.size), rows=own.sharded.num_rows if own.sharded else None,
+            peak_rss_mib=peak_rss_mib())  # fmt: skip
+        positions = agreement_positions(agreement)
+        sample = aligned[positions].astype(np.uint32)
+    else:
+        assert own.table is not None
+        if agreement.own_rows is None and leader_rows is None:  # match the common tags ourselves
+            alignment = own_alignment(agreement, own.tags, own.sorted_tags)
+        else:  # the row order the leader computed (a follower checks it)
+            alignment = own_alignment(agreement, own.tags, leader_rows=leader_rows)
+        release_free_memory()
+        log(
+            "aligned",
+            matched=alignment.num_matched,
+            unmatched=alignment.num_unmatched,
+            rows=alignment.num_rows,
+            peak_rss_mib=peak_rss_mib(),
+        )
+        positions = agreement_positions(agreement)
+        sample = own.table.symbols()[alignment.row_order[positions]]  # gathers m rows, not n
     pad = new_release_pad(spec.cipher, own.alphabet_size, spec.m, config.test_pad_key)
     fingerprint = sample_fingerprint(agreement)
     record = ReleaseRecord(spec, pad, sample, own.fingerprint, config.dataset, fingerprint, sampling=agreement.sampling)
@@ -255,12 +276,12 @@ def setup_release(run: Run) -> ReleaseRecord:
     if run.state is not None:
         run.state.own_sorted = run.own.sorted_tags  # the leader's matching reuses its own sort
     try:
-        agreement = agree(config, run.own.tags, run.own.alphabet_size, run.state, run.log, deadline)
+        agreement = agree(config, run.own.tag_source(), run.own.alphabet_size, run.state, run.log, deadline)
     except SpecRefusedError as exc:
         if run.state is None:
             refuse_visibly(run, exc.spec, f"{config.name} refuses the agreed spec: {exc}")  # a mismatch: exit 1
         raise
-    if run.state is not None:
+    if run.state is not None and not isinstance(run.state, ClusterLeader):  # a cluster leader never resumes one
         psi_own = run.own.tags if config.alignment is AlignmentMode.PSI else None
         run.keystore.save_agreement(agreement, run.state.tag_digests(), psi_own, run.state.rows)
         run.state.forget_tags()
@@ -274,6 +295,15 @@ def setup_release(run: Run) -> ReleaseRecord:
     if run.state is not None:  # followers may align while the leader prepares its own part
         run.link.register(agreement.base.spec)
         run.state.publish()
+    if run.own.sharded is not None:
+        if isinstance(run.state, ClusterLeader):
+            aligned = run.state.own_aligned()
+        else:
+            if agreement.own_rows is None:
+                raise AgreementError("the leader sent the common tags, not this curator's row order; a curator on a "
+                                     "cluster needs its rows (upgrade the leader)")  # fmt: skip
+            aligned = run.own.sharded.aligned_symbols(agreement.own_rows, run.log)
+        return prepare(config, run.own, agreement, run.keystore, run.log, aligned=aligned)
     leader_rows = run.state.rows_of(config.name) if run.state is not None else None
     return prepare(config, run.own, agreement, run.keystore, run.log, leader_rows)
 
@@ -289,6 +319,7 @@ def psi_tags(run: Run) -> TagArray:
         from secure_release.curator.keystore import KeystoreError
 
         raise KeystoreError(f"the stored agreement of {run.config.release_id!r} lacks the leader's own PSI tags")
+    assert run.own.table is not None
     return run_ring(run.config, run.own.table.ids, run.state, run.log, run.link.deadline)
 
 
@@ -490,7 +521,8 @@ def open_service(config: CuratorConfig, log: EventLog) -> Opened:
     spec = own_schema(config)
     service = CuratorService(config.name, spec.schema, log, config.max_rows)
     service.hold_key(config.release_id, "the release is not sealed yet")
-    state = leader_state(config, spec.schema.alphabet_size) if config.leader else None
+    state = leader_state(config, spec.schema.alphabet_size, ClusterLeader if config.engine == "dask" else LeaderState) \
+        if config.leader else None  # fmt: skip
     restored_tags = None
     if state is not None:
         stored = Keystore(config.keystore).load_agreement(config.release_id)
@@ -515,6 +547,8 @@ def open_run(
     from secure_release.curator.waits import Deadline
 
     spec, service, state = opened.spec, opened.service, opened.state
+    if config.engine == "dask":
+        return open_cluster_run(config, log, deadline_stop, opened)
     with ThreadPoolExecutor(1, thread_name_prefix="fingerprint") as pool:
         hashing = pool.submit(file_fingerprint, config.data)  # SHA-256 of the file, beside the read
         table = load_table(config, log, spec, check_repeats=config.alignment_key is None)
@@ -540,6 +574,56 @@ def open_run(
         tags = np.zeros(0, dtype=TAG_DTYPE)
     own = OwnData(table, tags, fingerprint, sorted_tags)
     return Run(config, log, keystore, own, service, state, link, refusal, opened.restored_tags, witness), record
+
+
+def open_cluster_run(
+    config: CuratorConfig, log: EventLog, deadline_stop: threading.Event, opened: Opened
+) -> tuple[Run, ReleaseRecord | None]:
+    """:func:`open_run` on a cluster: fingerprint, record or ledger check first (a resume needs
+    no cluster: its sample is in the record), then the engine reads, hashes and shards the table
+    (a leader spools its followers' tags in the keystore directory)."""
+    from secure_release.curator.engine import open_engine
+    from secure_release.curator.partitions import dataset_fingerprint
+    from secure_release.curator.sharded import load_sharded
+    from secure_release.curator.waits import Deadline
+
+    fingerprint = dataset_fingerprint(config.data)
+    keystore = open_keystore(config)
+    record = resumable_record(config, keystore, fingerprint)
+    link = ServerLink(config, log, Deadline(config.timeout, deadline_stop))
+    witness = BudgetWitness(link.stub, config.name, keystore.ledger.signer, link.deadline)
+    refusal = None
+    sharded = None
+    if record is None:
+        try:
+            check_ledger(config, keystore)
+        except SecureReleaseError as exc:
+            log.warning("ledger_refuses", release_id=config.release_id, reason=f"{type(exc).__name__}: {exc}")
+            refusal = exc
+        assert config.alignment_key is not None
+        engine = open_engine(config.engine, scheduler=config.scheduler, scheduler_file=config.scheduler_file,
+                             workers=config.workers, worker_memory=config.worker_memory, log=log)  # fmt: skip
+        try:
+            sharded = load_sharded(engine, str(config.data), opened.spec, config.alignment_key, log, config.shard_bits)
+        except BaseException:
+            engine.close()
+            raise
+        if isinstance(opened.state, ClusterLeader):
+            opened.state.attach(sharded, config.keystore)
+    else:
+        witness.check(keystore.ledger.read(), config.dataset)
+    own = OwnData(None, np.zeros(0, dtype=TAG_DTYPE), fingerprint, None, sharded)
+    run = Run(config, log, keystore, own, opened.service, opened.state, link, refusal, None, witness)
+    return run, record
+
+
+def close_cluster(run: Run | None) -> None:
+    """The cluster's part of a run is over: its spool removed, its engine closed."""
+    if run is None or run.own.sharded is None:
+        return
+    if isinstance(run.state, ClusterLeader):
+        run.state.cleanup()
+    run.own.sharded.engine.close()
 
 
 def hashed_tags(config: CuratorConfig, table: CuratorTable) -> tuple[CuratorTable, SortedTags]:
@@ -604,5 +688,6 @@ def run(config: CuratorConfig) -> int:
     finally:
         if parts is not None:
             parts.link.close()
+        close_cluster(parts)
         server.stop(grace=1.0)
         log("stopped")

@@ -42,11 +42,11 @@ from secure_release.infra.logs import EventLog
 from secure_release.infra.streams import (
     TAG_BYTES,
     CallerNotAllowedError,
+    TagStream,
     agreement_chunks,
     key_chunks,
     point_chunks,
     read_point_stream,
-    read_tag_stream,
 )
 from secure_release.mechanism.errors import SecureReleaseError
 from secure_release.mechanism.pads import ReleasePad
@@ -122,19 +122,20 @@ class CuratorService(pb_grpc.CuratorServicer):
             return self._follower_failed(first, ident.name, str(ident), admit, context)
         chunks = itertools.chain([first] if first is not None else [], request_iterator)
         try:
-            got = read_tag_stream(chunks, ident.name, admit)
-            state = self._leading_for(got.release_id, ident.name)
-            state.add_tags(ident.name, got.tags, got.alphabet_size, got.alignment)
+            stream = TagStream(chunks, ident.name, admit)
+            stream.start()
+            state = self._leading_for(stream.release_id, ident.name)
+            count = state.add_tag_stream(ident.name, stream.pieces(), stream.alphabet_size, stream.alignment)
         except SecureReleaseError as exc:
             self._refuse(context, "tags_refused", str(ident), ident.name, state, exc)
         self.log(
             "tags_received",
-            release_id=got.release_id,
+            release_id=stream.release_id,
             curator=ident.name,
-            tags=int(got.tags.size),
-            alphabet_size=state.sizes.get(ident.name, got.alphabet_size),
+            tags=count,
+            alphabet_size=state.sizes.get(ident.name, stream.alphabet_size),
         )
-        return pb.SubmitTagsResponse(release_id=got.release_id, tags_received=int(got.tags.size))
+        return pb.SubmitTagsResponse(release_id=stream.release_id, tags_received=count)
 
     def _follower_failed(
         self, chunk: pb.TagChunk, name: str, who: str, admit: Callable[[str], int], context: grpc.ServicerContext
@@ -182,7 +183,7 @@ class CuratorService(pb_grpc.CuratorServicer):
             "agreement_served",
             release_id=request.release_id,
             curator=ident.name,
-            common=int(agreement.base.common.size),
+            common=agreement.num_common,
             sampling=agreement.sampling.value,
             sample_bytes=agreement.agreement_sample_bytes,
         )

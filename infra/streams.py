@@ -162,22 +162,36 @@ class TagBuffer:
 def tag_chunks(
     release_id: str,
     curator: str,
-    tags: TagArray,
+    tags: TagArray | Iterable[TagArray],
     alphabet_size: int,
     alignment: AlignmentMode = AlignmentMode.KEYED_HASH,
 ) -> Iterator[pb.TagChunk]:
-    """A curator's id tags (made by ``alignment``) as TagChunk messages of at most 1 MiB."""
-    pieces = _pieces(tags)
-    for seq, piece in enumerate(pieces):
-        yield pb.TagChunk(
-            release_id=release_id,
-            curator=curator,
-            sequence=seq,
-            tags=piece,
-            last=seq == len(pieces) - 1,
-            alphabet_size=alphabet_size,
-            alignment=alignment_to_pb(alignment),
-        )
+    """A curator's id tags (made by ``alignment``) as TagChunk messages of at most 1 MiB; ``tags``
+    may be one array or arrays made one at a time (a sharded table's shards, in order)."""
+    arrays = [tags] if isinstance(tags, np.ndarray) else tags
+    pieces = (piece for array in arrays for piece in _pieces(array) if piece)
+    previous: bytes | None = None
+    seq = 0
+    for piece in pieces:
+        if previous is not None:
+            yield _tag_chunk(release_id, curator, seq, previous, False, alphabet_size, alignment)
+            seq += 1
+        previous = piece
+    yield _tag_chunk(release_id, curator, seq, previous or b"", True, alphabet_size, alignment)
+
+
+def _tag_chunk(
+    release_id: str, curator: str, seq: int, piece: bytes, last: bool, alphabet_size: int, alignment: AlignmentMode
+) -> pb.TagChunk:
+    return pb.TagChunk(
+        release_id=release_id,
+        curator=curator,
+        sequence=seq,
+        tags=piece,
+        last=last,
+        alphabet_size=alphabet_size,
+        alignment=alignment_to_pb(alignment),
+    )
 
 
 ROW_BYTES = 4  # a row index in an agreement: uint32, little-endian
@@ -220,31 +234,74 @@ def read_tag_stream(chunks: Iterable[pb.TagChunk], sender: str, admit: Callable[
     a release led here, and returns how many tag bytes the sender may send (more: a
     :class:`TagLimitError`). Named errors too if a chunk claims another curator, another
     release or the wrong sequence number."""
+    stream = TagStream(chunks, sender, admit)
     pieces = TagBuffer()
-    release_id, alphabet_size, limit, received = "", 0, 0, 0
-    alignment = AlignmentMode.KEYED_HASH
-    for expected_seq, chunk in enumerate(chunks):
-        if chunk.curator != sender:
-            raise CallerNotAllowedError(f"certificate name {sender!r} may not submit tags as {chunk.curator!r}")
+    for piece in stream.pieces():
+        pieces.add(piece)
+    return TagSubmission(stream.release_id, pieces.tags(), stream.alphabet_size, stream.alignment)
+
+
+class TagStream:
+    """A TagChunk stream read one chunk at a time (what :func:`read_tag_stream` joins): the
+    header fields are known once the first chunk was read (:meth:`start`)."""
+
+    def __init__(self, chunks: Iterable[pb.TagChunk], sender: str, admit: Callable[[str], int]) -> None:
+        self._chunks = iter(chunks)
+        self._sender, self._admit = sender, admit
+        self.release_id, self.alphabet_size, self.received = "", 0, 0
+        self.alignment = AlignmentMode.KEYED_HASH
+        self._first: pb.TagChunk | None = None
+        self._limit = 0
+
+    def start(self) -> None:
+        """Read and admit the first chunk (the header); idempotent."""
+        if self._first is None:
+            first = next(self._chunks, None)
+            if first is None:
+                raise TagStreamError("an empty tag stream")
+            self._check(first, 0)
+            self._first = first
+
+    def _check(self, chunk: pb.TagChunk, expected_seq: int) -> None:
+        if chunk.curator != self._sender:
+            raise CallerNotAllowedError(f"certificate name {self._sender!r} may not submit tags as {chunk.curator!r}")
         if expected_seq == 0:
-            limit = admit(chunk.release_id)
-            alignment = alignment_from_pb(chunk.alignment)
-        elif chunk.release_id != release_id:
-            raise TagStreamError(f"one release per tag stream: {release_id!r}, then {chunk.release_id!r}")
+            self._limit = self._admit(chunk.release_id)
+            self.alignment = alignment_from_pb(chunk.alignment)
+        elif chunk.release_id != self.release_id:
+            raise TagStreamError(f"one release per tag stream: {self.release_id!r}, then {chunk.release_id!r}")
         if chunk.sequence != expected_seq:
             raise TagStreamError(f"tag chunk {chunk.sequence} out of order (expected {expected_seq})")
-        received += len(chunk.tags)
-        if received > limit:
+        self.received += len(chunk.tags)
+        if self.received > self._limit:
             raise TagLimitError(
-                f"{sender!r} sent more than {limit // TAG_BYTES} tags for release {chunk.release_id!r}; "
+                f"{self._sender!r} sent more than {self._limit // TAG_BYTES} tags for release {chunk.release_id!r}; "
                 "the leader accepts at most --max-rows tags a curator"
             )
-        release_id = chunk.release_id
-        alphabet_size = alphabet_size or int(chunk.alphabet_size)
-        pieces.add(chunk.tags)
-        if chunk.last:
-            break
-    return TagSubmission(release_id, pieces.tags(), alphabet_size, alignment)
+        self.release_id = chunk.release_id
+        self.alphabet_size = self.alphabet_size or int(chunk.alphabet_size)
+
+    def pieces(self) -> Iterator[bytes]:
+        """Each chunk's tag bytes, checked, until the chunk marked last."""
+        self.start()
+        chunk = self._first
+        assert chunk is not None
+        seq = 0
+        while True:
+            yield chunk.tags
+            if chunk.last:
+                return
+            seq += 1
+            nxt = next(self._chunks, None)
+            if nxt is None:
+                return
+            self._check(nxt, seq)
+            chunk = nxt
+
+    def arrays(self) -> Iterator[TagArray]:
+        """:meth:`pieces` as tag arrays (each a whole number of tags)."""
+        for piece in self.pieces():
+            yield tags_from_bytes(piece)
 
 
 # ---------------------------------------------------------------------------------- PSI ring lists

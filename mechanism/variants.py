@@ -131,10 +131,15 @@ class VariantAgreement:
     own_rows: npt.NDArray[np.int64] | None = None
     """As a follower received it: its own rows in the canonical order (the leader sends these, 4
     bytes a row, instead of the common tags; ``base.common`` is then empty)."""
+    count: int | None = None
+    """As a leader on a cluster fixed it: n, with the common tags left in its shards
+    (``base.common`` is then empty)."""
 
     @property
     def num_common(self) -> int:
         """n: the number of ids every curator holds."""
+        if self.count is not None:
+            return self.count
         return int(self.base.common.size) if self.own_rows is None else int(self.own_rows.size)
 
     @property

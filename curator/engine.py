@@ -1,0 +1,227 @@
+"""Who runs a curator's shard stages (:mod:`secure_release.curator.shards`): the engine.
+
+* :class:`InlineEngine`: in this process, on a small thread pool (numpy and pyarrow release the
+  GIL). The stage functions and the merge order are exactly those of the cluster; the tests use
+  it to check the sharded path without a cluster.
+* :class:`DaskEngine`: a ``dask.distributed`` cluster (``pip install 'secure-release[cluster]'``).
+  With no address the curator starts an embedded ``LocalCluster`` on 127.0.0.1 sized to the
+  machine (worker processes, threads, a memory limit per worker, spill to a local directory) and
+  talks to it over TLS with throw-away certificates (``Security.temporary``), so no other local
+  user can submit work to it; ``--scheduler tcp://HOST:PORT`` or ``--scheduler-file`` use the
+  curator's own running cluster (its security is the operator's: Dask's ``distributed.comm.tls``
+  settings).
+
+The workers are inside the curator's trust domain: they read its files and hold its ids' tags
+and symbols (never a key other than the alignment key, never a pad). Only tags (to the leader),
+row orders (from the leader) and ciphertext (to the server) leave the curator, through the
+curator process, exactly as with the in-process path.
+
+Both engines expose one interface: ``submit(fn, *args) -> handle``, ``result(handle)``,
+``results(handles, stage)`` (with progress), ``release(handles)`` and ``close()``. A handle is an
+opaque future; arguments that are handles are resolved where the task runs.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Protocol
+
+from secure_release.infra.logs import EventLog
+from secure_release.mechanism.errors import SecureReleaseError
+
+ENGINES = ("local", "dask")
+PROGRESS_EVERY_S = 2.0
+
+
+class EngineError(SecureReleaseError):
+    """The engine cannot run as asked (dask missing, a scheduler that cannot be reached, a
+    worker lost for good)."""
+
+
+class Engine(Protocol):
+    """Schedules pure stage functions; the only thing that differs between local and cluster."""
+
+    name: str
+    description: str
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Any: ...
+
+    def result(self, handle: Any) -> Any: ...
+
+    def results(self, handles: Sequence[Any], stage: str) -> list[Any]: ...
+
+    def release(self, handles: Sequence[Any]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def _progress(log: EventLog | None, stage: str, done: int, total: int, started: float, last: list[float]) -> None:
+    now = time.monotonic()
+    if log is not None and (done == total or now - last[0] >= PROGRESS_EVERY_S):
+        last[0] = now
+        log("stage_progress", stage=stage, done=done, total=total, seconds=round(now - started, 2))
+
+
+class InlineEngine:
+    """Runs every stage in this process on ``threads`` threads (handles are concurrent futures)."""
+
+    name = "inline"
+
+    def __init__(self, threads: int = 2, log: EventLog | None = None) -> None:
+        self._pool = ThreadPoolExecutor(max(1, threads), thread_name_prefix="stage")
+        self._log = log
+        self.description = f"in-process, {max(1, threads)} threads"
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+        deps = [a for a in args if isinstance(a, Future)]
+        deps += [x for a in args if isinstance(a, list | tuple) for x in a if isinstance(x, Future)]
+
+        def run() -> Any:
+            return fn(*(_resolve(a) for a in args))
+
+        if not deps:
+            return self._pool.submit(run)
+        for dep in deps:  # dependencies first (they were submitted earlier, so no deadlock)
+            dep.result()
+        return self._pool.submit(run)
+
+    def result(self, handle: Any) -> Any:
+        return handle.result() if isinstance(handle, Future) else handle
+
+    def results(self, handles: Sequence[Any], stage: str) -> list[Any]:
+        started, last = time.monotonic(), [0.0]
+        out = []
+        for done, handle in enumerate(handles, start=1):
+            out.append(self.result(handle))
+            _progress(self._log, stage, done, len(handles), started, last)
+        return out
+
+    def release(self, handles: Sequence[Any]) -> None:
+        return None
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+
+def _resolve(arg: Any) -> Any:
+    if isinstance(arg, Future):
+        return arg.result()
+    if isinstance(arg, list):
+        return [x.result() if isinstance(x, Future) else x for x in arg]
+    return arg
+
+
+class DaskEngine:
+    """A dask.distributed client (to an embedded LocalCluster or the curator's own cluster)."""
+
+    name = "dask"
+
+    def __init__(self, client: Any, cluster: Any | None, log: EventLog | None, description: str) -> None:
+        self.client = client
+        self._cluster = cluster
+        self._log = log
+        self.description = description
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return self.client.submit(fn, *args, pure=False)
+
+    def result(self, handle: Any) -> Any:
+        return _lost_worker_named(lambda: handle.result())
+
+    def results(self, handles: Sequence[Any], stage: str) -> list[Any]:
+        from distributed import as_completed
+
+        started, last = time.monotonic(), [0.0]
+        for done, _ in enumerate(as_completed(list(handles)), start=1):
+            _progress(self._log, stage, done, len(handles), started, last)
+        return _lost_worker_named(lambda: self.client.gather(list(handles)))
+
+    def release(self, handles: Sequence[Any]) -> None:
+        for handle in handles:
+            handle.release()
+
+    def close(self) -> None:
+        self.client.close()
+        if self._cluster is not None:
+            self._cluster.close()
+
+
+def _lost_worker_named(get: Callable[[], Any]) -> Any:
+    """A task that failed because its workers kept dying (Dask retries a lost task a few
+    times) as an :class:`EngineError`; a stage's own error (e.g. BadRowsError) passes through."""
+    from distributed.scheduler import KilledWorker
+
+    try:
+        return get()
+    except KilledWorker as exc:
+        raise EngineError(
+            f"the cluster lost the workers running a stage too often ({exc}); the release stopped before "
+            "anything was uploaded: check the workers' memory limit and logs, then run the same command again"
+        ) from None
+
+
+def default_workers() -> tuple[int, int]:
+    """(worker processes, threads each) for an embedded cluster on this machine."""
+    cores = os.cpu_count() or 1
+    return max(1, min(cores, 8)), 1 if cores <= 8 else max(1, cores // 8)
+
+
+def open_engine(
+    engine: str,
+    *,
+    scheduler: str | None = None,
+    scheduler_file: str | None = None,
+    workers: int | None = None,
+    worker_memory: str = "2GiB",
+    spill_dir: str | None = None,
+    log: EventLog | None = None,
+) -> Engine:
+    """The engine ``--engine`` names: ``local`` (in-process threads) or ``dask``."""
+    if engine == "local":
+        return InlineEngine(2, log)
+    if engine != "dask":
+        raise EngineError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
+    try:
+        from distributed import Client, LocalCluster
+        from distributed.security import Security
+    except ImportError:
+        raise EngineError("--engine dask needs dask.distributed: pip install 'secure-release[cluster]'") from None
+    try:
+        if scheduler is not None or scheduler_file is not None:
+            client = Client(scheduler, scheduler_file=scheduler_file, timeout="20s") if scheduler_file is None \
+                else Client(scheduler_file=scheduler_file, timeout="20s")  # fmt: skip
+            count = len(client.scheduler_info(n_workers=-1).get("workers", {}))
+            where = scheduler or f"the scheduler in {scheduler_file}"
+            desc = f"the curator's cluster at {where} ({count} workers)"
+            eng = DaskEngine(client, None, log, desc)
+        else:
+            count, threads = default_workers()
+            count = workers or count
+            security = Security.temporary()
+            dashboard = "127.0.0.1:0" if _has_bokeh() else None
+            cluster = LocalCluster(
+                n_workers=count, threads_per_worker=threads, processes=True, host="127.0.0.1",
+                protocol="tls://", security=security, dashboard_address=dashboard, memory_limit=worker_memory,
+                local_directory=spill_dir,
+            )  # fmt: skip
+            client = Client(cluster, security=security)
+            desc = f"an embedded Dask cluster of {count} workers x {threads} threads, {worker_memory} each"
+            eng = DaskEngine(client, cluster, log, desc)
+    except (OSError, TimeoutError) as exc:
+        raise EngineError(f"cannot reach the Dask scheduler ({type(exc).__name__}: {exc})") from None
+    if log is not None:
+        link = eng.client.dashboard_link if _has_bokeh() or scheduler or scheduler_file else None
+        log("engine_started", engine="dask", cluster=eng.description, scheduler=eng.client.scheduler.address,
+            dashboard=link or "not running (pip install bokeh for Dask's dashboard)")  # fmt: skip
+    return eng
+
+
+def _has_bokeh() -> bool:
+    try:
+        import bokeh  # noqa: F401
+    except ImportError:
+        return False
+    return True

@@ -1,0 +1,244 @@
+"""The curator's release stages over one partition or one tag shard (``--engine dask``).
+
+Tags are uniform 128-bit keyed hashes, so their top ``shard_bits`` bits split them into
+``2^shard_bits`` shards of about equal size with no coordination: shard ``s`` holds the tags
+whose top bits are ``s``. Ascending shard then ascending tag within a shard is ascending tag:
+the canonical row order (DESIGN 3.1), with no global sort. Every function here is pure (arrays
+in, arrays out; no engine, no I/O but the partition read), so the same function runs in-process
+or on a Dask worker, and the engine (:mod:`secure_release.curator.engine`) only schedules it.
+
+The stages of one curator:
+
+1. :func:`hash_partition`: read one partition against the schema (the same checks as a whole
+   table; bad rows come back with their file and line), hash its ids into tags, and split
+   ``(tag, symbol)`` by shard.
+2. :func:`merge_shard`: one shard's pieces from every partition, sorted by tag; equal adjacent
+   tags are repeated ids (their tags come back; :func:`locate_tags` then finds each one's file
+   and line, on the error path only).
+3. The tags leave the curator shard by shard, ascending (:func:`shard_tags`); the leader puts
+   every follower's tags into the same shards (:func:`split_by_shard`) and intersects each
+   shard (:func:`intersect_shard`): each curator's rows of the common tags, in canonical order.
+4. :func:`gather_symbols`: a shard's symbols at those rows; the shards' results in order are
+   the curator's aligned column (n symbols), which the seed's sample indexes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from secure_release.mechanism.alignment import TAG_DTYPE, TagArray, id_tags
+from secure_release.mechanism.errors import SecureReleaseError
+from secure_release.mechanism.keys import AlignmentKey
+
+#: Tags a shard holds on average (the issue's "about 10^6 tags a shard").
+SHARD_TAGS = 1 << 20
+#: At most 2^16 shards (10^11 rows at 10^6 a shard).
+MAX_SHARD_BITS = 16
+
+U64 = npt.NDArray[np.uint64]
+I64 = npt.NDArray[np.int64]
+
+
+class ShardError(SecureReleaseError):
+    """A shard stage was given inconsistent input (a bug or a tampered stream, never bad rows)."""
+
+
+def shard_bits_for(num_rows: int, shard_tags: int = SHARD_TAGS) -> int:
+    """Bits of the shard number for ``num_rows`` tags: about ``shard_tags`` a shard."""
+    if num_rows <= shard_tags:
+        return 0
+    return min(MAX_SHARD_BITS, math.ceil(math.log2(num_rows / shard_tags)))
+
+
+def shard_of(tags: TagArray, shard_bits: int) -> npt.NDArray[np.intp]:
+    """The shard of each tag: its top ``shard_bits`` bits."""
+    hi = np.ascontiguousarray(tags, dtype=TAG_DTYPE)["hi"].astype(np.uint64)
+    if shard_bits == 0:
+        return np.zeros(hi.size, dtype=np.intp)
+    return (hi >> np.uint64(64 - shard_bits)).astype(np.intp)
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One partition's rows of one shard (tags and symbols, in any order)."""
+
+    tags: TagArray
+    symbols: npt.NDArray[np.unsignedinteger]
+
+
+@dataclass(frozen=True)
+class RowProblem:
+    """A row a partition refused: its file, its line and what was wrong."""
+
+    path: str
+    line: int
+    message: str
+
+
+@dataclass(frozen=True)
+class PartitionResult:
+    """One partition after :func:`hash_partition`: its rows split by shard, or its bad rows."""
+
+    pieces: tuple[Piece, ...]
+    num_rows: int
+    problems: tuple[RowProblem, ...] = ()
+
+
+def split_by_shard(tags: TagArray, shard_bits: int, symbols: npt.NDArray[np.unsignedinteger]) -> tuple[Piece, ...]:
+    """``(tags, symbols)`` split into ``2^shard_bits`` pieces by the tags' top bits (one stable
+    argsort of small ints)."""
+    shard = shard_of(tags, shard_bits)
+    order = np.argsort(shard, kind="stable")
+    bounds = np.searchsorted(shard[order], np.arange((1 << shard_bits) + 1))
+    tags_o, symbols_o = tags[order], symbols[order]
+    return tuple(
+        Piece(tags_o[lo:hi], symbols_o[lo:hi]) for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True)
+    )
+
+
+def piece_of(result: PartitionResult, shard: int) -> Piece:
+    """Shard ``shard``'s piece of a partition (a tiny task that runs where the partition is)."""
+    return result.pieces[shard]
+
+
+def _tag_words(tags: TagArray) -> tuple[U64, U64]:
+    arr = np.ascontiguousarray(tags, dtype=TAG_DTYPE)
+    return arr["hi"].astype(np.uint64), arr["lo"].astype(np.uint64)
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One shard of a curator's rows, ascending by tag; ``repeated``: every tag that occurs
+    more than once (repeated ids; empty for a valid table)."""
+
+    tags: TagArray
+    symbols: npt.NDArray[np.unsignedinteger]
+    repeated: TagArray
+
+    @property
+    def size(self) -> int:
+        return int(self.tags.size)
+
+
+def merge_shard(pieces: Sequence[Piece]) -> Shard:
+    """A shard from every partition's piece of it, sorted by tag (ascending (hi, lo) as
+    unsigned integers, as :func:`~secure_release.mechanism.alignment.common_tags` orders them)."""
+    tags = np.concatenate([p.tags for p in pieces]) if pieces else np.zeros(0, dtype=TAG_DTYPE)
+    symbols = np.concatenate([p.symbols for p in pieces]) if pieces else np.zeros(0, dtype=np.uint32)
+    hi, lo = _tag_words(tags)
+    order = np.lexsort((lo, hi))
+    hi, lo = hi[order], lo[order]
+    same = np.flatnonzero((hi[1:] == hi[:-1]) & (lo[1:] == lo[:-1]))
+    tags = tags[order]
+    return Shard(tags, symbols[order], np.unique(tags[same]))
+
+
+def shard_summary(shard: Shard) -> tuple[int, TagArray]:
+    """What the driver needs of a shard: its size and its repeated tags (not its rows)."""
+    return shard.size, shard.repeated
+
+
+def shard_tags(shard: Shard) -> TagArray:
+    """A shard's tags, ascending (what leaves the curator's domain)."""
+    return shard.tags
+
+
+def intersect_shard(own: Shard, others: Sequence[tuple[TagArray, I64]]) -> tuple[I64, list[I64]]:
+    """One shard's common tags: the leader's rows of them (indices into ``own``) and, for each
+    other curator, the ids it submitted them under (``others[j]`` = that curator's tags of this
+    shard and their submission indices), all in ascending tag order. A tag another curator sent
+    twice is refused (:class:`ShardError`): ids must be unique, and a follower checked its own."""
+    common_hi, common_lo = _tag_words(own.tags)
+    keep = np.ones(common_hi.size, dtype=bool)
+    matches: list[tuple[I64, I64]] = []
+    for tags, submitted in others:
+        hi, lo = _tag_words(tags)
+        order = np.lexsort((lo, hi))
+        hi, lo, sub = hi[order], lo[order], np.asarray(submitted, dtype=np.int64)[order]
+        if hi.size > 1 and bool(np.any((hi[1:] == hi[:-1]) & (lo[1:] == lo[:-1]))):
+            raise ShardError("a curator sent the same tag twice; ids must be unique")
+        own_at, their_at = _sorted_intersection(common_hi, common_lo, hi, lo)
+        hit = np.zeros(common_hi.size, dtype=bool)
+        hit[own_at] = True
+        keep &= hit
+        matches.append((own_at, sub[their_at]))
+    own_rows = np.flatnonzero(keep).astype(np.int64)
+    other_rows: list[I64] = []
+    for own_at, their_sub in matches:
+        at_of_own = np.full(common_hi.size, -1, dtype=np.int64)
+        at_of_own[own_at] = their_sub
+        other_rows.append(at_of_own[own_rows])
+    return own_rows, other_rows
+
+
+def _sorted_intersection(a_hi: U64, a_lo: U64, b_hi: U64, b_lo: U64) -> tuple[I64, I64]:
+    """Positions in two ascending, repeat-free (hi, lo) lists of the pairs both hold."""
+    a = np.empty(a_hi.size, dtype=[("hi", "<u8"), ("lo", "<u8")])
+    a["hi"], a["lo"] = a_hi, a_lo
+    b = np.empty(b_hi.size, dtype=a.dtype)
+    b["hi"], b["lo"] = b_hi, b_lo
+    at = np.searchsorted(a, b)  # structured compare: hi first, then lo
+    inside = at < a.size
+    found = np.zeros(b.size, dtype=bool)
+    found[inside] = (a["hi"][at[inside]] == b_hi[inside]) & (a["lo"][at[inside]] == b_lo[inside])
+    return at[found].astype(np.int64), np.flatnonzero(found).astype(np.int64)
+
+
+def gather_symbols(shard: Shard, rows: I64, dtype: str = "uint32") -> npt.NDArray[np.unsignedinteger]:
+    """A shard's symbols at ``rows`` (its common rows in canonical order), as ``dtype``."""
+    if rows.size and (int(rows.min()) < 0 or int(rows.max()) >= shard.size):
+        raise ShardError(f"a row order names a row outside this shard's {shard.size} rows")
+    return shard.symbols[rows].astype(dtype)
+
+
+def symbol_dtype(alphabet_size: int) -> str:
+    """The narrowest unsigned type holding symbols below ``alphabet_size``."""
+    for name, top in (("uint8", 1 << 8), ("uint16", 1 << 16)):
+        if alphabet_size <= top:
+            return name
+    return "uint32"
+
+
+def hash_partition(
+    index: int, partition: Any, spec: Any, key: AlignmentKey, shard_bits: int, alphabet_size: int
+) -> PartitionResult:
+    """Stage 1 for partition ``index`` (a :class:`~secure_release.curator.partitions.Partition`
+    read against ``spec``, a ``TableSpec``): bad rows come back as problems (the release is then
+    refused as a whole); else its tags and symbols split by shard. Repeats are found by the
+    shard merge, across partitions."""
+    from secure_release.curator.partitions import read_partition
+    from secure_release.curator.table import BadRowsError
+
+    try:
+        table = read_partition(partition, spec, check_repeats=False)
+    except BadRowsError as exc:
+        problems = tuple(RowProblem(str(partition.path), line, message) for line, message in exc.problems)
+        return PartitionResult((), 0, problems)
+    tags = id_tags(table.id_values(), key)
+    symbols = table.symbols().astype(symbol_dtype(alphabet_size))
+    return PartitionResult(split_by_shard(tags, shard_bits, symbols), int(tags.size))
+
+
+def problems_of(result: PartitionResult) -> tuple[int, tuple[RowProblem, ...]]:
+    """What the driver needs of a partition before the shuffle: its row count and bad rows."""
+    return result.num_rows, result.problems
+
+
+def locate_tags(partition: Any, spec: Any, key: AlignmentKey, wanted: TagArray) -> list[tuple[str, int, int]]:
+    """Error path only: (file, line, which wanted tag) of every row of ``partition`` whose id
+    hashes to one of ``wanted`` (the repeated ids a shard merge found)."""
+    from secure_release.curator.partitions import read_partition
+
+    table = read_partition(partition, spec, check_repeats=False)
+    tags = np.ascontiguousarray(id_tags(table.id_values(), key), dtype=TAG_DTYPE).view("V16").reshape(-1)
+    want = np.ascontiguousarray(wanted, dtype=TAG_DTYPE).view("V16").reshape(-1)
+    rows = np.flatnonzero(np.isin(tags, want))
+    which = np.searchsorted(np.sort(want), tags[rows])
+    first_line = int(partition.first_row) + 2  # header is line 1 (Parquet: row index + 2)
+    return [(str(partition.path), first_line + int(r), int(w)) for r, w in zip(rows, which, strict=True)]
