@@ -147,8 +147,10 @@ def input_files(data: str | Path) -> tuple[Path, list[Path]]:
 
 
 def require_data(data: str | Path, flag: str) -> Path:
-    """``data`` if it names a readable file, or a directory or glob holding table files; else
-    :class:`curator.table` 's named errors naming ``flag`` (a typo never reads as empty data)."""
+    """``data`` if it names a readable file, or a directory or glob holding table files of one
+    format; else a named error (:class:`~secure_release.infra.fileio.MissingInputFileError`,
+    :class:`NoInputFilesError`, :class:`MixedInputFormatsError`) naming ``flag``: a typo never
+    reads as empty data."""
     if not is_partitioned(data):
         return require_file(data, flag)
     try:
