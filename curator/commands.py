@@ -32,11 +32,11 @@ from typing import Any, TypeVar
 import grpc
 
 from secure_release.curator.keystore import Keystore
-from secure_release.curator.ledgerfile import LedgerFile, file_fingerprint
+from secure_release.curator.ledgerfile import LedgerFile
 from secure_release.curator.ledgersign import HeadSigner
+from secure_release.curator.partitions import dataset_fingerprint, require_data
 from secure_release.curator.witness import BudgetWitness, carry_over
 from secure_release.infra.config import ConfigError, require
-from secure_release.infra.fileio import require_file
 from secure_release.infra.tls import secure_channel
 from secure_release.mechanism.accounting import AccountingPolicy, pld_policy
 from secure_release.mechanism.ledger import LostHistoryError, PrivacyLedger
@@ -54,7 +54,7 @@ def add_budget_parser(sub: Any) -> None:
     bsub = b.add_subparsers(dest="action", metavar="ACTION")
     s = bsub.add_parser("set", help="set the total epsilon budget of a data set")
     s.add_argument("--keystore", required=True, help="the curator's keystore directory")
-    s.add_argument("--data", help="the table file or directory (its name is the default data set)")
+    s.add_argument("--data", help="the table file, directory or glob (its name is the default data set)")
     s.add_argument("--table-id", help="instead of --data: the data set a stored table was made from (one budget)")
     s.add_argument("--dataset", help="the data set (the population); default: the --data file's name")
     s.add_argument("--epsilon", type=float, required=True, help="total budget, finite and > 0")
@@ -109,12 +109,13 @@ def add_table_parser(sub: Any) -> None:
 
 
 def _dataset(args: argparse.Namespace) -> tuple[str, str]:
-    """(data set, fingerprint of the table file or "") of ``--dataset``, ``--data`` or ``--table-id``."""
+    """(data set, fingerprint of the table file, directory or glob, or "") of ``--dataset``,
+    ``--data`` or ``--table-id``."""
     if args.data and getattr(args, "table_id", None):
         raise ConfigError("give at most one of --data FILE or --table-id ID")
-    if args.data and not Path(args.data).is_dir():
-        require_file(args.data, "--data")  # a typo is named, never taken as a new data set
-    fingerprint = file_fingerprint(args.data) if args.data and Path(args.data).is_file() else ""
+    if args.data:
+        require_data(args.data, "--data")  # a typo (or an empty directory) is named, never a new data set
+    fingerprint = dataset_fingerprint(args.data) if args.data else ""
     if args.dataset:
         return check_name(args.dataset, "--dataset"), fingerprint
     if args.data:

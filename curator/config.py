@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from secure_release.curator.partitions import require_data
 from secure_release.infra.config import ConfigError, require, split_address, testing_enabled
 from secure_release.infra.fileio import require_dir, require_file
 from secure_release.mechanism.accounting import check_epsilon
@@ -279,7 +280,7 @@ def config_from_args(args: argparse.Namespace, storing: bool = False) -> Curator
         require_dir(args.certs, "--certs")
     check_config_file(args.config)
     if getattr(args, "data", None) and not getattr(args, "query", None):
-        require_file(args.data, "--data")
+        require_data(args.data, "--data")
     if getattr(args, "schema", None):
         require_file(args.schema, "--schema")
     test_seed, test_pad_key, test_psi_key = _test_secrets(args)

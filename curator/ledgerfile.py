@@ -9,7 +9,8 @@ lines someone appended) are never counted and are cut on the next write, so a fa
 no charge. A history shorter than its head, an entry that does not validate or chain, or (with a
 signing key) a head not signed by it is refused (:class:`LedgerTamperedError`). No path here is
 followed through a symbolic link. A data set is keyed by its name; :func:`file_fingerprint`
-(SHA-256 of the table file, streamed) is recorded with each release.
+(SHA-256 of the table file, streamed; a directory's: ``curator.partitions.dataset_fingerprint``) is
+recorded with each release.
 """
 
 from __future__ import annotations

@@ -36,8 +36,8 @@ from secure_release.curator.config import CuratorConfig
 from secure_release.curator.errors import ReleaseAbortedError, ReleaseRefusedError, SpecRefusedError
 from secure_release.curator.keystore import Keystore, ReleaseRecord
 from secure_release.curator.leader import LeaderState
-from secure_release.curator.ledgerfile import file_fingerprint
 from secure_release.curator.ledgersign import HeadSigner
+from secure_release.curator.partitions import dataset_fingerprint
 from secure_release.curator.service import SERVICE_NAME, CuratorService
 from secure_release.curator.sharded import ClusterLeader, ShardedTable
 from secure_release.curator.table import EncodedTable, TableSpec, load_schema, raise_repeats, read_table
@@ -550,7 +550,7 @@ def open_run(
     if config.engine == "dask":
         return open_cluster_run(config, log, deadline_stop, opened)
     with ThreadPoolExecutor(1, thread_name_prefix="fingerprint") as pool:
-        hashing = pool.submit(file_fingerprint, config.data)  # SHA-256 of the file, beside the read
+        hashing = pool.submit(dataset_fingerprint, config.data)  # SHA-256 of the data, beside the read
         table = load_table(config, log, spec, check_repeats=config.alignment_key is None)
         fingerprint = hashing.result()
     keystore = open_keystore(config)

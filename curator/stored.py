@@ -38,7 +38,7 @@ from secure_release.curator.config import CuratorConfig
 from secure_release.curator.errors import UploadRefusedError
 from secure_release.curator.keystore import Keystore, KeystoreError, ReleaseRecord, TableChangedError, TableRecord
 from secure_release.curator.leader import LeaderState
-from secure_release.curator.ledgerfile import file_fingerprint
+from secure_release.curator.partitions import dataset_fingerprint
 from secure_release.curator.runner import (
     abort_and_settle,
     load_table,
@@ -163,7 +163,7 @@ def store_table(config: CuratorConfig) -> int:
         spec = own_schema(config)
         table = load_table(config, log, spec)
         keystore = Keystore(config.keystore)
-        fingerprint = file_fingerprint(config.data)
+        fingerprint = dataset_fingerprint(config.data)
         known = keystore.load_table(table_id)
         if known is not None and known.table_fingerprint != fingerprint:
             raise TableChangedError(

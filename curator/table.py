@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import csv
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -93,10 +93,15 @@ class BadRowsError(SecureReleaseError):
     """Some rows hold values outside the schema (or a missing, over-long or duplicate id, or
     bytes that are not UTF-8)."""
 
-    def __init__(self, path: str, problems: list[tuple[int, str]]) -> None:
+    def __init__(self, path: str, problems: list[tuple[int, str]], files: list[str] | None = None) -> None:
+        """``path``: the data as given (a file, a directory or a glob); ``problems``: (line,
+        message) of every bad row; ``files``: the file of each problem, when the data is several
+        files (None: every line is a line of ``path``)."""
         self.path = path
         self.problems = problems
-        shown = "; ".join(f"line {line}: {msg}" for line, msg in problems[:10])
+        self.files = files
+        where = [f"{file} line" for file in files] if files is not None else ["line"] * len(problems)
+        shown = "; ".join(f"{at} {line}: {msg}" for at, (line, msg) in zip(where[:10], problems[:10], strict=True))
         more = f" (and {len(problems) - 10} more)" if len(problems) > 10 else ""
         super().__init__(f"{path}: {len(problems)} bad row(s) refused: {shown}{more}")
 
@@ -182,13 +187,25 @@ class EncodedTable(CuratorTable):
         return self.encoded
 
 
+def read_columns(
+    path: Path, spec: TableSpec, query: str | None = None, row_groups: Sequence[int] | None = None
+) -> tuple[list[str], pa.Table, int]:
+    """Header, the columns ``spec`` needs (those present) and how many CSV records had a wrong
+    width, of one file (or a DuckDB query's result); ``row_groups``: only these row groups of a
+    Parquet file (None: all)."""
+    names = [a.name for a in spec.schema.attributes]
+    numeric = {a.name: not (a.missing_tokens or a.dates) for a in spec.schema.attributes if a.bins is not None}
+    return _open_batches(path, [spec.id_column, *names], names, query, numeric, row_groups)
+
+
 def _open_batches(
-    path: Path, needed: list[str], names: list[str], query: str | None, numeric: Mapping[str, bool] | None = None
+    path: Path, needed: list[str], names: list[str], query: str | None, numeric: Mapping[str, bool] | None = None,
+    row_groups: Sequence[int] | None = None,
 ) -> tuple[list[str], pa.Table, int]:
     """Header, the needed columns (bytes for CSV) and how many CSV records had a wrong width.
     ``names``: the attribute columns, read dictionary-encoded from Parquet. ``numeric``: the
     binned attributes, each True if a CSV reader may parse it as float64 straight away (no
-    missing tokens to look for)."""
+    missing tokens to look for). ``row_groups``: only these row groups of a Parquet file."""
     suffix = path.suffix.lower()
     if query is not None or suffix in _DUCKDB:
         return _read_duckdb(path, needed, query)
@@ -201,6 +218,8 @@ def _open_batches(
         if text:
             pfile = pq.ParquetFile(path, read_dictionary=text)
         present = [c for c in needed if c in header]
+        if row_groups is not None:
+            return header, pfile.read_row_groups(list(row_groups), columns=present, use_threads=True), 0
         return header, pfile.read(columns=present, use_threads=True), 0
     if suffix in _ARROW:
         with pa.memory_map(str(path)) as source:
@@ -420,18 +439,25 @@ def _may_repeat(ids: pa.Array) -> bool:
     return bool(np.any(keys[1:] == keys[:-1]))
 
 
-def _flag_repeats(ids: pa.Array, problems: _Problems) -> None:
-    """Every repeated id, with the row of its first occurrence (exact; runs only if
-    :func:`_may_repeat` found two equal keys)."""
+def _repeat_pairs(ids: pa.Array) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """(row, row of its first occurrence) of every repeat of an id (exact: ``dictionary_encode``
+    of the ids; runs only if :func:`_may_repeat` found two equal keys)."""
     indices = pc.dictionary_encode(ids).indices.to_numpy(zero_copy_only=False)
     counts = np.bincount(indices)
     repeated = np.flatnonzero(counts[indices] > 1)
-    if repeated.size:
-        first = np.full(counts.size, len(ids), dtype=np.int64)
-        np.minimum.at(first, indices[repeated], repeated)
-        later = repeated[first[indices[repeated]] != repeated]
-        for r, f in zip(later.tolist(), first[indices[later]].tolist(), strict=True):
-            problems.reasons.setdefault(r, []).append(f"duplicate id (first at row {f})")
+    if not repeated.size:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    first = np.full(counts.size, len(ids), dtype=np.int64)
+    np.minimum.at(first, indices[repeated], repeated)
+    later = repeated[first[indices[repeated]] != repeated]
+    return later.astype(np.int64), first[indices[later]]
+
+
+def _flag_repeats(ids: pa.Array, problems: _Problems) -> None:
+    """Every repeated id, with the row of its first occurrence."""
+    later, first = _repeat_pairs(ids)
+    for r, f in zip(later.tolist(), first.tolist(), strict=True):
+        problems.reasons.setdefault(r, []).append(f"duplicate id (first at row {f})")
 
 
 def _encode(attribute: Attribute, column: pa.ChunkedArray, problems: _Problems) -> npt.NDArray[np.unsignedinteger[Any]]:
@@ -616,55 +642,226 @@ def _lookup(values: pa.Array, plain_set: pa.Array, plain_codes: npt.NDArray[np.i
     return np.where(found >= 0, np.append(plain_codes, -1)[found], -1)
 
 
-def read_table(
-    data_path: str | Path, spec: TableSpec, query: str | None = None, check_repeats: bool = True
-) -> EncodedTable:
-    """The curator's table; raises :class:`BadRowsError` listing every bad line.
-    ``query``: SQL run on ``data_path`` as a DuckDB database (see the module docstring).
-    ``check_repeats=False``: repeated ids are looked for only if some row is bad anyway (so the
-    report stays complete); a caller that hashes the ids finds repeats as equal tags in its own
-    sort of them and then calls :func:`raise_repeats` (the curator: no second hash and sort)."""
-    path = Path(data_path)
-    names = [a.name for a in spec.schema.attributes]
-    needed = [spec.id_column, *names]
-    numeric = {a.name: not (a.missing_tokens or a.dates) for a in spec.schema.attributes if a.bins is not None}
-    header, table, wrong_width = _open_batches(path, needed, names, query, numeric)
+@dataclass(frozen=True)
+class RowSource:
+    """Where a run of a table's rows was read from, for error reports: ``path`` (the file or
+    DuckDB database), ``is_csv`` (lines are counted in the file, exactly; otherwise a row's line
+    is ``first_row`` + its index + 2, the header being line 1) and ``first_row`` (the index in
+    its file of the run's first row: a Parquet run of row groups starts past row 0)."""
+
+    path: Path
+    is_csv: bool
+    first_row: int = 0
+
+
+def source_of(path: Path, query: str | None = None) -> RowSource:
+    """The :class:`RowSource` of a whole file (CSV unless its suffix or a query says otherwise)."""
+    return RowSource(path, query is None and path.suffix.lower() not in _PARQUET + _ARROW + _DUCKDB)
+
+
+@dataclass
+class CheckedRows:
+    """One source's rows after every check: ``ids`` (trimmed Arrow strings), ``digits`` (each
+    attribute's codes), the problems found per row index (``id_problems`` apart: a report lists
+    them first), ``width`` (the header's number of fields: a CSV record's expected width) and
+    ``wrong_width`` (CSV records of another width, which the reader skipped)."""
+
+    source: RowSource
+    width: int
+    ids: pa.Array
+    digits: dict[str, npt.NDArray[np.unsignedinteger[Any]]]
+    id_problems: _Problems
+    problems: _Problems
+    wrong_width: int = 0
+
+    @property
+    def bad(self) -> bool:
+        """True if any row (or CSV record) is refused."""
+        return bool(self.problems.reasons or self.id_problems.reasons or self.wrong_width)
+
+    def reasons(self) -> dict[int, list[str]]:
+        """Every bad row's reasons, its id's first."""
+        merged = {row: list(reasons) for row, reasons in self.id_problems.reasons.items()}
+        for row, reasons in self.problems.reasons.items():
+            merged[row] = merged.get(row, []) + reasons
+        return merged
+
+
+def check_rows(
+    header: list[str], table: pa.Table, spec: TableSpec, source: RowSource, check_repeats: bool | None = True,
+    wrong_width: int = 0,
+) -> CheckedRows:
+    """Check and encode the columns ``table`` (read from ``source``, whose header is ``header``)
+    against ``spec``: every problem is recorded, none raised, except a missing column
+    (:class:`BadRowsError` at once). ``check_repeats``: True, repeated ids are looked for; False,
+    only if some row is bad anyway (the report stays complete); None, never (the caller looks
+    for them across several sources)."""
+    needed = [spec.id_column, *(a.name for a in spec.schema.attributes)]
     missing = [c for c in needed if c not in header]
     if missing:
-        raise BadRowsError(str(path), [(1, f"missing column(s) {missing}; header is {header}")])
+        raise BadRowsError(str(source.path), [(1, f"missing column(s) {missing}; header is {header}")])
     id_problems, problems = _Problems(), _Problems()
     ids, bad_id_utf8 = _text(table.column(spec.id_column))
     # the id checks (a hash and a sort, both outside the GIL) overlap the attribute look-ups
-    id_check = worker_pool().submit(_check_ids, ids, bad_id_utf8, id_problems, check_repeats)
+    id_check = worker_pool().submit(_check_ids, ids, bad_id_utf8, id_problems, bool(check_repeats))
     digits = {
         a.name: (_encode_binned if a.bins is not None else _encode)(a, table.column(a.name), problems)
         for a in spec.schema.attributes
     }
     id_check.result()
-    if not check_repeats and (problems.reasons or id_problems.reasons or wrong_width) and _may_repeat(ids):
+    checked = CheckedRows(source, len(header), ids, digits, id_problems, problems, wrong_width)
+    if check_repeats is False and checked.bad and _may_repeat(ids):
         _flag_repeats(ids, id_problems)  # error path: the report lists every bad line
-    for row, reasons in id_problems.reasons.items():  # id reasons first, as the report lists them
-        problems.reasons[row] = reasons + problems.reasons.get(row, [])
-    if problems.reasons or wrong_width:
-        is_csv = query is None and path.suffix.lower() not in _PARQUET + _ARROW + _DUCKDB
-        raise BadRowsError(str(path), _report(path, problems, len(header), is_csv))
-    del table  # the raw columns: only the ids, the codes and the symbols are kept
+    return checked
+
+
+def encode_checked(checked: CheckedRows, spec: TableSpec) -> EncodedTable:
+    """The :class:`EncodedTable` of one source's checked rows; :class:`BadRowsError` listing
+    every bad line of the source if any row is bad."""
+    if checked.bad:
+        raise BadRowsError(str(checked.source.path), _report(checked))
+    return _encoded(spec, checked.ids, checked.digits)
+
+
+def _encoded(
+    spec: TableSpec, ids: pa.Array, digits: dict[str, npt.NDArray[np.unsignedinteger[Any]]]
+) -> EncodedTable:
+    """The table of these ids and attribute codes, its joint symbols built in place."""
     codes = [digits[a.name] for a in spec.schema.attributes]
     encoded = mixed_radix_encode(codes, spec.schema.radices, dtype=np.uint32)  # 4 bytes a row, no int64 pass
     release_free_memory()  # hand Arrow's freed parse buffers (and glibc's free heap) back to the OS
     return EncodedTable(spec.schema, ids, _Labels(spec.schema, digits), encoded)
 
 
+def read_table(
+    data_path: str | Path, spec: TableSpec, query: str | None = None, check_repeats: bool = True
+) -> EncodedTable:
+    """The curator's table; raises :class:`BadRowsError` listing every bad line.
+    ``data_path``: a file, or a directory or glob of Parquet or CSV files (read by
+    :func:`curator.partitions.read_partitioned`, in their sorted order).
+    ``query``: SQL run on ``data_path`` as a DuckDB database (see the module docstring).
+    ``check_repeats=False``: repeated ids are looked for only if some row is bad anyway (so the
+    report stays complete); a caller that hashes the ids finds repeats as equal tags in its own
+    sort of them and then calls :func:`raise_repeats` (the curator: no second hash and sort)."""
+    from secure_release.curator import partitions  # built on this module: imported on use
+
+    if partitions.is_partitioned(data_path):
+        if query is not None:
+            raise DataSourceError(f"{data_path}: a query reads one DuckDB database file, not a directory or glob")
+        return partitions.read_partitioned(data_path, spec, check_repeats)
+    path = Path(data_path)
+    header, table, wrong_width = read_columns(path, spec, query)
+    checked = check_rows(header, table, spec, source_of(path, query), check_repeats, wrong_width)
+    del table  # the raw columns: only the ids, the codes and the symbols are kept
+    return encode_checked(checked, spec)
+
+
+def combine_checked(
+    data: str, parts: Sequence[CheckedRows | BadRowsError], spec: TableSpec, check_repeats: bool = True
+) -> EncodedTable:
+    """One table of several sources' rows (checked with ``check_repeats=None``), in order.
+    Repeated ids, within a source or across sources, are looked for if ``check_repeats`` or if
+    some row is bad anyway. Any problem, or a source refused outright (a :class:`BadRowsError`
+    in ``parts``: a missing column, an empty file), raises one :class:`BadRowsError` for
+    ``data`` that names each problem's file."""
+    checked = [p for p in parts if isinstance(p, CheckedRows)]
+    ids = _concat_ids([p.ids for p in checked])
+    refused = any(isinstance(p, BadRowsError) for p in parts) or any(p.bad for p in checked)
+    lines = _LineCache()
+    if (check_repeats or refused) and _may_repeat(ids):
+        _flag_repeats_across(ids, checked, lines)
+    if refused or any(p.bad for p in checked):
+        raise _merged_error(data, parts, lines)
+    digits = {
+        a.name: np.concatenate([p.digits[a.name] for p in checked]) if checked
+        else np.zeros(0, dtype=np.uint8) for a in spec.schema.attributes
+    }
+    table = _encoded(spec, ids, digits)
+    object.__setattr__(table, "_sources", tuple((p.source, p.width, len(p.ids)) for p in checked))
+    return table
+
+
+def _concat_ids(arrays: Sequence[pa.Array]) -> pa.Array:
+    """The id arrays end to end, as one string (or, if any is large, large string) array."""
+    if len(arrays) == 1:
+        return arrays[0]
+    large = any(pa.types.is_large_string(a.type) for a in arrays)
+    kind = pa.large_string() if large else pa.string()
+    if not arrays:
+        return pa.array([], kind)
+    return pa.concat_arrays([a if a.type == kind else a.cast(kind) for a in arrays])
+
+
+class _LineCache:
+    """Each source's line finder, made once (a CSV source's costs a counting pass of its file)."""
+
+    def __init__(self) -> None:
+        self._found: dict[RowSource, tuple[Callable[[int], int | None], list[tuple[int, str]]]] = {}
+
+    def of(self, source: RowSource, width: int) -> tuple[Callable[[int], int | None], list[tuple[int, str]]]:
+        if source not in self._found:
+            self._found[source] = _line_finder(source, width)
+        return self._found[source]
+
+
+def _flag_repeats_across(ids: pa.Array, parts: Sequence[CheckedRows], lines: _LineCache) -> None:
+    """Flag every repeated id of the sources' concatenated ``ids`` in its own source: a repeat
+    within one source as :func:`_flag_repeats` does, one across sources with the file and line
+    of the first occurrence (error path: a Python step per repeated row)."""
+    starts = np.cumsum([0, *(len(p.ids) for p in parts)])
+    later, first = _repeat_pairs(ids)
+    later_part = np.searchsorted(starts, later, side="right") - 1
+    first_part = np.searchsorted(starts, first, side="right") - 1
+    for r, f, rp, fp in zip(later.tolist(), first.tolist(), later_part.tolist(), first_part.tolist(), strict=True):
+        row, first_row, owner = r - int(starts[rp]), f - int(starts[fp]), parts[fp]
+        if rp == fp:
+            message = f"duplicate id (first at row {first_row})"
+        else:
+            line = lines.of(owner.source, owner.width)[0](first_row)
+            message = f"duplicate id (first on line {line} of {owner.source.path})"
+        parts[rp].id_problems.reasons.setdefault(row, []).append(message)
+
+
+def _merged_error(data: str, parts: Sequence[CheckedRows | BadRowsError], lines: _LineCache) -> BadRowsError:
+    """One :class:`BadRowsError` for ``data`` listing every source's bad lines, each with its file."""
+    problems: list[tuple[int, str]] = []
+    files: list[str] = []
+    for part in parts:
+        if isinstance(part, BadRowsError):
+            found, file = part.problems, part.path
+        elif part.bad:
+            found, file = _report(part, lines), str(part.source.path)
+        else:
+            continue
+        problems += found
+        files += [file] * len(found)
+    return BadRowsError(data, problems, files)
+
+
 def raise_repeats(data_path: str | Path, table: EncodedTable, query: str | None = None) -> None:
     """:class:`BadRowsError` naming every repeated id of ``table`` (read with
-    ``check_repeats=False``) with its line and the line of its first occurrence; returns if no
-    id repeats (exact: ``dictionary_encode`` of the ids)."""
+    ``check_repeats=False``) with its line and the line of its first occurrence (a table read
+    from several files: with their files); returns if no id repeats (exact: ``dictionary_encode``
+    of the ids)."""
+    sources: tuple[tuple[RowSource, int, int], ...] | None = table.__dict__.get("_sources")
+    ids = table.id_array
+    if sources is not None:
+        parts: list[CheckedRows] = []
+        at = 0
+        for source, width, rows in sources:
+            parts.append(CheckedRows(source, width, ids.slice(at, rows), {}, _Problems(), _Problems()))
+            at += rows
+        lines = _LineCache()
+        _flag_repeats_across(ids, parts, lines)
+        if any(p.bad for p in parts):
+            raise _merged_error(str(data_path), parts, lines)
+        return
     problems = _Problems()
-    _flag_repeats(table.id_values(), problems)
+    _flag_repeats(ids, problems)
     if problems.reasons:
         path = Path(data_path)
-        is_csv = query is None and path.suffix.lower() not in _PARQUET + _ARROW + _DUCKDB
-        raise BadRowsError(str(path), _report(path, problems, len(_header(path, query)), is_csv))
+        checked = CheckedRows(source_of(path, query), len(_header(path, query)), ids, {}, problems, _Problems())
+        raise BadRowsError(str(path), _report(checked))
 
 
 def _header(path: Path, query: str | None) -> list[str]:
@@ -676,35 +873,44 @@ def _header(path: Path, query: str | None) -> list[str]:
     return next(csv.reader([first.decode("utf-8", "replace")]))
 
 
-def _report(path: Path, problems: _Problems, width: int, is_csv: bool) -> list[tuple[int, str]]:
-    """(line, reasons) for every bad row, in file order (error path only)."""
-    rows = sorted(problems.reasons)
-    if not is_csv:
-        lines = {r: r + 2 for r in rows}
-        return [(lines[r], _rename_rows(", ".join(problems.reasons[r]), lines)) for r in rows]
-    report: list[tuple[int, str]] = []
+def _line_finder(source: RowSource, width: int) -> tuple[Callable[[int], int | None], list[tuple[int, str]]]:
+    """The file line of a row index (None: no record the reader kept) and, for CSV, every
+    record of the wrong width with its line (a counting pass: error path only)."""
+    if not source.is_csv:
+        return (lambda row: source.first_row + row + 2), []
+    wrong: list[tuple[int, str]] = []
     kept_line: list[int] = []  # file line of each record the columnar reader kept
-    with path.open(newline="", encoding="utf-8", errors="surrogateescape") as fh:
+    with source.path.open(newline="", encoding="utf-8", errors="surrogateescape") as fh:
         reader = csv.reader(fh)
         next(reader)
         for record in reader:  # error path only: a counting pass for exact line numbers
             if not record:
                 continue
             if len(record) != width:
-                report.append((reader.line_num, f"wrong number of fields, expected {width}, got {len(record)}"))
+                wrong.append((reader.line_num, f"wrong number of fields, expected {width}, got {len(record)}"))
             else:
                 kept_line.append(reader.line_num)
-    lines = {r: kept_line[r] for r in rows if r < len(kept_line)}
-    line_of = dict(enumerate(kept_line))  # built once: per bad row it made the report quadratic
-    report += [(lines[r], _rename_rows(", ".join(problems.reasons[r]), line_of)) for r in lines]
+    return (lambda row: kept_line[row] if row < len(kept_line) else None), wrong
+
+
+def _report(checked: CheckedRows, lines: _LineCache | None = None) -> list[tuple[int, str]]:
+    """(line, reasons) for every bad row of one source, in file order (error path only)."""
+    line_of, wrong = (lines or _LineCache()).of(checked.source, checked.width)
+    reasons = checked.reasons()
+    report = list(wrong)
+    for row in sorted(reasons):
+        line = line_of(row)
+        if line is not None:
+            report.append((line, _rename_rows(", ".join(reasons[row]), line_of)))
     return sorted(report)
 
 
-def _rename_rows(message: str, line_of: Mapping[int, int]) -> str:
+def _rename_rows(message: str, line_of: Callable[[int], int | None]) -> str:
     """Turn "first at row R" into "first on line L"."""
     marker = "(first at row "
     if marker not in message:
         return message
     head, _, tail = message.partition(marker)
     row, _, rest = tail.partition(")")
-    return f"{head}(first on line {line_of.get(int(row), int(row) + 2)}){_rename_rows(rest, line_of)}"
+    line = line_of(int(row))
+    return f"{head}(first on line {int(row) + 2 if line is None else line}){_rename_rows(rest, line_of)}"

@@ -61,7 +61,7 @@ def register(sub: Any) -> None:
     )
     d.set_defaults(func=run_draft)
     c = ssub.add_parser("check", help="check a table against a schema; print its rows and alphabet")
-    c.add_argument("data", type=Path, help="the curator's table: CSV or Parquet")
+    c.add_argument("data", type=Path, help="the curator's table: CSV or Parquet, or a directory or glob of them")
     c.add_argument("schema", type=Path, help="the schema JSON file")
     c.set_defaults(func=run_check)
 
@@ -131,11 +131,12 @@ def run_draft(args: argparse.Namespace) -> int:
 
 
 def run_check(args: argparse.Namespace) -> int:
+    from secure_release.curator.partitions import require_data
     from secure_release.curator.table import load_schema, read_table
     from secure_release.infra.fileio import require_file
 
     spec = load_schema(require_file(args.schema, "schema"))
-    table = read_table(require_file(args.data, "data"), spec)
+    table = read_table(require_data(args.data, "data"), spec)
     s = spec.schema
     sizes = " x ".join(str(a.size) for a in s.attributes)
     print(f"{args.data}: {table.num_rows} rows match schema {s.name!r} (alphabet {sizes} = {s.alphabet_size})")
