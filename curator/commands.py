@@ -34,7 +34,7 @@ import grpc
 from secure_release.curator.keystore import Keystore
 from secure_release.curator.ledgerfile import LedgerFile
 from secure_release.curator.ledgersign import HeadSigner
-from secure_release.curator.partitions import dataset_fingerprint, require_data
+from secure_release.curator.partitions import dataset_fingerprint, dataset_name, require_data
 from secure_release.curator.witness import BudgetWitness, carry_over
 from secure_release.infra.config import ConfigError, require
 from secure_release.infra.tls import secure_channel
@@ -119,7 +119,7 @@ def _dataset(args: argparse.Namespace) -> tuple[str, str]:
     if args.dataset:
         return check_name(args.dataset, "--dataset"), fingerprint
     if args.data:
-        return Path(args.data).name, fingerprint
+        return dataset_name(args.data), fingerprint
     if getattr(args, "table_id", None):
         record = Keystore(args.keystore).load_table(args.table_id)
         if record is None:

@@ -160,6 +160,16 @@ def require_data(data: str | Path, flag: str) -> Path:
     return Path(data)
 
 
+def dataset_name(data: str | Path) -> str:
+    """The default data set (budget) name of ``--data``: a file's or directory's name; a glob's
+    is the name of its directory before the first wildcard (every selection from one directory
+    spends one budget unless ``--dataset`` names it apart)."""
+    if is_partitioned(data) and not Path(data).is_dir():
+        base = _glob_base(str(data))
+        return base.name or base.resolve().name
+    return Path(data).name
+
+
 def _hive_pairs(relative: Path) -> tuple[tuple[str, str], ...]:
     """The ``key=value`` pairs of a file's directory names (values URL-decoded, as Hive writes
     them), outermost first."""

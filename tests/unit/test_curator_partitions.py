@@ -248,6 +248,11 @@ def test_budget_set_takes_a_directory(tmp_path: Path, capsys: pytest.CaptureFixt
     out = json.loads(capsys.readouterr().out)
     assert out["fingerprint"] == dataset_fingerprint(tmp_path / "people")
     assert out["dataset"] == "people"
+    glob_set = ["budget", "set", "--keystore", str(tmp_path / "ks3"), "--data", str(tmp_path / "people" / "*.parquet"),
+                "--epsilon", "1.0"]
+    assert curator_main(glob_set) == 0
+    out = json.loads(capsys.readouterr().out)  # a glob's data set: its directory's (one population, one budget)
+    assert out["dataset"] == "people" and out["fingerprint"] == dataset_fingerprint(tmp_path / "people")
     (tmp_path / "nothing").mkdir()
     missing = ["budget", "set", "--keystore", str(tmp_path / "ks2"), "--data", str(tmp_path / "nothing"),
                "--epsilon", "1.0"]
