@@ -64,7 +64,7 @@ def add_budget_parser(sub: Any) -> None:
     s.add_argument("--delta", type=float, default=None, help="with --per-release-epsilon: the target delta, e.g. 1e-9")
     w = bsub.add_parser("show", help="print the ledger's budgets, releases and entries (JSON)")
     w.add_argument("--keystore", required=True, help="the curator's keystore directory")
-    w.add_argument("--data", help="only this table file's data set")
+    w.add_argument("--data", help="only this table file's (directory's, glob's) data set")
     w.add_argument("--table-id", help="only the data set this stored table was made from")
     w.add_argument("--dataset", help="only this data set")
     for p in (s, w):

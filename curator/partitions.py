@@ -88,7 +88,9 @@ class Partition:
 
 def is_partitioned(data: str | Path) -> bool:
     """True if ``data`` names a directory, or is a glob pattern (holds ``*``, ``?`` or ``[``)
-    that is not itself an existing path."""
+    that is not itself an existing path ("" names nothing, not the working directory)."""
+    if not str(data):
+        return False
     path = Path(data)
     if path.is_dir():
         return True

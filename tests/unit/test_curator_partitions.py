@@ -24,6 +24,7 @@ from secure_release.curator.partitions import (
     UnreadableInputError,
     dataset_fingerprint,
     discover,
+    is_partitioned,
     read_partition,
     read_partitioned,
 )
@@ -153,6 +154,8 @@ def test_discover_order_is_sorted_and_skips_hidden_files(tmp_path: Path) -> None
     found = [Path(p.path).relative_to(data).as_posix() for p in discover(data)]
     assert found == ["a.csv", "b.CSV", "z/a.csv", "z/b.csv"]
     assert discover(data) == discover(str(data))
+    assert is_partitioned(data) and is_partitioned(f"{data}/*.csv") and not is_partitioned(data / "a.csv")
+    assert not is_partitioned("")  # an empty --data is not the working directory
     assert all(p.num_rows is None and p.row_groups is None for p in discover(data))
 
 
