@@ -34,7 +34,7 @@ import grpc
 from secure_release.curator.keystore import Keystore
 from secure_release.curator.ledgerfile import LedgerFile
 from secure_release.curator.ledgersign import HeadSigner
-from secure_release.curator.partitions import dataset_fingerprint, require_data
+from secure_release.curator.partitions import dataset_fingerprint, dataset_name, require_data
 from secure_release.curator.witness import BudgetWitness, carry_over
 from secure_release.infra.config import ConfigError, require
 from secure_release.infra.tls import secure_channel
@@ -64,7 +64,7 @@ def add_budget_parser(sub: Any) -> None:
     s.add_argument("--delta", type=float, default=None, help="with --per-release-epsilon: the target delta, e.g. 1e-9")
     w = bsub.add_parser("show", help="print the ledger's budgets, releases and entries (JSON)")
     w.add_argument("--keystore", required=True, help="the curator's keystore directory")
-    w.add_argument("--data", help="only this table file's data set")
+    w.add_argument("--data", help="only this table file's (directory's, glob's) data set")
     w.add_argument("--table-id", help="only the data set this stored table was made from")
     w.add_argument("--dataset", help="only this data set")
     for p in (s, w):
@@ -119,7 +119,7 @@ def _dataset(args: argparse.Namespace) -> tuple[str, str]:
     if args.dataset:
         return check_name(args.dataset, "--dataset"), fingerprint
     if args.data:
-        return Path(args.data).name, fingerprint
+        return dataset_name(args.data), fingerprint
     if getattr(args, "table_id", None):
         record = Keystore(args.keystore).load_table(args.table_id)
         if record is None:

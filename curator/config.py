@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from secure_release.curator.partitions import require_data
+from secure_release.curator.partitions import dataset_name, require_data
 from secure_release.infra.config import ConfigError, require, split_address, testing_enabled
 from secure_release.infra.fileio import require_dir, require_file
 from secure_release.mechanism.accounting import check_epsilon
@@ -398,11 +398,11 @@ def _engine_settings(
 
 
 def _dataset_name(args: argparse.Namespace, server_sampled: bool) -> str:
-    """``--dataset`` (a checked name), else the ``--data`` file's or directory's name ("" for a
-    server-sampled release: the name its stored table was stored under)."""
+    """``--dataset`` (a checked name), else the ``--data`` file's or directory's name (a glob's:
+    its directory's; "" for a server-sampled release: the name its stored table was stored under)."""
     if args.dataset:
         return check_name(args.dataset, "--dataset")
-    return "" if server_sampled else Path(args.data).name
+    return "" if server_sampled else dataset_name(args.data)
 
 
 def _max_epsilon(args: argparse.Namespace) -> float:

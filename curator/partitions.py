@@ -8,12 +8,12 @@ files, as well as one file.
   ``_SUCCESS`` skipped) or matching a glob, in sorted path order, a Parquet file cut into runs
   of consecutive row groups of about ``target_rows`` rows each. Parquet and CSV are never mixed.
 * :func:`read_partition` reads one with exactly the checks and encoding of
-  :func:`curator.table.read_table` (one code path: :func:`curator.table.check_rows`); a bad row
+  :func:`curator.table.read_table` (one code path: :func:`curator.columnar.check_rows`); a bad row
   is reported with its file and line (CSV: the exact line; Parquet: the row's index in its file
   + 2, the header being line 1).
 * :func:`read_partitioned` reads them all into one table, in :func:`discover` order; an id
   repeated across files is refused naming both files, and the problems of every file are
-  reported together (one :class:`curator.table.BadRowsError`).
+  reported together (one :class:`curator.columnar.BadRowsError`).
 * :func:`dataset_fingerprint` is the ledger's fingerprint of the data: a single file's is its
   SHA-256 (:func:`curator.ledgerfile.file_fingerprint`, as before), a directory's or glob's
   covers each file's path relative to the directory (or the glob's fixed prefix) and its own
@@ -33,8 +33,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from secure_release.curator.ledgerfile import file_fingerprint
-from secure_release.curator.table import (
+from secure_release.curator.columnar import (
     BadRowsError,
     CheckedRows,
     DataSourceError,
@@ -47,6 +46,7 @@ from secure_release.curator.table import (
     read_columns,
     source_of,
 )
+from secure_release.curator.ledgerfile import file_fingerprint
 from secure_release.infra.fileio import require_file
 from secure_release.mechanism.errors import SecureReleaseError
 
@@ -88,7 +88,9 @@ class Partition:
 
 def is_partitioned(data: str | Path) -> bool:
     """True if ``data`` names a directory, or is a glob pattern (holds ``*``, ``?`` or ``[``)
-    that is not itself an existing path."""
+    that is not itself an existing path ("" names nothing, not the working directory)."""
+    if not str(data):
+        return False
     path = Path(data)
     if path.is_dir():
         return True
@@ -158,6 +160,16 @@ def require_data(data: str | Path, flag: str) -> Path:
     except (NoInputFilesError, MixedInputFormatsError) as exc:
         raise type(exc)(f"{flag} {exc}") from None
     return Path(data)
+
+
+def dataset_name(data: str | Path) -> str:
+    """The default data set (budget) name of ``--data``: a file's or directory's name; a glob's
+    is the name of its directory before the first wildcard (every selection from one directory
+    spends one budget unless ``--dataset`` names it apart)."""
+    if is_partitioned(data) and not Path(data).is_dir():
+        base = _glob_base(str(data))
+        return base.name or base.resolve().name
+    return Path(data).name
 
 
 def _hive_pairs(relative: Path) -> tuple[tuple[str, str], ...]:
@@ -235,7 +247,7 @@ def _with_hive_columns(
 
 
 def _checked_partition(partition: Partition, spec: TableSpec, check_repeats: bool | None) -> CheckedRows:
-    """One partition's rows checked against ``spec`` (see :func:`curator.table.check_rows`)."""
+    """One partition's rows checked against ``spec`` (see :func:`curator.columnar.check_rows`)."""
     path = Path(partition.path)
     try:
         header, table, wrong_width = read_columns(path, spec, row_groups=partition.row_groups)

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pytest
 
-from secure_release.curator import table as table_module
+from secure_release.curator import columnar as columnar_module
 from secure_release.curator.runner import hashed_tags
 from secure_release.curator.table import BadRowsError, load_schema, raise_repeats, read_table
 from secure_release.mechanism.alignment import TAG_DTYPE, SortedTags, has_repeated_tag, id_tags, sort_tags
@@ -110,7 +110,7 @@ def test_piecewise_id_checks_equal_whole_array_ones(tmp_path: Path, monkeypatch:
     path = _write(tmp_path, ids, edu)
     with pytest.raises(BadRowsError) as whole:
         read_table(path, spec)
-    monkeypatch.setattr(table_module, "_PIECE", piece)
+    monkeypatch.setattr(columnar_module, "_PIECE", piece)
     with pytest.raises(BadRowsError) as pieces:
         read_table(path, spec)
     assert pieces.value.problems == whole.value.problems
@@ -118,5 +118,5 @@ def test_piecewise_id_checks_equal_whole_array_ones(tmp_path: Path, monkeypatch:
     ids[5], ids[30], ids[33] = "p5", "p30", "p33"  # only the trim left: read, trimmed
     path = _write(tmp_path, ids, edu)
     assert read_table(path, spec).ids.tolist()[17] == "p17"
-    monkeypatch.setattr(table_module, "_PIECE", 1 << 20)
+    monkeypatch.setattr(columnar_module, "_PIECE", 1 << 20)
     assert read_table(path, spec).ids.tolist()[17] == "p17"

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from secure_release.curator import table as table_module
+from secure_release.curator import columnar as columnar_module
 from secure_release.curator.table import BadRowsError, DataSourceError, EncodedTable, load_schema, read_table
 from secure_release.mechanism.alignment import id_tags
 from secure_release.mechanism.keys import AlignmentKey
@@ -54,9 +54,9 @@ def test_fast_paths_equal_full_path(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     pq.write_table(data, tmp_path / "d.parquet")
     fast = [_outcome(tmp_path / name, spec) for name in ("d.csv", "d.parquet")]
     with monkeypatch.context() as m:
-        m.setattr(table_module, "_may_need_trim", lambda arr: True)
-        m.setattr(table_module, "_may_repeat", lambda ids: True)
-        m.setattr(table_module, "_lookup", lambda values, plain, codes: np.full(len(values), -1, dtype=np.int64))
+        m.setattr(columnar_module, "_may_need_trim", lambda arr: True)
+        m.setattr(columnar_module, "_may_repeat", lambda ids: True)
+        m.setattr(columnar_module, "_lookup", lambda values, plain, codes: np.full(len(values), -1, dtype=np.int64))
         full = [_outcome(tmp_path / name, spec) for name in ("d.csv", "d.parquet")]
     assert fast == full
 
@@ -64,7 +64,7 @@ def test_fast_paths_equal_full_path(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 def test_repeat_key_collision_reports_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # if the 64-bit repeat keys ever collide without a repeated id, the exact pass finds none
     (tmp_path / "d.csv").write_text("id,edu,mar\nx1,a,m\nx2,b,s\n")
-    monkeypatch.setattr(table_module, "_may_repeat", lambda ids: True)
+    monkeypatch.setattr(columnar_module, "_may_repeat", lambda ids: True)
     assert read_table(tmp_path / "d.csv", _spec(tmp_path)).ids.tolist() == ["x1", "x2"]
 
 

@@ -115,9 +115,9 @@ def test_parquet_numeric_columns_are_binned_and_nulls_are_missing(tmp_path: Path
 
 
 def test_binning_over_many_pieces_matches_numpy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import secure_release.curator.table as table_module
+    import secure_release.curator.columnar as columnar_module
 
-    monkeypatch.setattr(table_module, "_PIECE", 1000)
+    monkeypatch.setattr(columnar_module, "_PIECE", 1000)
     rng = np.random.default_rng(7)
     values = rng.uniform(2500, 6500, 5500).round(2)
     (tmp_path / "t.csv").write_text("id,mass\n" + "".join(f"{i},{v}\n" for i, v in enumerate(values)))
