@@ -23,6 +23,8 @@ opaque future; arguments that are handles are resolved where the task runs.
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -132,12 +134,10 @@ class DaskEngine:
         return _lost_worker_named(lambda: handle.result())
 
     def results(self, handles: Sequence[Any], stage: str) -> list[Any]:
-        from distributed import as_completed
-
         started, last = time.monotonic(), [0.0]
-        for done, _ in enumerate(as_completed(list(handles)), start=1):
+        for done, _ in enumerate(_dask().as_completed(list(handles)), start=1):
             _progress(self._log, stage, done, len(handles), started, last)
-        return _lost_worker_named(lambda: self.client.gather(list(handles)))
+        return list(_lost_worker_named(lambda: self.client.gather(list(handles))))
 
     def release(self, handles: Sequence[Any]) -> None:
         for handle in handles:
@@ -152,11 +152,10 @@ class DaskEngine:
 def _lost_worker_named(get: Callable[[], Any]) -> Any:
     """A task that failed because its workers kept dying (Dask retries a lost task a few
     times) as an :class:`EngineError`; a stage's own error (e.g. BadRowsError) passes through."""
-    from distributed.scheduler import KilledWorker
-
+    killed: type[Exception] = importlib.import_module("distributed.scheduler").KilledWorker
     try:
         return get()
-    except KilledWorker as exc:
+    except killed as exc:
         raise EngineError(
             f"the cluster lost the workers running a stage too often ({exc}); the release stopped before "
             "anything was uploaded: check the workers' memory limit and logs, then run the same command again"
@@ -185,14 +184,16 @@ def open_engine(
     if engine != "dask":
         raise EngineError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
     try:
-        from distributed import Client, LocalCluster
-        from distributed.security import Security
+        dask = _dask()
     except ImportError:
         raise EngineError("--engine dask needs dask.distributed: pip install 'secure-release[cluster]'") from None
+    Client, LocalCluster, Security = dask.Client, dask.LocalCluster, dask.security.Security
     try:
         if scheduler is not None or scheduler_file is not None:
-            client = Client(scheduler, scheduler_file=scheduler_file, timeout="20s") if scheduler_file is None \
-                else Client(scheduler_file=scheduler_file, timeout="20s")  # fmt: skip
+            if scheduler_file is None:
+                client = Client(scheduler, timeout="20s")
+            else:
+                client = Client(scheduler_file=scheduler_file, timeout="20s")
             count = len(client.scheduler_info(n_workers=-1).get("workers", {}))
             where = scheduler or f"the scheduler in {scheduler_file}"
             desc = f"the curator's cluster at {where} ({count} workers)"
@@ -219,9 +220,12 @@ def open_engine(
     return eng
 
 
+def _dask() -> Any:
+    """dask.distributed (optional: the ``cluster`` extra), imported when first needed."""
+    module = importlib.import_module("distributed")
+    importlib.import_module("distributed.security")
+    return module
+
+
 def _has_bokeh() -> bool:
-    try:
-        import bokeh  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return importlib.util.find_spec("bokeh") is not None

@@ -51,6 +51,7 @@ from secure_release.infra.fileio import UnsafePathError, atomic_write, read_nofo
 from secure_release.infra.health import add_health_and_reflection
 from secure_release.infra.logs import EventLog, peak_rss_mib
 from secure_release.infra.memory import release_free_memory
+from secure_release.infra.streams import AgreementError
 from secure_release.infra.tls import bind, make_grpc_server
 from secure_release.mechanism.alignment import (
     TAG_DTYPE,

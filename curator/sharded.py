@@ -26,6 +26,7 @@ import numpy.typing as npt
 
 from secure_release.curator import shards as st
 from secure_release.curator.engine import Engine
+from secure_release.curator.errors import AgreementNotReadyError
 from secure_release.curator.leader import LeaderState
 from secure_release.curator.table import BadRowsError, TableSpec
 from secure_release.infra.logs import EventLog, peak_rss_mib
@@ -128,7 +129,7 @@ def load_sharded(
     known = sum(int(p.num_rows or 0) for p in partitions)
     bits = st.shard_bits_for(known or len(partitions) << 20) if shard_bits is None else shard_bits
     size = spec.schema.alphabet_size
-    results = [engine.submit(st.hash_partition, i, p, spec, key, bits, size) for i, p in enumerate(partitions)]
+    results = [engine.submit(st.hash_partition, i, p, spec, key.reveal(), bits, size) for i, p in enumerate(partitions)]
     summaries = engine.results([engine.submit(st.problems_of, r) for r in results], "read")
     problems = [pr for _, probs in summaries for pr in probs]
     if problems:
@@ -153,7 +154,7 @@ def _raise_repeats(table: ShardedTable, key: AlignmentKey, wanted: TagArray, tot
     """The repeated ids as :class:`BadRowsError`: every occurrence's file and line (error path:
     the partitions are read once more to find them)."""
     found = table.engine.results(
-        [table.engine.submit(st.locate_tags, p, table.spec, key, wanted) for p in table.partitions], "locate"
+        [table.engine.submit(st.locate_tags, p, table.spec, key.reveal(), wanted) for p in table.partitions], "locate"
     )
     places: dict[int, list[tuple[str, int]]] = {}
     for hits in found:
@@ -215,7 +216,7 @@ class ClusterLeader(LeaderState):
         with the tag's index in the stream); returns how many arrived. Then as :meth:`add_tags`."""
         self.check_alignment(curator, alignment)
         if self.own is None:
-            raise AgreementError(f"the leader of {self.release_id!r} is still reading its own table; retry")
+            raise AgreementNotReadyError(f"the leader of {self.release_id!r} is still reading its own table; retry")
         digest, received = hashlib.sha256(), 0
         files = self._shard_files(curator)
         handles = [path.open("wb") for path in files]

@@ -206,12 +206,13 @@ def symbol_dtype(alphabet_size: int) -> str:
 
 
 def hash_partition(
-    index: int, partition: Any, spec: Any, key: AlignmentKey, shard_bits: int, alphabet_size: int
+    index: int, partition: Any, spec: Any, alignment_key_bytes: bytes, shard_bits: int, alphabet_size: int
 ) -> PartitionResult:
     """Stage 1 for partition ``index`` (a :class:`~secure_release.curator.partitions.Partition`
     read against ``spec``, a ``TableSpec``): bad rows come back as problems (the release is then
     refused as a whole); else its tags and symbols split by shard. Repeats are found by the
-    shard merge, across partitions."""
+    shard merge, across partitions. The alignment key travels as its bytes (an
+    :class:`AlignmentKey` refuses to be pickled): only to the curator's own workers."""
     from secure_release.curator.partitions import read_partition
     from secure_release.curator.table import BadRowsError
 
@@ -220,7 +221,7 @@ def hash_partition(
     except BadRowsError as exc:
         problems = tuple(RowProblem(str(partition.path), line, message) for line, message in exc.problems)
         return PartitionResult((), 0, problems)
-    tags = id_tags(table.id_values(), key)
+    tags = id_tags(table.id_values(), AlignmentKey(alignment_key_bytes))
     symbols = table.symbols().astype(symbol_dtype(alphabet_size))
     return PartitionResult(split_by_shard(tags, shard_bits, symbols), int(tags.size))
 
@@ -230,13 +231,13 @@ def problems_of(result: PartitionResult) -> tuple[int, tuple[RowProblem, ...]]:
     return result.num_rows, result.problems
 
 
-def locate_tags(partition: Any, spec: Any, key: AlignmentKey, wanted: TagArray) -> list[tuple[str, int, int]]:
+def locate_tags(partition: Any, spec: Any, alignment_key_bytes: bytes, wanted: TagArray) -> list[tuple[str, int, int]]:
     """Error path only: (file, line, which wanted tag) of every row of ``partition`` whose id
     hashes to one of ``wanted`` (the repeated ids a shard merge found)."""
     from secure_release.curator.partitions import read_partition
 
     table = read_partition(partition, spec, check_repeats=False)
-    tags = np.ascontiguousarray(id_tags(table.id_values(), key), dtype=TAG_DTYPE).view("V16").reshape(-1)
+    tags = np.ascontiguousarray(id_tags(table.id_values(), AlignmentKey(alignment_key_bytes)), dtype=TAG_DTYPE).view("V16").reshape(-1)
     want = np.ascontiguousarray(wanted, dtype=TAG_DTYPE).view("V16").reshape(-1)
     rows = np.flatnonzero(np.isin(tags, want))
     which = np.searchsorted(np.sort(want), tags[rows])

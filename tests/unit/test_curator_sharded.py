@@ -1,0 +1,169 @@
+"""The sharded release path (``--engine dask``'s stages) against the in-process one, exactly.
+
+Everything here runs on the in-process engine (the same stage functions a Dask worker runs);
+tests/integration/test_cluster_engine.py runs them on a real cluster."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+import pytest
+
+from secure_release.curator import shards as st
+from secure_release.curator.engine import InlineEngine
+from secure_release.curator.leader import LeaderState
+from secure_release.curator.sharded import ClusterLeader, load_sharded
+from secure_release.curator.table import BadRowsError, load_schema, read_table
+from secure_release.demo_data import write_demo_data
+from secure_release.infra.logs import EventLog
+from secure_release.infra.streams import TagStream, tag_chunks
+from secure_release.mechanism.alignment import TAG_DTYPE, align_all, id_tags
+from secure_release.mechanism.keys import AlignmentKey, Seed
+from secure_release.mechanism.pads import CipherMode
+from secure_release.mechanism.variants import agreement_positions
+
+KEY = AlignmentKey(bytes(range(32)))
+LOG = EventLog("curator", "test")
+
+
+def _split(csv: Path, out: Path, files: int) -> Path:
+    """``csv`` written as ``files`` Parquet files (several row groups each) in ``out``."""
+    table = pacsv.read_csv(csv, convert_options=pacsv.ConvertOptions(column_types={"id": pa.string()}))
+    out.mkdir(parents=True)
+    bounds = np.linspace(0, table.num_rows, files + 1).astype(int)
+    for i in range(files):
+        part = table.slice(int(bounds[i]), int(bounds[i + 1] - bounds[i]))
+        pq.write_table(part, out / f"part-{i:03d}.parquet", row_group_size=max(1, part.num_rows // 3))
+    return out
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("sharded")
+    write_demo_data(root, rows=5000, seed=11)
+    return root
+
+
+def test_shard_bits_give_about_a_million_tags_a_shard() -> None:
+    assert st.shard_bits_for(1) == 0 and st.shard_bits_for(1 << 20) == 0
+    assert st.shard_bits_for((1 << 20) + 1) == 1
+    assert st.shard_bits_for(10**8) == 7 and st.shard_bits_for(10**9) == 10
+
+
+def test_merge_sorts_a_shard_ascending_and_names_repeated_tags() -> None:
+    tags = id_tags(np.array([f"id{i}" for i in range(3000)]), KEY)
+    pieces = st.split_by_shard(tags, 3, np.arange(3000, dtype=np.uint32))
+    assert sum(p.tags.size for p in pieces) == 3000
+    merged = [st.merge_shard([p]) for p in pieces]
+    joined = np.concatenate([m.tags for m in merged])
+    assert np.array_equal(joined, np.sort(tags))  # shard order then tag order = ascending (hi, lo)
+    assert all(m.repeated.size == 0 for m in merged)
+    symbols = np.concatenate([m.symbols for m in merged])
+    assert np.array_equal(tags[symbols], joined)  # each symbol stayed with its tag
+    doubled = st.merge_shard([pieces[0], pieces[0]])
+    assert np.array_equal(np.sort(doubled.repeated), np.sort(pieces[0].tags))
+
+
+@pytest.mark.parametrize("shard_bits", [0, 2, 5])
+def test_intersection_by_shard_gives_the_rows_align_all_gives(shard_bits: int) -> None:
+    rng = np.random.default_rng(5)
+    own_ids = np.array([f"p{i}" for i in rng.permutation(4000)[:3000]])
+    other_ids = np.array([f"p{i}" for i in rng.permutation(4000)[:3200]])
+    own_tags, other_tags = id_tags(own_ids, KEY), id_tags(other_ids, KEY)
+    common, (own_align, other_align) = align_all([own_tags, other_tags])
+    own_shards = [st.merge_shard([p]) for p in st.split_by_shard(own_tags, shard_bits, np.arange(3000, dtype=np.uint32))]
+    shard = st.shard_of(other_tags, shard_bits)
+    got_own, got_other = [], []
+    for s, own in enumerate(own_shards):
+        mine = np.flatnonzero(shard == s)
+        own_rows, (other_rows,) = st.intersect_shard(own, [(other_tags[mine], mine)])
+        got_own.append(own.symbols[own_rows])  # symbols = original row numbers here
+        got_other.append(other_rows)
+    assert np.array_equal(np.concatenate(got_own), own_align.row_order)
+    assert np.array_equal(np.concatenate(got_other), other_align.row_order)
+    assert sum(map(len, got_own)) == common.size
+
+
+def test_a_tag_sent_twice_is_refused_at_the_intersection() -> None:
+    tags = id_tags(np.array(["a", "b"]), KEY)
+    own = st.merge_shard(st.split_by_shard(tags, 0, np.zeros(2, dtype=np.uint32)))
+    with pytest.raises(st.ShardError, match="twice"):
+        st.intersect_shard(own, [(np.concatenate([tags, tags[:1]]), np.arange(3))])
+
+
+def _leader(curators: tuple[str, ...] = ("alice", "bob")) -> ClusterLeader:
+    return ClusterLeader("r1", curators, None, 1.0, None, CipherMode.CHACHA20, ("researcher",), seed=Seed(bytes(32)))
+
+
+def _local_aligned(root: Path, seed: Seed) -> tuple[int, dict[str, np.ndarray]]:
+    """n and each curator's sample by the in-process path (read_table, align_all, the seed)."""
+    tables = {c: read_table(root / f"{c}.csv", load_schema(root / f"{c}.json")) for c in ("alice", "bob")}
+    leader = LeaderState("r1", ("alice", "bob"), None, 1.0, None, CipherMode.CHACHA20, ("researcher",), seed=seed)
+    for c, t in tables.items():
+        leader.add_tags(c, id_tags(t.id_values(), KEY), t.schema.alphabet_size)
+    agreement = leader.agree()
+    positions = agreement_positions(agreement)
+    return agreement.num_common, {c: t.symbols()[leader.rows[c][positions]] for c, t in tables.items()}
+
+
+@pytest.mark.parametrize("files", [1, 7, 64])
+def test_the_sharded_release_samples_the_same_rows_as_the_in_process_one(world: Path, tmp_path: Path,
+                                                                         files: int) -> None:  # fmt: skip
+    n, expected = _local_aligned(world, Seed(bytes(32)))
+    engine = InlineEngine(2)
+    try:
+        tables = {
+            c: load_sharded(engine, str(_split(world / f"{c}.csv", tmp_path / c, files)), load_schema(world / f"{c}.json"),
+                            KEY, LOG, shard_bits=3)  # fmt: skip
+            for c in ("alice", "bob")
+        }
+        leader = _leader()
+        leader.attach(tables["alice"], tmp_path)
+        leader.add_tags("alice", np.zeros(0, dtype=TAG_DTYPE), tables["alice"].alphabet_size)
+        stream = TagStream(tag_chunks("r1", "bob", tables["bob"].tag_pieces(), tables["bob"].alphabet_size), "bob",
+                           lambda _r: 1 << 40)  # fmt: skip
+        stream.start()
+        assert leader.add_tag_stream("bob", stream.pieces(), stream.alphabet_size, stream.alignment) == tables["bob"].num_rows
+        agreement = leader.agree()
+        assert agreement.num_common == n
+        positions = agreement_positions(agreement)
+        rows = leader.rows_of("bob")
+        bob_rows = rows[0 : rows.size].astype(np.int64)
+        assert np.array_equal(tables["bob"].aligned_symbols(bob_rows)[positions], expected["bob"])
+        assert np.array_equal(leader.own_aligned()[positions], expected["alice"])
+        leader.cleanup()
+        assert not list(tmp_path.glob("spool-*"))
+    finally:
+        engine.close()
+
+
+def test_bad_rows_in_any_partition_refuse_the_table_naming_the_file(world: Path, tmp_path: Path) -> None:
+    folder = _split(world / "alice.csv", tmp_path / "alice", 4)
+    bad = pq.read_table(folder / "part-002.parquet").to_pylist()
+    bad[5]["education"] = "astronaut"
+    pq.write_table(pa.Table.from_pylist(bad), folder / "part-002.parquet")
+    engine = InlineEngine(2)
+    try:
+        with pytest.raises(BadRowsError, match=r"part-002\.parquet.*astronaut") as info:
+            load_sharded(engine, str(folder), load_schema(world / "alice.json"), KEY, LOG)
+        assert [line for line, _ in info.value.problems] == [7]  # row 5 of the file: line 7 (header is line 1)
+    finally:
+        engine.close()
+
+
+def test_an_id_repeated_across_files_is_refused_with_both_places(world: Path, tmp_path: Path) -> None:
+    folder = _split(world / "alice.csv", tmp_path / "alice", 3)
+    first = pq.read_table(folder / "part-000.parquet").to_pylist()
+    last = pq.read_table(folder / "part-002.parquet").to_pylist()
+    last[0]["id"] = first[4]["id"]
+    pq.write_table(pa.Table.from_pylist(last), folder / "part-002.parquet")
+    engine = InlineEngine(2)
+    try:
+        with pytest.raises(BadRowsError, match=r"part-002\.parquet: repeated id \(first at .*part-000\.parquet line 6\)"):
+            load_sharded(engine, str(folder), load_schema(world / "alice.json"), KEY, LOG)
+    finally:
+        engine.close()
