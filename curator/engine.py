@@ -24,11 +24,13 @@ opaque future; arguments that are handles are resolved where the task runs.
 from __future__ import annotations
 
 import importlib
+import json
 import importlib.util
 import os
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 from typing import Any, Protocol
 
 from secure_release.infra.logs import EventLog
@@ -162,6 +164,36 @@ def _lost_worker_named(get: Callable[[], Any]) -> Any:
         ) from None
 
 
+LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
+
+
+def check_scheduler_address(address: str) -> str:
+    """A scheduler address the curator may send its work to: TLS anywhere (``tls://``), or a
+    plaintext one (``tcp://``, ``ws://``) only on this host. The hash tasks carry the alignment
+    key and the workers hand back symbols and tags: over a plaintext network link anybody on the
+    path would read them."""
+    scheme, _, rest = address.partition("://")
+    if not rest:
+        scheme, rest = "tcp", address
+    host = rest.rsplit(":", 1)[0] if rest.count(":") == 1 or rest.startswith("[") else rest.split(":")[0]
+    if scheme in ("tls", "wss", "inproc") or host in LOOPBACK:
+        return address
+    raise EngineError(
+        f"--scheduler {address} is plaintext ({scheme}://) across the network; the hash tasks carry the alignment "
+        "key and the workers return tags and symbols: use tls:// (Dask's distributed.comm.tls settings, or "
+        "'dask scheduler --tls-ca-file ... --tls-cert ... --tls-key ...'), or run the scheduler on this host"
+    )
+
+
+def _file_address(scheduler_file: str) -> str:
+    """The address in a Dask scheduler file (a JSON object with ``address``)."""
+    try:
+        data = json.loads(Path(scheduler_file).read_text())
+        return str(data["address"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise EngineError(f"--scheduler-file {scheduler_file}: cannot read a scheduler address ({exc})") from None
+
+
 def default_workers() -> tuple[int, int]:
     """(worker processes, threads each) for an embedded cluster on this machine."""
     cores = os.cpu_count() or 1
@@ -190,6 +222,7 @@ def open_engine(
     Client, LocalCluster, Security = dask.Client, dask.LocalCluster, dask.security.Security
     try:
         if scheduler is not None or scheduler_file is not None:
+            check_scheduler_address(scheduler if scheduler is not None else _file_address(str(scheduler_file)))
             if scheduler_file is None:
                 client = Client(scheduler, timeout="20s")
             else:

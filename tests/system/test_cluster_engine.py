@@ -57,7 +57,7 @@ def split_parquet(csv: Path, out: Path, files: int) -> Path:
 @pytest.fixture(scope="module")
 def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("cluster-src")
-    write_demo_data(root / "data", rows=100_000, seed=5)
+    write_demo_data(root / "data", rows=200_000, seed=5)
     init_pki(root / "certs", list(PARTIES))
     (root / "align.key").write_text(AlignmentKey(bytes(range(4, 36))).reveal().hex())
     return root
@@ -104,16 +104,114 @@ def local(source: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
     return release(source, tmp_path_factory.mktemp("local") / "w", {})
 
 
-@pytest.mark.parametrize("files", [1, 7, 64])
+@pytest.mark.parametrize("files", [(1, 64), (7, 7)], ids=["alice-1-bob-64", "both-7"])
 def test_dask_engine_gives_the_bytes_of_the_local_engine(source: Path, local: dict, tmp_path: Path,
-                                                         files: int) -> None:  # fmt: skip
-    dirs = {c: split_parquet(source / "data" / f"{c}.csv", tmp_path / "parts" / c, files) for c in ("alice", "bob")}
+                                                         files: tuple[int, int]) -> None:  # fmt: skip
+    dirs = {c: split_parquet(source / "data" / f"{c}.csv", tmp_path / "parts" / c, k)
+            for c, k in zip(("alice", "bob"), files, strict=True)}  # fmt: skip
     flags = ["--engine", "dask", "--workers", "2", "--shards", "8"]
     got = release(source, tmp_path / "w", {"alice": flags, "bob": flags}, dirs)
-    assert got["n"] == local["n"] and got["n"] > 80_000
+    assert got["n"] == local["n"] and got["n"] > 180_000
     assert got["digests"] == local["digests"] and len(got["digests"]) == 2
     assert got["perturbed"] == local["perturbed"] and got["perturbed"]
     assert got["report"] == local["report"]
     for name in ("alice", "bob"):
         assert "engine_started" in got["logs"][name] and "shards_sorted" in got["logs"][name]
         assert "engine_started" not in local["logs"][name]
+
+
+class DaskCli:
+    """A real ``dask scheduler`` and ``dask worker`` processes on 127.0.0.1 (the curator's own
+    cluster), as an operator starts them."""
+
+    def __init__(self, root: Path, workers: int) -> None:
+        self.file = root / "scheduler.json"
+        env = _env()
+        self.scheduler = subprocess.Popen(
+            [DASK, "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard", "--scheduler-file",
+             str(self.file)], env=env, stdout=subprocess.DEVNULL, stderr=(root / "scheduler.log").open("w"),
+        )  # fmt: skip
+        deadline = time.monotonic() + 60
+        while not self.file.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        self.workers = [
+            subprocess.Popen(
+                [DASK, "worker", "--scheduler-file", str(self.file), "--nworkers", "1", "--nthreads", "1",
+                 "--memory-limit", "1GiB", "--no-dashboard", "--local-directory", str(root / f"w{i}")],
+                env=env, stdout=subprocess.DEVNULL, stderr=(root / f"worker{i}.log").open("w"),
+            )  # fmt: skip
+            for i in range(workers)
+        ]
+        self.address = json.loads(self.file.read_text())["address"]
+        self.wait_workers(workers)
+
+    def wait_workers(self, count: int, timeout: float = 60) -> None:
+        from distributed import Client
+
+        with Client(self.address, timeout="20s") as client:
+            client.wait_for_workers(count, timeout=timeout)
+
+    def worker_pids(self) -> list[int]:
+        """The worker processes (each ``dask worker`` runs a nanny and one worker below it)."""
+        from distributed import Client
+
+        with Client(self.address, timeout="20s") as client:
+            return sorted(client.run(os.getpid).values())
+
+    def close(self) -> None:
+        for proc in [*self.workers, self.scheduler]:
+            proc.send_signal(signal.SIGTERM)
+        for proc in [*self.workers, self.scheduler]:
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def test_a_release_on_the_curators_running_dask_cluster(source: Path, local: dict, tmp_path: Path) -> None:
+    """alice on ``dask scheduler`` + two ``dask worker`` processes (--scheduler), bob with the
+    CSV in-process: both engines in one release, the local world's bytes."""
+    dask = DaskCli(tmp_path, 2)
+    try:
+        dirs = {"alice": split_parquet(source / "data" / "alice.csv", tmp_path / "parts" / "alice", 9),
+                "bob": source / "data" / "bob.csv"}  # fmt: skip
+        got = release(source, tmp_path / "w", {"alice": ["--engine", "dask", "--scheduler", dask.address]}, dirs)
+    finally:
+        dask.close()
+    assert got["n"] == local["n"] and got["digests"] == local["digests"]
+    assert got["perturbed"] == local["perturbed"] and got["report"] == local["report"]
+    assert f"the curator's cluster at {dask.address} (2 workers)" in got["logs"]["alice"]
+
+
+def test_a_worker_killed_mid_release_costs_nothing(source: Path, local: dict, tmp_path: Path) -> None:
+    """SIGKILL to one of alice's two workers once her shards are sorted (they sit on the workers):
+    Dask recomputes the lost shards from the files, and the release has the same bytes."""
+    dask = DaskCli(tmp_path, 2)
+    killed: list[int] = []
+
+    def kill_when_sorted(world: Path) -> None:
+        log = world / "alice.log"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if log.exists() and "shards_sorted" in log.read_text():
+                pid = dask.worker_pids()[0]
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+                return
+            time.sleep(0.05)
+
+    import threading
+
+    world = tmp_path / "w"
+    watcher = threading.Thread(target=kill_when_sorted, args=(world,), daemon=True)
+    watcher.start()
+    try:
+        dirs = {"alice": split_parquet(source / "data" / "alice.csv", tmp_path / "parts" / "alice", 12),
+                "bob": source / "data" / "bob.csv"}  # fmt: skip
+        got = release(source, world, {"alice": ["--engine", "dask", "--scheduler", dask.address]}, dirs)
+    finally:
+        watcher.join(5)
+        dask.close()
+    assert killed, "the worker was never killed"
+    assert got["digests"] == local["digests"] and got["perturbed"] == local["perturbed"]
+    assert got["report"] == local["report"]
