@@ -1,7 +1,8 @@
 """Data and the DuckDB reference for the cluster benchmark (``bench/bench_cluster.py``).
 
 Run:  PYTHONPATH=. python bench/cluster_data.py --rows N --files F OUT_DIR [--json]
-          [--overlap 0.9] [--seed 2024] [--rows-per-group 1048576] [--duckdb M[,M...]] [--reps R] [--no-write]
+          [--overlap 0.9] [--seed 2024] [--rows-per-group 1048576]
+          [--duckdb M[,M...]] [--query codes|labels] [--reps R] [--threads 2] [--no-write]
 
 Data (``write_partitioned``): two curators' Parquet directories, ``OUT_DIR/alice/part-00000.parquet``
 ... and ``OUT_DIR/bob/...``, with the schemas ``OUT_DIR/alice.json`` and ``OUT_DIR/bob.json`` (the
@@ -22,7 +23,10 @@ generator's peak RSS (``ru_maxrss`` of this process, printed by the CLI).
 Reference (``duckdb_reference``): a fresh interpreter running DuckDB (``threads`` threads,
 memory_limit 16GB, spill to ``OUT_DIR/.duckdb_tmp``) reads both directories, joins them on id,
 keeps the m joined rows with the smallest ``hash(id)`` (``ORDER BY hash(id) LIMIT m``, a top-n) and
-counts their joint cells (``GROUP BY ALL``; the result is fetched). ``seconds`` is measured inside
+counts their joint cells (``GROUP BY ALL``; the result is fetched). By default (``--query codes``)
+each side's attributes are turned into one small integer cell code as the Parquet is read, so the
+join and the top-n carry (id, code) rather than label strings (``--query labels``: the strings, about
+twice the memory in DuckDB 2.0). ``seconds`` is measured inside
 that process from just before the query to the fetched result (interpreter start, ``import duckdb``
 and the settings excluded; ``process_seconds`` is spawn to exit). ``peak_rss_mib`` is that
 process's VmHWM read right after the query; ``n_common`` is counted by a second, untimed query
@@ -215,8 +219,7 @@ _DUCKDB_CHILD = r"""
 import json, sys, time
 t_start = time.perf_counter()
 import duckdb
-root, m, threads, temp = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-left, right = json.loads(sys.argv[5]), json.loads(sys.argv[6])
+threads, temp, sql, count_sql = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
 
 def hwm():
     with open("/proc/self/status") as fh:
@@ -230,45 +233,93 @@ con.execute(f"PRAGMA threads={threads}")
 con.execute("SET memory_limit='16GB'")
 con.execute("SET enable_progress_bar=false")
 con.execute(f"SET temp_directory='{temp}'")
-q = lambda s: '"' + s.replace('"', '""') + '"'
-a_path, b_path = f"{root}/alice/*.parquet", f"{root}/bob/*.parquet"
-cols = ", ".join([f"a.{q(c)}" for c in left] + [f"b.{q(c)}" for c in right])
-attrs = ", ".join(q(c) for c in left + right)
-sql = (
-    f"WITH j AS (SELECT a.id AS id, {cols} FROM read_parquet('{a_path}') a "
-    f"JOIN read_parquet('{b_path}') b ON a.id = b.id), "
-    f"s AS (SELECT {attrs} FROM j ORDER BY hash(id) LIMIT {m}) "
-    f"SELECT {attrs}, count(*) AS k FROM s GROUP BY ALL"
-)
 t_ready = time.perf_counter()
 rows = con.execute(sql).fetchall()
 t_done = time.perf_counter()
 peak = hwm()
-n_common = con.execute(
-    f"SELECT count(*) FROM read_parquet('{a_path}') a JOIN read_parquet('{b_path}') b ON a.id = b.id"
-).fetchone()[0]
+n_common = con.execute(count_sql).fetchone()[0]
 print(json.dumps({
     "seconds": t_done - t_ready, "startup_seconds": t_ready - t_start, "peak_rss_mib": peak,
-    "n_common": n_common, "sampled": sum(r[-1] for r in rows),
-    "cells": {"|".join(map(str, r[:-1])): r[-1] for r in rows}, "duckdb": duckdb.__version__,
-    "sql": sql,
+    "n_common": n_common, "rows": rows, "duckdb": duckdb.__version__,
 }))
 """
+DUCKDB_QUERIES = ("codes", "labels")
 
 
-def duckdb_reference(root: Path, m: int, threads: int = 2) -> dict[str, Any]:
-    """The DuckDB reference in a fresh interpreter: join alice and bob on id, keep the m rows of
-    smallest hash(id), count their joint cells. Returns seconds (query to fetched result, inside
-    the process), process_seconds (spawn to exit), peak_rss_mib (VmHWM of that process after the
-    query), maxrss_mib (its ru_maxrss from wait4: includes the untimed n_common count), n_common,
-    m, sampled (= min(m, n_common)) and the cell counts."""
+def _ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _code_expr(alias: str, attributes: list[dict[str, Any]]) -> str:
+    """One curator's cell as a mixed-radix integer (its last attribute fastest), in SQL."""
+    terms, radix = [], 1
+    for attr in reversed(attributes):
+        cats = "[" + ", ".join(_literal(c) for c in attr["categories"]) + "]"
+        terms.append(f"(list_position({cats}, {alias}.{_ident(attr['name'])}) - 1) * {radix}")
+        radix *= len(attr["categories"])
+    return "(" + " + ".join(reversed(terms)) + ")::INTEGER"
+
+
+def _decode(code: int, attributes: list[dict[str, Any]]) -> list[str]:
+    labels = []
+    for attr in reversed(attributes):
+        code, j = divmod(code, len(attr["categories"]))
+        labels.append(attr["categories"][j])
+    return labels[::-1]
+
+
+def duckdb_sql(root: Path, m: int, query: str = "codes") -> tuple[str, str]:
+    """The reference query and the n_common count for the data under ``root``.
+
+    ``codes`` (the default): each side's attributes become one small integer cell code as they
+    are read (what a curator's encoded table holds), the join carries (id, code) and the top-m
+    carries (code, code) ordered by hash(id). ``labels``: the join and the top-m carry the
+    attribute strings themselves (DuckDB 2.0.1 then needs about twice the memory: its top-n keeps
+    the string payload, 13-byte labels such as 'post-graduate' are not inline)."""
     root = Path(root)
     schemas = {c: json.loads((root / f"{c}.json").read_text()) for c in CURATORS}
-    names = {c: [a["name"] for a in schemas[c]["attributes"]] for c in CURATORS}
+    src = {c: f"read_parquet({_literal(str(root / c / '*.parquet'))})" for c in CURATORS}
+    count_sql = f"SELECT count(*) FROM {src['alice']} a JOIN {src['bob']} b ON a.id = b.id"
+    if query == "codes":
+        sql = (
+            f"WITH a AS (SELECT id, {_code_expr('x', schemas['alice']['attributes'])} AS ca FROM {src['alice']} x), "
+            f"b AS (SELECT id, {_code_expr('y', schemas['bob']['attributes'])} AS cb FROM {src['bob']} y), "
+            f"s AS (SELECT ca, cb FROM a JOIN b ON a.id = b.id ORDER BY hash(a.id) LIMIT {m}) "
+            "SELECT ca, cb, count(*) AS k FROM s GROUP BY ALL"
+        )
+    elif query == "labels":
+        left = [_ident(a["name"]) for a in schemas["alice"]["attributes"]]
+        right = [_ident(a["name"]) for a in schemas["bob"]["attributes"]]
+        cols = ", ".join([f"a.{c}" for c in left] + [f"b.{c}" for c in right])
+        attrs = ", ".join(left + right)
+        sql = (
+            f"WITH j AS (SELECT a.id AS id, {cols} FROM {src['alice']} a JOIN {src['bob']} b ON a.id = b.id), "
+            f"s AS (SELECT {attrs} FROM j ORDER BY hash(id) LIMIT {m}) "
+            f"SELECT {attrs}, count(*) AS k FROM s GROUP BY ALL"
+        )
+    else:
+        raise ValueError(f"query must be one of {DUCKDB_QUERIES}, got {query!r}")
+    return sql, count_sql
+
+
+def duckdb_reference(root: Path, m: int, threads: int = 2, query: str = "codes") -> dict[str, Any]:
+    """The DuckDB reference in a fresh interpreter: join alice and bob on id, keep the m rows of
+    smallest hash(id), count their joint cells (``duckdb_sql``). Returns seconds (query to fetched
+    result, inside the process), startup_seconds (interpreter start to the query, in the process),
+    process_seconds (spawn to exit, as seen here: includes both and the n_common count),
+    peak_rss_mib (VmHWM of that process right after the query), maxrss_mib (its ru_maxrss from
+    wait4: includes the untimed n_common count), n_common, m, sampled (= min(m, n_common)) and the
+    counts by cell labels ("label|label|...")."""
+    root = Path(root)
+    schemas = {c: json.loads((root / f"{c}.json").read_text()) for c in CURATORS}
+    sql, count_sql = duckdb_sql(root, m, query)
     temp = root / ".duckdb_tmp"
     temp.mkdir(exist_ok=True)
-    cmd = [sys.executable, "-c", _DUCKDB_CHILD, str(root), str(m), str(threads), str(temp),
-           json.dumps(names["alice"]), json.dumps(names["bob"])]  # fmt: skip
+    cmd = [sys.executable, "-c", _DUCKDB_CHILD, str(threads), str(temp), sql, count_sql]
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
@@ -280,7 +331,22 @@ def duckdb_reference(root: Path, m: int, threads: int = 2) -> dict[str, Any]:
     if proc.returncode:
         raise RuntimeError(f"the DuckDB reference failed (exit {proc.returncode})")
     res: dict[str, Any] = json.loads(out.strip().splitlines()[-1])  # the last line is the child's summary
-    res.update(m=m, threads=threads, process_seconds=wall, maxrss_mib=usage.ru_maxrss / 1024.0)
+    rows = res.pop("rows")
+    if query == "codes":
+        att = {c: schemas[c]["attributes"] for c in CURATORS}
+        cells = {"|".join(_decode(ca, att["alice"]) + _decode(cb, att["bob"])): k for ca, cb, k in rows}
+    else:
+        cells = {"|".join(map(str, r[:-1])): r[-1] for r in rows}
+    res.update(
+        m=m,
+        threads=threads,
+        query=query,
+        sql=sql,
+        sampled=sum(cells.values()),
+        cells=cells,
+        process_seconds=wall,
+        maxrss_mib=usage.ru_maxrss / 1024.0,
+    )
     return res
 
 
@@ -429,6 +495,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows-per-group", type=int, default=1 << 20, help="rows per row group (generation unit)")
     p.add_argument("--duckdb", default="", help="comma-separated m: run the DuckDB reference for each")
     p.add_argument("--threads", type=int, default=2, help="DuckDB threads")
+    p.add_argument("--query", choices=DUCKDB_QUERIES, default="codes", help="the reference's query (duckdb_sql)")
     p.add_argument("--reps", type=int, default=1, help="fresh DuckDB processes per m (the fastest is reported)")
     p.add_argument("--no-write", action="store_true", help="use the data already in OUT_DIR")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -442,7 +509,7 @@ def main(argv: list[str] | None = None) -> int:
         info["generator_peak_rss_mib"] = round(self_peak_rss_mib(), 1)
     refs = []
     for m in (int(x) for x in args.duckdb.split(",") if x):
-        runs = [duckdb_reference(args.out_dir, m, args.threads) for _ in range(max(1, args.reps))]
+        runs = [duckdb_reference(args.out_dir, m, args.threads, args.query) for _ in range(max(1, args.reps))]
         ref = dict(min(runs, key=lambda r: r["seconds"]))
         ref["runs"] = [{k: round(r[k], 3) for k in ("seconds", "process_seconds", "peak_rss_mib")} for r in runs]
         if ref["n_common"] != info["n_common"] or ref["sampled"] != min(m, info["n_common"]):
@@ -465,7 +532,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     for r in refs:
         print(
-            f"DuckDB {r['duckdb']} ({r['threads']} threads) m = {r['m']}: query {r['seconds']:.2f} s "
+            f"DuckDB {r['duckdb']} ({r['threads']} threads, {r['query']}) m = {r['m']}: query {r['seconds']:.2f} s "
             f"(process {r['process_seconds']:.2f} s incl. start-up and the n_common count), peak RSS "
             f"{r['peak_rss_mib']:.0f} MiB, n_common {r['n_common']}, sampled {r['sampled']}"
             + (
