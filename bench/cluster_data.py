@@ -80,7 +80,7 @@ def _splitmix64(x: U64) -> U64:
     z = x + np.uint64(0x9E3779B97F4A7C15)
     z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return z ^ (z >> np.uint64(31))  # type: ignore[no-any-return]
+    return z ^ (z >> np.uint64(31))
 
 
 def _scramble_ids(k: U64, seed: int) -> U64:
@@ -90,7 +90,7 @@ def _scramble_ids(k: U64, seed: int) -> U64:
     x = (x * np.uint64(0x2545F4914F6CDD1D)) & _ID_MASK
     x ^= x >> np.uint64(19)
     x ^= np.uint64((seed * 0x9E3779B97F4A7C15) & ((1 << ID_BITS) - 1))
-    return x  # type: ignore[no-any-return]
+    return x
 
 
 def id_strings(k: U64, seed: int) -> pa.StringArray:
@@ -368,10 +368,10 @@ def vm_hwm_mib(pid: int, field: str = "VmHWM") -> float | None:
 def children(pid: int) -> list[int]:
     """The live direct children of ``pid`` (psutil if installed, else a scan of /proc/*/stat)."""
     try:
-        import psutil
+        import psutil  # type: ignore[import-untyped, import-not-found, unused-ignore]
     except ImportError:
-        psutil = None
-    if psutil is not None:
+        pass
+    else:
         try:
             return [c.pid for c in psutil.Process(pid).children()]
         except psutil.Error:
