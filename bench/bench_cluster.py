@@ -1,0 +1,210 @@
+"""A release whose curators run on Dask clusters, through the four services, vs DuckDB (a script).
+
+Run:  PYTHONPATH=. python bench/bench_cluster.py [--rows 10000000,100000000] [--fractions 0.1,1]
+          [--files 16,64] [--workers 2] [--data-root /work/bench-data] [--no-local] [--json]
+
+For every n (rows per curator), two curators' partitioned Parquet (90% id overlap, Adult-shaped
+categories; ``bench/cluster_data.write_partitioned``, generated once with bounded memory and kept
+under ``--data-root``). For every m = fraction * n_common:
+
+* **dask**: server, alice (leader), bob and the researcher as separate processes over mutual TLS
+  (the demo's start-up), each curator with ``--engine dask`` on an embedded cluster of
+  ``--workers`` worker processes (1 thread each, 2 GiB memory limit each, spilling above).
+  Wall time = first process started -> estimate received; the budgets are set before (not timed).
+  Per-stage times come from the curators' own log events (seconds after the curator started):
+  engine started, partitions read (read + check + hash + split), shards sorted (the shuffle),
+  agreed (tags to the leader, intersection, agreement back), aligned (gather of the aligned
+  column), prepared (sample, pad, keystore), committed (upload), released (sealed at the server).
+* **duckdb** (the reference, the same run): a fresh process reads the same files, joins them on
+  the id, keeps the m rows with the smallest hash of the id and counts the cells
+  (``bench/cluster_data.duckdb_reference``): its time and peak RSS.
+* **local** (n = 10^7 only, unless ``--no-local``): the same release with ``--engine local``
+  (the curator reads the directory in-process).
+
+Peak RSS: VmHWM of every process (each curator's driver, each of its Dask worker processes and
+nannies, the server, the researcher), polled every 50 ms and read once more before the processes
+are stopped. Ratios printed: dask / duckdb at the same m, dask / local at 10^7, and the server's
+and researcher's peak at m = n over their peak at m = n / 10 (flat in m: <= 1.2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from cluster_data import descendants, duckdb_reference, vm_hwm_mib, write_partitioned  # noqa: E402
+
+from secure_release.cluster import Cluster, get_estimate, launch_release, set_budgets  # noqa: E402
+from secure_release.infra.pki import init_pki  # noqa: E402
+
+ROLES = ("server", "alice", "bob", "researcher")
+STAGES = ("engine_started", "partitions_read", "shards_sorted", "tags_submitted", "agreed", "aligned", "prepared",
+          "committed", "released")  # fmt: skip
+
+
+class Poller(threading.Thread):
+    """Per-process VmHWM of every role and its descendants (Dask workers and nannies)."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        super().__init__(daemon=True)
+        self.cluster, self.stop = cluster, threading.Event()
+        self.peak: dict[str, float] = {}
+
+    def sample(self) -> None:
+        for role, proc in list(self.cluster.procs.items()):
+            pids = [proc.pid, *descendants(proc.pid)]
+            for i, pid in enumerate(pids):
+                hwm = vm_hwm_mib(pid)
+                if hwm is None:
+                    continue
+                name = role if i == 0 else f"{role}/{_cmd(pid)}-{pid}"
+                self.peak[name] = max(self.peak.get(name, 0.0), hwm)
+
+    def run(self) -> None:
+        while not self.stop.wait(0.05):
+            self.sample()
+
+
+def _cmd(pid: int) -> str:
+    try:
+        text = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return "proc"
+    return "worker" if "spawn" in text or "multiprocessing" in text else "child"
+
+
+def stage_times(log: Path) -> dict[str, float]:
+    """Seconds after the curator's first log line at which each stage event was logged."""
+    first: float | None = None
+    out: dict[str, float] = {}
+    for line in log.read_text(errors="replace").splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        stamp = rec.get("time")
+        if not stamp:
+            continue
+        t = time.mktime(time.strptime(stamp[:19], "%Y-%m-%dT%H:%M:%S")) + float("0" + stamp[19:23].rstrip("Z"))
+        first = t if first is None else first
+        if rec.get("event") in STAGES and rec["event"] not in out:
+            out[rec["event"]] = round(t - first, 2)
+    return out
+
+
+def run_release(root: Path, data: Path, certs: Path, akey: Path, m: int, engine: str, workers: int,
+                tag: str) -> dict[str, Any]:  # fmt: skip
+    work = root / tag
+    work.mkdir()
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    cluster = Cluster(work, env=env)
+    dirs = {c: data / c for c in ("alice", "bob")}
+    set_budgets(cluster, {work / f"keystore-{c}": d for c, d in dirs.items()}, 4.0, certs)
+    extra = {c: ["--data", str(d), "--schema", str(data / f"{c}.json"), "--engine", engine] for c, d in dirs.items()}
+    if engine == "dask":
+        for c in extra:
+            extra[c] += ["--workers", str(workers)]
+    poller = Poller(cluster)
+    poller.start()
+    try:
+        t0 = time.perf_counter()
+        addrs = launch_release(cluster, data, certs, tag, 1.0, m, "chacha20", akey, curator_extra=extra, budgets=False)
+        resp = get_estimate(addrs["researcher"], certs, tag, timeout=3600)
+        wall = time.perf_counter() - t0
+        poller.sample()
+    except Exception:
+        for name in cluster.procs:
+            sys.stderr.write(f"--- {name} ---\n{cluster.tail(name, 20)}\n")
+        raise
+    finally:
+        poller.stop.set()
+        cluster.close()
+    return {
+        "engine": engine,
+        "seconds": round(wall, 2),
+        "n": resp.privacy.n,
+        "m": resp.privacy.m,
+        "stages": {c: stage_times(work / f"{c}.log") for c in ("alice", "bob")},
+        "peak_rss_mib": {k: round(v, 1) for k, v in sorted(poller.peak.items())},
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", default="10000000,100000000", help="rows per curator, comma separated")
+    ap.add_argument("--files", default="16,64", help="Parquet files per curator for each --rows entry")
+    ap.add_argument("--fractions", default="0.1,1", help="m as fractions of the common ids")
+    ap.add_argument("--workers", type=int, default=2, help="Dask worker processes per curator")
+    ap.add_argument("--data-root", default="/work/bench-data", help="where the generated data sets are kept")
+    ap.add_argument("--no-local", action="store_true", help="skip the --engine local run at 10^7")
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    args = ap.parse_args()
+    rows = [int(r) for r in args.rows.split(",")]
+    files = [int(f) for f in args.files.split(",")]
+    fractions = [float(f) for f in args.fractions.split(",")]
+    root = Path(args.data_root)
+    results: list[dict[str, Any]] = []
+    import tempfile
+
+    with tempfile.TemporaryDirectory(dir=root) as tmp:
+        work = Path(tmp)
+        certs = work / "certs"
+        init_pki(certs, [("server", "server"), ("curator", "alice"), ("curator", "bob"), ("researcher", "researcher"),
+                         ("researcher", "analyst")])  # fmt: skip
+        akey = work / "align.key"
+        akey.write_text(secrets.token_hex(32))
+        for n, nfiles in zip(rows, files, strict=False):
+            data = root / f"n{n}"
+            if not (data / "manifest.json").exists():
+                sys.stderr.write(f"generating {n} rows per curator in {data} ...\n")
+                write_partitioned(data, n, nfiles)
+            common = json.loads((data / "manifest.json").read_text())["n_common"]
+            for fraction in fractions:
+                m = max(1, int(common * fraction))
+                sys.stderr.write(f"n={n} m={m}: duckdb ...\n")
+                ref = duckdb_reference(data, m)
+                sys.stderr.write(f"n={n} m={m}: dask ... (duckdb {ref['seconds']:.1f} s)\n")
+                dask = run_release(work, data, certs, akey, m, "dask", args.workers, f"dask-{n}-{m}")
+                entry: dict[str, Any] = {"rows": n, "m": m, "duckdb": ref, "dask": dask,
+                                         "dask_over_duckdb": round(dask["seconds"] / ref["seconds"], 2)}  # fmt: skip
+                if n <= 10**7 and not args.no_local:
+                    sys.stderr.write(f"n={n} m={m}: local ...\n")
+                    local = run_release(work, data, certs, akey, m, "local", args.workers, f"local-{n}-{m}")
+                    entry["local"] = local
+                    entry["dask_over_local"] = round(dask["seconds"] / local["seconds"], 2)
+                results.append(entry)
+                sys.stderr.write(json.dumps({k: v for k, v in entry.items() if k != "duckdb"}, indent=1) + "\n")
+    for n in rows:
+        runs = [r for r in results if r["rows"] == n]
+        if len(runs) >= 2:
+            lo, hi = runs[0]["dask"]["peak_rss_mib"], runs[-1]["dask"]["peak_rss_mib"]
+            for role in ("server", "researcher"):
+                runs[-1].setdefault("flat_in_m", {})[role] = round(hi[role] / lo[role], 2)
+    if args.json:
+        print(json.dumps(results, indent=1))
+    else:
+        for r in results:
+            print(f"n={r['rows']:,} m={r['m']:,}: dask {r['dask']['seconds']} s, duckdb {r['duckdb']['seconds']} s "
+                  f"({r['dask_over_duckdb']}x)" + (f", local {r['local']['seconds']} s ({r['dask_over_local']}x)"
+                                                  if "local" in r else ""))  # fmt: skip
+            print(f"  stages alice: {r['dask']['stages']['alice']}")
+            print(f"  peak RSS MiB: {r['dask']['peak_rss_mib']}")
+            if "flat_in_m" in r:
+                print(f"  server/researcher peak at m=n over m=n/10: {r['flat_in_m']}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
