@@ -45,7 +45,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from cluster_data import descendants, duckdb_reference, vm_hwm_mib, write_partitioned  # noqa: E402
 
-from secure_release.cluster import Cluster, get_estimate, launch_release, set_budgets  # noqa: E402
+from secure_release.cluster import PARTIES, Cluster, get_estimate, launch_release, set_budgets  # noqa: E402
 from secure_release.infra.pki import init_pki  # noqa: E402
 
 ROLES = ("server", "alice", "bob", "researcher")
@@ -161,8 +161,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(dir=root) as tmp:
         work = Path(tmp)
         certs = work / "certs"
-        init_pki(certs, [("server", "server"), ("curator", "alice"), ("curator", "bob"), ("researcher", "researcher"),
-                         ("researcher", "analyst")])  # fmt: skip
+        init_pki(certs, list(PARTIES))
         akey = work / "align.key"
         akey.write_text(secrets.token_hex(32))
         for n, nfiles in zip(rows, files, strict=False):

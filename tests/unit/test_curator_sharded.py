@@ -167,3 +167,18 @@ def test_an_id_repeated_across_files_is_refused_with_both_places(world: Path, tm
             load_sharded(engine, str(folder), load_schema(world / "alice.json"), KEY, LOG)
     finally:
         engine.close()
+
+
+def test_tags_whose_high_words_tie_are_ordered_and_matched_by_their_low_words() -> None:
+    """Exact even when 64-bit high words collide (rare with real tags, forced here)."""
+    rng = np.random.default_rng(3)
+    tags = np.zeros(2000, dtype=TAG_DTYPE)
+    tags["hi"] = rng.integers(0, 40, 2000).astype(np.uint64) << np.uint64(58)  # many equal high words
+    tags["lo"] = rng.permutation(2000).astype(np.uint64)
+    shard = st.merge_shard(st.split_by_shard(tags, 0, np.arange(2000, dtype=np.uint32)))
+    pairs = [(int(h), int(lo)) for h, lo in zip(shard.tags["hi"], shard.tags["lo"], strict=True)]
+    assert pairs == sorted(pairs) and shard.repeated.size == 0
+    pick = rng.permutation(2000)[:700]
+    own_rows, (their_rows,) = st.intersect_shard(shard, [(tags[pick], np.arange(700))])
+    assert own_rows.size == 700
+    assert np.array_equal(shard.tags[own_rows], tags[pick][their_rows])
