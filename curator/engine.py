@@ -24,8 +24,8 @@ opaque future; arguments that are handles are resolved where the task runs.
 from __future__ import annotations
 
 import importlib
-import json
 import importlib.util
+import json
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -66,7 +66,22 @@ def _progress(log: EventLog | None, stage: str, done: int, total: int, started: 
     now = time.monotonic()
     if log is not None and (done == total or now - last[0] >= PROGRESS_EVERY_S):
         last[0] = now
-        log("stage_progress", stage=stage, done=done, total=total, seconds=round(now - started, 2))
+        log("stage_progress", stage=stage, done=done, total=total, seconds=round(now - started, 2),
+            note=progress_note(stage, done, total, now - started))  # fmt: skip
+
+
+STAGE_UNITS = {
+    "read": "partitions read, checked and hashed",
+    "shuffle": "shards sorted",
+    "locate": "partitions searched",
+}
+
+
+def progress_note(stage: str, done: int, total: int, seconds: float, width: int = 20) -> str:
+    """One readable progress line: ``read [#########-----------] 7/16 partitions ... 3.2 s``."""
+    filled = round(width * done / total) if total else width
+    return f"{stage:<8} [{'#' * filled}{'-' * (width - filled)}] {done}/{total} {STAGE_UNITS.get(stage, 'tasks')}, " \
+        f"{seconds:.1f} s"  # fmt: skip
 
 
 class InlineEngine:
@@ -248,8 +263,9 @@ def open_engine(
         raise EngineError(f"cannot reach the Dask scheduler ({type(exc).__name__}: {exc})") from None
     if log is not None:
         link = eng.client.dashboard_link if _has_bokeh() or scheduler or scheduler_file else None
+        dashboard = link or "not running (pip install bokeh for Dask's dashboard)"
         log("engine_started", engine="dask", cluster=eng.description, scheduler=eng.client.scheduler.address,
-            dashboard=link or "not running (pip install bokeh for Dask's dashboard)")  # fmt: skip
+            dashboard=dashboard, note=f"working on {eng.description}; dashboard: {dashboard}")  # fmt: skip
     return eng
 
 

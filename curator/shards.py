@@ -269,7 +269,8 @@ def locate_tags(partition: Any, spec: Any, alignment_key_bytes: bytes, wanted: T
     from secure_release.curator.partitions import read_partition
 
     table = read_partition(partition, spec, check_repeats=False)
-    tags = np.ascontiguousarray(id_tags(table.id_values(), AlignmentKey(alignment_key_bytes)), dtype=TAG_DTYPE).view("V16").reshape(-1)
+    tags = id_tags(table.id_values(), AlignmentKey(alignment_key_bytes))
+    tags = np.ascontiguousarray(tags, dtype=TAG_DTYPE).view("V16").reshape(-1)
     want = np.ascontiguousarray(wanted, dtype=TAG_DTYPE).view("V16").reshape(-1)
     rows = np.flatnonzero(np.isin(tags, want))
     which = np.searchsorted(np.sort(want), tags[rows])

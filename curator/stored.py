@@ -32,6 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import grpc
+import numpy as np
 
 from secure_release.curator.agreement import agree, leader_state, own_alignment
 from secure_release.curator.config import CuratorConfig
@@ -50,6 +51,8 @@ from secure_release.curator.runner import (
     stop_on_sigterm,
 )
 from secure_release.curator.service import CuratorService
+from secure_release.curator.sharded import ClusterLeader
+from secure_release.curator.table import TableSpec
 from secure_release.curator.upload import (
     STATUS_CALL_S,
     UPLOAD_CALL_S,
@@ -69,6 +72,7 @@ from secure_release.mechanism.packing import digest_of
 from secure_release.mechanism.pads import decrypt
 from secure_release.mechanism.plan import plan_release
 from secure_release.mechanism.protocol import curator_tags
+from secure_release.mechanism.schema import SymbolArray
 from secure_release.mechanism.server_sampling import (
     TableKey,
     charge_table_release,
@@ -76,7 +80,7 @@ from secure_release.mechanism.server_sampling import (
     curator_store_table,
 )
 from secure_release.mechanism.spec import ReleaseSpec
-from secure_release.mechanism.variants import AlignmentMode
+from secure_release.mechanism.variants import AlignmentMode, VariantAgreement
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
 
 POLL_S = 0.25
@@ -142,7 +146,8 @@ def _store_service(config: CuratorConfig, log: EventLog) -> tuple[CuratorService
     """The Curator service for the agreement (the leader's state under the table id)."""
     spec = own_schema(config)
     service = CuratorService(config.name, spec.schema, log, config.max_rows)
-    state = leader_state(config, spec.schema.alphabet_size) if config.leader else None
+    kind = ClusterLeader if config.engine == "dask" else LeaderState
+    state = leader_state(config, spec.schema.alphabet_size, kind) if config.leader else None
     if state is not None:
         service.lead(state)
     return service, state
@@ -161,7 +166,6 @@ def store_table(config: CuratorConfig) -> int:
     link = TableLink(config, log, deadline)
     try:
         spec = own_schema(config)
-        table = load_table(config, log, spec)
         keystore = Keystore(config.keystore)
         fingerprint = dataset_fingerprint(config.data)
         known = keystore.load_table(table_id)
@@ -172,20 +176,11 @@ def store_table(config: CuratorConfig) -> int:
                 "file under a new --table-id"
             )
         k = spec.schema.alphabet_size
-        if config.alignment is AlignmentMode.PSI:
-            from secure_release.curator.psi_ring import run_ring
-
-            tags = run_ring(config, table.ids, state, log, deadline)
+        if config.engine == "dask":
+            agreement, aligned = _cluster_aligned(config, spec, state, log, deadline)
         else:
-            assert config.alignment_key is not None
-            tags = curator_tags(table, config.alignment_key)
-        agreement = agree(config, tags, k, state, log, deadline)
-        if state is not None:
-            state.publish()  # nothing to register first: the placeholder spec never reaches the server
+            agreement, aligned = _aligned(config, spec, state, log, deadline)
         base = agreement.base
-        alignment = own_alignment(agreement, tags, leader_rows=state.rows_of(config.name) if state else None)
-        log("aligned", matched=alignment.num_matched, unmatched=alignment.num_unmatched, rows=alignment.num_rows)
-        aligned = table.symbols()[alignment.row_order]
         key: TableKey | None = known.key if known is not None else config.test_table_key
         ciphertext, key = curator_store_table(aligned, k, table_id, key)
         chunks = pack_chunks(ciphertext, k)
@@ -214,8 +209,59 @@ def store_table(config: CuratorConfig) -> int:
         raise
     finally:
         link.close()
+        if isinstance(state, ClusterLeader):
+            state.cleanup()
         server.stop(grace=1.0)
         log("stopped")
+
+
+def _aligned(
+    config: CuratorConfig, spec: TableSpec, state: LeaderState | None, log: EventLog, deadline: Deadline
+) -> tuple[VariantAgreement, SymbolArray]:
+    """The agreement and this curator's whole aligned column, in this process."""
+    table = load_table(config, log, spec)
+    if config.alignment is AlignmentMode.PSI:
+        from secure_release.curator.psi_ring import run_ring
+
+        tags = run_ring(config, table.ids, state, log, deadline)
+    else:
+        assert config.alignment_key is not None
+        tags = curator_tags(table, config.alignment_key)
+    agreement = agree(config, tags, spec.schema.alphabet_size, state, log, deadline)
+    if state is not None:
+        state.publish()  # nothing to register first: the placeholder spec never reaches the server
+    alignment = own_alignment(agreement, tags, leader_rows=state.rows_of(config.name) if state else None)
+    log("aligned", matched=alignment.num_matched, unmatched=alignment.num_unmatched, rows=alignment.num_rows)
+    return agreement, table.symbols()[alignment.row_order]
+
+
+def _cluster_aligned(
+    config: CuratorConfig, spec: TableSpec, state: LeaderState | None, log: EventLog, deadline: Deadline
+) -> tuple[VariantAgreement, SymbolArray]:
+    """:func:`_aligned` on the curator's cluster (``--engine dask``): the same column."""
+    from secure_release.curator.engine import open_engine
+    from secure_release.curator.sharded import load_sharded
+
+    assert config.alignment_key is not None
+    engine = open_engine(config.engine, scheduler=config.scheduler, scheduler_file=config.scheduler_file,
+                         workers=config.workers, worker_memory=config.worker_memory, log=log)  # fmt: skip
+    try:
+        sharded = load_sharded(engine, str(config.data), spec, config.alignment_key, log, config.shard_bits)
+        if isinstance(state, ClusterLeader):
+            state.attach(sharded, config.keystore)
+        agreement = agree(config, sharded.tag_pieces, spec.schema.alphabet_size, state, log, deadline)
+        if state is not None:
+            state.publish()
+        if isinstance(state, ClusterLeader):
+            aligned = state.own_aligned()
+        elif agreement.own_rows is None:
+            raise KeystoreError("the leader sent the common tags, not this curator's row order (upgrade the leader)")
+        else:
+            aligned = sharded.aligned_symbols(agreement.own_rows, log)
+        log("aligned", matched=int(aligned.size), rows=sharded.num_rows)
+        return agreement, aligned.astype(np.uint32)
+    finally:
+        engine.close()  # a leader's spool (its followers' row orders) stays until store_table ends
 
 
 # ------------------------------------------------------------------------------ run --sampling server

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import sqlite3
 import subprocess
@@ -71,16 +70,29 @@ def release(source: Path, world: Path, extra: dict[str, list[str]], data_dirs: d
     tables = {world / f"keystore-{c}": (data_dirs or {}).get(c, data / f"{c}.csv") for c in ("alice", "bob")}
     set_budgets(cluster, tables, 1.0, source / "certs")
     curator_extra = {
-        c: [*extra.get(c, []), "--insecure-test-pad-key", PADS[c].reveal().hex(),
-            *(["--data", str(data_dirs[c])] if data_dirs else [])]
+        c: [
+            *extra.get(c, []),
+            "--insecure-test-pad-key",
+            PADS[c].reveal().hex(),
+            *(["--data", str(data_dirs[c])] if data_dirs else []),
+        ]
         for c in ("alice", "bob")
-    }  # fmt: skip
+    }
     curator_extra["alice"] += ["--insecure-test-seed", SEED.reveal().hex()]
     try:
-        addrs = launch_release(cluster, data, source / "certs", "r1", 0.5, 20_000, "chacha20", source / "align.key",
-                               curator_extra=curator_extra, server_extra=["--insecure-test-pram-key",
-                                                                          PRAM.reveal().hex()],
-                               budgets=False)  # fmt: skip
+        addrs = launch_release(
+            cluster,
+            data,
+            source / "certs",
+            "r1",
+            0.5,
+            20_000,
+            "chacha20",
+            source / "align.key",
+            curator_extra=curator_extra,
+            server_extra=["--insecure-test-pram-key", PRAM.reveal().hex()],
+            budgets=False,
+        )
         resp = get_estimate(addrs["researcher"], source / "certs", "r1", timeout=240)
         wait_exit(cluster, ["alice", "bob"], 60)
     except Exception:
@@ -91,7 +103,9 @@ def release(source: Path, world: Path, extra: dict[str, list[str]], data_dirs: d
         cluster.close()
     with sqlite3.connect(world / "store" / "releases.sqlite3") as db:
         digests = db.execute("SELECT curator, hex(digest) FROM parts WHERE release_id='r1' ORDER BY curator").fetchall()
-        perturbed = db.execute("SELECT seq, col, data FROM perturbed WHERE release_id='r1' ORDER BY seq, col").fetchall()
+        perturbed = db.execute(
+            "SELECT seq, col, data FROM perturbed WHERE release_id='r1' ORDER BY seq, col"
+        ).fetchall()
     report = json.loads((world / "results" / "r1.json").read_text())
     for key in ("created_at", "received_at", "timings", "seconds"):
         report.pop(key, None)
@@ -105,10 +119,13 @@ def local(source: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
 
 
 @pytest.mark.parametrize("files", [(1, 64), (7, 7)], ids=["alice-1-bob-64", "both-7"])
-def test_dask_engine_gives_the_bytes_of_the_local_engine(source: Path, local: dict, tmp_path: Path,
-                                                         files: tuple[int, int]) -> None:  # fmt: skip
-    dirs = {c: split_parquet(source / "data" / f"{c}.csv", tmp_path / "parts" / c, k)
-            for c, k in zip(("alice", "bob"), files, strict=True)}  # fmt: skip
+def test_dask_engine_gives_the_bytes_of_the_local_engine(
+    source: Path, local: dict, tmp_path: Path, files: tuple[int, int]
+) -> None:
+    dirs = {
+        c: split_parquet(source / "data" / f"{c}.csv", tmp_path / "parts" / c, k)
+        for c, k in zip(("alice", "bob"), files, strict=True)
+    }
     flags = ["--engine", "dask", "--workers", "2", "--shards", "8"]
     got = release(source, tmp_path / "w", {"alice": flags, "bob": flags}, dirs)
     assert got["n"] == local["n"] and got["n"] > 180_000
@@ -128,18 +145,45 @@ class DaskCli:
         self.file = root / "scheduler.json"
         env = _env()
         self.scheduler = subprocess.Popen(
-            [DASK, "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard", "--scheduler-file",
-             str(self.file)], env=env, stdout=subprocess.DEVNULL, stderr=(root / "scheduler.log").open("w"),
-        )  # fmt: skip
+            [
+                DASK,
+                "scheduler",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "0",
+                "--no-dashboard",
+                "--scheduler-file",
+                str(self.file),
+            ],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=(root / "scheduler.log").open("w"),
+        )
         deadline = time.monotonic() + 60
         while not self.file.exists() and time.monotonic() < deadline:
             time.sleep(0.1)
         self.workers = [
             subprocess.Popen(
-                [DASK, "worker", "--scheduler-file", str(self.file), "--nworkers", "1", "--nthreads", "1",
-                 "--memory-limit", "1GiB", "--no-dashboard", "--local-directory", str(root / f"w{i}")],
-                env=env, stdout=subprocess.DEVNULL, stderr=(root / f"worker{i}.log").open("w"),
-            )  # fmt: skip
+                [
+                    DASK,
+                    "worker",
+                    "--scheduler-file",
+                    str(self.file),
+                    "--nworkers",
+                    "1",
+                    "--nthreads",
+                    "1",
+                    "--memory-limit",
+                    "1GiB",
+                    "--no-dashboard",
+                    "--local-directory",
+                    str(root / f"w{i}"),
+                ],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=(root / f"worker{i}.log").open("w"),
+            )
             for i in range(workers)
         ]
         self.address = json.loads(self.file.read_text())["address"]
@@ -173,8 +217,10 @@ def test_a_release_on_the_curators_running_dask_cluster(source: Path, local: dic
     CSV in-process: both engines in one release, the local world's bytes."""
     dask = DaskCli(tmp_path, 2)
     try:
-        dirs = {"alice": split_parquet(source / "data" / "alice.csv", tmp_path / "parts" / "alice", 9),
-                "bob": source / "data" / "bob.csv"}  # fmt: skip
+        dirs = {
+            "alice": split_parquet(source / "data" / "alice.csv", tmp_path / "parts" / "alice", 9),
+            "bob": source / "data" / "bob.csv",
+        }
         got = release(source, tmp_path / "w", {"alice": ["--engine", "dask", "--scheduler", dask.address]}, dirs)
     finally:
         dask.close()
@@ -206,8 +252,10 @@ def test_a_worker_killed_mid_release_costs_nothing(source: Path, local: dict, tm
     watcher = threading.Thread(target=kill_when_sorted, args=(world,), daemon=True)
     watcher.start()
     try:
-        dirs = {"alice": split_parquet(source / "data" / "alice.csv", tmp_path / "parts" / "alice", 12),
-                "bob": source / "data" / "bob.csv"}  # fmt: skip
+        dirs = {
+            "alice": split_parquet(source / "data" / "alice.csv", tmp_path / "parts" / "alice", 12),
+            "bob": source / "data" / "bob.csv",
+        }
         got = release(source, world, {"alice": ["--engine", "dask", "--scheduler", dask.address]}, dirs)
     finally:
         watcher.join(5)

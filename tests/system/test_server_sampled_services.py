@@ -222,3 +222,48 @@ def test_two_releases_from_one_stored_table_equal_the_in_memory_run_and_a_third_
     assert Keystore(world.base / "ks-alice").load_table("t1") is None
     again = table_cmd("status")
     assert again.returncode == 1 and "error" in json.loads(again.stdout)["server"]
+
+
+def test_store_table_on_dask_clusters_stores_the_in_memory_ciphertext(certs: Path, tmp_path: Path) -> None:
+    """Both curators run store-table with --engine dask on Parquet directories (the leader
+    intersects shards on its workers): the server holds, for each curator, exactly the digest of
+    the whole aligned column encrypted under its table key, computed here in memory."""
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+
+    from secure_release.curator.upload import pack_chunks
+    from secure_release.mechanism.alignment import align_all, id_tags
+    from secure_release.mechanism.packing import digest_of
+    from secure_release.mechanism.server_sampling import curator_store_table
+
+    w = World(tmp_path, certs)
+    try:
+        data = tmp_path / "data"
+        per = {}
+        for c in CURATORS:
+            folder = tmp_path / "parts" / c
+            folder.mkdir(parents=True)
+            table = pacsv.read_csv(data / f"{c}.csv")
+            for i, start in enumerate(range(0, table.num_rows, 700)):
+                pq.write_table(table.slice(start, 700), folder / f"part-{i}.parquet")
+            per[c] = ["--data", str(folder), "--schema", str(data / f"{c}.json"), "--engine", "dask", "--workers", "1",
+                      "--insecure-test-table-key", TABLE_KEYS[c].reveal().hex(), "--table-id", "t1",
+                      "--alignment-key-file", str(tmp_path / "align.key")]  # fmt: skip
+        lead = w.curator("store-table", "alice", per["alice"])
+        w.curator("store-table", "bob", per["bob"], leader_port=lead)
+        codes = wait(w.procs[-2:], 120)
+        assert codes == [0, 0], w.log("alice-store-table-t1") + w.log("bob-store-table-t1")
+        assert "shards_sorted" in w.log("alice-store-table-t1") and "shards_sorted" in w.log("bob-store-table-t1")
+        assert not list((tmp_path / "ks-alice").glob("spool-*")), "the leader's spool outlived store-table"
+    finally:
+        w.close()
+    tables = [read_table(data / f"{c}.csv", load_schema(data / f"{c}.json")) for c in CURATORS]
+    _, alignments = align_all([id_tags(t.id_values(), AKEY) for t in tables])
+    expected = {}
+    for c, t, a in zip(CURATORS, tables, alignments, strict=True):
+        k = t.schema.alphabet_size
+        ciphertext, _ = curator_store_table(t.symbols()[a.row_order], k, "t1", TABLE_KEYS[c])
+        expected[c] = digest_of(pack_chunks(ciphertext, k)).hex().upper()
+    with sqlite3.connect(tmp_path / "store" / "releases.sqlite3") as db:
+        got = dict(db.execute("SELECT curator, hex(digest) FROM table_parts WHERE table_id='t1'").fetchall())
+    assert got == expected

@@ -75,7 +75,9 @@ def test_intersection_by_shard_gives_the_rows_align_all_gives(shard_bits: int) -
     other_ids = np.array([f"p{i}" for i in rng.permutation(4000)[:3200]])
     own_tags, other_tags = id_tags(own_ids, KEY), id_tags(other_ids, KEY)
     common, (own_align, other_align) = align_all([own_tags, other_tags])
-    own_shards = [st.merge_shard([p]) for p in st.split_by_shard(own_tags, shard_bits, np.arange(3000, dtype=np.uint32))]
+    own_shards = [
+        st.merge_shard([p]) for p in st.split_by_shard(own_tags, shard_bits, np.arange(3000, dtype=np.uint32))
+    ]
     shard = st.shard_of(other_tags, shard_bits)
     got_own, got_other = [], []
     for s, own in enumerate(own_shards):
@@ -111,23 +113,34 @@ def _local_aligned(root: Path, seed: Seed) -> tuple[int, dict[str, np.ndarray]]:
 
 
 @pytest.mark.parametrize("files", [1, 7, 64])
-def test_the_sharded_release_samples_the_same_rows_as_the_in_process_one(world: Path, tmp_path: Path,
-                                                                         files: int) -> None:  # fmt: skip
+def test_the_sharded_release_samples_the_same_rows_as_the_in_process_one(
+    world: Path, tmp_path: Path, files: int
+) -> None:
     n, expected = _local_aligned(world, Seed(bytes(32)))
     engine = InlineEngine(2)
     try:
         tables = {
-            c: load_sharded(engine, str(_split(world / f"{c}.csv", tmp_path / c, files)), load_schema(world / f"{c}.json"),
-                            KEY, LOG, shard_bits=3)  # fmt: skip
+            c: load_sharded(
+                engine,
+                str(_split(world / f"{c}.csv", tmp_path / c, files)),
+                load_schema(world / f"{c}.json"),
+                KEY,
+                LOG,
+                shard_bits=3,
+            )
             for c in ("alice", "bob")
         }
         leader = _leader()
         leader.attach(tables["alice"], tmp_path)
         leader.add_tags("alice", np.zeros(0, dtype=TAG_DTYPE), tables["alice"].alphabet_size)
-        stream = TagStream(tag_chunks("r1", "bob", tables["bob"].tag_pieces(), tables["bob"].alphabet_size), "bob",
-                           lambda _r: 1 << 40)  # fmt: skip
+        stream = TagStream(
+            tag_chunks("r1", "bob", tables["bob"].tag_pieces(), tables["bob"].alphabet_size), "bob", lambda _r: 1 << 40
+        )
         stream.start()
-        assert leader.add_tag_stream("bob", stream.pieces(), stream.alphabet_size, stream.alignment) == tables["bob"].num_rows
+        assert (
+            leader.add_tag_stream("bob", stream.pieces(), stream.alphabet_size, stream.alignment)
+            == tables["bob"].num_rows
+        )
         agreement = leader.agree()
         assert agreement.num_common == n
         positions = agreement_positions(agreement)
@@ -163,7 +176,9 @@ def test_an_id_repeated_across_files_is_refused_with_both_places(world: Path, tm
     pq.write_table(pa.Table.from_pylist(last), folder / "part-002.parquet")
     engine = InlineEngine(2)
     try:
-        with pytest.raises(BadRowsError, match=r"part-002\.parquet: repeated id \(first at .*part-000\.parquet line 6\)"):
+        with pytest.raises(
+            BadRowsError, match=r"part-002\.parquet: repeated id \(first at .*part-000\.parquet line 6\)"
+        ):
             load_sharded(engine, str(folder), load_schema(world / "alice.json"), KEY, LOG)
     finally:
         engine.close()
