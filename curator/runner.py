@@ -603,7 +603,8 @@ def open_cluster_run(
             refusal = exc
         assert config.alignment_key is not None
         engine = open_engine(config.engine, scheduler=config.scheduler, scheduler_file=config.scheduler_file,
-                             workers=config.workers, worker_memory=config.worker_memory, log=log)  # fmt: skip
+                             workers=config.workers, worker_memory=config.worker_memory, log=log,
+                             spill_dir=spill_dir(config))  # fmt: skip
         try:
             sharded = load_sharded(engine, str(config.data), opened.spec, config.alignment_key, log, config.shard_bits)
         except BaseException:
@@ -616,6 +617,15 @@ def open_cluster_run(
     own = OwnData(None, np.zeros(0, dtype=TAG_DTYPE), fingerprint, None, sharded)
     run = Run(config, log, keystore, own, opened.service, opened.state, link, refusal, None, witness)
     return run, record
+
+
+def spill_dir(config: CuratorConfig) -> str:
+    """Where an embedded cluster's workers spill (tags and symbols): ``<keystore>/dask-spill``,
+    0700 like the keystore, never a shared /tmp."""
+    path = Path(config.keystore) / "dask-spill"
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path.chmod(0o700)
+    return str(path)
 
 
 def close_cluster(run: Run | None) -> None:

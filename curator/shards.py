@@ -32,12 +32,15 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from secure_release.infra.memory import release_free_memory
 from secure_release.mechanism.alignment import TAG_DTYPE, TagArray, id_tags
 from secure_release.mechanism.errors import SecureReleaseError
 from secure_release.mechanism.keys import AlignmentKey
 
-#: Tags a shard holds on average (the issue's "about 10^6 tags a shard").
-SHARD_TAGS = 1 << 20
+#: Tags a shard holds on average: 4 M (64 MiB of tags), so that the all-to-all step stays at
+#: partitions x shards small tasks (2,048 at 10^8 rows in 64 files) and a shard's sort fits a
+#: worker of 2 GiB many times over.
+SHARD_TAGS = 1 << 22
 #: At most 2^16 shards (10^11 rows at 10^6 a shard).
 MAX_SHARD_BITS = 16
 
@@ -150,7 +153,10 @@ def merge_shard(pieces: Sequence[Piece]) -> Shard:
     hi, lo = hi[order], lo[order]
     same = np.flatnonzero((hi[1:] == hi[:-1]) & (lo[1:] == lo[:-1]))
     tags = tags[order]
-    return Shard(tags, symbols[order], np.unique(tags[same]))
+    shard = Shard(tags, symbols[order], np.unique(tags[same]))
+    del order, hi, lo
+    release_free_memory()
+    return shard
 
 
 def shard_summary(shard: Shard) -> tuple[int, TagArray]:
@@ -255,7 +261,11 @@ def hash_partition(
         return PartitionResult((), 0, problems)
     tags = id_tags(table.id_values(), AlignmentKey(alignment_key_bytes))
     symbols = table.symbols().astype(symbol_dtype(alphabet_size))
-    return PartitionResult(split_by_shard(tags, shard_bits, symbols), int(tags.size))
+    del table
+    pieces = split_by_shard(tags, shard_bits, symbols)
+    del tags, symbols
+    release_free_memory()  # Arrow's pool and glibc's heap keep freed pages: a worker's limit counts them
+    return PartitionResult(pieces, sum(int(p.tags.size) for p in pieces))
 
 
 def problems_of(result: PartitionResult) -> tuple[int, tuple[RowProblem, ...]]:

@@ -47,6 +47,7 @@ from secure_release.curator.runner import (
     own_schema,
     serve_until_acknowledged,
     settle,
+    spill_dir,
     start_server,
     stop_on_sigterm,
 )
@@ -244,7 +245,8 @@ def _cluster_aligned(
 
     assert config.alignment_key is not None
     engine = open_engine(config.engine, scheduler=config.scheduler, scheduler_file=config.scheduler_file,
-                         workers=config.workers, worker_memory=config.worker_memory, log=log)  # fmt: skip
+                         workers=config.workers, worker_memory=config.worker_memory, log=log,
+                         spill_dir=spill_dir(config))  # fmt: skip
     try:
         sharded = load_sharded(engine, str(config.data), spec, config.alignment_key, log, config.shard_bits)
         if isinstance(state, ClusterLeader):

@@ -48,10 +48,10 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def test_shard_bits_give_about_a_million_tags_a_shard() -> None:
-    assert st.shard_bits_for(1) == 0 and st.shard_bits_for(1 << 20) == 0
-    assert st.shard_bits_for((1 << 20) + 1) == 1
-    assert st.shard_bits_for(10**8) == 7 and st.shard_bits_for(10**9) == 10
+def test_shard_bits_give_at_most_four_million_tags_a_shard() -> None:
+    assert st.shard_bits_for(1) == 0 and st.shard_bits_for(1 << 22) == 0
+    assert st.shard_bits_for((1 << 22) + 1) == 1
+    assert st.shard_bits_for(10**8) == 5 and st.shard_bits_for(10**9) == 8  # 3.0 M and 3.7 M a shard
 
 
 def test_merge_sorts_a_shard_ascending_and_names_repeated_tags() -> None:
