@@ -114,7 +114,8 @@ def test_the_curator_command_runs_on_the_cluster() -> None:
 def test_cluster_profile_runs_locally(tmp_path: Path) -> None:
     """The whole profile as local processes: a TLS scheduler and two TLS workers, alice's release
     on them, the joint estimate fetched by the one-shot."""
-    result, rewrite, _, logs = run_profile(tmp_path, "cluster", "result-cluster", expect_release="r1", cells=24)
+    # a scheduler and two worker processes start too: a longer deadline than the default profile's
+    result, rewrite, _, logs = run_profile(tmp_path, "cluster", "result-cluster", "r1", cells=24, deadline=110)
     assert result["curators"] == ["alice", "bob"]
     alice = (logs / "alice-cluster").read_text() + (logs / "alice-cluster.err").read_text()
     assert "engine_started" in alice and "the curator's cluster at tls://127.0.0.1:" in alice, alice[-2000:]
