@@ -62,7 +62,7 @@ def test_each_container_mounts_only_its_own_secrets() -> None:
     services = _compose()["services"]
     for name, svc in services.items():
         sources = {v.split(":")[0] for v in svc.get("volumes", [])}
-        suffix = "-three" if name.endswith("-three") else ""
+        suffix = next((s for s in ("-three", "-cluster") if name.endswith(s)), "")
         base = name.removesuffix(suffix)
         if base == "pki":
             assert f"pki{suffix}" in sources
@@ -70,13 +70,20 @@ def test_each_container_mounts_only_its_own_secrets() -> None:
         if base == "prometheus":  # the metrics scraper holds no secret at all
             assert sources == {"./metrics/prometheus.yml"}, sources
             continue
+        if name in ("alice-scheduler", "alice-worker-1", "alice-worker-2"):  # alice's Dask cluster: its TLS only
+            assert sources <= {"certs-alice-dask", "data-alice-cluster"}, name
+            assert all(v.endswith(":ro") for v in svc["volumes"]), name
+            continue
+        if name == "alice-cluster":  # the curator also holds the Dask cluster's client certificate
+            assert "certs-alice-dask:/dask-certs:ro" in svc["volumes"]
+            sources.discard("certs-alice-dask")
         assert not {s for s in sources if s.startswith("pki")}, name
         party = "researcher" if base == "result" else base
         assert {s for s in sources if s.startswith("certs-")} == {f"certs-{party}{suffix}"}, name
         assert all(v.endswith(":ro") for v in svc["volumes"] if v.startswith("certs-")), name
         own = {f"data-{party}{suffix}", f"keystore-{party}{suffix}"}
         assert {s for s in sources if s.startswith(("data-", "keystore-"))} <= own, name
-    servers = ("server", "server-three")
+    servers = ("server", "server-three", "server-cluster")
     stores = {v.split(":")[0] for n, s in services.items() if n not in servers for v in s.get("volumes", [])}
     assert not {s for s in stores if s.startswith("store")}
 
@@ -113,9 +120,9 @@ def test_the_setup_copies_each_party_only_its_own_directory() -> None:
     """'pki init' writes /pki/<party>/ and /pki/ca/; each certs-<party> volume gets the three
     files of /pki/<party>/ and nothing from /pki/ca/ or another party's directory."""
     services = _compose()["services"]
-    for name in ("pki", "pki-three"):
+    for name in ("pki", "pki-three", "pki-cluster"):
         command = services[name]["command"]
-        copies = re.findall(r"cp ((?:/pki/\S+ )+)/certs-(\w+)", command)
+        copies = re.findall(r"cp ((?:/pki/\S+ )+)/certs-([\w-]+)", command)
         assert copies, name
         for sources, party in copies:
             assert sources.split() == [f"/pki/{party}/ca.pem", f"/pki/{party}/{party}.pem", f"/pki/{party}/{party}.key"]
