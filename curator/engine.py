@@ -27,12 +27,14 @@ import importlib
 import importlib.util
 import json
 import os
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol
 
+from secure_release.curator.errors import StoppedError
 from secure_release.infra.logs import EventLog
 from secure_release.mechanism.errors import SecureReleaseError
 
@@ -138,11 +140,15 @@ class DaskEngine:
 
     name = "dask"
 
-    def __init__(self, client: Any, cluster: Any | None, log: EventLog | None, description: str) -> None:
+    def __init__(
+        self, client: Any, cluster: Any | None, log: EventLog | None, description: str,
+        stop: threading.Event | None = None,
+    ) -> None:  # fmt: skip
         self.client = client
         self._cluster = cluster
         self._log = log
         self.description = description
+        self._stop = stop or threading.Event()
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> Any:
         return self.client.submit(fn, *args, pure=False)
@@ -151,9 +157,22 @@ class DaskEngine:
         return _lost_worker_named(lambda: handle.result())
 
     def results(self, handles: Sequence[Any], stage: str) -> list[Any]:
+        """Every handle's value, in order; progress as they complete; :class:`StoppedError`
+        within a second of SIGTERM (the cluster's tasks are cancelled)."""
         started, last = time.monotonic(), [0.0]
-        for done, _ in enumerate(_dask().as_completed(list(handles)), start=1):
-            _progress(self._log, stage, done, len(handles), started, last)
+        pending, done = set(handles), 0
+        while pending:
+            try:
+                finished = _dask().wait(list(pending), timeout=1.0, return_when="FIRST_COMPLETED").done
+            except TimeoutError:
+                finished = set()
+            if self._stop.is_set():
+                self.client.cancel(list(pending))
+                raise StoppedError(f"stopped (SIGTERM) during the {stage} stage on the cluster")
+            for handle in finished:
+                pending.discard(handle)
+                done += 1
+                _progress(self._log, stage, done, len(handles), started, last)
         return list(_lost_worker_named(lambda: self.client.gather(list(handles))))
 
     def release(self, handles: Sequence[Any]) -> None:
@@ -224,6 +243,7 @@ def open_engine(
     worker_memory: str = "2GiB",
     spill_dir: str | None = None,
     log: EventLog | None = None,
+    stop: threading.Event | None = None,
 ) -> Engine:
     """The engine ``--engine`` names: ``local`` (in-process threads) or ``dask``."""
     if engine == "local":
@@ -245,7 +265,7 @@ def open_engine(
             count = len(client.scheduler_info(n_workers=-1).get("workers", {}))
             where = scheduler or f"the scheduler in {scheduler_file}"
             desc = f"the curator's cluster at {where} ({count} workers)"
-            eng = DaskEngine(client, None, log, desc)
+            eng = DaskEngine(client, None, log, desc, stop)
         else:
             count, threads = default_workers()
             count = workers or count
@@ -258,7 +278,7 @@ def open_engine(
             )  # fmt: skip
             client = Client(cluster, security=security)
             desc = f"an embedded Dask cluster of {count} workers x {threads} threads, {worker_memory} each"
-            eng = DaskEngine(client, cluster, log, desc)
+            eng = DaskEngine(client, cluster, log, desc, stop)
     except (OSError, TimeoutError) as exc:
         raise EngineError(f"cannot reach the Dask scheduler ({type(exc).__name__}: {exc})") from None
     if log is not None:

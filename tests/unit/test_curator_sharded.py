@@ -197,3 +197,12 @@ def test_tags_whose_high_words_tie_are_ordered_and_matched_by_their_low_words() 
     own_rows, (their_rows,) = st.intersect_shard(shard, [(tags[pick], np.arange(700))])
     assert own_rows.size == 700
     assert np.array_equal(shard.tags[own_rows], tags[pick][their_rows])
+
+
+def test_progress_lines_read_as_a_bar_with_counts() -> None:
+    from secure_release.curator.engine import progress_note
+
+    assert progress_note("read", 7, 16, 3.21) == (
+        "read     [#########-----------] 7/16 partitions read, checked and hashed, 3.2 s"
+    )
+    assert progress_note("shuffle", 4, 4, 1.0).startswith("shuffle  [####################] 4/4 shards sorted")

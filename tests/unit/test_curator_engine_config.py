@@ -1,0 +1,103 @@
+"""The cluster engine's settings: what ``--engine dask`` runs, what it refuses and why, and the
+scheduler addresses a curator may send its alignment key to."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from secure_release.curator.cli import build_parser
+from secure_release.curator.config import CuratorConfig, config_from_args
+from secure_release.curator.engine import DaskEngine, EngineError, check_scheduler_address, open_engine
+from secure_release.curator.errors import StoppedError
+from secure_release.infra.config import ConfigError, apply_env_and_config, subcommand_parser
+
+
+@pytest.fixture()
+def base(tmp_path: Path) -> list[str]:
+    (tmp_path / "align.key").write_text("ab" * 32)
+    (tmp_path / "alice.csv").write_text("")
+    (tmp_path / "alice.json").write_text("")
+    return [
+        "--data", str(tmp_path / "alice.csv"), "--schema", str(tmp_path / "alice.json"), "--release-id", "r1",
+        "--epsilon", "0.5", "--server", "127.0.0.1:7000", "--name", "alice", "--curators", "alice,bob", "--leader",
+        "--insecure", "--alignment-key-file", str(tmp_path / "align.key"),
+    ]  # fmt: skip
+
+
+def _config(argv: list[str]) -> CuratorConfig:
+    parser = build_parser()
+    apply_env_and_config(subcommand_parser(parser, "run"), argv)
+    return config_from_args(parser.parse_args(["run", *argv]))
+
+
+def test_the_default_engine_is_local_and_dask_takes_its_cluster_flags(base: list[str]) -> None:
+    assert _config(base).engine == "local"
+    config = _config([*base, "--engine", "dask", "--workers", "3", "--worker-memory", "3GiB", "--shards", "64"])
+    assert (config.engine, config.workers, config.worker_memory, config.shard_bits) == ("dask", 3, "3GiB", 6)
+    assert _config([*base, "--engine", "dask", "--scheduler", "tls://10.1.2.3:8786"]).scheduler == "tls://10.1.2.3:8786"
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--engine", "dask", "--sampling", "indices"], r"refuses --sampling indices .* 34 MB at m = 10\^7"),
+        (["--engine", "dask", "--alignment", "psi"], r"refuses --alignment psi costs about 575 us"),
+        (["--scheduler", "tcp://127.0.0.1:8786"], "need --engine dask"),
+        (["--engine", "dask", "--scheduler", "a:1", "--scheduler-file", "f.json"], "exclude each other"),
+        (["--engine", "dask", "--shards", "48"], "power of two"),
+        (["--engine", "dask", "--workers", "0"], "from 1 to 256"),
+    ],
+)
+def test_what_the_cluster_engine_refuses_says_why(base: list[str], extra: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        _config([*base, *extra])
+
+
+@pytest.mark.parametrize(
+    "address", ["tcp://127.0.0.1:8786", "localhost:8786", "tcp://[::1]:8786", "tls://10.0.0.5:8786"]
+)
+def test_tls_anywhere_or_plaintext_on_this_host_is_accepted(address: str) -> None:
+    assert check_scheduler_address(address) == address
+
+
+@pytest.mark.parametrize("address", ["tcp://10.0.0.5:8786", "10.0.0.5:8786", "ws://scheduler.example:8786"])
+def test_a_plaintext_scheduler_on_another_host_is_refused(address: str) -> None:
+    with pytest.raises(EngineError, match="plaintext .* alignment key"):
+        check_scheduler_address(address)
+
+
+def test_an_unknown_engine_is_refused() -> None:
+    with pytest.raises(EngineError, match="unknown engine 'spark'; choose one of local, dask"):
+        open_engine("spark")
+
+
+class _Pending:
+    """A future that never completes (the wait below times out on it)."""
+
+
+def test_sigterm_stops_a_cluster_stage_within_a_second(monkeypatch: pytest.MonkeyPatch) -> None:
+    import secure_release.curator.engine as engine_module
+
+    cancelled: list[Any] = []
+
+    class FakeDask:
+        @staticmethod
+        def wait(fs: list[Any], timeout: float, return_when: str) -> Any:
+            raise TimeoutError
+
+    class FakeClient:
+        def cancel(self, fs: list[Any]) -> None:
+            cancelled.extend(fs)
+
+    monkeypatch.setattr(engine_module, "_dask", lambda: FakeDask)
+    stop = threading.Event()
+    stop.set()
+    engine = DaskEngine(FakeClient(), None, None, "fake", stop)
+    handles = [_Pending(), _Pending()]
+    with pytest.raises(StoppedError, match="during the shuffle stage"):
+        engine.results(handles, "shuffle")
+    assert sorted(map(id, cancelled)) == sorted(map(id, handles))
