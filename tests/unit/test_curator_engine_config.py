@@ -66,7 +66,7 @@ def test_tls_anywhere_or_plaintext_on_this_host_is_accepted(address: str) -> Non
 
 @pytest.mark.parametrize("address", ["tcp://10.0.0.5:8786", "10.0.0.5:8786", "ws://scheduler.example:8786"])
 def test_a_plaintext_scheduler_on_another_host_is_refused(address: str) -> None:
-    with pytest.raises(EngineError, match="plaintext .* alignment key"):
+    with pytest.raises(EngineError, match=r"plaintext .* alignment key"):
         check_scheduler_address(address)
 
 
