@@ -40,6 +40,9 @@ from secure_release.mechanism.variants import AlignmentMode, SamplingMode, Varia
 
 SPOOL_DTYPE = np.dtype([("tag", "V16"), ("submitted", "<u8")])
 MAX_REPORTED = 50  # repeated ids located and named in one report
+#: Rows a partition holds at most (row groups of one file grouped up to it): 4 M rows is about
+#: 250 MB of Arrow data in a worker, and keeps partitions x shards tasks few (2,048 at 10^8).
+PARTITION_ROWS = 1 << 22
 
 
 @dataclass
@@ -125,7 +128,7 @@ def load_sharded(
     its file and line), and so do repeated ids, before any tag leaves the process."""
     from secure_release.curator.partitions import discover
 
-    partitions = discover(data)
+    partitions = discover(data, PARTITION_ROWS)
     known = sum(int(p.num_rows or 0) for p in partitions)
     bits = st.shard_bits_for(known or len(partitions) << 20) if shard_bits is None else shard_bits
     size = spec.schema.alphabet_size

@@ -99,9 +99,11 @@ def split_by_shard(tags: TagArray, shard_bits: int, symbols: npt.NDArray[np.unsi
     shard = shard_of(tags, shard_bits)
     order = np.argsort(shard, kind="stable")
     bounds = np.searchsorted(shard[order], np.arange((1 << shard_bits) + 1))
-    tags_o, symbols_o = tags[order], symbols[order]
+    # each piece owns its arrays (a copy, not a view of one array): a worker frees a piece as soon
+    # as its shard is merged, instead of holding the whole partition until every shard is
     return tuple(
-        Piece(tags_o[lo:hi], symbols_o[lo:hi]) for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True)
+        Piece(tags[order[lo:hi]], symbols[order[lo:hi]])
+        for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True)
     )
 
 
