@@ -691,13 +691,15 @@ class CheckedRows:
 
 def check_rows(
     header: list[str], table: pa.Table, spec: TableSpec, source: RowSource, check_repeats: bool | None = True,
-    wrong_width: int = 0,
+    wrong_width: int = 0, width: int | None = None,
 ) -> CheckedRows:
     """Check and encode the columns ``table`` (read from ``source``, whose header is ``header``)
     against ``spec``: every problem is recorded, none raised, except a missing column
     (:class:`BadRowsError` at once). ``check_repeats``: True, repeated ids are looked for; False,
     only if some row is bad anyway (the report stays complete); None, never (the caller looks
-    for them across several sources)."""
+    for them across several sources). ``width``: the number of fields of a record in the file
+    itself (a CSV record's expected width when the error path counts them), if ``header`` also
+    names columns that are not in the file (a hive partition's keys); default ``len(header)``."""
     needed = [spec.id_column, *(a.name for a in spec.schema.attributes)]
     missing = [c for c in needed if c not in header]
     if missing:
@@ -711,7 +713,8 @@ def check_rows(
         for a in spec.schema.attributes
     }
     id_check.result()
-    checked = CheckedRows(source, len(header), ids, digits, id_problems, problems, wrong_width)
+    checked = CheckedRows(source, len(header) if width is None else width, ids, digits, id_problems, problems,
+                          wrong_width)
     if check_repeats is False and checked.bad and _may_repeat(ids):
         _flag_repeats(ids, id_problems)  # error path: the report lists every bad line
     return checked

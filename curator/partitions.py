@@ -253,9 +253,10 @@ def _checked_partition(partition: Partition, spec: TableSpec, check_repeats: boo
         header, table, wrong_width = read_columns(path, spec, row_groups=partition.row_groups)
     except (OSError, pa.ArrowException) as exc:
         raise UnreadableInputError(f"{path}: cannot be read ({type(exc).__name__}: {exc})") from exc
+    width = len(header)  # a record's fields in the file itself: the hive keys are not among them
     header, table = _with_hive_columns(partition, header, table, spec)
     source = RowSource(path, source_of(path).is_csv, partition.first_row)
-    return check_rows(header, table, spec, source, check_repeats, wrong_width)
+    return check_rows(header, table, spec, source, check_repeats, wrong_width, width)
 
 
 def read_partition(partition: Partition, spec: TableSpec, check_repeats: bool = True) -> EncodedTable:

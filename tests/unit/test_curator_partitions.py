@@ -261,3 +261,88 @@ def test_budget_set_takes_a_directory(tmp_path: Path, capsys: pytest.CaptureFixt
                "--epsilon", "1.0"]
     assert curator_main(missing) == 2
     assert "NoInputFilesError" in capsys.readouterr().err and not (tmp_path / "ks2").exists()
+
+
+REGION_SCHEMA: dict[str, Any] = {**SCHEMA,
+                                 "attributes": [*ATTRIBUTES, {"name": "region", "categories": ["north", "south"]}]}
+
+
+def _hive_csv(base: Path, north: str, south: str) -> tuple[Path, Path]:
+    """Two hive-partitioned CSV files (``region=north``, ``region=south``) holding these texts."""
+    files = []
+    for region, text in (("north", north), ("south", south)):
+        (base / f"region={region}").mkdir(parents=True, exist_ok=True)
+        (base / f"region={region}" / "part-0.csv").write_text(text)
+        files.append(base / f"region={region}" / "part-0.csv")
+    return files[0], files[1]
+
+
+def test_a_bad_value_in_a_hive_csv_file_is_its_one_line(tmp_path: Path) -> None:
+    # the hive key is a column of the rows, not a field of the file's records: a bad value is
+    # reported on its own line with its own reason (never every line as one field short)
+    spec = _spec(tmp_path, REGION_SCHEMA)
+    _, south = _hive_csv(tmp_path / "data", "id,edu,mar\nn1,a,m\nn2,b,s\n",
+                         "id,edu,mar\ns1,a,m\n\ns2,b,bogus\ns3,c,s\n")
+    with pytest.raises(BadRowsError) as info:
+        read_table(tmp_path / "data", spec)
+    assert info.value.problems == [(4, "mar='bogus' not in ['m', 's']")]  # the blank line counts
+    assert info.value.files == [str(south)]
+    assert f"{south} line 4: mar='bogus'" in str(info.value)
+    assert "wrong number of fields" not in str(info.value)
+    with pytest.raises(BadRowsError) as one:
+        read_partition(discover(tmp_path / "data")[1], spec)
+    assert one.value.path == str(south) and one.value.problems == [(4, "mar='bogus' not in ['m', 's']")]
+    south.write_text("id,edu,mar\ns1,a,m\ns2,b,s\n")
+    table = read_table(tmp_path / "data", spec)
+    assert table.ids.tolist() == ["n1", "n2", "s1", "s2"]
+    assert table.columns["region"].tolist() == ["north", "north", "south", "south"]
+
+
+def test_a_short_line_in_a_hive_csv_file_counts_the_files_own_fields(tmp_path: Path) -> None:
+    spec = _spec(tmp_path, REGION_SCHEMA)
+    _, south = _hive_csv(tmp_path / "data", "id,edu,mar\nn1,a,m\n", "id,edu,mar\ns1,a,m\ns2,b\ns3,c,q\n")
+    with pytest.raises(BadRowsError) as info:
+        read_table(tmp_path / "data", spec)
+    assert info.value.problems == [(3, "wrong number of fields, expected 3, got 2"),
+                                   (4, "mar='q' not in ['m', 's']")]
+    assert info.value.files == [str(south), str(south)]
+    flat = tmp_path / "flat.csv"  # as the same file read alone
+    flat.write_text(south.read_text())
+    with pytest.raises(BadRowsError) as alone:
+        read_table(flat, _spec(tmp_path))
+    assert alone.value.problems == info.value.problems
+
+
+def test_a_repeated_id_across_hive_csv_files_names_both_lines(tmp_path: Path) -> None:
+    spec = _spec(tmp_path, REGION_SCHEMA)
+    north, south = _hive_csv(tmp_path / "data", "id,edu,mar\nn1,a,m\n\nx,b,s\n", "id,edu,mar\ns1,a,m\nx,c,s\n")
+    expected = [(3, f"duplicate id (first on line 4 of {north})")]
+    with pytest.raises(BadRowsError) as info:
+        read_table(tmp_path / "data", spec)
+    assert info.value.problems == expected and info.value.files == [str(south)]
+    table = read_table(tmp_path / "data", spec, check_repeats=False)
+    with pytest.raises(BadRowsError) as deferred:
+        raise_repeats(tmp_path / "data", table)
+    assert deferred.value.problems == expected and deferred.value.files == [str(south)]
+
+
+def test_a_bad_value_in_a_hive_parquet_file_is_its_one_line(tmp_path: Path) -> None:
+    spec = _spec(tmp_path, REGION_SCHEMA)
+    for region, start in (("north", 0), ("south", 30)):
+        (tmp_path / "data" / f"region={region}").mkdir(parents=True)
+        rows = _rows(start, 30)
+        if region == "south":
+            edu = ["z" if i == 17 else e for i, e in enumerate(rows["edu"].to_pylist())]
+            rows = rows.set_column(1, "edu", pa.array(edu))
+        pq.write_table(rows, tmp_path / "data" / f"region={region}" / "part-0.parquet", row_group_size=10)
+    south = str(tmp_path / "data" / "region=south" / "part-0.parquet")
+    with pytest.raises(BadRowsError) as info:
+        read_table(tmp_path / "data", spec)
+    assert info.value.problems == [(19, "edu='z' not in ['a', 'b', 'c']")]  # row 17 + 2 (the header is line 1)
+    assert info.value.files == [south]
+    runs = [p for p in discover(tmp_path / "data", target_rows=10) if p.path == south]
+    assert [p.first_row for p in runs] == [0, 10, 20]
+    with pytest.raises(BadRowsError) as run:
+        read_partition(runs[1], spec)
+    assert run.value.path == south and run.value.problems == info.value.problems
+    read_partition(runs[0], spec)
