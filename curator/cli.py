@@ -300,7 +300,7 @@ def add_run_arguments(p: argparse.ArgumentParser, storing: bool) -> None:
     c.add_argument("--scheduler-file", help="the scheduler file of this curator's running Dask scheduler")
     c.add_argument("--workers", type=int, help="embedded cluster: worker processes (default: one a core, at most 8)")
     c.add_argument("--worker-memory", help="embedded cluster: each worker's memory limit (spills above; default 2GiB)")
-    c.add_argument("--shards", type=int, help="tag shards, a power of two (default: about 10^6 tags a shard)")
+    c.add_argument("--shards", type=int, help="tag shards, a power of two (default: at most 4 M tags a shard)")
     t = p.add_argument_group("testing only (need SECURE_RELEASE_TESTING=1)")
     t.add_argument("--insecure-test-seed", help=argparse.SUPPRESS)
     t.add_argument("--insecure-test-pad-key", help=argparse.SUPPRESS)
