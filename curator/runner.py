@@ -1,14 +1,16 @@
 """One curator's part of a release, as explicit steps with one explicit outcome.
 
-load the table and fingerprint it -> (a stored release record? resume it) -> check the ledger
-(a budget is set and enough remains; nothing recorded) -> id tags (keyed hash; with ``--alignment
-psi`` the ECDH ring through the leader, :mod:`secure_release.curator.psi_ring`) -> start the
-Curator service -> **agree** (leader or follower; the sample is a seed or, with ``--sampling
-indices``, the leader's packed index tuple; the leader persists the agreement, reserves,
-registers, then publishes it, so the followers align while it prepares) -> **reserve** epsilon ->
-**prepare** (align, sample, encrypt, persist pad and sample before any upload) -> **upload** what
-the server lacks and commit -> **wait** until SEALED (ledger: commit) or ABORTED (ledger: refund)
--> **serve keys** until the key retention ends.
+start the Curator service from the schema (it listens while the table is read) -> load the table
+and fingerprint it -> (a stored release record? resume it) -> check the ledger (a budget is set
+and enough remains; nothing recorded) -> id tags (keyed hash; with ``--alignment psi`` the ECDH
+ring through the leader, :mod:`secure_release.curator.psi_ring`, once agreeing starts) ->
+**agree** (leader or follower; the sample is a seed or, with ``--sampling indices``, the leader's
+packed index tuple; the leader persists the agreement, reserves, registers, then publishes it, so
+the followers align while it prepares) -> **reserve** epsilon -> **prepare** (align, sample,
+encrypt, persist pad and sample before any upload) -> **upload** what the server lacks and commit
+-> **wait** until SEALED (ledger: commit) or ABORTED (ledger: refund) -> **serve keys** until the
+key retention ends. :func:`run` calls these steps in this order; each takes the values it needs
+and returns what it made (no shared context object).
 
 Every failure before sealing ends the release for everybody: the curator aborts it at the server
 with the reason (the others poll the status and stop), the leader also keeps telling followers
