@@ -1,14 +1,16 @@
 """One curator's part of a release, as explicit steps with one explicit outcome.
 
-load the table and fingerprint it -> (a stored release record? resume it) -> check the ledger
-(a budget is set and enough remains; nothing recorded) -> id tags (keyed hash; with ``--alignment
-psi`` the ECDH ring through the leader, :mod:`secure_release.curator.psi_ring`) -> start the
-Curator service -> **agree** (leader or follower; the sample is a seed or, with ``--sampling
-indices``, the leader's packed index tuple; the leader persists the agreement, reserves,
-registers, then publishes it, so the followers align while it prepares) -> **reserve** epsilon ->
-**prepare** (align, sample, encrypt, persist pad and sample before any upload) -> **upload** what
-the server lacks and commit -> **wait** until SEALED (ledger: commit) or ABORTED (ledger: refund)
--> **serve keys** until the key retention ends.
+start the Curator service from the schema (it listens while the table is read) -> load the table
+and fingerprint it -> (a stored release record? resume it) -> check the ledger (a budget is set
+and enough remains; nothing recorded) -> id tags (keyed hash; with ``--alignment psi`` the ECDH
+ring through the leader, :mod:`secure_release.curator.psi_ring`, once agreeing starts) ->
+**agree** (leader or follower; the sample is a seed or, with ``--sampling indices``, the leader's
+packed index tuple; the leader persists the agreement, reserves, registers, then publishes it, so
+the followers align while it prepares) -> **reserve** epsilon -> **prepare** (align, sample,
+encrypt, persist pad and sample before any upload) -> **upload** what the server lacks and commit
+-> **wait** until SEALED (ledger: commit) or ABORTED (ledger: refund) -> **serve keys** until the
+key retention ends. :func:`run` calls these steps in this order; each takes the values it needs
+and returns what it made (no shared context object).
 
 Every failure before sealing ends the release for everybody: the curator aborts it at the server
 with the reason (the others poll the status and stop), the leader also keeps telling followers
@@ -25,7 +27,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import grpc
 import numpy as np
@@ -71,6 +73,9 @@ from secure_release.mechanism.spec import ReleaseSpec
 from secure_release.mechanism.variants import AlignmentMode, VariantAgreement, agreement_positions, sample_fingerprint
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
+
+if TYPE_CHECKING:
+    from secure_release.curator.waits import Deadline
 
 POLL_S = 0.5
 LINGER_S = 10.0  # how long a failed leader keeps answering followers with the failure
@@ -241,96 +246,174 @@ def prepare(
     return record
 
 
-@dataclass
-class Run:
-    """The pieces of one run the steps share."""
-
-    config: CuratorConfig
-    log: EventLog
-    keystore: Keystore
-    own: OwnData
-    service: CuratorService
-    state: LeaderState | None
-    link: ServerLink
-    refusal: SecureReleaseError | None = None  # the ledger refuses this release (found before agreeing)
-    restored_tags: TagArray | None = None  # PSI leader: its own tags, persisted with the agreement
-    witness: BudgetWitness | None = None  # the server's budget witness of this curator
-
-
-def refuse_visibly(run: Run, spec: object, reason: str) -> None:
-    """A follower's refusal: join the leader's candidate at the server (registering uploads and
-    reserves nothing; it makes the release bound, so researchers see its status too), then
-    abort it with ``reason``; the leader and the researcher poll the status and stop."""
+def refuse_visibly(link: ServerLink, spec: object, reason: str) -> None:
+    """A follower's refusal through ``link``: join the leader's candidate ``spec`` at the server
+    (registering uploads and reserves nothing; it makes the release bound, so researchers see its
+    status too), then abort it with ``reason``; the leader and the researcher poll the status and
+    stop."""
     assert isinstance(spec, ReleaseSpec)
     with contextlib.suppress(SecureReleaseError, grpc.RpcError):
-        run.link.register(spec)
-    run.link.abort(reason)
+        link.register(spec)
+    link.abort(reason)
 
 
-def setup_release(run: Run) -> ReleaseRecord:
-    """Agree, reserve and prepare a release this curator has no record of yet."""
-    config, deadline = run.config, run.link.deadline
-    if run.refusal is not None and run.state is not None:
-        raise run.refusal  # the leader fails the agreement: every follower is told the reason
+def setup_release(
+    config: CuratorConfig,
+    own: OwnData,
+    state: LeaderState | None,
+    keystore: Keystore,
+    link: ServerLink,
+    witness: BudgetWitness,
+    refusal: SecureReleaseError | None,
+    restored_tags: TagArray | None,
+    log: EventLog,
+) -> ReleaseRecord:
+    """Agree, reserve and prepare a release this curator has no record of yet: the record of its
+    prepared part. ``state``: the leader's (None on a follower); ``refusal``: the ledger's, found
+    before agreeing (a leader fails the agreement with it, so every follower is told the reason);
+    ``restored_tags``: a PSI leader's own tags, persisted with a restored agreement."""
+    if refusal is not None and state is not None:
+        raise refusal  # the leader fails the agreement: every follower is told the reason
     if config.alignment is AlignmentMode.PSI:
-        run.own = replace(run.own, tags=psi_tags(run))
-    if run.state is not None:
-        run.state.own_sorted = run.own.sorted_tags  # the leader's matching reuses its own sort
-    try:
-        agreement = agree(config, run.own.tag_source(), run.own.alphabet_size, run.state, run.log, deadline)
-    except SpecRefusedError as exc:
-        if run.state is None:
-            refuse_visibly(run, exc.spec, f"{config.name} refuses the agreed spec: {exc}")  # a mismatch: exit 1
-        raise
-    if run.state is not None and not isinstance(run.state, ClusterLeader):  # a cluster leader never resumes one
-        psi_own = run.own.tags if config.alignment is AlignmentMode.PSI else None
-        run.keystore.save_agreement(agreement, run.state.tag_digests(), psi_own, run.state.rows)
-        run.state.forget_tags()
-        release_free_memory()
-    try:
-        reserve(config, run.keystore, run.own.fingerprint, sample_fingerprint(agreement), run.log, run.witness)
-    except SecureReleaseError as exc:
-        if run.state is None:
-            refuse_visibly(run, agreement.base.spec, refusal_reason(exc, f"{config.name} cannot reserve its budget"))
-        raise
-    if run.state is not None:  # followers may align while the leader prepares its own part
-        run.link.register(agreement.base.spec)
-        run.state.publish()
-    if run.own.sharded is not None:
-        if isinstance(run.state, ClusterLeader):
-            aligned = run.state.own_aligned()
-        else:
-            if agreement.own_rows is None:
-                raise AgreementError("the leader sent the common tags, not this curator's row order; a curator on a "
-                                     "cluster needs its rows (upgrade the leader)")  # fmt: skip
-            aligned = run.own.sharded.aligned_symbols(agreement.own_rows, run.log)
-        return prepare(config, run.own, agreement, run.keystore, run.log, aligned=aligned)
-    leader_rows = run.state.rows_of(config.name) if run.state is not None else None
-    return prepare(config, run.own, agreement, run.keystore, run.log, leader_rows)
+        own = replace(own, tags=psi_tags(config, own.table, state, restored_tags, link.deadline, log))
+    agreement = agree_on_release(config, own, state, link, log)
+    if state is not None and not isinstance(state, ClusterLeader):  # a cluster leader never resumes one
+        persist_agreement(config, keystore, agreement, own.tags, state)
+    reserve_or_refuse(config, keystore, own.fingerprint, agreement, link, witness, log, is_leader=state is not None)
+    if state is not None:  # followers may align while the leader prepares its own part
+        publish_agreement(link, state, agreement)
+    return prepare_own_part(config, own, agreement, state, keystore, log)
 
 
-def psi_tags(run: Run) -> TagArray:
-    """This curator's PSI tags: from the ECDH ring through the leader, or (a leader resuming a
-    fixed agreement) the tags it persisted with it (its scalar was never kept)."""
+def psi_tags(
+    config: CuratorConfig,
+    table: CuratorTable | None,
+    state: LeaderState | None,
+    restored_tags: TagArray | None,
+    deadline: Deadline,
+    log: EventLog,
+) -> TagArray:
+    """This curator's PSI tags (of ``table``'s ids): from the ECDH ring through the leader, or (a
+    leader resuming a fixed agreement) ``restored_tags``, the tags it persisted with it (its
+    scalar was never kept)."""
     from secure_release.curator.psi_ring import run_ring
 
-    if run.restored_tags is not None:
-        return run.restored_tags
-    if run.state is not None and run.state.agreement is not None:
+    if restored_tags is not None:
+        return restored_tags
+    if state is not None and state.agreement is not None:
         from secure_release.curator.keystore import KeystoreError
 
-        raise KeystoreError(f"the stored agreement of {run.config.release_id!r} lacks the leader's own PSI tags")
-    assert run.own.table is not None
-    return run_ring(run.config, run.own.table.ids, run.state, run.log, run.link.deadline)
+        raise KeystoreError(f"the stored agreement of {config.release_id!r} lacks the leader's own PSI tags")
+    assert table is not None
+    return run_ring(config, table.ids, state, log, deadline)
 
 
-def finish_upload(run: Run, record: ReleaseRecord) -> pb.ReleaseStatus:
-    """Register, upload what the server lacks, commit, and wait until the release is sealed
-    (the ledger's reservation is then committed)."""
-    run.link.register(record.spec)
-    run.link.upload(record.spec, record.ciphertext())
-    status = run.link.wait_sealed()
-    settle(run.config, run.keystore, sealed=True, log=run.log)
+def agree_on_release(
+    config: CuratorConfig, own: OwnData, state: LeaderState | None, link: ServerLink, log: EventLog
+) -> VariantAgreement:
+    """The agreement on ``own``'s tags, as the leader (``state`` given: its matching reuses its
+    own sort) or a follower (which refuses an agreed spec it cannot accept visibly, through
+    ``link``, before raising)."""
+    if state is not None:
+        state.own_sorted = own.sorted_tags
+    try:
+        return agree(config, own.tag_source(), own.alphabet_size, state, log, link.deadline)
+    except SpecRefusedError as exc:
+        if state is None:
+            refuse_visibly(link, exc.spec, f"{config.name} refuses the agreed spec: {exc}")  # a mismatch: exit 1
+        raise
+
+
+def persist_agreement(
+    config: CuratorConfig, keystore: Keystore, agreement: VariantAgreement, own_tags: TagArray, state: LeaderState
+) -> None:
+    """The leader keeps ``agreement`` in the keystore with the followers' tag digests and row
+    orders (and, with PSI, its ``own_tags``), so a restarted leader resumes it; then it drops the
+    followers' tags."""
+    psi_own = own_tags if config.alignment is AlignmentMode.PSI else None
+    keystore.save_agreement(agreement, state.tag_digests(), psi_own, state.rows)
+    state.forget_tags()
+    release_free_memory()
+
+
+def reserve_or_refuse(
+    config: CuratorConfig,
+    keystore: Keystore,
+    fingerprint: str,
+    agreement: VariantAgreement,
+    link: ServerLink,
+    witness: BudgetWitness,
+    log: EventLog,
+    is_leader: bool,
+) -> None:
+    """:func:`reserve` the agreed release's epsilon for the table of ``fingerprint``; a follower
+    that cannot aborts the release visibly through ``link`` before raising (a leader's failure
+    reaches its followers through :func:`fail_release`)."""
+    try:
+        reserve(config, keystore, fingerprint, sample_fingerprint(agreement), log, witness)
+    except SecureReleaseError as exc:
+        if not is_leader:
+            refuse_visibly(link, agreement.base.spec, refusal_reason(exc, f"{config.name} cannot reserve its budget"))
+        raise
+
+
+def publish_agreement(link: ServerLink, state: LeaderState, agreement: VariantAgreement) -> None:
+    """The leader registers the agreed release at the server, then hands the agreement to its
+    followers (they align while it prepares its own part)."""
+    link.register(agreement.base.spec)
+    state.publish()
+
+
+def prepare_own_part(
+    config: CuratorConfig,
+    own: OwnData,
+    agreement: VariantAgreement,
+    state: LeaderState | None,
+    keystore: Keystore,
+    log: EventLog,
+) -> ReleaseRecord:
+    """:func:`prepare` this curator's part of ``agreement``: on a cluster from the symbols its
+    engine gathers (:func:`cluster_aligned`), else from ``own``'s table, aligned here (a leader
+    reuses the row order it matched); the record persisted."""
+    if own.sharded is not None:
+        aligned = cluster_aligned(own.sharded, agreement, state, log)
+        return prepare(config, own, agreement, keystore, log, aligned=aligned)
+    leader_rows = state.rows_of(config.name) if state is not None else None
+    return prepare(config, own, agreement, keystore, log, leader_rows)
+
+
+def cluster_aligned(
+    sharded: ShardedTable, agreement: VariantAgreement, state: LeaderState | None, log: EventLog
+) -> SymbolArray:
+    """The symbols of the common rows in canonical order, gathered on the cluster: the leader's
+    own (it matched them there), or a follower's in the row order the leader sent."""
+    if isinstance(state, ClusterLeader):
+        return state.own_aligned()
+    if agreement.own_rows is None:
+        raise AgreementError("the leader sent the common tags, not this curator's row order; a curator on a "
+                             "cluster needs its rows (upgrade the leader)")  # fmt: skip
+    return sharded.aligned_symbols(agreement.own_rows, log)
+
+
+def resume(config: CuratorConfig, state: LeaderState | None, record: ReleaseRecord, log: EventLog) -> ReleaseRecord:
+    """A release this curator prepared before it stopped: ``record`` as stored (a leader hands its
+    restored agreement to the followers again)."""
+    log("resumed", release_id=config.release_id, retention_until=record.retention_until)
+    if state is not None:
+        state.publish()
+    return record
+
+
+def upload_record(link: ServerLink, record: ReleaseRecord) -> None:
+    """Register the release, upload what the server lacks of ``record``'s ciphertext and commit."""
+    link.register(record.spec)
+    link.upload(record.spec, record.ciphertext())
+
+
+def await_seal(config: CuratorConfig, keystore: Keystore, link: ServerLink, log: EventLog) -> pb.ReleaseStatus:
+    """Wait until the release is sealed, then commit the ledger's reservation; the final status."""
+    status = link.wait_sealed()
+    settle(config, keystore, sealed=True, log=log)
     return status
 
 
@@ -359,18 +442,39 @@ def abort_and_settle(
         )
 
 
-def fail_release(run: Run, exc: Exception) -> None:
-    """Tell every party the release failed (abort at the server; a leader that never published
-    the agreement also keeps telling followers) and refund the reservation once the server
-    confirms ABORTED, or the server never knew the release (the record is then dropped, so a
-    restart cannot resume it)."""
-    config = run.config
+def fail_release(
+    config: CuratorConfig,
+    state: LeaderState | None,
+    keystore: Keystore,
+    link: ServerLink,
+    log: EventLog,
+    exc: Exception,
+) -> None:
+    """Tell every party the release failed with ``exc`` (abort at the server; a leader that never
+    published the agreement also keeps telling followers) and refund the reservation once the
+    server confirms ABORTED, or the server never knew the release (the record is then dropped, so
+    a restart cannot resume it)."""
     reason = refusal_reason(exc, config.name)
-    if run.state is not None:
-        run.state.fail(reason)
-    abort_and_settle(config, run.keystore, run.link, run.log, exc)
-    if run.state is not None and not run.state.published:
-        run.state.wait_all_told(min(LINGER_S, config.timeout))
+    if state is not None:
+        state.fail(reason)
+    abort_and_settle(config, keystore, link, log, exc)
+    if state is not None and not state.published:
+        state.wait_all_told(min(LINGER_S, config.timeout))
+
+
+def announce_release(
+    config: CuratorConfig, keystore: Keystore, fingerprint: str, record: ReleaseRecord, log: EventLog
+) -> None:
+    """Log the sealed release: its sizes, the epsilon spent and the budget left (as the ledger
+    reports it for ``fingerprint``), and who gets the result."""
+    spec = record.spec
+    left = keystore.ledger.read().remaining(fingerprint)
+    left_text = f"{left:g}" if left is not None else "?"
+    to = ", ".join(config.grants) or "nobody"
+    log("released", release_id=config.release_id, n=spec.n, m=spec.m, epsilon=spec.plan.epsilon, budget_left=left,
+        dataset=config.dataset,
+        note=f"released {config.release_id}: n={spec.n}, m={spec.m}; epsilon {spec.plan.epsilon:g} spent, "
+             f"{left_text} left on data set {config.dataset}; the result goes to {to}")  # fmt: skip
 
 
 PROBE_S = 3.0
@@ -443,19 +547,15 @@ def fail_before_agreement(
     state.wait_all_told(min(LINGER_S, config.timeout))
 
 
-def serve_keys(run: Run, record: ReleaseRecord, stop: threading.Event) -> None:
-    """Serve the key to the granted researchers until every one acknowledged it (it stored its
-    result durably; a fetch alone is not enough), the key retention ends, or SIGTERM; with
-    --serve-until-stopped only the last two end it."""
-    serve_until_acknowledged(run.config, run.service, run.log, record, stop)
-
-
 def serve_until_acknowledged(
     config: CuratorConfig, service: CuratorService, log: EventLog, record: ReleaseRecord, stop: threading.Event
 ) -> None:
-    """The key-serving wait of :func:`serve_keys` (shared with server-side sampling). The
-    acknowledgements are kept in the keystore (``acknowledged-<release>.json``), so a curator
-    restarted after a researcher acknowledged does not wait for it again."""
+    """Serve ``record``'s key through ``service`` to the granted researchers until every one
+    acknowledged it (it stored its result durably; a fetch alone is not enough), the key
+    retention ends, or ``stop`` (SIGTERM); with --serve-until-stopped only the last two end it.
+    Shared with server-side sampling. The acknowledgements are kept in the keystore
+    (``acknowledged-<release>.json``), so a curator restarted after a researcher acknowledged
+    does not wait for it again."""
     service.add_release(config.release_id, record.pad, config.grants)
     acks = _acks_file(config)
     saved = _load_acks(acks, log) & set(config.grants)
@@ -506,117 +606,151 @@ def resumable_record(config: CuratorConfig, keystore: Keystore, fingerprint: str
     return record
 
 
-@dataclass(frozen=True)
-class Opened:
+class OpenedService(NamedTuple):
     """What :func:`open_service` builds before the table is read."""
 
     spec: TableSpec
     service: CuratorService
-    state: LeaderState | None
+    state: LeaderState | None  # the leader's (None on a follower)
     restored_tags: TagArray | None = None  # PSI leader: own tags of a restored agreement
 
 
-def open_service(config: CuratorConfig, log: EventLog) -> Opened:
+def open_service(config: CuratorConfig, log: EventLog) -> OpenedService:
     """The Curator service (and the leader's state) from the schema alone, so the curator can
     listen and answer health while it reads its table; keys stay held until the release seals."""
     spec = own_schema(config)
     service = CuratorService(config.name, spec.schema, log, config.max_rows)
     service.hold_key(config.release_id, "the release is not sealed yet")
-    state = leader_state(config, spec.schema.alphabet_size, ClusterLeader if config.engine == "dask" else LeaderState) \
-        if config.leader else None  # fmt: skip
-    restored_tags = None
-    if state is not None:
-        stored = Keystore(config.keystore).load_agreement(config.release_id)
-        if stored is not None:
-            restored = stored.agreement
-            if config.name in stored.rows:  # persisted as row orders: the leader's own rows say n
-                restored = replace(restored, own_rows=stored.rows[config.name])
-            state.restore(restored, stored.digests, stored.rows)
-            restored_tags = stored.own_tags
-        service.lead(state)
-    return Opened(spec, service, state, restored_tags)
+    if not config.leader:
+        return OpenedService(spec, service, None)
+    state = leader_state(config, spec.schema.alphabet_size, ClusterLeader if config.engine == "dask" else LeaderState)
+    restored_tags = restore_agreement(config, state)
+    service.lead(state)
+    return OpenedService(spec, service, state, restored_tags)
+
+
+def restore_agreement(config: CuratorConfig, state: LeaderState) -> TagArray | None:
+    """A restarted leader takes up the agreement it fixed before (from the keystore; its own row
+    order says its n) into ``state``; the own PSI tags persisted with it, if any."""
+    stored = Keystore(config.keystore).load_agreement(config.release_id)
+    if stored is None:
+        return None
+    restored = stored.agreement
+    if config.name in stored.rows:  # persisted as row orders: the leader's own rows say n
+        restored = replace(restored, own_rows=stored.rows[config.name])
+    state.restore(restored, stored.digests, stored.rows)
+    return stored.own_tags
+
+
+class OpenedRun(NamedTuple):
+    """What :func:`open_run` opens once the service listens."""
+
+    own: OwnData
+    keystore: Keystore
+    link: ServerLink
+    witness: BudgetWitness
+    record: ReleaseRecord | None  # a stored record of this release: resume it
+    refusal: SecureReleaseError | None  # the ledger refuses this release (found before agreeing)
 
 
 def open_run(
-    config: CuratorConfig,
-    log: EventLog,
-    deadline_stop: threading.Event,
-    opened: Opened,
-) -> tuple[Run, ReleaseRecord | None]:
-    """After the service started: table, fingerprint, record or ledger check, tags (keyed hash
-    only: PSI tags come from the ring, in :func:`setup_release`)."""
-    from secure_release.curator.waits import Deadline
-
-    spec, service, state = opened.spec, opened.service, opened.state
+    config: CuratorConfig, log: EventLog, stop: threading.Event, spec: TableSpec, state: LeaderState | None
+) -> OpenedRun:
+    """After the service started: the table read against ``spec`` and fingerprinted, the
+    keystore, the stored record or the ledger's refusal, the link to the server (ended early by
+    ``stop``) and the tags (keyed hash only: PSI tags come from the ring, in
+    :func:`setup_release`). On a cluster: :func:`open_cluster_run`."""
     if config.engine == "dask":
-        return open_cluster_run(config, log, deadline_stop, opened)
-    with ThreadPoolExecutor(1, thread_name_prefix="fingerprint") as pool:
-        hashing = pool.submit(dataset_fingerprint, config.data)  # SHA-256 of the data, beside the read
-        table = load_table(config, log, spec, check_repeats=config.alignment_key is None)
-        fingerprint = hashing.result()
+        return open_cluster_run(config, log, stop, spec, state)
+    table, fingerprint = read_and_fingerprint(config, log, spec)
     keystore = open_keystore(config)
     record = resumable_record(config, keystore, fingerprint)
-    link = ServerLink(config, log, Deadline(config.timeout, deadline_stop))
-    witness = BudgetWitness(link.stub, config.name, keystore.ledger.signer, link.deadline)
-    refusal = None
-    if record is None:
-        try:
-            check_ledger(config, keystore)  # the witness is asked right before reserving
-        except SecureReleaseError as exc:  # refused visibly during the agreement (others are told)
-            log.warning("ledger_refuses", release_id=config.release_id, reason=f"{type(exc).__name__}: {exc}")
-            refusal = exc
-    else:
-        witness.check(keystore.ledger.read(), config.dataset)  # a resume needs an intact ledger too
-    sorted_tags = None
-    if config.alignment_key is not None:
-        table, sorted_tags = hashed_tags(config, table)
-        tags = sorted_tags.tags
-    else:  # PSI: computed by the ring once the release is set up (not needed to resume)
-        tags = np.zeros(0, dtype=TAG_DTYPE)
-    own = OwnData(table, tags, fingerprint, sorted_tags)
-    return Run(config, log, keystore, own, service, state, link, refusal, opened.restored_tags, witness), record
+    link, witness = open_link(config, log, stop, keystore)
+    refusal = ledger_refusal(config, keystore, witness, record, log)
+    return OpenedRun(own_data(config, table, fingerprint), keystore, link, witness, record, refusal)
 
 
 def open_cluster_run(
-    config: CuratorConfig, log: EventLog, deadline_stop: threading.Event, opened: Opened
-) -> tuple[Run, ReleaseRecord | None]:
+    config: CuratorConfig, log: EventLog, stop: threading.Event, spec: TableSpec, state: LeaderState | None
+) -> OpenedRun:
     """:func:`open_run` on a cluster: fingerprint, record or ledger check first (a resume needs
     no cluster: its sample is in the record), then the engine reads, hashes and shards the table
-    (a leader spools its followers' tags in the keystore directory)."""
-    from secure_release.curator.engine import open_engine
-    from secure_release.curator.partitions import dataset_fingerprint
-    from secure_release.curator.sharded import load_sharded
-    from secure_release.curator.waits import Deadline
-
+    (:func:`shard_table`)."""
     fingerprint = dataset_fingerprint(config.data)
     keystore = open_keystore(config)
     record = resumable_record(config, keystore, fingerprint)
-    link = ServerLink(config, log, Deadline(config.timeout, deadline_stop))
-    witness = BudgetWitness(link.stub, config.name, keystore.ledger.signer, link.deadline)
-    refusal = None
-    sharded = None
-    if record is None:
-        try:
-            check_ledger(config, keystore)
-        except SecureReleaseError as exc:
-            log.warning("ledger_refuses", release_id=config.release_id, reason=f"{type(exc).__name__}: {exc}")
-            refusal = exc
-        assert config.alignment_key is not None
-        engine = open_engine(config.engine, scheduler=config.scheduler, scheduler_file=config.scheduler_file,
-                             workers=config.workers, worker_memory=config.worker_memory, log=log,
-                             spill_dir=spill_dir(config))  # fmt: skip
-        try:
-            sharded = load_sharded(engine, str(config.data), opened.spec, config.alignment_key, log, config.shard_bits)
-        except BaseException:
-            engine.close()
-            raise
-        if isinstance(opened.state, ClusterLeader):
-            opened.state.attach(sharded, config.keystore)
-    else:
-        witness.check(keystore.ledger.read(), config.dataset)
+    link, witness = open_link(config, log, stop, keystore)
+    refusal = ledger_refusal(config, keystore, witness, record, log)
+    sharded = shard_table(config, log, spec, state) if record is None else None
     own = OwnData(None, np.zeros(0, dtype=TAG_DTYPE), fingerprint, None, sharded)
-    run = Run(config, log, keystore, own, opened.service, opened.state, link, refusal, None, witness)
-    return run, record
+    return OpenedRun(own, keystore, link, witness, record, refusal)
+
+
+def read_and_fingerprint(config: CuratorConfig, log: EventLog, spec: TableSpec) -> tuple[CuratorTable, str]:
+    """The table read against ``spec`` (repeated ids are found later, in :func:`hashed_tags`,
+    when the ids are hashed) and the data's fingerprint (SHA-256, hashed beside the read)."""
+    with ThreadPoolExecutor(1, thread_name_prefix="fingerprint") as pool:
+        hashing = pool.submit(dataset_fingerprint, config.data)
+        table = load_table(config, log, spec, check_repeats=config.alignment_key is None)
+        fingerprint = hashing.result()
+    return table, fingerprint
+
+
+def open_link(
+    config: CuratorConfig, log: EventLog, stop: threading.Event, keystore: Keystore
+) -> tuple[ServerLink, BudgetWitness]:
+    """The link to the release server (calls end at --timeout, or once ``stop`` is set) and the
+    server's budget witness of this curator (checking ``keystore``'s signed ledger head)."""
+    from secure_release.curator.waits import Deadline
+
+    link = ServerLink(config, log, Deadline(config.timeout, stop))
+    return link, BudgetWitness(link.stub, config.name, keystore.ledger.signer, link.deadline)
+
+
+def ledger_refusal(
+    config: CuratorConfig, keystore: Keystore, witness: BudgetWitness, record: ReleaseRecord | None, log: EventLog
+) -> SecureReleaseError | None:
+    """Why the ledger refuses a new release (logged, not raised: the refusal is made visible
+    during the agreement, so the others are told), else None; the witness is asked right before
+    reserving. A resume (``record`` given) needs an intact ledger: the witness checks it now."""
+    if record is not None:
+        witness.check(keystore.ledger.read(), config.dataset)
+        return None
+    try:
+        check_ledger(config, keystore)
+    except SecureReleaseError as exc:
+        log.warning("ledger_refuses", release_id=config.release_id, reason=f"{type(exc).__name__}: {exc}")
+        return exc
+    return None
+
+
+def own_data(config: CuratorConfig, table: CuratorTable, fingerprint: str) -> OwnData:
+    """``table`` with the keyed tags of its ids (:func:`hashed_tags`); with PSI no tags yet (the
+    ring computes them once the release is set up; a resume needs none)."""
+    if config.alignment_key is None:
+        return OwnData(table, np.zeros(0, dtype=TAG_DTYPE), fingerprint)
+    table, sorted_tags = hashed_tags(config, table)
+    return OwnData(table, sorted_tags.tags, fingerprint, sorted_tags)
+
+
+def shard_table(config: CuratorConfig, log: EventLog, spec: TableSpec, state: LeaderState | None) -> ShardedTable:
+    """The table read, hashed and sharded by the curator's engine (closed again if that fails);
+    a cluster leader spools its followers' tags in the keystore directory."""
+    from secure_release.curator.engine import open_engine
+    from secure_release.curator.sharded import load_sharded
+
+    assert config.alignment_key is not None
+    engine = open_engine(config.engine, scheduler=config.scheduler, scheduler_file=config.scheduler_file,
+                         workers=config.workers, worker_memory=config.worker_memory, log=log,
+                         spill_dir=spill_dir(config))  # fmt: skip
+    try:
+        sharded = load_sharded(engine, str(config.data), spec, config.alignment_key, log, config.shard_bits)
+    except BaseException:
+        engine.close()
+        raise
+    if isinstance(state, ClusterLeader):
+        state.attach(sharded, config.keystore)
+    return sharded
 
 
 def spill_dir(config: CuratorConfig) -> str:
@@ -628,13 +762,14 @@ def spill_dir(config: CuratorConfig) -> str:
     return str(path)
 
 
-def close_cluster(run: Run | None) -> None:
-    """The cluster's part of a run is over: its spool removed, its engine closed."""
-    if run is None or run.own.sharded is None:
+def close_cluster(sharded: ShardedTable | None, state: LeaderState | None) -> None:
+    """The cluster's part of a run is over (nothing to do without ``sharded``): the leader's
+    spool removed, the engine closed."""
+    if sharded is None:
         return
-    if isinstance(run.state, ClusterLeader):
-        run.state.cleanup()
-    run.own.sharded.engine.close()
+    if isinstance(state, ClusterLeader):
+        state.cleanup()
+    sharded.engine.close()
 
 
 def hashed_tags(config: CuratorConfig, table: CuratorTable) -> tuple[CuratorTable, SortedTags]:
@@ -660,45 +795,38 @@ def run(config: CuratorConfig) -> int:
     log = EventLog("curator", config.name)
     stop = stop_on_sigterm()
     try:
-        opened = open_service(config, log)
+        spec, service, state, restored_tags = open_service(config, log)
     except SecureReleaseError as exc:  # a wrong schema: the leader (if we follow) stops everybody now
         report_failure_to_leader(config, refusal_reason(exc, config.name), log)
         raise
-    server = start_server(config, opened.service, log)  # listening before the table is read
+    server = start_server(config, service, log)  # listening before the table is read
     threading.Thread(target=probe_server, args=(config, log), daemon=True).start()
-    parts: Run | None = None
+    own: OwnData | None = None
+    link: ServerLink | None = None
     try:
         try:
-            parts, record = open_run(config, log, stop, opened)
+            own, keystore, link, witness, record, refusal = open_run(config, log, stop, spec, state)
         except SecureReleaseError as exc:  # bad rows, a table that changed: every party stops at once
-            fail_before_agreement(config, opened.state, log, exc)
+            fail_before_agreement(config, state, log, exc)
             raise
         try:
-            if record is None:
-                record = setup_release(parts)
+            if record is None:  # agree, reserve, prepare
+                record = setup_release(config, own, state, keystore, link, witness, refusal, restored_tags, log)
             else:
-                log("resumed", release_id=config.release_id, retention_until=record.retention_until)
-                if parts.state is not None:
-                    parts.state.publish()
-            finish_upload(parts, record)
+                record = resume(config, state, record, log)
+            upload_record(link, record)
+            await_seal(config, keystore, link, log)
         except (SecureReleaseError, grpc.RpcError) as exc:
-            fail_release(parts, exc)
+            fail_release(config, state, keystore, link, log, exc)
             raise
-        record = parts.keystore.set_retention(record, time.time() + config.key_retention)
-        spec = record.spec
-        left = parts.keystore.ledger.read().remaining(parts.own.fingerprint)
-        left_text = f"{left:g}" if left is not None else "?"
-        to = ", ".join(config.grants) or "nobody"
-        log("released", release_id=config.release_id, n=spec.n, m=spec.m, epsilon=spec.plan.epsilon, budget_left=left,
-            dataset=config.dataset,
-            note=f"released {config.release_id}: n={spec.n}, m={spec.m}; epsilon {spec.plan.epsilon:g} spent, "
-                 f"{left_text} left on data set {config.dataset}; the result goes to {to}")  # fmt: skip
-        serve_keys(parts, record, stop)
+        record = keystore.set_retention(record, time.time() + config.key_retention)
+        announce_release(config, keystore, own.fingerprint, record, log)
+        serve_until_acknowledged(config, service, log, record, stop)
         log("finished", release_id=config.release_id, note=f"done: {config.release_id} released, exiting 0")
         return 0
     finally:
-        if parts is not None:
-            parts.link.close()
-        close_cluster(parts)
+        if link is not None:
+            link.close()
+        close_cluster(own.sharded if own is not None else None, state)
         server.stop(grace=1.0)
         log("stopped")

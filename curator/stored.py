@@ -371,7 +371,7 @@ def fail_stored(run: StoredRun, exc: Exception) -> None:
 
 
 def serve_stored_keys(run: StoredRun, record: ReleaseRecord, stop: threading.Event) -> None:
-    """Serve the release key to the granted researchers (as ``runner.serve_keys``)."""
+    """Serve the release key to the granted researchers (as a run does: ``runner.serve_until_acknowledged``)."""
     serve_until_acknowledged(run.config, run.service, run.log, record, stop)
 
 
