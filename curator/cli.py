@@ -261,9 +261,10 @@ def add_run_arguments(p: argparse.ArgumentParser, storing: bool) -> None:
     r.add_argument(
         "--max-rows",
         type=int,
-        default=1 << 24,
+        default=None,
         help="leader: most ids (tags or PSI points) a curator may send; the leader holds 16 bytes a tag "
-        "(default 2^24 = 16.8 M ids, 256 MiB)",
+        "(default 2^24 = 16.8 M ids, 256 MiB); with --engine dask it spools 24 bytes a tag to disk "
+        "(default there 2^30 = 1.07 G ids, 24 GiB of spool at most)",
     )
     n = p.add_argument_group("network")
     n.add_argument("--server", help="HOST:PORT of the release server")

@@ -230,9 +230,16 @@ def _role_settings(args: argparse.Namespace, name: str) -> tuple[bool, str | Non
     return leader, address
 
 
-def _max_rows(value: int) -> int:
-    if value < 1:
-        raise ConfigError(f"--max-rows must be an integer >= 1, got {value}")
+#: ``--max-rows`` by default: what an in-process leader holds (16 bytes a tag in memory), and
+#: what a leader on a cluster spools (24 bytes a tag on disk; row orders go out as uint32).
+DEFAULT_MAX_ROWS = {"local": 1 << 24, "dask": 1 << 30}
+
+
+def _max_rows(value: int | None, engine: str = "local") -> int:
+    if value is None:
+        return DEFAULT_MAX_ROWS.get(engine, 1 << 24)
+    if value < 1 or value >= 1 << 32:
+        raise ConfigError(f"--max-rows must be an integer from 1 to 2^32 - 1 (row orders are uint32), got {value}")
     return int(value)
 
 
@@ -330,7 +337,7 @@ def config_from_args(args: argparse.Namespace, storing: bool = False) -> Curator
         exit_after_keys=not bool(getattr(args, "serve_until_stopped", False)),
         alignment_key=None if server_sampled else _alignment_key(args, alignment),
         key_retention=_positive(args.key_retention, "--key-retention"),
-        max_rows=_max_rows(args.max_rows),
+        max_rows=_max_rows(args.max_rows, str(getattr(args, "engine", None) or "local").lower()),
         test_seed=test_seed,
         test_pad_key=test_pad_key,
         sampling=sampling,

@@ -101,3 +101,11 @@ def test_sigterm_stops_a_cluster_stage_within_a_second(monkeypatch: pytest.Monke
     with pytest.raises(StoppedError, match="during the shuffle stage"):
         engine.results(handles, "shuffle")
     assert sorted(map(id, cancelled)) == sorted(map(id, handles))
+
+
+def test_a_leader_on_a_cluster_takes_a_billion_tags_by_default(base: list[str]) -> None:
+    assert _config(base).max_rows == 1 << 24  # in memory: 256 MiB of tags
+    assert _config([*base, "--engine", "dask"]).max_rows == 1 << 30  # spooled to disk
+    assert _config([*base, "--engine", "dask", "--max-rows", "5"]).max_rows == 5
+    with pytest.raises(ConfigError, match="2\\^32 - 1"):
+        _config([*base, "--max-rows", str(1 << 32)])
