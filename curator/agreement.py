@@ -112,7 +112,7 @@ def own_alignment(
     seen[rows] = True
     if int(np.count_nonzero(seen)) != rows.size or rows.size != agreement.num_common:
         raise AgreementError("the leader's row order names a row twice, or not n rows")
-    return Alignment(rows, num_rows, int(rows.size))
+    return Alignment(rows.astype(np.int64, copy=False), num_rows, int(rows.size))
 
 
 def _fetch_agreement(stub: pb_grpc.CuratorStub, config: CuratorConfig, timeout: float) -> VariantAgreement:

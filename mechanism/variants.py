@@ -128,7 +128,7 @@ class VariantAgreement:
     sampling: SamplingMode
     alignment: AlignmentMode
     packed_indices: bytes | None = None
-    own_rows: npt.NDArray[np.int64] | None = None
+    own_rows: npt.NDArray[np.int64] | npt.NDArray[np.uint32] | None = None
     """As a follower received it: its own rows in the canonical order (the leader sends these, 4
     bytes a row, instead of the common tags; ``base.common`` is then empty)."""
     count: int | None = None
