@@ -44,6 +44,10 @@ SHARD_TAGS = 1 << 22
 #: At most 2^16 shards (10^11 rows at 10^6 a shard).
 MAX_SHARD_BITS = 16
 
+#: How a worker holds tags: (hi, lo) as native little-endian words, so sorting and matching read
+#: them with no byte swap; :func:`shard_tags` turns a shard back into the wire's big-endian tags.
+WORK_DTYPE = np.dtype([("hi", "<u8"), ("lo", "<u8")])
+
 U64 = npt.NDArray[np.uint64]
 I64 = npt.NDArray[np.int64]
 
@@ -61,7 +65,7 @@ def shard_bits_for(num_rows: int, shard_tags: int = SHARD_TAGS) -> int:
 
 def shard_of(tags: TagArray, shard_bits: int) -> npt.NDArray[np.intp]:
     """The shard of each tag: its top ``shard_bits`` bits."""
-    hi = np.ascontiguousarray(tags, dtype=TAG_DTYPE)["hi"].astype(np.uint64)
+    hi = _tag_words(tags)[0]
     if shard_bits == 0:
         return np.zeros(hi.size, dtype=np.intp)
     return (hi >> np.uint64(64 - shard_bits)).astype(np.intp)
@@ -113,8 +117,10 @@ def piece_of(result: PartitionResult, shard: int) -> Piece:
 
 
 def _tag_words(tags: TagArray) -> tuple[U64, U64]:
-    arr = np.ascontiguousarray(tags, dtype=TAG_DTYPE)
-    return arr["hi"].astype(np.uint64), arr["lo"].astype(np.uint64)
+    """The high and low words of tags in either layout (views for :data:`WORK_DTYPE`)."""
+    if tags.dtype != WORK_DTYPE:
+        tags = tags.astype(WORK_DTYPE)
+    return tags["hi"], tags["lo"]
 
 
 @dataclass(frozen=True)
@@ -148,15 +154,16 @@ def tag_order(hi: U64, lo: U64) -> I64:
 def merge_shard(pieces: Sequence[Piece]) -> Shard:
     """A shard from every partition's piece of it, sorted by tag (ascending (hi, lo) as
     unsigned integers, as :func:`~secure_release.mechanism.alignment.common_tags` orders them)."""
-    tags = np.concatenate([p.tags for p in pieces]) if pieces else np.zeros(0, dtype=TAG_DTYPE)
+    tags = np.concatenate([p.tags for p in pieces]) if pieces else np.zeros(0, dtype=WORK_DTYPE)
     symbols = np.concatenate([p.symbols for p in pieces]) if pieces else np.zeros(0, dtype=np.uint32)
-    hi, lo = _tag_words(tags)
-    order = tag_order(hi, lo)
-    hi, lo = hi[order], lo[order]
-    same = np.flatnonzero((hi[1:] == hi[:-1]) & (lo[1:] == lo[:-1]))
+    if tags.dtype != WORK_DTYPE:
+        tags = tags.astype(WORK_DTYPE)
+    order = tag_order(tags["hi"], tags["lo"])
     tags = tags[order]
-    shard = Shard(tags, symbols[order], np.unique(tags[same]))
-    del order, hi, lo
+    hi, lo = tags["hi"], tags["lo"]
+    same = np.flatnonzero((hi[1:] == hi[:-1]) & (lo[1:] == lo[:-1]))
+    shard = Shard(tags, symbols[order], np.unique(tags[same]).astype(TAG_DTYPE))
+    del order
     release_free_memory()
     return shard
 
@@ -167,8 +174,8 @@ def shard_summary(shard: Shard) -> tuple[int, TagArray]:
 
 
 def shard_tags(shard: Shard) -> TagArray:
-    """A shard's tags, ascending (what leaves the curator's domain)."""
-    return shard.tags
+    """A shard's tags, ascending, as the wire carries them (what leaves the curator's domain)."""
+    return shard.tags.astype(TAG_DTYPE)
 
 
 def intersect_shard(own: Shard, others: Sequence[tuple[TagArray, I64]]) -> tuple[I64, list[I64]]:
@@ -261,7 +268,7 @@ def hash_partition(
     except BadRowsError as exc:
         problems = tuple(RowProblem(str(partition.path), line, message) for line, message in exc.problems)
         return PartitionResult((), 0, problems)
-    tags = id_tags(table.id_values(), AlignmentKey(alignment_key_bytes))
+    tags = id_tags(table.id_values(), AlignmentKey(alignment_key_bytes)).astype(WORK_DTYPE)
     symbols = table.symbols().astype(symbol_dtype(alphabet_size))
     del table
     pieces = split_by_shard(tags, shard_bits, symbols)
