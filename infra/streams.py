@@ -631,20 +631,39 @@ def perturbed_chunks(
 def perturbed_from_chunks(chunks: Iterable[pb.PerturbedChunk], spec: ReleaseSpec) -> tuple[list[bytes], bytes, bytes]:
     """Join the streamed columns; return them, the SHA-256 over every column chunk by chunk
     (the server's digest) and the digest the last chunk carries."""
+    stream = PerturbedStream(chunks, spec)
     parts: list[list[bytes]] = [[] for _ in spec.curators]
-    hasher = hashlib.sha256()
-    for expected_seq, chunk in enumerate(chunks):
-        if chunk.sequence != expected_seq or len(chunk.columns) != len(spec.curators):
-            raise FetchError(
-                f"perturbed chunk {chunk.sequence} (expected {expected_seq}) has {len(chunk.columns)} columns; "
-                f"the release has {len(spec.curators)} curators"
-            )
-        for column_parts, column in zip(parts, chunk.columns, strict=True):
+    for columns in stream.columns():
+        for column_parts, column in zip(parts, columns, strict=True):
             column_parts.append(column)
-            hasher.update(column)
-        if chunk.last:
-            return [b"".join(p) for p in parts], hasher.digest(), bytes(chunk.digest)
-    raise FetchError(f"the perturbed stream of {spec.release_id!r} ended before its last chunk")
+    return [b"".join(p) for p in parts], stream.computed, stream.streamed
+
+
+class PerturbedStream:
+    """A PerturbedChunk stream read chunk by chunk (what :func:`perturbed_from_chunks` joins):
+    :meth:`columns` yields each chunk's packed column of every curator, checked in order; once it
+    is exhausted, ``computed`` is the SHA-256 over every column chunk by chunk (the server's
+    digest) and ``streamed`` the digest the last chunk carries."""
+
+    def __init__(self, chunks: Iterable[pb.PerturbedChunk], spec: ReleaseSpec) -> None:
+        self._chunks, self._spec = chunks, spec
+        self.computed, self.streamed = b"", b""
+
+    def columns(self) -> Iterator[list[bytes]]:
+        spec, hasher = self._spec, hashlib.sha256()
+        for expected_seq, chunk in enumerate(self._chunks):
+            if chunk.sequence != expected_seq or len(chunk.columns) != len(spec.curators):
+                raise FetchError(
+                    f"perturbed chunk {chunk.sequence} (expected {expected_seq}) has {len(chunk.columns)} columns; "
+                    f"the release has {len(spec.curators)} curators"
+                )
+            for column in chunk.columns:
+                hasher.update(column)
+            yield list(chunk.columns)
+            if chunk.last:
+                self.computed, self.streamed = hasher.digest(), bytes(chunk.digest)
+                return
+        raise FetchError(f"the perturbed stream of {spec.release_id!r} ended before its last chunk")
 
 
 # ---------------------------------------------------------------------------------- a curator's key

@@ -179,10 +179,19 @@ def researcher_estimate(
     marginal of the curators whose keys the researcher holds (``curators``)."""
     subset = tuple(range(len(plan.alphabet_sizes))) if curators is None else tuple(curators)
     sizes = tuple(plan.alphabet_sizes[j] for j in subset)
-    sub_size = int(np.prod(sizes))
-    is_marginal = len(subset) < len(plan.alphabet_sizes)
     codes = mixed_radix_encode(list(columns), sizes)
-    counts = estimators.observed_counts(codes, sub_size)
+    return estimate_from_counts(estimators.observed_counts(codes, int(np.prod(sizes))), plan, subset)
+
+
+def estimate_from_counts(
+    counts: npt.NDArray[np.int64], plan: ReleasePlan, curators: Sequence[int] | None = None
+) -> ReleaseEstimate:
+    """:func:`researcher_estimate` from the observed counts of the decrypted joint (or marginal)
+    symbols alone: every estimator here reads only the counts, so a researcher may count chunk by
+    chunk and never hold the m rows."""
+    subset = tuple(range(len(plan.alphabet_sizes))) if curators is None else tuple(curators)
+    sizes = tuple(plan.alphabet_sizes[j] for j in subset)
+    is_marginal = len(subset) < len(plan.alphabet_sizes)
     channel = plan.channel
     if is_marginal:
         raw = estimators.estimate_marginal(counts, channel)

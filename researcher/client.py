@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
+import numpy as np
+import numpy.typing as npt
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress
 
@@ -25,14 +27,14 @@ from secure_release.infra.config import ConfigError
 from secure_release.infra.exitcodes import is_refusal
 from secure_release.infra.logs import EventLog
 from secure_release.infra.retry import with_retries
-from secure_release.infra.streams import FetchError, key_from_chunks, perturbed_from_chunks
+from secure_release.infra.streams import FetchError, PerturbedStream, key_from_chunks, perturbed_from_chunks
 from secure_release.infra.tls import secure_channel
 from secure_release.infra.wire import cipher_from_pb, schema_from_pb, spec_from_pb
 from secure_release.mechanism.errors import ErrorKind
 from secure_release.mechanism.keys import PadKey
 from secure_release.mechanism.packing import CHUNK_ROWS, unpack_symbols
 from secure_release.mechanism.pads import CipherMode, ReleasePad
-from secure_release.mechanism.schema import CuratorSchema, SymbolArray
+from secure_release.mechanism.schema import CuratorSchema, SymbolArray, mixed_radix_encode
 from secure_release.mechanism.spec import ReleaseSpec
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
@@ -239,6 +241,47 @@ def fetch_perturbed(
         raise FetchError(f"expected m = {spec.m} perturbed rows per curator, got {[c.size for c in columns]}")
     log("fetched", release_id=spec.release_id, rows=spec.m, digest=computed.hex())
     return columns
+
+
+def count_perturbed(
+    endpoints: Endpoints,
+    release: PerturbedRelease,
+    pads: Mapping[int, ReleasePad],
+    log: EventLog,
+    notified_digest: bytes = b"",
+) -> npt.NDArray[np.int64]:
+    """The observed counts of the decrypted joint symbols of the curators in ``pads`` (column
+    index -> that curator's pad), counted chunk by chunk as the perturbed rows stream in: memory
+    does not grow with m (each chunk is decrypted at its offset; a ChaCha20 pad computes just
+    that range). The counts are returned only if every row arrived and the digest matches the
+    status, the stream's last chunk and (if given) the ready notice."""
+    spec = release.spec
+    subset = sorted(pads)
+    sizes = [spec.plan.alphabet_sizes[j] for j in subset]
+    cells = int(np.prod(sizes))
+
+    def once() -> tuple[npt.NDArray[np.int64], int, bytes, bytes]:
+        counts, start = np.zeros(cells, dtype=np.int64), 0
+        with endpoints.server_channel() as channel:
+            chunks = pb_grpc.ReleaseServerStub(channel).FetchPerturbed(
+                pb.FetchRequest(release_id=spec.release_id), timeout=FETCH_RPC_SECONDS
+            )
+            stream = PerturbedStream(_with_progress(chunks, spec), spec)
+            for columns in stream.columns():
+                cols = [unpack_symbols(columns[j], k) for j, k in zip(subset, sizes, strict=True)]
+                if len({c.size for c in cols}) > 1 or start + cols[0].size > spec.m:
+                    raise FetchError(f"perturbed chunk at row {start} has columns of {[c.size for c in cols]} rows")
+                plain = [pads[j].decrypt(c, start) for j, c in zip(subset, cols, strict=True)]
+                counts += np.bincount(mixed_radix_encode(plain, sizes), minlength=cells)[:cells]
+                start += cols[0].size
+            return counts, start, stream.computed, stream.streamed
+
+    counts, rows, computed, streamed = with_retries(once, "fetch_perturbed", log)
+    _check_digest(computed, (release.digest, streamed, notified_digest), spec.release_id)
+    if rows != spec.m:
+        raise FetchError(f"expected m = {spec.m} perturbed rows per curator, got {rows}")
+    log("fetched", release_id=spec.release_id, rows=spec.m, digest=computed.hex())
+    return counts
 
 
 # ---------------------------------------------------------------------------------- keys

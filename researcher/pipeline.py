@@ -16,7 +16,7 @@ from pathlib import Path
 
 from secure_release.infra.logs import EventLog
 from secure_release.mechanism.errors import ErrorKind, SecureReleaseError
-from secure_release.mechanism.protocol import researcher_decrypt, researcher_estimate
+from secure_release.mechanism.protocol import estimate_from_counts, researcher_decrypt, researcher_estimate
 from secure_release.mechanism.report import ReleaseReport, build_report
 from secure_release.mechanism.schema import JointSchema, SymbolArray
 from secure_release.mechanism.spec import ReleaseSpec, check_name
@@ -24,9 +24,10 @@ from secure_release.researcher.client import (
     Endpoints,
     FetchDeadline,
     KeyResults,
+    PerturbedRelease,
     acknowledge_keys,
+    count_perturbed,
     fetch_keys,
-    fetch_perturbed,
     wait_perturbed,
 )
 from secure_release.researcher.errors import NoKeysError
@@ -53,15 +54,36 @@ def check_complete(spec: ReleaseSpec, keys: KeyResults, allow_partial: bool) -> 
 def estimate_release(spec: ReleaseSpec, perturbed: Sequence[SymbolArray], keys: KeyResults) -> ReleaseReport:
     """Decrypt the granted curators' columns and estimate their joint type (the whole joint if
     every curator granted, else their marginal), labelled with their schemas."""
+    granted = granted_columns(spec, keys)
+    curator_keys = [keys.granted[spec.curators[j]] for j in granted]
+    decrypted = researcher_decrypt([perturbed[j] for j in granted], [k.pad for k in curator_keys])
+    estimate = researcher_estimate(decrypted, spec.plan, granted)
+    schema = JointSchema(tuple(k.schema for k in curator_keys))
+    return build_report(spec.release_id, spec.plan, spec.curators, estimate, schema, keys.missing())
+
+
+def granted_columns(spec: ReleaseSpec, keys: KeyResults) -> list[int]:
+    """The columns whose curators granted their key (:class:`NoKeysError` if none did)."""
     granted = [j for j, curator in enumerate(spec.curators) if curator in keys.granted]
     if not granted:
         raise NoKeysError(
             f"no curator of release {spec.release_id!r} granted its key ({keys.missing()}); "
             "a curator must --grant this researcher before anything can be estimated"
         )
+    return granted
+
+
+def estimate_streamed(
+    endpoints: Endpoints, release: PerturbedRelease, keys: KeyResults, log: EventLog, notified_digest: bytes = b""
+) -> ReleaseReport:
+    """:func:`estimate_release` with the perturbed rows decrypted and counted chunk by chunk as
+    they arrive (the researcher's memory is flat in m), then the estimate from the counts."""
+    spec = release.spec
+    granted = granted_columns(spec, keys)
     curator_keys = [keys.granted[spec.curators[j]] for j in granted]
-    decrypted = researcher_decrypt([perturbed[j] for j in granted], [k.pad for k in curator_keys])
-    estimate = researcher_estimate(decrypted, spec.plan, granted)
+    pads = {j: k.pad for j, k in zip(granted, curator_keys, strict=True)}
+    counts = count_perturbed(endpoints, release, pads, log, notified_digest)
+    estimate = estimate_from_counts(counts, spec.plan, granted)
     schema = JointSchema(tuple(k.schema for k in curator_keys))
     return build_report(spec.release_id, spec.plan, spec.curators, estimate, schema, keys.missing())
 
@@ -80,10 +102,9 @@ def process_release(
     check_name(release_id, "release id")
     deadline = FetchDeadline(timeout)
     release = wait_perturbed(endpoints, release_id, deadline)
-    perturbed = fetch_perturbed(endpoints, release, log, notified_digest)
     keys = fetch_keys(endpoints, release.spec, log, deadline)
     check_complete(release.spec, keys, allow_partial)
-    report = estimate_release(release.spec, perturbed, keys)
+    report = estimate_streamed(endpoints, release, keys, log, notified_digest)
     if report.marginal:
         log.warning("marginal_only", release_id=release_id, refused=",".join(sorted(report.refused)))
     if out is not None:

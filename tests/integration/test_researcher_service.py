@@ -23,6 +23,7 @@ from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
 from secure_release.researcher.cli import main
 from secure_release.researcher.client import Endpoints
+from secure_release.researcher.errors import NoKeysError
 from secure_release.researcher.pipeline import process_release
 from secure_release.researcher.service import ReleaseTracker, ResearcherService
 from secure_release.researcher.storage import load_reports, read_report
@@ -132,10 +133,13 @@ def test_over_mutual_tls_the_certificate_is_the_identity(release: FakeRelease, t
     with running(FakeServer(release), curators, certs=tmp_path) as endpoints:
         report = process_release(endpoints, "r1", None, LOG, 5.0)
     assert report.estimate.tolist() == release.expected().raw.tolist()
-    with running(FakeServer(release), curators, certs=tmp_path, as_name="carol") as endpoints:
-        refused = _call(lambda request, timeout: process_release(endpoints, "r1", None, LOG, timeout), "r1")
-    code, details = _code(refused)
-    assert code == grpc.StatusCode.PERMISSION_DENIED and "role analyst may not call FetchPerturbed" in details
+    # the keys are fetched first (the rows are then counted as they stream): both curators refuse the role
+    with (
+        running(FakeServer(release), curators, certs=tmp_path, as_name="carol") as endpoints,
+        pytest.raises(NoKeysError) as refused,
+    ):
+        process_release(endpoints, "r1", None, LOG, 5.0)
+    assert str(refused.value).count("role analyst may not call ReleaseKey; allowed: researcher") == 2
 
 
 # ---------------------------------------------------------------------------------- CLI
