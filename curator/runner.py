@@ -214,6 +214,8 @@ def prepare(
             peak_rss_mib=peak_rss_mib())  # fmt: skip
         positions = agreement_positions(agreement)
         sample = aligned[positions].astype(np.uint32)
+        del positions  # 8 bytes a sampled row, not needed for the pad and the record
+        release_free_memory()
     else:
         assert own.table is not None
         if agreement.own_rows is None and leader_rows is None:  # match the common tags ourselves
