@@ -42,12 +42,13 @@ from secure_release.curator.leader import LeaderState
 from secure_release.curator.partitions import dataset_fingerprint
 from secure_release.curator.runner import (
     abort_and_settle,
+    cluster_aligned,
     load_table,
     open_keystore,
     own_schema,
     serve_until_acknowledged,
     settle,
-    spill_dir,
+    shard_table,
     start_server,
     stop_on_sigterm,
 )
@@ -240,30 +241,16 @@ def _cluster_aligned(
     config: CuratorConfig, spec: TableSpec, state: LeaderState | None, log: EventLog, deadline: Deadline
 ) -> tuple[VariantAgreement, SymbolArray]:
     """:func:`_aligned` on the curator's cluster (``--engine dask``): the same column."""
-    from secure_release.curator.engine import open_engine
-    from secure_release.curator.sharded import load_sharded
-
-    assert config.alignment_key is not None
-    engine = open_engine(config.engine, scheduler=config.scheduler, scheduler_file=config.scheduler_file,
-                         workers=config.workers, worker_memory=config.worker_memory, log=log,
-                         spill_dir=spill_dir(config))  # fmt: skip
+    sharded = shard_table(config, log, spec, state)
     try:
-        sharded = load_sharded(engine, str(config.data), spec, config.alignment_key, log, config.shard_bits)
-        if isinstance(state, ClusterLeader):
-            state.attach(sharded, config.keystore)
         agreement = agree(config, sharded.tag_pieces, spec.schema.alphabet_size, state, log, deadline)
         if state is not None:
             state.publish()
-        if isinstance(state, ClusterLeader):
-            aligned = state.own_aligned()
-        elif agreement.own_rows is None:
-            raise KeystoreError("the leader sent the common tags, not this curator's row order (upgrade the leader)")
-        else:
-            aligned = sharded.aligned_symbols(agreement.own_rows, log)
+        aligned = cluster_aligned(sharded, agreement, state, log)
         log("aligned", matched=int(aligned.size), rows=sharded.num_rows)
         return agreement, aligned.astype(np.uint32)
     finally:
-        engine.close()  # a leader's spool (its followers' row orders) stays until store_table ends
+        sharded.engine.close()  # a leader's spool (its followers' row orders) stays until store_table ends
 
 
 # ------------------------------------------------------------------------------ run --sampling server

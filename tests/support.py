@@ -123,3 +123,19 @@ def demo_world(root: Path, rows: int, seed: int) -> Path:
     init_pki(root / "certs", list(PARTIES))
     (root / "align.key").write_text(AlignmentKey.generate().reveal().hex())
     return root
+
+
+def split_parquet(csv: Path, out: Path, files: int, groups: int = 2) -> Path:
+    """``csv`` (a demo table) written as ``files`` Parquet files of about ``groups`` row groups
+    each in directory ``out``, in the CSV's row order (ids kept as strings)."""
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+
+    table = pacsv.read_csv(csv, convert_options=pacsv.ConvertOptions(column_types={"id": pa.string()}))
+    out.mkdir(parents=True)
+    bounds = np.linspace(0, table.num_rows, files + 1).astype(int)
+    for i in range(files):
+        part = table.slice(int(bounds[i]), int(bounds[i + 1] - bounds[i]))
+        pq.write_table(part, out / f"part-{i:03d}.parquet", row_group_size=max(1, part.num_rows // groups))
+    return out

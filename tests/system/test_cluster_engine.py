@@ -17,11 +17,8 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.csv as pacsv
-import pyarrow.parquet as pq
 import pytest
+from support import split_parquet
 
 from secure_release.cluster import PARTIES, Cluster, get_estimate, launch_release, set_budgets, wait_exit
 from secure_release.demo_data import write_demo_data
@@ -40,17 +37,6 @@ def _env() -> dict[str, str]:
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     env["SECURE_RELEASE_TESTING"] = "1"
     return env
-
-
-def split_parquet(csv: Path, out: Path, files: int) -> Path:
-    """``csv`` as ``files`` Parquet files of a few row groups each, in directory ``out``."""
-    table = pacsv.read_csv(csv, convert_options=pacsv.ConvertOptions(column_types={"id": pa.string()}))
-    out.mkdir(parents=True)
-    bounds = np.linspace(0, table.num_rows, files + 1).astype(int)
-    for i in range(files):
-        part = table.slice(int(bounds[i]), int(bounds[i + 1] - bounds[i]))
-        pq.write_table(part, out / f"part-{i:03d}.parquet", row_group_size=max(1, part.num_rows // 2))
-    return out
 
 
 @pytest.fixture(scope="module")

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
+from support import split_parquet
 
 from secure_release.curator import shards as st
 from secure_release.curator.engine import InlineEngine
@@ -28,17 +28,6 @@ from secure_release.mechanism.variants import agreement_positions
 
 KEY = AlignmentKey(bytes(range(32)))
 LOG = EventLog("curator", "test")
-
-
-def _split(csv: Path, out: Path, files: int) -> Path:
-    """``csv`` written as ``files`` Parquet files (several row groups each) in ``out``."""
-    table = pacsv.read_csv(csv, convert_options=pacsv.ConvertOptions(column_types={"id": pa.string()}))
-    out.mkdir(parents=True)
-    bounds = np.linspace(0, table.num_rows, files + 1).astype(int)
-    for i in range(files):
-        part = table.slice(int(bounds[i]), int(bounds[i + 1] - bounds[i]))
-        pq.write_table(part, out / f"part-{i:03d}.parquet", row_group_size=max(1, part.num_rows // 3))
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -122,7 +111,7 @@ def test_the_sharded_release_samples_the_same_rows_as_the_in_process_one(
         tables = {
             c: load_sharded(
                 engine,
-                str(_split(world / f"{c}.csv", tmp_path / c, files)),
+                str(split_parquet(world / f"{c}.csv", tmp_path / c, files, groups=3)),
                 load_schema(world / f"{c}.json"),
                 KEY,
                 LOG,
@@ -155,7 +144,7 @@ def test_the_sharded_release_samples_the_same_rows_as_the_in_process_one(
 
 
 def test_bad_rows_in_any_partition_refuse_the_table_naming_the_file(world: Path, tmp_path: Path) -> None:
-    folder = _split(world / "alice.csv", tmp_path / "alice", 4)
+    folder = split_parquet(world / "alice.csv", tmp_path / "alice", 4)
     bad = pq.read_table(folder / "part-002.parquet").to_pylist()
     bad[5]["education"] = "astronaut"
     pq.write_table(pa.Table.from_pylist(bad), folder / "part-002.parquet")
@@ -169,7 +158,7 @@ def test_bad_rows_in_any_partition_refuse_the_table_naming_the_file(world: Path,
 
 
 def test_an_id_repeated_across_files_is_refused_with_both_places(world: Path, tmp_path: Path) -> None:
-    folder = _split(world / "alice.csv", tmp_path / "alice", 3)
+    folder = split_parquet(world / "alice.csv", tmp_path / "alice", 3)
     first = pq.read_table(folder / "part-000.parquet").to_pylist()
     last = pq.read_table(folder / "part-002.parquet").to_pylist()
     last[0]["id"] = first[4]["id"]
