@@ -467,10 +467,10 @@ def fail_release(
 def announce_release(
     config: CuratorConfig, keystore: Keystore, fingerprint: str, record: ReleaseRecord, log: EventLog
 ) -> None:
-    """Log the sealed release: its sizes, the epsilon spent and the budget left (as the ledger
-    reports it for ``fingerprint``), and who gets the result."""
+    """Log the sealed release: its sizes, the epsilon spent, the budget left on its data set (the
+    ledger's key: ``config.dataset``, not the table's ``fingerprint``) and who gets the result."""
     spec = record.spec
-    left = keystore.ledger.read().remaining(fingerprint)
+    left = keystore.ledger.read().remaining(config.dataset)
     left_text = f"{left:g}" if left is not None else "?"
     to = ", ".join(config.grants) or "nobody"
     log("released", release_id=config.release_id, n=spec.n, m=spec.m, epsilon=spec.plan.epsilon, budget_left=left,
