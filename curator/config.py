@@ -13,6 +13,7 @@ import argparse
 import json
 import math
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -352,6 +353,16 @@ def config_from_args(args: argparse.Namespace, storing: bool = False) -> Curator
     )
 
 
+_MEMORY_SIZE = re.compile(r"^\s*\d+(\.\d+)?\s*(B|[KMGT]i?B)?\s*$", re.IGNORECASE)
+
+
+def _memory_size(text: str) -> str:
+    """``--worker-memory``: a size such as 2GiB, 1500MB or 4e9 bytes written as 4000000000."""
+    if not _MEMORY_SIZE.match(text):
+        raise ConfigError(f"--worker-memory must be a size such as 2GiB, 1500MB or 4000000000 (bytes), got {text!r}")
+    return text.strip()
+
+
 #: Why index sharing and PSI stay on the in-process engine (measured on this 2-core machine).
 ENGINE_REFUSALS = {
     "indices": "--sampling indices ships the packed index tuple through the leader (ceil(log2 n) bits a sampled "
@@ -399,7 +410,7 @@ def _engine_settings(
         "scheduler": scheduler,
         "scheduler_file": scheduler_file,
         "workers": None if workers is None else int(workers),
-        "worker_memory": str(getattr(args, "worker_memory", None) or "2GiB"),
+        "worker_memory": _memory_size(str(getattr(args, "worker_memory", None) or "2GiB")),
         "shard_bits": shard_bits,
     }
 

@@ -201,6 +201,7 @@ class ClusterLeader(LeaderState):
     spool: Path | None = None
     own_counts: list[int] = field(default_factory=list)  # common rows of each own shard
     row_files: dict[str, SpooledRows] = field(default_factory=dict)
+    streaming: set[str] = field(default_factory=set)  # followers whose tag stream is arriving now
     count: int = 0
 
     def attach(self, own: ShardedTable, spool_parent: Path | None) -> None:
@@ -220,27 +221,48 @@ class ClusterLeader(LeaderState):
         self.check_alignment(curator, alignment)
         if self.own is None:
             raise AgreementNotReadyError(f"the leader of {self.release_id!r} is still reading its own table; retry")
+        with self.cond:
+            if curator in self.streaming:
+                raise AgreementNotReadyError(f"{curator!r} is already sending its tags for {self.release_id!r}; retry")
+            self.streaming.add(curator)
+            spool = self.agreement is None  # once fixed, a resend is only compared (by digest), never stored
+        try:
+            digest, received = self._spool_stream(curator, pieces, spool)
+        finally:
+            with self.cond:
+                self.streaming.discard(curator)
+        self._record(curator, digest, alphabet_size)
+        return received
+
+    def _spool_stream(self, curator: str, pieces: Iterable[bytes], spool: bool) -> tuple[str, int]:
+        """The stream's digest and tag count; with ``spool``, each tag written to its shard's file."""
+        assert self.own is not None
         digest, received = hashlib.sha256(), 0
         files = self._shard_files(curator)
-        handles = [path.open("wb") for path in files]
+        handles = [path.open("wb") for path in files] if spool else []
         try:
             for piece in pieces:
                 digest.update(piece)
                 tags = tags_from_bytes(piece)
-                shard = st.shard_of(tags, self.own.shard_bits)
-                order = np.argsort(shard, kind="stable")
-                record = np.empty(tags.size, dtype=SPOOL_DTYPE)
-                record["tag"] = np.ascontiguousarray(tags, dtype=TAG_DTYPE).view("V16").reshape(-1)[order]
-                record["submitted"] = order + received
-                bounds = np.searchsorted(shard[order], np.arange(len(files) + 1))
-                for s in np.flatnonzero(np.diff(bounds)).tolist():
-                    handles[s].write(record[bounds[s] : bounds[s + 1]].tobytes())
+                if spool:
+                    self._write_piece(tags, received, handles)
                 received += int(tags.size)
         finally:
             for fh in handles:
                 fh.close()
-        self._record(curator, digest.hexdigest(), alphabet_size)
-        return received
+        return digest.hexdigest(), received
+
+    def _write_piece(self, tags: TagArray, first: int, handles: list[Any]) -> None:
+        """One piece of a stream into the shard files (each tag with its index in the stream)."""
+        assert self.own is not None
+        shard = st.shard_of(tags, self.own.shard_bits)
+        order = np.argsort(shard, kind="stable")
+        record = np.empty(tags.size, dtype=SPOOL_DTYPE)
+        record["tag"] = np.ascontiguousarray(tags, dtype=TAG_DTYPE).view("V16").reshape(-1)[order]
+        record["submitted"] = order + first
+        bounds = np.searchsorted(shard[order], np.arange(len(handles) + 1))
+        for s in np.flatnonzero(np.diff(bounds)).tolist():
+            handles[s].write(record[bounds[s] : bounds[s + 1]].tobytes())
 
     def _record(self, curator: str, digest: str, alphabet_size: int) -> None:
         with self.cond:

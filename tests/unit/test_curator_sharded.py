@@ -195,3 +195,33 @@ def test_progress_lines_read_as_a_bar_with_counts() -> None:
         "read     [#########-----------] 7/16 partitions read, checked and hashed, 3.2 s"
     )
     assert progress_note("shuffle", 4, 4, 1.0).startswith("shuffle  [####################] 4/4 shards sorted")
+
+
+def test_a_leader_on_a_cluster_compares_a_late_resend_and_never_spools_it(world: Path, tmp_path: Path) -> None:
+    from secure_release.curator.errors import AgreementFixedError, AgreementNotReadyError
+
+    engine = InlineEngine(2)
+    try:
+        tables = {
+            c: load_sharded(engine, str(split_parquet(world / f"{c}.csv", tmp_path / c, 2)),
+                            load_schema(world / f"{c}.json"), KEY, LOG)
+            for c in ("alice", "bob")
+        }  # fmt: skip
+        leader = _leader()
+        leader.attach(tables["alice"], tmp_path)
+        leader.add_tags("alice", np.zeros(0, dtype=TAG_DTYPE), tables["alice"].alphabet_size)
+        bob = [t.tobytes() for t in tables["bob"].tag_pieces()]
+        leader.streaming.add("bob")  # a stream of bob's is arriving: a second one waits its turn
+        with pytest.raises(AgreementNotReadyError, match="already sending"):
+            leader.add_tag_stream("bob", bob, 4, leader.alignment)
+        leader.streaming.clear()
+        leader.add_tag_stream("bob", bob, 4, leader.alignment)
+        leader.agree()
+        assert leader.add_tag_stream("bob", bob, 4, leader.alignment) == tables["bob"].num_rows  # same: a no-op
+        assert not list(leader.spool.glob("bob-*.tags"))  # compared by digest, not written again
+        with pytest.raises(AgreementFixedError):
+            leader.add_tag_stream("bob", bob[:-1], 4, leader.alignment)
+        assert not list(leader.spool.glob("bob-*.tags"))
+        leader.cleanup()
+    finally:
+        engine.close()
