@@ -83,23 +83,17 @@ def string_columns_with_missing(
     table: Any, names: Sequence[str], what: str = "table"
 ) -> dict[str, npt.NDArray[np.str_]]:
     """As :func:`string_columns`, but a null cell becomes "" (a missing value) instead of an error."""
-    kind = _kind(table)
-    present = column_names(table)
-    absent = [n for n in names if n not in present]
-    if absent:
-        raise TableInputError(f"{what}: missing column(s) {absent}; it has {present}")
-    out: dict[str, npt.NDArray[np.str_]] = {}
-    for name in names:
-        values, missing = _one_column(table, kind, name)
-        if missing:
-            values = np.where(_missing_mask(table, kind, name), "", values)
-        out[name] = values
-    return out
+    return _string_columns(table, names, what, keep_missing=True)
 
 
 def string_columns(table: Any, names: Sequence[str], what: str = "table") -> dict[str, npt.NDArray[np.str_]]:
     """One numpy string column per name; :class:`TableInputError` if a column is absent or has
     missing values (a missing value is not a category: recode it, e.g. as "unknown", first)."""
+    return _string_columns(table, names, what, keep_missing=False)
+
+
+def _string_columns(table: Any, names: Sequence[str], what: str, keep_missing: bool) -> dict[str, npt.NDArray[np.str_]]:
+    """The columns ``names`` as numpy strings; a null cell is "" (``keep_missing``) or refused."""
     kind = _kind(table)
     present = column_names(table)
     absent = [n for n in names if n not in present]
@@ -108,7 +102,9 @@ def string_columns(table: Any, names: Sequence[str], what: str = "table") -> dic
     out: dict[str, npt.NDArray[np.str_]] = {}
     for name in names:
         values, missing = _one_column(table, kind, name)
-        if missing:
+        if missing and keep_missing:
+            values = np.where(_missing_mask(table, kind, name), "", values)
+        elif missing:
             raise TableInputError(
                 f"{what}: column {name!r} has {missing} missing value(s); recode them as a category "
                 "of the public codebook (e.g. 'unknown') or drop those rows first"

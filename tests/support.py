@@ -139,3 +139,16 @@ def split_parquet(csv: Path, out: Path, files: int, groups: int = 2) -> Path:
         part = table.slice(int(bounds[i]), int(bounds[i + 1] - bounds[i]))
         pq.write_table(part, out / f"part-{i:03d}.parquet", row_group_size=max(1, part.num_rows // groups))
     return out
+
+
+def child_env(testing: bool = False) -> dict[str, str]:
+    """This environment for a child process that imports the project from the checkout
+    (``PYTHONPATH`` = the repository root); ``testing``: SECURE_RELEASE_TESTING=1 too (the
+    --insecure-test-* flags)."""
+    import os
+
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1]) + os.pathsep + env.get("PYTHONPATH", "")
+    if testing:
+        env["SECURE_RELEASE_TESTING"] = "1"
+    return env

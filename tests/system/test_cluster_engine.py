@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from support import split_parquet
+from support import child_env, split_parquet
 
 from secure_release.cluster import PARTIES, Cluster, get_estimate, launch_release, set_budgets, wait_exit
 from secure_release.demo_data import write_demo_data
@@ -33,10 +33,7 @@ DASK = str(Path(sys.executable).with_name("dask"))
 
 
 def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    env["SECURE_RELEASE_TESTING"] = "1"
-    return env
+    return child_env(testing=True)
 
 
 @pytest.fixture(scope="module")

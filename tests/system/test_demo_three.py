@@ -4,13 +4,13 @@ demo's output explains itself; docs/own-data.md shows exactly the root CLI's exa
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from support import child_env
 
 from secure_release.demo_data import write_demo_data
 from secure_release.examples import own_data_text
@@ -19,9 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    return env
+    return child_env(testing=False)
 
 
 @pytest.mark.slow

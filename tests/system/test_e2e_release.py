@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from support import child_env
 
 import secure_release.mechanism.protocol as protocol
 from secure_release.cluster import PARTIES, Cluster, get_estimate, launch_release
@@ -23,10 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    env["SECURE_RELEASE_TESTING"] = "1"
-    return env
+    return child_env(testing=True)
 
 
 @pytest.fixture()

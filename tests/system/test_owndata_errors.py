@@ -4,7 +4,6 @@ a follower that fails before the agreement makes the leader abort for every part
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -12,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from support import demo_world
+from support import child_env, demo_world
 
 from secure_release.cluster import Cluster, launch_release
 
@@ -20,9 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    return env
+    return child_env(testing=False)
 
 
 @pytest.fixture(scope="module")

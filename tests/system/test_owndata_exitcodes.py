@@ -6,7 +6,6 @@ agreement, so that release never reaches the server)."""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -15,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support import demo_world
+from support import child_env, demo_world
 
 from secure_release.cluster import Cluster, get_estimate, launch_release, set_budgets
 
@@ -24,9 +23,7 @@ FAST = ["--timeout", "30"]
 
 
 def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    return env
+    return child_env(testing=False)
 
 
 @pytest.fixture(scope="module")

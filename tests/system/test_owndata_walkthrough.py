@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support import child_env
 
 from secure_release.cluster import free_port
 
@@ -58,8 +59,7 @@ def make_tables(root: Path) -> None:
 
 
 def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env = child_env()
     env["PATH"] = str(BIN) + os.pathsep + env.get("PATH", "")
     return env
 
