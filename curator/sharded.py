@@ -31,6 +31,7 @@ from secure_release.curator.leader import LeaderState
 from secure_release.curator.table import BadRowsError, TableSpec
 from secure_release.infra.logs import EventLog, peak_rss_mib
 from secure_release.infra.streams import AgreementError, tags_from_bytes
+from secure_release.mechanism import sharding as sh
 from secure_release.mechanism.alignment import TAG_DTYPE, TagArray
 from secure_release.mechanism.keys import AlignmentKey, Seed
 from secure_release.mechanism.plan import plan_release
@@ -89,11 +90,11 @@ class ShardedTable:
             raise AgreementError(f"the leader's row order names a row outside this curator's {self.num_rows} rows")
         offsets = np.concatenate([[0], np.cumsum(self.sizes)]).astype(np.int64)
         bounds = np.searchsorted(rows, offsets)
-        dtype = st.symbol_dtype(self.alphabet_size)
+        dtype = sh.symbol_dtype(self.alphabet_size)
 
         def task(s: int) -> Any:
             local = (rows[bounds[s] : bounds[s + 1]] - offsets[s]).astype(np.uint32)
-            return self.engine.submit(st.gather_symbols, self.shards[s], local, dtype)
+            return self.engine.submit(sh.gather_symbols, self.shards[s], local, dtype)
 
         parts = list(in_order(self.engine, task, len(self.shards)))
         return np.concatenate(parts).astype(dtype, copy=False) if parts else np.zeros(0, dtype=dtype)
@@ -130,7 +131,7 @@ def load_sharded(
 
     partitions = discover(data, PARTITION_ROWS)
     known = sum(int(p.num_rows or 0) for p in partitions)
-    bits = st.shard_bits_for(known or len(partitions) << 20) if shard_bits is None else shard_bits
+    bits = sh.shard_bits_for(known or len(partitions) << 20) if shard_bits is None else shard_bits
     size = spec.schema.alphabet_size
     results = [engine.submit(st.hash_partition, i, p, spec, key.reveal(), bits, size) for i, p in enumerate(partitions)]
     summaries = engine.results([engine.submit(st.problems_of, r) for r in results], "read")
@@ -255,7 +256,7 @@ class ClusterLeader(LeaderState):
     def _write_piece(self, tags: TagArray, first: int, handles: list[Any]) -> None:
         """One piece of a stream into the shard files (each tag with its index in the stream)."""
         assert self.own is not None
-        shard = st.shard_of(tags, self.own.shard_bits)
+        shard = sh.shard_of(tags, self.own.shard_bits)
         order = np.argsort(shard, kind="stable")
         record = np.empty(tags.size, dtype=SPOOL_DTYPE)
         record["tag"] = np.ascontiguousarray(tags, dtype=TAG_DTYPE).view("V16").reshape(-1)[order]
@@ -327,7 +328,7 @@ class ClusterLeader(LeaderState):
                 rec = np.fromfile(path, dtype=SPOOL_DTYPE) if path.exists() else np.zeros(0, SPOOL_DTYPE)
                 path.unlink(missing_ok=True)  # shipped with the task
                 others.append((rec["tag"].view(TAG_DTYPE), rec["submitted"].astype(np.int64)))
-            return self.engine.submit(st.intersect_shard, own.shards[s], others)  # type: ignore[union-attr]
+            return self.engine.submit(sh.intersect_shard, own.shards[s], others)  # type: ignore[union-attr]
 
         try:
             for own_rows, follower_rows in in_order(self.engine, task, len(own.shards)):
@@ -353,12 +354,12 @@ class ClusterLeader(LeaderState):
         """The leader's symbols of the common ids in canonical order (gathered on the engine)."""
         assert self.own is not None and self.engine is not None and self.spool is not None
         own, engine = self.own, self.engine
-        dtype = st.symbol_dtype(own.alphabet_size)
+        dtype = sh.symbol_dtype(own.alphabet_size)
         starts = np.concatenate([[0], np.cumsum(self.own_counts)]).astype(np.int64)
         rows = SpooledRows(self.spool / "rows-own.u32", self.count)
 
         def task(s: int) -> Any:
-            return engine.submit(st.gather_symbols, own.shards[s], rows[int(starts[s]) : int(starts[s + 1])], dtype)
+            return engine.submit(sh.gather_symbols, own.shards[s], rows[int(starts[s]) : int(starts[s + 1])], dtype)
 
         parts = list(in_order(engine, task, len(own.shards)))
         return np.concatenate(parts).astype(dtype, copy=False) if parts else np.zeros(0, dtype=dtype)

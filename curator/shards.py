@@ -1,11 +1,10 @@
 """The curator's release stages over one partition or one tag shard (``--engine dask``).
 
-Tags are uniform 128-bit keyed hashes, so their top ``shard_bits`` bits split them into
-``2^shard_bits`` shards of about equal size with no coordination: shard ``s`` holds the tags
-whose top bits are ``s``. Ascending shard then ascending tag within a shard is ascending tag:
-the canonical row order (DESIGN 3.1), with no global sort. Every function here is pure (arrays
-in, arrays out; no engine, no I/O but the partition read), so the same function runs in-process
-or on a Dask worker, and the engine (:mod:`secure_release.curator.engine`) only schedules it.
+The array steps (shard of a tag, split, sort, intersection, gather) are
+:mod:`secure_release.mechanism.sharding`; this module adds the partition reads and the worker's
+memory hand-back around them. Every stage is a plain function of its arguments (no engine, no
+I/O but the partition read), so the same function runs in-process or on a Dask worker, and the
+engine (:mod:`secure_release.curator.engine`) only schedules it.
 
 The stages of one curator:
 
@@ -24,59 +23,23 @@ The stages of one curator:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
 from secure_release.infra.memory import release_free_memory
 from secure_release.mechanism.alignment import TAG_DTYPE, TagArray, id_tags
-from secure_release.mechanism.errors import SecureReleaseError
 from secure_release.mechanism.keys import AlignmentKey
-
-#: Tags a shard holds on average: 4 M (64 MiB of tags), so that the all-to-all step stays at
-#: partitions x shards small tasks (2,048 at 10^8 rows in 64 files) and a shard's sort fits a
-#: worker of 2 GiB many times over.
-SHARD_TAGS = 1 << 22
-#: At most 2^16 shards (10^11 rows at 10^6 a shard).
-MAX_SHARD_BITS = 16
-
-#: How a worker holds tags: (hi, lo) as native little-endian words, so sorting and matching read
-#: them with no byte swap; :func:`shard_tags` turns a shard back into the wire's big-endian tags.
-WORK_DTYPE = np.dtype([("hi", "<u8"), ("lo", "<u8")])
-
-U64 = npt.NDArray[np.uint64]
-I64 = npt.NDArray[np.int64]
-
-
-class ShardError(SecureReleaseError):
-    """A shard stage was given inconsistent input (a bug or a tampered stream, never bad rows)."""
-
-
-def shard_bits_for(num_rows: int, shard_tags: int = SHARD_TAGS) -> int:
-    """Bits of the shard number for ``num_rows`` tags: about ``shard_tags`` a shard."""
-    if num_rows <= shard_tags:
-        return 0
-    return min(MAX_SHARD_BITS, math.ceil(math.log2(num_rows / shard_tags)))
-
-
-def shard_of(tags: TagArray, shard_bits: int) -> npt.NDArray[np.intp]:
-    """The shard of each tag: its top ``shard_bits`` bits."""
-    hi = _tag_words(tags)[0]
-    if shard_bits == 0:
-        return np.zeros(hi.size, dtype=np.intp)
-    return (hi >> np.uint64(64 - shard_bits)).astype(np.intp)
-
-
-@dataclass(frozen=True)
-class Piece:
-    """One partition's rows of one shard (tags and symbols, in any order)."""
-
-    tags: TagArray
-    symbols: npt.NDArray[np.unsignedinteger]
+from secure_release.mechanism.sharding import (
+    WORK_DTYPE,
+    Piece,
+    Shard,
+    merge_pieces,
+    split_by_shard,
+    symbol_dtype,
+)
 
 
 @dataclass(frozen=True)
@@ -97,75 +60,9 @@ class PartitionResult:
     problems: tuple[RowProblem, ...] = ()
 
 
-def split_by_shard(tags: TagArray, shard_bits: int, symbols: npt.NDArray[np.unsignedinteger]) -> tuple[Piece, ...]:
-    """``(tags, symbols)`` split into ``2^shard_bits`` pieces by the tags' top bits (one stable
-    argsort of small ints)."""
-    shard = shard_of(tags, shard_bits)
-    order = np.argsort(shard, kind="stable")
-    bounds = np.searchsorted(shard[order], np.arange((1 << shard_bits) + 1))
-    # each piece owns its arrays (a copy, not a view of one array): a worker frees a piece as soon
-    # as its shard is merged, instead of holding the whole partition until every shard is
-    return tuple(
-        Piece(tags[order[lo:hi]], symbols[order[lo:hi]])
-        for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True)
-    )
-
-
 def piece_of(result: PartitionResult, shard: int) -> Piece:
     """Shard ``shard``'s piece of a partition (a tiny task that runs where the partition is)."""
     return result.pieces[shard]
-
-
-def _tag_words(tags: TagArray) -> tuple[U64, U64]:
-    """The high and low words of tags in either layout (views for :data:`WORK_DTYPE`)."""
-    if tags.dtype != WORK_DTYPE:
-        tags = tags.astype(WORK_DTYPE)
-    return tags["hi"], tags["lo"]
-
-
-@dataclass(frozen=True)
-class Shard:
-    """One shard of a curator's rows, ascending by tag; ``repeated``: every tag that occurs
-    more than once (repeated ids; empty for a valid table)."""
-
-    tags: TagArray
-    symbols: npt.NDArray[np.unsignedinteger]
-    repeated: TagArray
-
-    @property
-    def size(self) -> int:
-        return int(self.tags.size)
-
-
-def tag_order(hi: U64, lo: U64) -> I64:
-    """The order that sorts tags ascending by (hi, lo): one uint64 argsort of ``hi`` (SIMD, 5x
-    a lexsort), then the rare runs of equal ``hi`` (about n^2 / 2^65 of them) put in ``lo`` order."""
-    order = np.argsort(hi).astype(np.int64)
-    ranked = hi[order]
-    tied = np.flatnonzero(ranked[1:] == ranked[:-1])
-    if tied.size:
-        for start in np.unique(np.searchsorted(ranked, ranked[tied])).tolist():
-            stop = int(np.searchsorted(ranked, ranked[start], "right"))
-            run = order[start:stop]
-            order[start:stop] = run[np.lexsort((lo[run], hi[run]))]
-    return order
-
-
-def merge_shard(pieces: Sequence[Piece]) -> Shard:
-    """A shard from every partition's piece of it, sorted by tag (ascending (hi, lo) as
-    unsigned integers, as :func:`~secure_release.mechanism.alignment.common_tags` orders them)."""
-    tags = np.concatenate([p.tags for p in pieces]) if pieces else np.zeros(0, dtype=WORK_DTYPE)
-    symbols = np.concatenate([p.symbols for p in pieces]) if pieces else np.zeros(0, dtype=np.uint32)
-    if tags.dtype != WORK_DTYPE:
-        tags = tags.astype(WORK_DTYPE)
-    order = tag_order(tags["hi"], tags["lo"])
-    tags = tags[order]
-    hi, lo = tags["hi"], tags["lo"]
-    same = np.flatnonzero((hi[1:] == hi[:-1]) & (lo[1:] == lo[:-1]))
-    shard = Shard(tags, symbols[order], np.unique(tags[same]).astype(TAG_DTYPE))
-    del order
-    release_free_memory()
-    return shard
 
 
 def shard_summary(shard: Shard) -> tuple[int, TagArray]:
@@ -178,78 +75,12 @@ def shard_tags(shard: Shard) -> TagArray:
     return shard.tags.astype(TAG_DTYPE)
 
 
-def intersect_shard(own: Shard, others: Sequence[tuple[TagArray, I64]]) -> tuple[I64, list[I64]]:
-    """One shard's common tags: the leader's rows of them (indices into ``own``) and, for each
-    other curator, the ids it submitted them under (``others[j]`` = that curator's tags of this
-    shard and their submission indices), all in ascending tag order. A tag another curator sent
-    twice is refused (:class:`ShardError`): ids must be unique, and a follower checked its own."""
-    common_hi, common_lo = _tag_words(own.tags)
-    keep = np.ones(common_hi.size, dtype=bool)
-    matches: list[tuple[I64, I64]] = []
-    for tags, submitted in others:
-        hi, lo = _tag_words(tags)
-        sub = np.asarray(submitted, dtype=np.int64)
-        if not _ascending(hi, lo):  # a sharded follower sends its tags ascending already
-            order = tag_order(hi, lo)
-            hi, lo, sub = hi[order], lo[order], sub[order]
-        if hi.size > 1 and bool(np.any((hi[1:] == hi[:-1]) & (lo[1:] == lo[:-1]))):
-            raise ShardError("a curator sent the same tag twice; ids must be unique")
-        own_at, their_at = _sorted_intersection(common_hi, common_lo, hi, lo)
-        hit = np.zeros(common_hi.size, dtype=bool)
-        hit[own_at] = True
-        keep &= hit
-        matches.append((own_at, sub[their_at]))
-    own_rows = np.flatnonzero(keep).astype(np.int64)
-    other_rows: list[I64] = []
-    for own_at, their_sub in matches:
-        at_of_own = np.full(common_hi.size, -1, dtype=np.int64)
-        at_of_own[own_at] = their_sub
-        other_rows.append(at_of_own[own_rows])
-    return own_rows, other_rows
-
-
-def _ascending(hi: U64, lo: U64) -> bool:
-    """Whether (hi, lo) pairs are strictly ascending."""
-    if hi.size < 2:
-        return True
-    step_hi = hi[1:] >= hi[:-1]
-    if not bool(np.all(step_hi)):
-        return False
-    tied = np.flatnonzero(hi[1:] == hi[:-1])
-    return bool(np.all(lo[tied + 1] > lo[tied]))
-
-
-def _sorted_intersection(a_hi: U64, a_lo: U64, b_hi: U64, b_lo: U64) -> tuple[I64, I64]:
-    """Positions in two ascending, repeat-free (hi, lo) lists of the pairs both hold: one
-    searchsorted of the (sorted, so cache-friendly) ``b_hi`` in ``a_hi``; if ``a_hi`` has equal
-    neighbours (rare), the exact search on both words."""
-    if a_hi.size > 1 and bool(np.any(a_hi[1:] == a_hi[:-1])):
-        a = np.empty(a_hi.size, dtype=[("hi", "<u8"), ("lo", "<u8")])
-        a["hi"], a["lo"] = a_hi, a_lo
-        b = np.empty(b_hi.size, dtype=a.dtype)
-        b["hi"], b["lo"] = b_hi, b_lo
-        at = np.searchsorted(a, b)  # structured compare: hi first, then lo
-    else:
-        at = np.searchsorted(a_hi, b_hi)
-    inside = at < a_hi.size
-    found = np.zeros(b_hi.size, dtype=bool)
-    found[inside] = (a_hi[at[inside]] == b_hi[inside]) & (a_lo[at[inside]] == b_lo[inside])
-    return at[found].astype(np.int64), np.flatnonzero(found).astype(np.int64)
-
-
-def gather_symbols(shard: Shard, rows: I64, dtype: str = "uint32") -> npt.NDArray[np.unsignedinteger]:
-    """A shard's symbols at ``rows`` (its common rows in canonical order), as ``dtype``."""
-    if rows.size and (int(rows.min()) < 0 or int(rows.max()) >= shard.size):
-        raise ShardError(f"a row order names a row outside this shard's {shard.size} rows")
-    return shard.symbols[rows].astype(dtype)
-
-
-def symbol_dtype(alphabet_size: int) -> str:
-    """The narrowest unsigned type holding symbols below ``alphabet_size``."""
-    for name, top in (("uint8", 1 << 8), ("uint16", 1 << 16)):
-        if alphabet_size <= top:
-            return name
-    return "uint32"
+def merge_shard(pieces: Sequence[Piece]) -> Shard:
+    """Stage 2: :func:`~secure_release.mechanism.sharding.merge_pieces`, then the worker hands the
+    freed pages back (its memory limit counts them)."""
+    shard = merge_pieces(pieces)
+    release_free_memory()
+    return shard
 
 
 def hash_partition(

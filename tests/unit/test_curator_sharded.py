@@ -21,6 +21,7 @@ from secure_release.curator.table import BadRowsError, load_schema, read_table
 from secure_release.demo_data import write_demo_data
 from secure_release.infra.logs import EventLog
 from secure_release.infra.streams import TagStream, tag_chunks
+from secure_release.mechanism import sharding as sh
 from secure_release.mechanism.alignment import TAG_DTYPE, align_all, id_tags
 from secure_release.mechanism.keys import AlignmentKey, Seed
 from secure_release.mechanism.pads import CipherMode
@@ -38,14 +39,14 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_shard_bits_give_at_most_four_million_tags_a_shard() -> None:
-    assert st.shard_bits_for(1) == 0 and st.shard_bits_for(1 << 22) == 0
-    assert st.shard_bits_for((1 << 22) + 1) == 1
-    assert st.shard_bits_for(10**8) == 5 and st.shard_bits_for(10**9) == 8  # 3.0 M and 3.7 M a shard
+    assert sh.shard_bits_for(1) == 0 and sh.shard_bits_for(1 << 22) == 0
+    assert sh.shard_bits_for((1 << 22) + 1) == 1
+    assert sh.shard_bits_for(10**8) == 5 and sh.shard_bits_for(10**9) == 8  # 3.0 M and 3.7 M a shard
 
 
 def test_merge_sorts_a_shard_ascending_and_names_repeated_tags() -> None:
     tags = id_tags(np.array([f"id{i}" for i in range(3000)]), KEY)
-    pieces = st.split_by_shard(tags, 3, np.arange(3000, dtype=np.uint32))
+    pieces = sh.split_by_shard(tags, 3, np.arange(3000, dtype=np.uint32))
     assert sum(p.tags.size for p in pieces) == 3000
     merged = [st.merge_shard([p]) for p in pieces]
     joined = np.concatenate([m.tags for m in merged])
@@ -65,13 +66,13 @@ def test_intersection_by_shard_gives_the_rows_align_all_gives(shard_bits: int) -
     own_tags, other_tags = id_tags(own_ids, KEY), id_tags(other_ids, KEY)
     common, (own_align, other_align) = align_all([own_tags, other_tags])
     own_shards = [
-        st.merge_shard([p]) for p in st.split_by_shard(own_tags, shard_bits, np.arange(3000, dtype=np.uint32))
+        st.merge_shard([p]) for p in sh.split_by_shard(own_tags, shard_bits, np.arange(3000, dtype=np.uint32))
     ]
-    shard = st.shard_of(other_tags, shard_bits)
+    shard = sh.shard_of(other_tags, shard_bits)
     got_own, got_other = [], []
     for s, own in enumerate(own_shards):
         mine = np.flatnonzero(shard == s)
-        own_rows, (other_rows,) = st.intersect_shard(own, [(other_tags[mine], mine)])
+        own_rows, (other_rows,) = sh.intersect_shard(own, [(other_tags[mine], mine)])
         got_own.append(own.symbols[own_rows])  # symbols = original row numbers here
         got_other.append(other_rows)
     assert np.array_equal(np.concatenate(got_own), own_align.row_order)
@@ -81,9 +82,9 @@ def test_intersection_by_shard_gives_the_rows_align_all_gives(shard_bits: int) -
 
 def test_a_tag_sent_twice_is_refused_at_the_intersection() -> None:
     tags = id_tags(np.array(["a", "b"]), KEY)
-    own = st.merge_shard(st.split_by_shard(tags, 0, np.zeros(2, dtype=np.uint32)))
-    with pytest.raises(st.ShardError, match="twice"):
-        st.intersect_shard(own, [(np.concatenate([tags, tags[:1]]), np.arange(3))])
+    own = st.merge_shard(sh.split_by_shard(tags, 0, np.zeros(2, dtype=np.uint32)))
+    with pytest.raises(sh.ShardError, match="twice"):
+        sh.intersect_shard(own, [(np.concatenate([tags, tags[:1]]), np.arange(3))])
 
 
 def _leader(curators: tuple[str, ...] = ("alice", "bob")) -> ClusterLeader:
@@ -179,11 +180,11 @@ def test_tags_whose_high_words_tie_are_ordered_and_matched_by_their_low_words() 
     tags = np.zeros(2000, dtype=TAG_DTYPE)
     tags["hi"] = rng.integers(0, 40, 2000).astype(np.uint64) << np.uint64(58)  # many equal high words
     tags["lo"] = rng.permutation(2000).astype(np.uint64)
-    shard = st.merge_shard(st.split_by_shard(tags, 0, np.arange(2000, dtype=np.uint32)))
+    shard = st.merge_shard(sh.split_by_shard(tags, 0, np.arange(2000, dtype=np.uint32)))
     pairs = [(int(h), int(lo)) for h, lo in zip(shard.tags["hi"], shard.tags["lo"], strict=True)]
     assert pairs == sorted(pairs) and shard.repeated.size == 0
     pick = rng.permutation(2000)[:700]
-    own_rows, (their_rows,) = st.intersect_shard(shard, [(tags[pick], np.arange(700))])
+    own_rows, (their_rows,) = sh.intersect_shard(shard, [(tags[pick], np.arange(700))])
     assert own_rows.size == 700
     assert np.array_equal(shard.tags[own_rows], tags[pick][their_rows])
 
