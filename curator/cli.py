@@ -79,6 +79,11 @@ leader comes first in --curators; see docs/own-data.md for the server and resear
       --server 127.0.0.1:7000 --certs certs/bob --name bob --curators alice,bob \\
       --leader-address 127.0.0.1:7101 --listen 127.0.0.1:7102 --alignment-key-file align.key \\
       --grant researcher --keystore ks-bob
+
+A table past one machine's memory (pip install 'secure-release[cluster]'; docs/own-data.md):
+add to the same command a directory of Parquet files and the cluster engine, e.g.
+  --data people/ --engine dask --workers 4 --worker-memory 4GiB       (an embedded cluster)
+  --data people/ --engine dask --scheduler-file scheduler.json        (your running cluster)
 """
 
 SERVER_SAMPLED_EPILOG = """
@@ -92,7 +97,7 @@ columns encrypted under table keys ('store-table'), each release needs only the 
      and uploads its re-key column delta = (w - v_p) mod k for a fresh per-release pad w;
   3. the server adds it to the stored rows, applies PRAM once and erases re-key columns and
      positions; the researcher fetches and asks for keys exactly as for any release.
-Only the rekeyed key path runs here; """ + POSITIONS_PATH_REFUSAL + """.
+Why only the rekeyed key path: """ + POSITIONS_PATH_REFUSAL + """.
 
 Example (after 'store-table --table-id adult'):
   secure-release-curator budget set --keystore ks-alice --table-id adult --epsilon 2.0 --certs certs/alice --name alice
