@@ -395,6 +395,11 @@ def _engine_settings(
             raise ConfigError(f"--engine dask refuses {ENGINE_REFUSALS['psi']}")
         if server_sampled:
             raise ConfigError("--sampling server reads no table: the server samples; run it without --engine dask")
+        if getattr(args, "query", None):
+            raise ConfigError(
+                "--query reads a DuckDB database in this process; --engine dask reads files on its workers: export "
+                "the query's result to Parquet (DuckDB: COPY (SELECT ...) TO 'people.parquet') and pass that as --data"
+            )
     workers = getattr(args, "workers", None)
     if workers is not None and not 1 <= int(workers) <= 256:
         raise ConfigError(f"--workers must be an integer from 1 to 256, got {workers}")

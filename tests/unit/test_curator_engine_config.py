@@ -51,6 +51,7 @@ def test_the_default_engine_is_local_and_dask_takes_its_cluster_flags(base: list
         (["--engine", "dask", "--shards", "48"], "power of two"),
         (["--engine", "dask", "--workers", "0"], "from 1 to 256"),
         (["--engine", "dask", "--worker-memory", "lots"], "size such as 2GiB"),
+        (["--engine", "dask", "--query", "SELECT 1"], "export the query's result to Parquet"),
     ],
 )
 def test_what_the_cluster_engine_refuses_says_why(base: list[str], extra: list[str], message: str) -> None:
