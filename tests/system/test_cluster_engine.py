@@ -234,3 +234,25 @@ def test_a_release_on_the_curators_own_cluster_survives_a_killed_worker(
     assert got["n"] == local["n"] and got["digests"] == local["digests"]
     assert got["perturbed"] == local["perturbed"] and got["report"] == local["report"]
     assert f"the curator's cluster at {dask.address} (2 workers)" in got["logs"]["alice"]
+
+
+def test_an_embedded_cluster_takes_no_work_from_a_client_without_its_certificate(tmp_path: Path) -> None:
+    """The embedded cluster listens on 127.0.0.1 over TLS with throw-away certificates: another
+    local process (plaintext, or TLS with a certificate of its own) cannot submit tasks."""
+    from distributed import Client
+    from distributed.security import Security
+
+    from secure_release.curator.engine import DaskEngine, open_engine
+
+    engine = open_engine("dask", workers=1, worker_memory="1GiB", spill_dir=str(tmp_path))
+    try:
+        assert isinstance(engine, DaskEngine)
+        address = engine.client.scheduler.address
+        assert address.startswith("tls://127.0.0.1:")
+        assert engine.result(engine.submit(sum, [1, 2])) == 3  # the curator's own client works
+        for security in (None, Security.temporary()):  # no certificate / a certificate of another CA
+            with pytest.raises((OSError, TimeoutError)):
+                Client(address.replace("tls://", "tcp://") if security is None else address, security=security,
+                       timeout="3s")  # fmt: skip
+    finally:
+        engine.close()
