@@ -33,6 +33,7 @@ import argparse
 import json
 import os
 import secrets
+import shutil
 import sys
 import threading
 import time
@@ -54,26 +55,41 @@ STAGES = ("engine_started", "partitions_read", "shards_sorted", "tags_submitted"
 
 
 class Poller(threading.Thread):
-    """Per-process VmHWM of every role and its descendants (Dask workers and nannies)."""
+    """Per-process VmHWM and CPU time of every role and its descendants (Dask workers and
+    nannies)."""
 
     def __init__(self, cluster: Cluster) -> None:
         super().__init__(daemon=True)
         self.cluster, self.stop = cluster, threading.Event()
         self.peak: dict[str, float] = {}
+        self.cpu: dict[str, float] = {}
 
     def sample(self) -> None:
         for role, proc in list(self.cluster.procs.items()):
-            pids = [proc.pid, *descendants(proc.pid)]
+            pids = descendants(proc.pid)  # the role first, then its children
             for i, pid in enumerate(pids):
                 hwm = vm_hwm_mib(pid)
                 if hwm is None:
                     continue
                 name = role if i == 0 else f"{role}/{_cmd(pid)}-{pid}"
                 self.peak[name] = max(self.peak.get(name, 0.0), hwm)
+                self.cpu[name] = max(self.cpu.get(name, 0.0), cpu_seconds(pid))
 
     def run(self) -> None:
         while not self.stop.wait(0.05):
             self.sample()
+
+
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a live process has used (/proc/PID/stat), 0 if it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / TICKS
 
 
 def _cmd(pid: int) -> str:
@@ -131,6 +147,11 @@ def run_release(root: Path, data: Path, certs: Path, akey: Path, m: int, engine:
     finally:
         poller.stop.set()
         cluster.close()
+    if os.environ.get("BENCH_KEEP_LOGS"):  # for a closer look at one run
+        keep = Path(os.environ["BENCH_KEEP_LOGS"]) / tag
+        keep.mkdir(parents=True, exist_ok=True)
+        for log in work.glob("*.log"):
+            shutil.copy(log, keep / log.name)
     return {
         "engine": engine,
         "seconds": round(wall, 2),
@@ -138,6 +159,7 @@ def run_release(root: Path, data: Path, certs: Path, akey: Path, m: int, engine:
         "m": resp.privacy.m,
         "stages": {c: stage_times(work / f"{c}.log") for c in ("alice", "bob")},
         "peak_rss_mib": {k: round(v, 1) for k, v in sorted(poller.peak.items())},
+        "cpu_seconds": {k: round(v, 2) for k, v in sorted(poller.cpu.items())},
     }
 
 

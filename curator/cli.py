@@ -268,8 +268,8 @@ def add_run_arguments(p: argparse.ArgumentParser, storing: bool) -> None:
         type=int,
         default=None,
         help="leader: most ids (tags or PSI points) a curator may send; the leader holds 16 bytes a tag "
-        "(default 2^24 = 16.8 M ids, 256 MiB); with --engine dask it spools 24 bytes a tag to disk "
-        "(default there 2^30 = 1.07 G ids, 24 GiB of spool at most)",
+        "(default 2^24 = 16.8 M ids, 256 MiB); with --engine dask it spools 20 bytes a tag to disk "
+        "(default there 2^30 = 1.07 G ids, 20 GiB of spool at most)",
     )
     n = p.add_argument_group("network")
     n.add_argument("--server", help="HOST:PORT of the release server")

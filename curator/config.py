@@ -59,6 +59,7 @@ POSITIONS_PATH_REFUSAL = (
     "in the researcher's hands would take away each curator's power to refuse a later release"
 )
 
+
 @dataclass(frozen=True)
 class CuratorConfig:
     """Everything one curator run needs; secrets are held as redacting key types."""
@@ -232,7 +233,7 @@ def _role_settings(args: argparse.Namespace, name: str) -> tuple[bool, str | Non
 
 
 #: ``--max-rows`` by default: what an in-process leader holds (16 bytes a tag in memory), and
-#: what a leader on a cluster spools (24 bytes a tag on disk; row orders go out as uint32).
+#: what a leader on a cluster spools (20 bytes a tag on disk; row orders go out as uint32).
 DEFAULT_MAX_ROWS = {"local": 1 << 24, "dask": 1 << 30}
 
 

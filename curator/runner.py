@@ -34,14 +34,16 @@ import numpy as np
 import numpy.typing as npt
 
 from secure_release.curator.agreement import TagSource, agree, leader_state, own_alignment, report_failure_to_leader
+from secure_release.curator.cluster_leader import ClusterLeader
 from secure_release.curator.config import CuratorConfig
+from secure_release.curator.engine import Engine
 from secure_release.curator.errors import ReleaseAbortedError, ReleaseRefusedError, SpecRefusedError
 from secure_release.curator.keystore import Keystore, ReleaseRecord
 from secure_release.curator.leader import LeaderState
 from secure_release.curator.ledgersign import HeadSigner
 from secure_release.curator.partitions import dataset_fingerprint
 from secure_release.curator.service import SERVICE_NAME, CuratorService
-from secure_release.curator.sharded import ClusterLeader, ShardedTable
+from secure_release.curator.sharded import ShardedTable
 from secure_release.curator.table import EncodedTable, TableSpec, load_schema, raise_repeats, read_table
 from secure_release.curator.upload import ServerLink
 from secure_release.curator.witness import BudgetWitness
@@ -675,15 +677,25 @@ def open_run(
 def open_cluster_run(
     config: CuratorConfig, log: EventLog, stop: threading.Event, spec: TableSpec, state: LeaderState | None
 ) -> OpenedRun:
-    """:func:`open_run` on a cluster: fingerprint, record or ledger check first (a resume needs
-    no cluster: its sample is in the record), then the engine reads, hashes and shards the table
-    (:func:`shard_table`)."""
-    fingerprint = dataset_fingerprint(config.data)
+    """:func:`open_run` on a cluster: the engine starts (worker processes, imports) while the
+    data is fingerprinted, the stored record or the ledger checked and the server reached; then
+    it reads, hashes and shards the table (:func:`shard_table`). A resume needs no cluster (its
+    sample is in the record): none is started."""
     keystore = open_keystore(config)
-    record = resumable_record(config, keystore, fingerprint)
-    link, witness = open_link(config, log, stop, keystore)
-    refusal = ledger_refusal(config, keystore, witness, record, log)
-    sharded = shard_table(config, log, spec, state) if record is None else None
+    resuming = keystore.load_record(config.release_id) is not None
+    with ThreadPoolExecutor(1, thread_name_prefix="engine") as pool:
+        starting = None if resuming else pool.submit(start_engine, config, log)
+        try:
+            fingerprint = dataset_fingerprint(config.data)
+            record = resumable_record(config, keystore, fingerprint)
+            link, witness = open_link(config, log, stop, keystore)
+            refusal = ledger_refusal(config, keystore, witness, record, log)
+        except BaseException:
+            if starting is not None and starting.exception() is None:
+                starting.result().close()
+            raise
+    engine = starting.result() if starting is not None else None
+    sharded = shard_table(config, log, spec, state, engine) if engine is not None else None
     own = OwnData(None, np.zeros(0, dtype=TAG_DTYPE), fingerprint, None, sharded)
     return OpenedRun(own, keystore, link, witness, record, refusal)
 
@@ -735,16 +747,25 @@ def own_data(config: CuratorConfig, table: CuratorTable, fingerprint: str) -> Ow
     return OwnData(table, sorted_tags.tags, fingerprint, sorted_tags)
 
 
-def shard_table(config: CuratorConfig, log: EventLog, spec: TableSpec, state: LeaderState | None) -> ShardedTable:
-    """The table read, hashed and sharded by the curator's engine (closed again if that fails);
-    a cluster leader spools its followers' tags in the keystore directory."""
+def start_engine(config: CuratorConfig, log: EventLog) -> Engine:
+    """The engine ``--engine`` names, its workers warmed up (the stage modules imported)."""
     from secure_release.curator.engine import open_engine
+
+    return open_engine(config.engine, scheduler=config.scheduler, scheduler_file=config.scheduler_file,
+                       workers=config.workers, worker_memory=config.worker_memory, log=log,
+                       spill_dir=spill_dir(config))  # fmt: skip
+
+
+def shard_table(
+    config: CuratorConfig, log: EventLog, spec: TableSpec, state: LeaderState | None, engine: Engine | None = None
+) -> ShardedTable:
+    """The table read, hashed and sharded by the curator's engine (started here unless given;
+    closed again if that fails); a cluster leader spools its followers' tags in the keystore
+    directory."""
     from secure_release.curator.sharded import load_sharded
 
     assert config.alignment_key is not None
-    engine = open_engine(config.engine, scheduler=config.scheduler, scheduler_file=config.scheduler_file,
-                         workers=config.workers, worker_memory=config.worker_memory, log=log,
-                         spill_dir=spill_dir(config))  # fmt: skip
+    engine = engine if engine is not None else start_engine(config, log)
     try:
         sharded = load_sharded(engine, str(config.data), spec, config.alignment_key, log, config.shard_bits)
     except BaseException:

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from secure_release.infra.memory import release_free_memory
 from secure_release.mechanism.alignment import TAG_DTYPE, TagArray, id_tags
@@ -36,6 +37,8 @@ from secure_release.mechanism.sharding import (
     WORK_DTYPE,
     Piece,
     Shard,
+    gather_symbols,
+    intersect_shard,
     merge_pieces,
     split_by_shard,
     symbol_dtype,
@@ -81,6 +84,33 @@ def merge_shard(pieces: Sequence[Piece]) -> Shard:
     shard = merge_pieces(pieces)
     release_free_memory()
     return shard
+
+
+@dataclass(frozen=True)
+class Match:
+    """One shard matched, as a worker keeps it: the leader's symbols of the common tags and
+    each follower's stream indices of them (uint32), both in canonical order."""
+
+    own_symbols: npt.NDArray[np.unsignedinteger]
+    follower_rows: tuple[npt.NDArray[np.uint32], ...]
+
+
+def match_shard(own: Shard, others: Sequence[tuple[TagArray, npt.NDArray[np.integer]]], dtype: str) -> Match:
+    """Stage 3 at the leader: :func:`~secure_release.mechanism.sharding.intersect_shard` of its
+    shard with every follower's part of it, then its own symbols gathered at once (the rows
+    never leave the worker)."""
+    own_rows, follower_rows = intersect_shard(own, [(tags, np.asarray(sub, dtype=np.int64)) for tags, sub in others])
+    return Match(gather_symbols(own, own_rows, dtype), tuple(r.astype(np.uint32) for r in follower_rows))
+
+
+def match_rows(match: Match) -> tuple[int, tuple[npt.NDArray[np.uint32], ...]]:
+    """What the leader's process takes of a match: its common-row count and the followers' rows."""
+    return int(match.own_symbols.size), match.follower_rows
+
+
+def match_symbols(match: Match) -> npt.NDArray[np.unsignedinteger]:
+    """The leader's symbols of a shard's common tags (gathered once the release is prepared)."""
+    return match.own_symbols
 
 
 def hash_partition(

@@ -35,6 +35,7 @@ import grpc
 import numpy as np
 
 from secure_release.curator.agreement import agree, leader_state, own_alignment
+from secure_release.curator.cluster_leader import ClusterLeader
 from secure_release.curator.config import CuratorConfig
 from secure_release.curator.errors import UploadRefusedError
 from secure_release.curator.keystore import Keystore, KeystoreError, ReleaseRecord, TableChangedError, TableRecord
@@ -53,7 +54,6 @@ from secure_release.curator.runner import (
     stop_on_sigterm,
 )
 from secure_release.curator.service import CuratorService
-from secure_release.curator.sharded import ClusterLeader
 from secure_release.curator.table import TableSpec
 from secure_release.curator.upload import (
     STATUS_CALL_S,

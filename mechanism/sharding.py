@@ -48,7 +48,7 @@ def shard_bits_for(num_rows: int, shard_tags: int = SHARD_TAGS) -> int:
 
 def shard_of(tags: TagArray, shard_bits: int) -> npt.NDArray[np.intp]:
     """The shard of each tag: its top ``shard_bits`` bits."""
-    hi = _tag_words(tags)[0]
+    hi = tag_words(tags)[0]
     if shard_bits == 0:
         return np.zeros(hi.size, dtype=np.intp)
     return (hi >> np.uint64(64 - shard_bits)).astype(np.intp)
@@ -63,20 +63,22 @@ class Piece:
 
 
 def split_by_shard(tags: TagArray, shard_bits: int, symbols: npt.NDArray[np.unsignedinteger]) -> tuple[Piece, ...]:
-    """``(tags, symbols)`` split into ``2^shard_bits`` pieces by the tags' top bits (one stable
-    argsort of small ints)."""
-    shard = shard_of(tags, shard_bits)
-    order = np.argsort(shard, kind="stable")
-    bounds = np.searchsorted(shard[order], np.arange((1 << shard_bits) + 1))
+    """``(tags, symbols)`` split into ``2^shard_bits`` pieces by the tags' top bits, each piece
+    ascending by tag (one :func:`tag_order` sort: the shards are then runs of it, and a shard's
+    merge sorts runs that are sorted already)."""
+    hi, lo = tag_words(tags)
+    order = tag_order(hi, lo)
+    tags, symbols = tags[order], symbols[order]
+    bounds = np.searchsorted(shard_of(tags, shard_bits), np.arange((1 << shard_bits) + 1))
     # each piece owns its arrays (a copy, not a view of one array): a worker frees a piece as soon
     # as its shard is merged, instead of holding the whole partition until every shard is
     return tuple(
-        Piece(tags[order[lo:hi]], symbols[order[lo:hi]])
-        for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True)
+        Piece(tags[start:stop].copy(), symbols[start:stop].copy())
+        for start, stop in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True)
     )
 
 
-def _tag_words(tags: TagArray) -> tuple[U64, U64]:
+def tag_words(tags: TagArray) -> tuple[U64, U64]:
     """The high and low words of tags in either layout (views for :data:`WORK_DTYPE`)."""
     if tags.dtype != WORK_DTYPE:
         tags = tags.astype(WORK_DTYPE)
@@ -98,16 +100,31 @@ class Shard:
 
 
 def tag_order(hi: U64, lo: U64) -> I64:
-    """The order that sorts tags ascending by (hi, lo): one uint64 argsort of ``hi`` (SIMD, 5x
-    a lexsort), then the rare runs of equal ``hi`` (about n^2 / 2^65 of them) put in ``lo`` order."""
-    order = np.argsort(hi).astype(np.int64)
-    ranked = hi[order]
-    tied = np.flatnonzero(ranked[1:] == ranked[:-1])
-    if tied.size:
-        for start in np.unique(np.searchsorted(ranked, ranked[tied])).tolist():
-            stop = int(np.searchsorted(ranked, ranked[start], "right"))
-            run = order[start:stop]
-            order[start:stop] = run[np.lexsort((lo[run], hi[run]))]
+    """The order that sorts tags ascending by (hi, lo), the way ``alignment.sort_tags`` sorts a
+    whole table: one int64 sort of packs (the bits of ``hi`` below the prefix all of them share,
+    then the row number in the low bits; 10x numpy's uint64 argsort, which has no SIMD kernel),
+    then the rare runs of equal packed prefix (about n^2 / 2^(65 - row bits + shared bits) of
+    them) put in exact (hi, lo) order."""
+    size = int(hi.size)
+    if size < 2:
+        return np.arange(size, dtype=np.int64)
+    shared = 64 - (int(hi.min()) ^ int(hi.max())).bit_length()  # a shard's top bits are all equal
+    row_bits = max(1, (size - 1).bit_length())
+    if shared == 64 or row_bits > 40:  # every hi equal, or too many rows for a useful prefix
+        return np.lexsort((lo, hi)).astype(np.int64)
+    packs = hi << np.uint64(shared)
+    packs &= ~np.uint64((1 << row_bits) - 1)
+    packs |= np.arange(size, dtype=np.uint64)
+    packs ^= np.uint64(1 << 63)  # int64 order = unsigned order; int64 sorts use the SIMD kernels
+    signed = packs.view(np.int64)
+    signed.sort()
+    order = signed & np.int64((1 << row_bits) - 1)
+    prefix = signed >> np.int64(row_bits)
+    tied = np.flatnonzero(prefix[1:] == prefix[:-1])
+    for value in np.unique(prefix[tied]).tolist():  # about n^2 / 2^(65 - row bits + shared) runs
+        start, stop = np.searchsorted(prefix, [value, value + 1]).tolist()
+        run = order[start:stop]
+        order[start:stop] = run[np.lexsort((lo[run], hi[run]))]
     return order
 
 
@@ -130,13 +147,13 @@ def intersect_shard(own: Shard, others: Sequence[tuple[TagArray, I64]]) -> tuple
     other curator, the ids it submitted them under (``others[j]`` = that curator's tags of this
     shard and their submission indices), all in ascending tag order. A tag another curator sent
     twice is refused (:class:`ShardError`): ids must be unique, and a follower checked its own."""
-    common_hi, common_lo = _tag_words(own.tags)
+    common_hi, common_lo = tag_words(own.tags)
     keep = np.ones(common_hi.size, dtype=bool)
     matches: list[tuple[I64, I64]] = []
     for tags, submitted in others:
-        hi, lo = _tag_words(tags)
+        hi, lo = tag_words(tags)
         sub = np.asarray(submitted, dtype=np.int64)
-        if not _ascending(hi, lo):  # a sharded follower sends its tags ascending already
+        if not ascending(hi, lo):  # a sharded follower sends its tags ascending already
             order = tag_order(hi, lo)
             hi, lo, sub = hi[order], lo[order], sub[order]
         if hi.size > 1 and bool(np.any((hi[1:] == hi[:-1]) & (lo[1:] == lo[:-1]))):
@@ -155,7 +172,7 @@ def intersect_shard(own: Shard, others: Sequence[tuple[TagArray, I64]]) -> tuple
     return own_rows, other_rows
 
 
-def _ascending(hi: U64, lo: U64) -> bool:
+def ascending(hi: U64, lo: U64) -> bool:
     """Whether (hi, lo) pairs are strictly ascending."""
     if hi.size < 2:
         return True

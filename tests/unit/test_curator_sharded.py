@@ -14,9 +14,10 @@ import pytest
 from support import split_parquet
 
 from secure_release.curator import shards as st
+from secure_release.curator.cluster_leader import ClusterLeader
 from secure_release.curator.engine import InlineEngine
 from secure_release.curator.leader import LeaderState
-from secure_release.curator.sharded import ClusterLeader, load_sharded
+from secure_release.curator.sharded import load_sharded
 from secure_release.curator.table import BadRowsError, load_schema, read_table
 from secure_release.demo_data import write_demo_data
 from secure_release.infra.logs import EventLog
@@ -223,6 +224,77 @@ def test_a_leader_on_a_cluster_compares_a_late_resend_and_never_spools_it(world:
         with pytest.raises(AgreementFixedError):
             leader.add_tag_stream("bob", bob[:-1], 4, leader.alignment)
         assert not list(leader.spool.glob("bob-*.tags"))
+        leader.cleanup()
+    finally:
+        engine.close()
+
+
+def test_tag_order_is_exact_when_packed_prefixes_tie_below_shared_top_bits() -> None:
+    """The packed sort keeps the bits of hi below the prefix all tags share; tags that agree
+    there but differ in the bits the row number replaced are put in exact (hi, lo) order."""
+    rng = np.random.default_rng(5)
+    size = 4096  # 12 row bits
+    hi = (np.uint64(0b101) << np.uint64(61)) | (rng.integers(0, 8, size).astype(np.uint64) << np.uint64(20))
+    hi |= rng.integers(0, 1 << 20, size).astype(np.uint64)  # bits 0-11 differ inside tied prefixes
+    hi[:50] = hi[50:100]  # and some high words are equal outright
+    lo = rng.integers(0, 1 << 63, size).astype(np.uint64)
+    order = sh.tag_order(hi, lo)
+    assert np.array_equal(order, np.lexsort((lo, hi)))
+
+
+def _bob_pieces(tables: dict[str, object]) -> list[bytes]:
+    return [t.tobytes() for t in tables["bob"].tag_pieces()]  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("arrival", ["reversed", "resent"])
+def test_the_leader_matches_a_stream_out_of_order_or_sent_twice_like_an_ascending_one(
+    world: Path, tmp_path: Path, arrival: str
+) -> None:
+    """Shards are matched while an ascending stream arrives; a stream that is not ascending
+    (shards in reverse order) is matched once it has ended, and a second stream before the
+    agreement (here after a first one cut short) starts the matching over: the agreement and
+    every row order are those of one ascending stream."""
+    engine = InlineEngine(2)
+    try:
+        tables = {
+            c: load_sharded(engine, str(split_parquet(world / f"{c}.csv", tmp_path / c, 3)),
+                            load_schema(world / f"{c}.json"), KEY, LOG, shard_bits=3)
+            for c in ("alice", "bob")
+        }  # fmt: skip
+        pieces = _bob_pieces(tables)
+        reference = _leader()
+        reference.attach(tables["alice"], tmp_path)
+        reference.add_tags("alice", np.zeros(0, dtype=TAG_DTYPE), tables["alice"].alphabet_size)
+        reference.add_tag_stream("bob", pieces, 4, reference.alignment)
+        expected = reference.agree()
+        expected_rows = reference.rows_of("bob")[0 : expected.count].copy()
+        expected_own = reference.own_aligned()
+        reference.cleanup()
+        tables["alice"] = load_sharded(engine, str(tmp_path / "alice"), load_schema(world / "alice.json"), KEY, LOG,
+                                       shard_bits=3)  # fmt: skip
+        leader = _leader()
+        leader.attach(tables["alice"], tmp_path)
+        leader.add_tags("alice", np.zeros(0, dtype=TAG_DTYPE), tables["alice"].alphabet_size)
+        if arrival == "reversed":  # blocks of 700 ascending tags, the last block first: the first piece
+            # alone is ascending (shards below its own are handed to the matcher), the second is not
+            tags = np.concatenate([np.frombuffer(p, dtype=TAG_DTYPE) for p in pieces]).astype(TAG_DTYPE)  # big-endian
+            blocks = [np.arange(i, min(i + 700, tags.size)) for i in range(0, tags.size, 700)][::-1]
+            order = np.concatenate(blocks)
+            leader.add_tag_stream("bob", [tags[b].tobytes() for b in blocks], 4, leader.alignment)
+            assert leader.generation == 2  # the stream's start, then the restart when it stopped ascending
+        else:
+            leader.add_tag_stream("bob", pieces[: len(pieces) // 2], 4, leader.alignment)  # cut short, then resent
+            leader.add_tag_stream("bob", pieces, 4, leader.alignment)
+        got = leader.agree()
+        assert got.count == expected.count
+        own = leader.own_aligned()
+        assert np.array_equal(own, expected_own)
+        rows = leader.rows_of("bob")[0 : got.count]
+        if arrival == "reversed":  # rows index the stream as sent: map them back to ascending positions
+            assert np.array_equal(np.sort(order[rows]), expected_rows)
+            assert np.array_equal(order[rows], expected_rows)
+        else:
+            assert np.array_equal(rows, expected_rows)
         leader.cleanup()
     finally:
         engine.close()

@@ -1,0 +1,377 @@
+"""The leader on a cluster (``--engine dask``): its own rows are tag shards on its workers, each
+follower's tags are spooled into the same shards as they arrive, and the shards are matched
+while the tags still arrive.
+
+A follower on a cluster streams its tags ascending, so its shards complete one after another.
+As soon as every follower's part of shard ``s`` has arrived, the matcher thread ships those
+parts to a worker (scattered straight to it, not through the scheduler) and intersects them with
+the leader's shard ``s`` there (:func:`~secure_release.curator.shards.match_shard`). The
+leader's symbols of the common tags stay on the workers until the release gathers them; each
+follower's row order comes back as uint32 and is appended to its rows file, shard by shard. A
+stream that is not ascending is matched once it has ended; a follower's second stream (a resend
+before the agreement is fixed) starts the matching over.
+
+What this process holds: one shard's follower tags at a time (the spool is on disk: 20 bytes a
+tag, under the keystore, 0700, removed at the end of the run), the row orders as files, and the
+aligned column once gathered.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import tempfile
+import threading
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from secure_release.curator import shards as st
+from secure_release.curator.engine import Engine
+from secure_release.curator.errors import AgreementNotReadyError
+from secure_release.curator.leader import LeaderState
+from secure_release.curator.sharded import WINDOW, ShardedTable, in_order
+from secure_release.infra.streams import AgreementError, tags_from_bytes
+from secure_release.mechanism import sharding as sh
+from secure_release.mechanism.alignment import TAG_DTYPE, TagArray
+from secure_release.mechanism.keys import Seed
+from secure_release.mechanism.plan import plan_release
+from secure_release.mechanism.protocol import Agreement
+from secure_release.mechanism.spec import ReleaseSpec
+from secure_release.mechanism.variants import AlignmentMode, SamplingMode, VariantAgreement
+
+#: A spooled tag: the tag and its index in the follower's stream (< 2^32: ``--max-rows``).
+SPOOL_DTYPE = np.dtype([("tag", "V16"), ("submitted", "<u4")])
+
+
+class SpooledRows:
+    """A follower's row order as the leader keeps it: uint32 in a file, read a slice at a time
+    (``row_pieces`` asks for ``size`` and slices)."""
+
+    def __init__(self, path: Path, size: int) -> None:
+        self.path, self.size = path, size
+
+    def __getitem__(self, part: slice) -> npt.NDArray[np.uint32]:
+        start, stop, _ = part.indices(self.size)
+        with self.path.open("rb") as fh:
+            fh.seek(4 * start)
+            return np.fromfile(fh, dtype="<u4", count=max(0, stop - start))
+
+
+class _RestartMatchingError(Exception):
+    """The matching must start over (a follower's stream started again) or stop (closing)."""
+
+
+@dataclass
+class ClusterLeader(LeaderState):
+    """The leader on an engine: keyed-hash alignment and seed sampling only (see the module)."""
+
+    engine: Engine | None = None
+    own: ShardedTable | None = None
+    spool: Path | None = None
+    own_counts: list[int] = field(default_factory=list)  # common rows of each own shard
+    matches: list[Any] = field(default_factory=list)  # engine handles of shards.Match, in shard order
+    row_files: dict[str, SpooledRows] = field(default_factory=dict)
+    streaming: set[str] = field(default_factory=set)  # followers whose tag stream is arriving now
+    complete: dict[str, int] = field(default_factory=dict)  # follower -> shards whose tags all arrived
+    generation: int = 0  # counts stream starts: the matching restarts when it changes
+    matched_generation: int = -1  # the generation whose matching finished
+    matcher_error: BaseException | None = None
+    closing: bool = False
+    matcher: threading.Thread | None = None
+    count: int = 0
+
+    # ------------------------------------------------------------------ set-up and tag arrival
+    def attach(self, own: ShardedTable, spool_parent: Path | None) -> None:
+        """The leader's own shards; follower tags spool under ``spool_parent`` (0700); the
+        matcher starts (it waits for the followers' shards)."""
+        self.own, self.engine = own, own.engine
+        self.spool = Path(tempfile.mkdtemp(prefix=f"spool-{self.release_id}-", dir=spool_parent))
+        self.matcher = threading.Thread(target=self._match_all, name=f"match-{self.release_id}", daemon=True)
+        self.matcher.start()
+
+    @property
+    def num_shards(self) -> int:
+        assert self.own is not None
+        return len(self.own.shards)
+
+    def _shard_files(self, curator: str) -> list[Path]:
+        assert self.spool is not None
+        return [self.spool / f"{curator}-{s:05d}.tags" for s in range(self.num_shards)]
+
+    def add_tag_stream(
+        self, curator: str, pieces: Iterable[bytes], alphabet_size: int, alignment: AlignmentMode
+    ) -> int:
+        """A follower's tags, in any order, into the leader's shards; returns how many arrived."""
+        self.check_alignment(curator, alignment)
+        if self.own is None:
+            raise AgreementNotReadyError(f"the leader of {self.release_id!r} is still reading its own table; retry")
+        with self.cond:
+            if curator in self.streaming:
+                raise AgreementNotReadyError(f"{curator!r} is already sending its tags for {self.release_id!r}; retry")
+            self.streaming.add(curator)
+            spool = self.agreement is None  # once fixed, a resend is only compared (by digest), never stored
+            if spool:
+                self._arrived(curator, 0, restart=True)
+        try:
+            digest, received = self._spool_stream(curator, pieces, spool)
+        finally:
+            with self.cond:
+                self.streaming.discard(curator)
+        self._record(curator, digest, alphabet_size)
+        return received
+
+    def _arrived(self, curator: str, shards: int, restart: bool = False) -> None:
+        """(Under ``cond``.) ``curator``'s first ``shards`` shards are complete; ``restart``: its
+        stream starts (again), so the matching starts over."""
+        if restart:
+            self.generation += 1
+            self.complete[curator] = 0
+        self.complete[curator] = max(self.complete.get(curator, 0), shards)
+        self.cond.notify_all()
+
+    def _spool_stream(self, curator: str, pieces: Iterable[bytes], spool: bool) -> tuple[str, int]:
+        """The stream's digest and tag count; with ``spool``, each tag written to its shard's
+        file, and each shard marked complete once an ascending stream has moved past it."""
+        digest, received = hashlib.sha256(), 0
+        handles = [path.open("wb") for path in self._shard_files(curator)] if spool else []
+        last: tuple[int, int] | None = (-1, -1)  # the last tag while the stream is ascending, else None
+        done = 0
+        try:
+            for piece in pieces:
+                digest.update(piece)
+                tags = tags_from_bytes(piece)
+                if spool and tags.size:
+                    self._write_piece(tags, received, handles)
+                    last, done = self._progress(curator, tags, last, done, handles)
+                received += int(tags.size)
+        finally:
+            for fh in handles:
+                fh.close()
+        if spool:
+            with self.cond:
+                self._arrived(curator, self.num_shards)
+        return digest.hexdigest(), received
+
+    def _progress(
+        self, curator: str, tags: TagArray, last: tuple[int, int] | None, done: int, handles: list[Any]
+    ) -> tuple[tuple[int, int] | None, int]:
+        """After one piece: an ascending stream has completed every shard below this piece's
+        first tag's (flushed, so the matcher reads them whole); a stream that stops ascending
+        is matched only once it has ended."""
+        if last is None:
+            return None, done
+        hi, lo = sh.tag_words(tags)
+        first = (int(hi[0]), int(lo[0]))
+        if first <= last or not sh.ascending(hi, lo):
+            with self.cond:
+                if done:  # shards were handed to the matcher: they may get more tags now
+                    self._arrived(curator, 0, restart=True)
+            return None, 0
+        shard = int(sh.shard_of(tags[:1], self.own.shard_bits)[0]) if self.own is not None else 0
+        if shard > done:
+            for s in range(done, shard):
+                handles[s].flush()
+            with self.cond:
+                self._arrived(curator, shard)
+        return (int(hi[-1]), int(lo[-1])), max(done, shard)
+
+    def _write_piece(self, tags: TagArray, first: int, handles: list[Any]) -> None:
+        """One piece of a stream into the shard files (each tag with its index in the stream)."""
+        assert self.own is not None
+        shard = sh.shard_of(tags, self.own.shard_bits)
+        order = np.argsort(shard.astype(np.uint16), kind="stable")  # 16-bit keys: a radix sort
+        record = np.empty(tags.size, dtype=SPOOL_DTYPE)
+        record["tag"] = np.ascontiguousarray(tags, dtype=TAG_DTYPE).view("V16").reshape(-1)[order]
+        record["submitted"] = order + first
+        bounds = np.searchsorted(shard[order], np.arange(len(handles) + 1))
+        for s in np.flatnonzero(np.diff(bounds)).tolist():
+            handles[s].write(record[bounds[s] : bounds[s + 1]].tobytes())
+
+    def _record(self, curator: str, digest: str, alphabet_size: int) -> None:
+        with self.cond:
+            if self.error is not None:
+                raise self._failure()
+            size = self._checked_size(curator, alphabet_size)
+            if self.agreement is not None:
+                if self._is_resubmission(curator, digest, size):
+                    return
+                from secure_release.curator.errors import AgreementFixedError
+
+                raise AgreementFixedError(f"the agreement of release {self.release_id!r} is already fixed")
+            self.tags[curator] = np.zeros(0, dtype=TAG_DTYPE)  # arrived (the tags are in the spool)
+            self.digests[curator] = digest
+            self.sizes[curator] = size
+            self.cond.notify_all()
+
+    def add_tags(
+        self, curator: str, tags: TagArray, alphabet_size: int, alignment: AlignmentMode | None = None
+    ) -> None:
+        """The leader's own part (its tags are its shards) or a follower's whole tag array."""
+        if curator == self.curators[0]:
+            self._record(curator, "own", alphabet_size)
+            return
+        self.add_tag_stream(
+            curator, [np.ascontiguousarray(tags, dtype=TAG_DTYPE).tobytes()], alphabet_size, alignment or self.alignment
+        )
+
+    def restore(self, *args: Any, **kwargs: Any) -> None:
+        raise AgreementError(
+            f"release {self.release_id!r}: a leader on a cluster does not resume an agreement it fixed before "
+            "preparing; abort it ('release abort') and start the release again under a new id"
+        )
+
+    # ------------------------------------------------------------------------------ matching
+    def _match_all(self) -> None:
+        """The matcher thread: match the shards in order as they become complete; start over
+        whenever a stream starts again (before the agreement is fixed); stop at
+        :meth:`cleanup` or on a failure."""
+        while True:
+            with self.cond:
+                if self.closing or self.error is not None:
+                    return
+                generation = self.generation
+            try:
+                self._match_generation(generation)
+            except _RestartMatchingError:
+                continue
+            except Exception as exc:  # e.g. ShardError: agree() reports it
+                with self.cond:
+                    self.matcher_error = exc
+                    self.cond.notify_all()
+                return
+            with self.cond:
+                if self.generation == generation:
+                    self.matched_generation = generation
+                    self.cond.notify_all()
+                    self.cond.wait_for(partial(self._stale, generation))
+
+    def _ready(self, shard: int) -> bool:
+        return all(self.complete.get(c, 0) > shard for c in self.curators[1:])
+
+    def _match_generation(self, generation: int) -> None:
+        """Every shard matched once (the row files rewritten): :class:`_RestartMatchingError` if the
+        generation changes or the leader closes first."""
+        assert self.spool is not None and self.engine is not None
+        followers = list(self.curators[1:])
+        self.engine.release(self.matches)
+        self.matches, self.own_counts = [], []
+        outs = {c: (self.spool / f"rows-{c}.u32").open("wb") for c in followers}
+        pending: deque[tuple[Any, Any]] = deque()
+        submitted = 0
+        try:
+            while len(self.matches) < self.num_shards:
+                with self.cond:
+                    if not pending:
+                        self.cond.wait_for(partial(self._stale_or_ready, generation, submitted))
+                    if self._stale(generation):
+                        raise _RestartMatchingError
+                    ready = 0
+                    while submitted + ready < self.num_shards and len(pending) + ready < WINDOW:
+                        if not self._ready(submitted + ready):
+                            break
+                        ready += 1
+                for s in range(submitted, submitted + ready):
+                    pending.append(self._submit_match(s))
+                submitted += ready
+                match, rows = pending.popleft()
+                count, follower_rows = self.engine.result(rows)
+                self.engine.release([rows])
+                self.matches.append(match)
+                self.own_counts.append(int(count))
+                for c, part in zip(followers, follower_rows, strict=True):
+                    outs[c].write(np.asarray(part, dtype="<u4").tobytes())
+        finally:
+            for fh in outs.values():
+                fh.close()
+            for match, rows in pending:
+                self.engine.release([match, rows])
+
+    def _stale(self, generation: int) -> bool:
+        return self.closing or self.error is not None or self.generation != generation
+
+    def _stale_or_ready(self, generation: int, shard: int) -> bool:
+        return self._stale(generation) or self._ready(shard)
+
+    def _submit_match(self, shard: int) -> tuple[Any, Any]:
+        """Shard ``shard``'s follower tags to a worker, matched there with the leader's shard."""
+        assert self.own is not None and self.engine is not None
+        others = []
+        for c in self.curators[1:]:
+            path = self._shard_files(c)[shard]
+            rec = np.fromfile(path, dtype=SPOOL_DTYPE) if path.exists() else np.zeros(0, SPOOL_DTYPE)
+            others.append((rec["tag"].view(TAG_DTYPE), rec["submitted"]))
+        payload = self.engine.put(others)
+        dtype = sh.symbol_dtype(self.own.alphabet_size)
+        match = self.engine.submit(st.match_shard, self.own.shards[shard], payload, dtype)
+        return match, self.engine.submit(st.match_rows, match)
+
+    # ------------------------------------------------------------------------------ agreement
+    def agree(self) -> VariantAgreement:
+        """The agreement, once every shard is matched (most of them were while the tags arrived)."""
+        with self.cond:
+            if self.agreement is not None:
+                return self.agreement
+            try:
+                self.agreement = self._agree_when_matched()
+            except Exception as exc:
+                self._fail(f"{type(exc).__name__}: {exc}")
+                raise
+            self.cond.notify_all()
+            return self.agreement
+
+    def _agree_when_matched(self) -> VariantAgreement:
+        """(Under ``cond``.) Wait for the matcher, then plan the release over the common rows."""
+        assert self.own is not None and self.spool is not None
+        if self.alignment is not AlignmentMode.KEYED_HASH or self.sampling is not SamplingMode.SEED:
+            raise AgreementError("a leader on a cluster aligns by keyed hash and samples by seed only")
+        self.cond.wait_for(
+            lambda: (
+                self.matcher_error is not None or self.error is not None or self.matched_generation == self.generation
+            )
+        )
+        if self.matcher_error is not None:
+            raise self.matcher_error
+        if self.error is not None:
+            raise self._failure()
+        followers = list(self.curators[1:])
+        for c in followers:  # matched: the spooled tags are not needed again
+            for path in self._shard_files(c):
+                path.unlink(missing_ok=True)
+        self.own.close()  # the own shards too: the matches hold the leader's common symbols
+        self.count = sum(self.own_counts)
+        self.row_files = {c: SpooledRows(self.spool / f"rows-{c}.u32", self.count) for c in followers}
+        plan = plan_release(self.count, [self.sizes[c] for c in self.curators], self.epsilon, self.m)
+        spec = ReleaseSpec(self.release_id, self.curators, self.cipher, plan, self.researchers).validate()
+        base = Agreement(spec, self.seed or Seed.generate(), np.zeros(0, dtype=TAG_DTYPE))
+        return VariantAgreement(base, self.sampling, self.alignment, count=self.count)
+
+    def rows_of(self, curator: str) -> Any:
+        with self.cond:
+            return self.row_files.get(curator)
+
+    def own_aligned(self) -> npt.NDArray[Any]:
+        """The leader's symbols of the common ids in canonical order (from the matches)."""
+        assert self.own is not None and self.engine is not None
+        engine, matches = self.engine, self.matches
+        parts = list(in_order(engine, lambda s: engine.submit(st.match_symbols, matches[s]), len(matches)))
+        engine.release(matches)
+        self.matches = []
+        dtype = sh.symbol_dtype(self.own.alphabet_size)
+        return np.concatenate(parts).astype(dtype, copy=False) if parts else np.zeros(0, dtype=dtype)
+
+    def cleanup(self) -> None:
+        """Stop the matcher; remove the spool (follower tags and row orders)."""
+        with self.cond:
+            self.closing = True
+            self.cond.notify_all()
+        if self.matcher is not None and self.matcher is not threading.current_thread():
+            self.matcher.join(timeout=10.0)
+        if self.spool is not None:
+            shutil.rmtree(self.spool, ignore_errors=True)
