@@ -1,7 +1,7 @@
 """A release whose curators run on Dask clusters, through the four services, vs DuckDB (a script).
 
 Run:  PYTHONPATH=. python bench/bench_cluster.py [--rows 10000000,100000000] [--fractions 0.1,1]
-          [--files 16,64] [--workers 2] [--data-root /work/bench-data] [--no-local] [--json]
+          [--files 16,64] [--workers 2] [--data-root /work/bench-data] [--no-local] [--repeat 5] [--json]
 
 For every n (rows per curator), two curators' partitioned Parquet (90% id overlap, Adult-shaped
 categories; ``bench/cluster_data.write_partitioned``, generated once with bounded memory and kept
@@ -19,7 +19,8 @@ under ``--data-root``). For every m = fraction * n_common:
   the id, keeps the m rows with the smallest hash of the id and counts the cells
   (``bench/cluster_data.duckdb_reference``): its time and peak RSS.
 * **local** (n = 10^7 only, unless ``--no-local``): the same release with ``--engine local``
-  (the curator reads the directory in-process).
+  (the curator reads the directory in-process). ``--repeat N``: N such dask/local pairs in turn
+  (the machine is shared, so one pair's ratio moves by 20%): every ratio and their median.
 
 Peak RSS: VmHWM of every process (each curator's driver, each of its Dask worker processes and
 nannies, the server, the researcher), polled every 50 ms and read once more before the processes
@@ -34,6 +35,7 @@ import json
 import os
 import secrets
 import shutil
+import statistics
 import sys
 import threading
 import time
@@ -171,6 +173,8 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=2, help="Dask worker processes per curator")
     ap.add_argument("--data-root", default="/work/bench-data", help="where the generated data sets are kept")
     ap.add_argument("--no-local", action="store_true", help="skip the --engine local run at 10^7")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="at 10^7: this many dask/local pairs, each in turn; prints every ratio and the median")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args()
     rows = [int(r) for r in args.rows.split(",")]
@@ -205,6 +209,16 @@ def main() -> int:
                     local = run_release(work, data, certs, akey, m, "local", args.workers, f"local-{n}-{m}")
                     entry["local"] = local
                     entry["dask_over_local"] = round(dask["seconds"] / local["seconds"], 2)
+                    pairs = [(dask["seconds"], local["seconds"])]
+                    for i in range(1, args.repeat):  # the machine is shared: more pairs, each in turn
+                        sys.stderr.write(f"n={n} m={m}: pair {i + 1} of {args.repeat} ...\n")
+                        again = [run_release(work, data, certs, akey, m, engine, args.workers, f"{engine}-{n}-{m}-{i}")
+                                 for engine in ("dask", "local")]  # fmt: skip
+                        pairs.append((again[0]["seconds"], again[1]["seconds"]))
+                    if len(pairs) > 1:
+                        ratios = sorted(round(d / loc, 2) for d, loc in pairs)
+                        entry["pairs"] = [{"dask": d, "local": loc, "ratio": round(d / loc, 2)} for d, loc in pairs]
+                        entry["dask_over_local_median"] = statistics.median(ratios)
                 results.append(entry)
                 sys.stderr.write(json.dumps({k: v for k, v in entry.items() if k != "duckdb"}, indent=1) + "\n")
     for n in rows:
@@ -220,6 +234,9 @@ def main() -> int:
             print(f"n={r['rows']:,} m={r['m']:,}: dask {r['dask']['seconds']} s, duckdb {r['duckdb']['seconds']} s "
                   f"({r['dask_over_duckdb']}x)" + (f", local {r['local']['seconds']} s ({r['dask_over_local']}x)"
                                                   if "local" in r else ""))  # fmt: skip
+            if "pairs" in r:
+                print(f"  dask/local in {len(r['pairs'])} pairs: {[p['ratio'] for p in r['pairs']]}, "
+                      f"median {r['dask_over_local_median']}")  # fmt: skip
             print(f"  stages alice: {r['dask']['stages']['alice']}")
             print(f"  peak RSS MiB: {r['dask']['peak_rss_mib']}")
             if "flat_in_m" in r:

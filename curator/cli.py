@@ -355,6 +355,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from secure_release.curator.stored import run_server_sampled
 
         return run_server_sampled(config)
+    if config.engine == "dask" and config.scheduler is None and config.scheduler_file is None:
+        from secure_release.curator.engine import start_forkserver
+
+        start_forkserver()  # the embedded cluster's workers' template imports while this process does
     from secure_release.curator.runner import run
 
     return run(config)

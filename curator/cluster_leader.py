@@ -18,6 +18,7 @@ aligned column once gathered.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import shutil
 import tempfile
@@ -37,17 +38,15 @@ from secure_release.curator.engine import Engine
 from secure_release.curator.errors import AgreementNotReadyError
 from secure_release.curator.leader import LeaderState
 from secure_release.curator.sharded import WINDOW, ShardedTable, in_order
-from secure_release.infra.streams import AgreementError, tags_from_bytes
+from secure_release.infra.streams import TAG_BYTES, AgreementError
 from secure_release.mechanism import sharding as sh
 from secure_release.mechanism.alignment import TAG_DTYPE, TagArray
+from secure_release.mechanism.errors import ShapeMismatchError
 from secure_release.mechanism.keys import Seed
 from secure_release.mechanism.plan import plan_release
 from secure_release.mechanism.protocol import Agreement
 from secure_release.mechanism.spec import ReleaseSpec
 from secure_release.mechanism.variants import AlignmentMode, SamplingMode, VariantAgreement
-
-#: A spooled tag: the tag and its index in the follower's stream (< 2^32: ``--max-rows``).
-SPOOL_DTYPE = np.dtype([("tag", "V16"), ("submitted", "<u4")])
 
 
 class SpooledRows:
@@ -62,6 +61,111 @@ class SpooledRows:
         with self.path.open("rb") as fh:
             fh.seek(4 * start)
             return np.fromfile(fh, dtype="<u4", count=max(0, stop - start))
+
+
+def _suffixed(path: Path, suffix: str) -> Path:
+    return path.with_name(path.name + suffix)
+
+
+#: Each shard is matched in 2^UNIT_BITS units (ranges of the next tag bits), so that the last
+#: unit of an ascending stream is all that is left to match once the stream ends.
+UNIT_BITS = 2
+
+
+def _read_spool(path: Path, start: int = 0, stop: int | None = None) -> tuple[TagArray, npt.NDArray[np.uint32]]:
+    """A follower's part of a shard as spooled so far (records ``start`` to ``stop``): the tags
+    and their stream indices, as many records as both files hold whole (the stream may be
+    appending to them)."""
+    parts = []
+    for suffix, size in ((".tags", TAG_BYTES), (".rows", 4)):
+        file = _suffixed(path, suffix)
+        with contextlib.suppress(FileNotFoundError), file.open("rb") as fh:
+            fh.seek(size * start)
+            parts.append(fh.read(-1 if stop is None else size * (stop - start)))
+            continue
+        parts.append(b"")
+    count = min(len(parts[0]) // TAG_BYTES, len(parts[1]) // 4)
+    return np.frombuffer(parts[0], TAG_DTYPE, count), np.frombuffer(parts[1], "<u4", count)
+
+
+class _Spooler:
+    """One follower stream into the leader's shard files: ``<curator>-<shard>.tags`` (the tags as
+    they came, 16 bytes each) and ``.rows`` (each tag's index in the stream, uint32). An
+    ascending stream (a sharded follower's) is written as it arrives, slices of the received
+    bytes, and completes its units one after another; any other piece is split by shard."""
+
+    def __init__(self, leader: ClusterLeader, curator: str) -> None:
+        assert leader.own is not None
+        self.leader, self.curator, self.bits = leader, curator, leader.own.shard_bits
+        files = leader.shard_files(curator)
+        self.tags = [_suffixed(path, ".tags").open("wb") for path in files]
+        self.rows = [_suffixed(path, ".rows").open("wb") for path in files]
+        self.last: tuple[int, int] | None = (-1, -1)  # the last tag while the stream ascends, else None
+        self.done = 0  # units complete
+        self.written = [0] * len(files)  # tags in each shard's files
+        self.starts: dict[int, int] = {}  # ascending: where each unit begins in its shard's files
+        with leader.cond:
+            leader.spoolers[curator] = self
+
+    def add(self, piece: bytes, first: int) -> None:
+        tags = np.frombuffer(piece, dtype=TAG_DTYPE)
+        hi, lo = sh.tag_words(tags)
+        top = (hi >> np.uint64(64 - self.bits)).astype(np.intp) if self.bits else np.zeros(hi.size, np.intp)
+        if self.last is not None and (int(hi[0]), int(lo[0])) > self.last and sh.ascending(hi, lo):
+            low, high = int(top[0]), int(top[-1])
+            bounds = np.searchsorted(top, np.arange(low, high + 2)).tolist()  # ascending: one run a shard
+            view = memoryview(piece)
+            units = (hi >> np.uint64(64 - self.bits - UNIT_BITS)).astype(np.intp)
+            with self.leader.cond:
+                for unit in np.unique(units).tolist():  # a few a piece: where each new unit begins
+                    self.starts.setdefault(unit, self.written[unit >> UNIT_BITS] + int(np.searchsorted(units, unit)) -
+                                           bounds[(unit >> UNIT_BITS) - low])  # fmt: skip
+            for shard in range(low, high + 1):
+                start, stop = bounds[shard - low], bounds[shard - low + 1]
+                self._write(shard, view[TAG_BYTES * start : TAG_BYTES * stop], np.arange(first + start, first + stop))
+            self.last = (int(hi[-1]), int(lo[-1]))
+            for shard in range(low, high + 1):  # the matcher reads what is written, not what is buffered
+                self.tags[shard].flush()
+                self.rows[shard].flush()
+            self._complete(int(hi[-1] >> np.uint64(64 - self.bits - UNIT_BITS)))
+            return
+        if self.last is not None:  # no longer ascending: shards handed to the matcher may grow now
+            self.last = None
+            if self.done:
+                with self.leader.cond:
+                    self.leader._arrived(self.curator, 0, restart=True)
+        order = np.argsort(top.astype(np.uint16), kind="stable")  # 16-bit keys: a radix sort
+        bounds = np.searchsorted(top[order], np.arange((1 << self.bits) + 1))
+        for shard in np.flatnonzero(np.diff(bounds)).tolist():
+            part = order[bounds[shard] : bounds[shard + 1]]
+            self._write(shard, tags[part].tobytes(), part + first)
+
+    def _write(self, shard: int, raw: bytes | memoryview, rows: npt.NDArray[np.integer]) -> None:
+        self.tags[shard].write(raw)
+        self.rows[shard].write(rows.astype("<u4").tobytes())
+        self.written[shard] += int(rows.size)
+
+    def unit_range(self, unit: int) -> tuple[int, int] | None:
+        """(Under the leader's ``cond``, for a complete unit.) Where the unit's tags are in its
+        shard's files, if the stream ascends (else None: they may be anywhere in them)."""
+        if self.last is None:
+            return None
+        if unit not in self.starts:
+            return 0, 0
+        shard = unit >> UNIT_BITS
+        later = [at for other, at in self.starts.items() if other > unit and other >> UNIT_BITS == shard]
+        return self.starts[unit], min(later, default=self.written[shard])
+
+    def _complete(self, below: int) -> None:
+        """Units below ``below`` get no more tags (an ascending stream has moved past them)."""
+        if below > self.done:
+            with self.leader.cond:
+                self.leader._arrived(self.curator, below)
+            self.done = below
+
+    def close(self) -> None:
+        for fh in [*self.tags, *self.rows]:
+            fh.close()
 
 
 class _RestartMatchingError(Exception):
@@ -79,7 +183,8 @@ class ClusterLeader(LeaderState):
     matches: list[Any] = field(default_factory=list)  # engine handles of shards.Match, in shard order
     row_files: dict[str, SpooledRows] = field(default_factory=dict)
     streaming: set[str] = field(default_factory=set)  # followers whose tag stream is arriving now
-    complete: dict[str, int] = field(default_factory=dict)  # follower -> shards whose tags all arrived
+    complete: dict[str, int] = field(default_factory=dict)  # follower -> units whose tags all arrived
+    spoolers: dict[str, _Spooler] = field(default_factory=dict)  # follower -> its (last) stream's spooler
     generation: int = 0  # counts stream starts: the matching restarts when it changes
     matched_generation: int = -1  # the generation whose matching finished
     matcher_error: BaseException | None = None
@@ -101,9 +206,14 @@ class ClusterLeader(LeaderState):
         assert self.own is not None
         return len(self.own.shards)
 
-    def _shard_files(self, curator: str) -> list[Path]:
+    @property
+    def num_units(self) -> int:
+        return self.num_shards << UNIT_BITS
+
+    def shard_files(self, curator: str) -> list[Path]:
+        """Where ``curator``'s part of each shard is spooled (``.tags`` and ``.rows`` files)."""
         assert self.spool is not None
-        return [self.spool / f"{curator}-{s:05d}.tags" for s in range(self.num_shards)]
+        return [self.spool / f"{curator}-{s:05d}" for s in range(self.num_shards)]
 
     def add_tag_stream(
         self, curator: str, pieces: Iterable[bytes], alphabet_size: int, alignment: AlignmentMode
@@ -138,61 +248,24 @@ class ClusterLeader(LeaderState):
 
     def _spool_stream(self, curator: str, pieces: Iterable[bytes], spool: bool) -> tuple[str, int]:
         """The stream's digest and tag count; with ``spool``, each tag written to its shard's
-        file, and each shard marked complete once an ascending stream has moved past it."""
+        files, and each shard marked complete once an ascending stream has moved past it."""
         digest, received = hashlib.sha256(), 0
-        handles = [path.open("wb") for path in self._shard_files(curator)] if spool else []
-        last: tuple[int, int] | None = (-1, -1)  # the last tag while the stream is ascending, else None
-        done = 0
+        spooler = _Spooler(self, curator) if spool else None
         try:
             for piece in pieces:
                 digest.update(piece)
-                tags = tags_from_bytes(piece)
-                if spool and tags.size:
-                    self._write_piece(tags, received, handles)
-                    last, done = self._progress(curator, tags, last, done, handles)
-                received += int(tags.size)
+                if len(piece) % TAG_BYTES:
+                    raise ShapeMismatchError(f"{len(piece)} tag bytes is not a multiple of {TAG_BYTES}")
+                if spooler is not None and piece:
+                    spooler.add(piece, received)
+                received += len(piece) // TAG_BYTES
         finally:
-            for fh in handles:
-                fh.close()
+            if spooler is not None:
+                spooler.close()
         if spool:
             with self.cond:
-                self._arrived(curator, self.num_shards)
+                self._arrived(curator, self.num_units)
         return digest.hexdigest(), received
-
-    def _progress(
-        self, curator: str, tags: TagArray, last: tuple[int, int] | None, done: int, handles: list[Any]
-    ) -> tuple[tuple[int, int] | None, int]:
-        """After one piece: an ascending stream has completed every shard below this piece's
-        first tag's (flushed, so the matcher reads them whole); a stream that stops ascending
-        is matched only once it has ended."""
-        if last is None:
-            return None, done
-        hi, lo = sh.tag_words(tags)
-        first = (int(hi[0]), int(lo[0]))
-        if first <= last or not sh.ascending(hi, lo):
-            with self.cond:
-                if done:  # shards were handed to the matcher: they may get more tags now
-                    self._arrived(curator, 0, restart=True)
-            return None, 0
-        shard = int(sh.shard_of(tags[:1], self.own.shard_bits)[0]) if self.own is not None else 0
-        if shard > done:
-            for s in range(done, shard):
-                handles[s].flush()
-            with self.cond:
-                self._arrived(curator, shard)
-        return (int(hi[-1]), int(lo[-1])), max(done, shard)
-
-    def _write_piece(self, tags: TagArray, first: int, handles: list[Any]) -> None:
-        """One piece of a stream into the shard files (each tag with its index in the stream)."""
-        assert self.own is not None
-        shard = sh.shard_of(tags, self.own.shard_bits)
-        order = np.argsort(shard.astype(np.uint16), kind="stable")  # 16-bit keys: a radix sort
-        record = np.empty(tags.size, dtype=SPOOL_DTYPE)
-        record["tag"] = np.ascontiguousarray(tags, dtype=TAG_DTYPE).view("V16").reshape(-1)[order]
-        record["submitted"] = order + first
-        bounds = np.searchsorted(shard[order], np.arange(len(handles) + 1))
-        for s in np.flatnonzero(np.diff(bounds)).tolist():
-            handles[s].write(record[bounds[s] : bounds[s + 1]].tobytes())
 
     def _record(self, curator: str, digest: str, alphabet_size: int) -> None:
         with self.cond:
@@ -252,8 +325,8 @@ class ClusterLeader(LeaderState):
                     self.cond.notify_all()
                     self.cond.wait_for(partial(self._stale, generation))
 
-    def _ready(self, shard: int) -> bool:
-        return all(self.complete.get(c, 0) > shard for c in self.curators[1:])
+    def _ready(self, unit: int) -> bool:
+        return all(self.complete.get(c, 0) > unit for c in self.curators[1:])
 
     def _match_generation(self, generation: int) -> None:
         """Every shard matched once (the row files rewritten): :class:`_RestartMatchingError` if the
@@ -266,14 +339,14 @@ class ClusterLeader(LeaderState):
         pending: deque[tuple[Any, Any]] = deque()
         submitted = 0
         try:
-            while len(self.matches) < self.num_shards:
+            while len(self.matches) < self.num_units:
                 with self.cond:
                     if not pending:
                         self.cond.wait_for(partial(self._stale_or_ready, generation, submitted))
                     if self._stale(generation):
                         raise _RestartMatchingError
                     ready = 0
-                    while submitted + ready < self.num_shards and len(pending) + ready < WINDOW:
+                    while submitted + ready < self.num_units and len(pending) + ready < WINDOW:
                         if not self._ready(submitted + ready):
                             break
                         ready += 1
@@ -296,18 +369,26 @@ class ClusterLeader(LeaderState):
     def _stale(self, generation: int) -> bool:
         return self.closing or self.error is not None or self.generation != generation
 
-    def _stale_or_ready(self, generation: int, shard: int) -> bool:
-        return self._stale(generation) or self._ready(shard)
+    def _stale_or_ready(self, generation: int, unit: int) -> bool:
+        return self._stale(generation) or self._ready(unit)
 
-    def _submit_match(self, shard: int) -> tuple[Any, Any]:
-        """Shard ``shard``'s follower tags to a worker, matched there with the leader's shard."""
+    def _submit_match(self, unit: int) -> tuple[Any, Any]:
+        """Unit ``unit``'s follower tags to the worker that holds the leader's shard, matched
+        there (the shard's own rows of the unit's tag range, in order)."""
         assert self.own is not None and self.engine is not None
+        shard, bits = unit >> UNIT_BITS, self.own.shard_bits + UNIT_BITS
         others = []
         for c in self.curators[1:]:
-            path = self._shard_files(c)[shard]
-            rec = np.fromfile(path, dtype=SPOOL_DTYPE) if path.exists() else np.zeros(0, SPOOL_DTYPE)
-            others.append((rec["tag"].view(TAG_DTYPE), rec["submitted"]))
-        payload = self.engine.put(others)
+            with self.cond:
+                spooler = self.spoolers.get(c)
+                where = spooler.unit_range(unit) if spooler is not None else None
+            if where is not None:  # an ascending stream: the unit's run of the files
+                others.append(_read_spool(self.shard_files(c)[shard], *where))
+                continue
+            part, at = _read_spool(self.shard_files(c)[shard])
+            inside = np.flatnonzero((sh.tag_words(part)[0] >> np.uint64(64 - bits)) == np.uint64(unit))
+            others.append((part[inside], at[inside]))
+        payload = self.engine.put(others, near=self.own.shards[shard])
         dtype = sh.symbol_dtype(self.own.alphabet_size)
         match = self.engine.submit(st.match_shard, self.own.shards[shard], payload, dtype)
         return match, self.engine.submit(st.match_rows, match)
@@ -342,8 +423,9 @@ class ClusterLeader(LeaderState):
             raise self._failure()
         followers = list(self.curators[1:])
         for c in followers:  # matched: the spooled tags are not needed again
-            for path in self._shard_files(c):
-                path.unlink(missing_ok=True)
+            for path in self.shard_files(c):
+                _suffixed(path, ".tags").unlink(missing_ok=True)
+                _suffixed(path, ".rows").unlink(missing_ok=True)
         self.own.close()  # the own shards too: the matches hold the leader's common symbols
         self.count = sum(self.own_counts)
         self.row_files = {c: SpooledRows(self.spool / f"rows-{c}.u32", self.count) for c in followers}

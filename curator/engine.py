@@ -56,7 +56,7 @@ class Engine(Protocol):
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> Any: ...
 
-    def put(self, value: Any) -> Any: ...
+    def put(self, value: Any, near: Any = None) -> Any: ...
 
     def result(self, handle: Any) -> Any: ...
 
@@ -112,8 +112,9 @@ class InlineEngine:
             dep.result()
         return self._pool.submit(run)
 
-    def put(self, value: Any) -> Future[Any]:
-        """``value`` as a handle (an argument of later tasks)."""
+    def put(self, value: Any, near: Any = None) -> Future[Any]:
+        """``value`` as a handle (an argument of later tasks; ``near``: a handle of their other
+        argument, ignored here)."""
         done: Future[Any] = Future()
         done.set_result(value)
         return done
@@ -155,6 +156,7 @@ class DaskEngine:
     ) -> None:  # fmt: skip
         self.client = client
         self._direct = direct
+        self.embedded = cluster is not None
         self._cluster = cluster
         self._log = log
         self.description = description
@@ -163,10 +165,12 @@ class DaskEngine:
     def submit(self, fn: Callable[..., Any], *args: Any) -> Any:
         return self.client.submit(fn, *args, pure=False)
 
-    def put(self, value: Any) -> Any:
+    def put(self, value: Any, near: Any = None) -> Any:
         """``value`` sent to one worker (straight to it on an embedded cluster: a task's own
-        arguments would go through the scheduler, twice the bytes), not hashed."""
-        return self.client.scatter([value], direct=self._direct, hash=False)[0]
+        arguments would go through the scheduler, twice the bytes), not hashed; to the worker
+        holding ``near`` if given (the task that takes both then moves neither)."""
+        workers = self.client.who_has([near]).get(near.key) if near is not None else None
+        return self.client.scatter([value], direct=self._direct, hash=False, workers=workers or None)[0]
 
     def result(self, handle: Any) -> Any:
         return _lost_worker_named(lambda: handle.result())
@@ -243,6 +247,12 @@ def _file_address(scheduler_file: str) -> str:
         raise EngineError(f"--scheduler-file {scheduler_file}: cannot read a scheduler address ({exc})") from None
 
 
+METHOD_KEY = "distributed.worker.multiprocessing-method"
+#: An embedded cluster's workers run no statistical profiler (a thread that samples every
+#: thread's stack each 10 ms, for the dashboard's profile page): its cost is the curator's CPU.
+EMBEDDED_CONFIG = {"distributed.worker.profile.enabled": False}
+
+
 def start_method() -> str:
     """How an embedded cluster starts its worker processes: ``forkserver`` where there is one
     (a clean server process imports distributed, numpy and pandas once, and each worker is a
@@ -250,6 +260,34 @@ def start_method() -> str:
     release's wall time on 2 cores, where four workers importing the same modules competed for
     the CPU), else ``spawn``. Never plain ``fork``: the curator process runs gRPC threads."""
     return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+
+
+#: What an embedded cluster's forkserver imports before it forks a worker, besides
+#: :data:`WARM_MODULES`: what of Dask's own preload list a worker here uses (pandas: pyarrow
+#: imports it when it converts a Python list, to ask whether that is a pandas object).
+FORKSERVER_MODULES = ("distributed", "numpy", "pandas")
+
+
+def start_forkserver() -> None:
+    """Start the server an embedded cluster forks its workers from, now: it imports
+    :data:`FORKSERVER_MODULES` and :data:`WARM_MODULES` (1-1.5 s of CPU) while this process imports distributed and
+    starts the scheduler, instead of after; each worker is then a fork with all of it imported.
+    Call before anything else of the engine (a no-op without ``forkserver``, or if running)."""
+    if start_method() != "forkserver":
+        return
+    wanted = (*FORKSERVER_MODULES, *WARM_MODULES)
+    names = [name for name in wanted if importlib.util.find_spec(name.split(".")[0]) is not None]
+    multiprocessing.get_context("forkserver").set_forkserver_preload(names)
+    importlib.import_module("multiprocessing.forkserver").ensure_running()
+
+
+def keep_forkserver_preload() -> None:
+    """Dask sets its own preload list when a nanny starts its first worker, importing every
+    package of the list in this process first (pandas: 0.5 s of CPU the curator never uses);
+    the server of :func:`start_forkserver` runs already, so mark Dask's list as set."""
+    utils = importlib.import_module("distributed.utils")
+    if hasattr(utils, "_forkserver_preload_set"):  # else Dask sets its list: slower, as correct
+        setattr(utils, "_forkserver_preload_set", True)  # noqa: B010 (a private flag of Dask)
 
 
 def default_workers() -> tuple[int, int]:
@@ -295,19 +333,20 @@ def open_engine(
             count = workers or count
             security = Security.temporary()
             dashboard = "127.0.0.1:0" if _has_bokeh() else None
-            method = {"distributed.worker.multiprocessing-method": start_method()}
-            with importlib.import_module("dask").config.set(method):
+            with importlib.import_module("dask").config.set({**EMBEDDED_CONFIG, METHOD_KEY: start_method()}):
+                start_forkserver()  # running already if the caller started it earlier
+                keep_forkserver_preload()
                 cluster = LocalCluster(
                     n_workers=count, threads_per_worker=threads, processes=True, host="127.0.0.1",
                     protocol="tls://", security=security, dashboard_address=dashboard, memory_limit=worker_memory,
                     local_directory=spill_dir,
                 )  # fmt: skip
-            client = Client(cluster, security=security)
+            client = Client(cluster, security=security, direct_to_workers=True)  # results: worker to here, once
             desc = f"an embedded Dask cluster of {count} workers x {threads} threads, {worker_memory} each"
             eng = DaskEngine(client, cluster, log, desc, stop, direct=True)
     except (OSError, TimeoutError) as exc:
         raise EngineError(f"cannot reach the Dask scheduler ({type(exc).__name__}: {exc})") from None
-    eng.client.run(warm_up)  # each worker imports the stage modules now, not in its first task
+    eng.client.run(warm_up, eng.embedded)  # each worker imports the stage modules now, not in its first task
     if log is not None:
         link = eng.client.dashboard_link if _has_bokeh() or scheduler or scheduler_file else None
         dashboard = link or "not running (pip install bokeh for Dask's dashboard)"
@@ -321,10 +360,15 @@ def open_engine(
 WARM_MODULES = ("pyarrow.parquet", "secure_release.curator.partitions", "secure_release.curator.shards")
 
 
-def warm_up() -> None:
-    """Run on every worker once the cluster is up: import :data:`WARM_MODULES`."""
+def warm_up(embedded: bool = False) -> None:
+    """Run on every worker once the cluster is up: import :data:`WARM_MODULES`. On an embedded
+    cluster (as many worker threads as cores, each task one thread) Arrow's own thread pool is
+    also one thread: with a thread a core in every worker, 4 workers x 3 threads competed for 2
+    cores (1.76x the in-process engine at 10^7 rows; 1.53x with one)."""
     for name in WARM_MODULES:
         importlib.import_module(name)
+    if embedded:
+        importlib.import_module("pyarrow").set_cpu_count(1)
 
 
 def _dask() -> Any:

@@ -122,17 +122,20 @@ def load_sharded(
     bits = sh.shard_bits_for(known or len(partitions) << 20) if shard_bits is None else shard_bits
     size = spec.schema.alphabet_size
     results = [engine.submit(st.hash_partition, i, p, spec, key.reveal(), bits, size) for i, p in enumerate(partitions)]
-    summaries = engine.results([engine.submit(st.problems_of, r) for r in results], "read")
-    problems = [pr for _, probs in summaries for pr in probs]
+    summaries = [engine.submit(st.problems_of, r) for r in results]
+    # the merges are queued at once: a piece moves to its shard's worker as soon as its partition
+    # is read (nothing leaves the cluster before every partition is checked, below)
+    pieces = [[engine.submit(st.piece_of, r, s) for r in results] for s in range(1 << bits)]
+    shards = [engine.submit(st.merge_shard, shard_pieces) for shard_pieces in pieces]
+    engine.release(results)  # each partition is dropped once its pieces are taken
+    del pieces
+    read = engine.results(summaries, "read")
+    problems = [pr for _, probs in read for pr in probs]
     if problems:
-        engine.release(results)
+        engine.release(shards)
         raise BadRowsError(str(data), [(p.line, f"{p.path}: {p.message}") for p in problems])
-    log("partitions_read", partitions=len(partitions), rows=sum(n for n, _ in summaries), shards=1 << bits,
+    log("partitions_read", partitions=len(partitions), rows=sum(n for n, _ in read), shards=1 << bits,
         peak_rss_mib=peak_rss_mib())  # fmt: skip
-    shards = [
-        engine.submit(st.merge_shard, [engine.submit(st.piece_of, r, s) for r in results]) for s in range(1 << bits)
-    ]
-    engine.release(results)  # each partition is dropped once its pieces are merged
     merged = engine.results([engine.submit(st.shard_summary, sh) for sh in shards], "shuffle")
     table = ShardedTable(engine, str(data), partitions, spec, bits, shards, [n for n, _ in merged])
     repeated = [t for _, tags in merged for t in tags]

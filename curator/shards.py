@@ -64,7 +64,10 @@ class PartitionResult:
 
 
 def piece_of(result: PartitionResult, shard: int) -> Piece:
-    """Shard ``shard``'s piece of a partition (a tiny task that runs where the partition is)."""
+    """Shard ``shard``'s piece of a partition (a tiny task that runs where the partition is);
+    empty for a partition with bad rows (the table is refused once every partition is read)."""
+    if result.problems:
+        return Piece(np.zeros(0, dtype=WORK_DTYPE), np.zeros(0, dtype=np.uint8))
     return result.pieces[shard]
 
 

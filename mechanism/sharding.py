@@ -63,19 +63,23 @@ class Piece:
 
 
 def split_by_shard(tags: TagArray, shard_bits: int, symbols: npt.NDArray[np.unsignedinteger]) -> tuple[Piece, ...]:
-    """``(tags, symbols)`` split into ``2^shard_bits`` pieces by the tags' top bits, each piece
-    ascending by tag (one :func:`tag_order` sort: the shards are then runs of it, and a shard's
-    merge sorts runs that are sorted already)."""
-    hi, lo = tag_words(tags)
-    order = tag_order(hi, lo)
-    tags, symbols = tags[order], symbols[order]
-    bounds = np.searchsorted(shard_of(tags, shard_bits), np.arange((1 << shard_bits) + 1))
-    # each piece owns its arrays (a copy, not a view of one array): a worker frees a piece as soon
-    # as its shard is merged, instead of holding the whole partition until every shard is
+    """``(tags, symbols)`` split into ``2^shard_bits`` pieces by the tags' top bits (one stable
+    argsort of 16-bit shard numbers: a radix sort; each shard is sorted once, at its merge)."""
+    shard = shard_of(tags, shard_bits).astype(np.uint16)  # at most 2^16 shards
+    order = np.argsort(shard, kind="stable")
+    bounds = np.searchsorted(shard[order], np.arange((1 << shard_bits) + 1))
+    records = _records(tags)
+    # one gather a piece: each piece owns its arrays (not a view of one array), so a worker frees
+    # a piece as soon as its shard is merged, not the whole partition once every shard is
     return tuple(
-        Piece(tags[start:stop].copy(), symbols[start:stop].copy())
+        Piece(records[order[start:stop]].view(tags.dtype), symbols[order[start:stop]])
         for start, stop in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True)
     )
+
+
+def _records(tags: TagArray) -> npt.NDArray[np.void]:
+    """Tags as opaque 16-byte items: numpy gathers those 1.7x as fast as the structured items."""
+    return np.ascontiguousarray(tags).view("V16")
 
 
 def tag_words(tags: TagArray) -> tuple[U64, U64]:
@@ -103,8 +107,7 @@ def tag_order(hi: U64, lo: U64) -> I64:
     """The order that sorts tags ascending by (hi, lo), the way ``alignment.sort_tags`` sorts a
     whole table: one int64 sort of packs (the bits of ``hi`` below the prefix all of them share,
     then the row number in the low bits; 10x numpy's uint64 argsort, which has no SIMD kernel),
-    then the rare runs of equal packed prefix (about n^2 / 2^(65 - row bits + shared bits) of
-    them) put in exact (hi, lo) order."""
+    then the runs of equal packed prefix put in exact (hi, lo) order."""
     size = int(hi.size)
     if size < 2:
         return np.arange(size, dtype=np.int64)
@@ -120,11 +123,18 @@ def tag_order(hi: U64, lo: U64) -> I64:
     signed.sort()
     order = signed & np.int64((1 << row_bits) - 1)
     prefix = signed >> np.int64(row_bits)
-    tied = np.flatnonzero(prefix[1:] == prefix[:-1])
-    for value in np.unique(prefix[tied]).tolist():  # about n^2 / 2^(65 - row bits + shared) runs
-        start, stop = np.searchsorted(prefix, [value, value + 1]).tolist()
-        run = order[start:stop]
-        order[start:stop] = run[np.lexsort((lo[run], hi[run]))]
+    step = prefix[1:] != prefix[:-1]
+    if bool(np.all(step)):
+        return order
+    # the runs of equal packed prefix (about n^2 / 2^(65 - row bits + shared) of them, or every
+    # repeated id's run), put in exact (hi, lo) order by one lexsort of their members
+    tied = np.zeros(size, dtype=bool)
+    tied[1:] |= ~step
+    tied[:-1] |= ~step
+    members = np.flatnonzero(tied)
+    run = np.concatenate([[0], np.cumsum(step)])[members]
+    rows = order[members]
+    order[members] = rows[np.lexsort((lo[rows], hi[rows], run))]
     return order
 
 
@@ -136,7 +146,7 @@ def merge_pieces(pieces: Sequence[Piece]) -> Shard:
     if tags.dtype != WORK_DTYPE:
         tags = tags.astype(WORK_DTYPE)
     order = tag_order(tags["hi"], tags["lo"])
-    tags = tags[order]
+    tags = _records(tags)[order].view(WORK_DTYPE)
     hi, lo = tags["hi"], tags["lo"]
     same = np.flatnonzero((hi[1:] == hi[:-1]) & (lo[1:] == lo[:-1]))
     return Shard(tags, symbols[order], np.unique(tags[same]).astype(TAG_DTYPE))
