@@ -1,19 +1,20 @@
 """The leader on a cluster (``--engine dask``): its own rows are tag shards on its workers, each
-follower's tags are spooled into the same shards as they arrive, and the shards are matched
-while the tags still arrive.
+follower's tags are spooled into the same shards as they arrive, and they are matched while
+the tags still arrive.
 
-A follower on a cluster streams its tags ascending, so its shards complete one after another.
-As soon as every follower's part of shard ``s`` has arrived, the matcher thread ships those
-parts to a worker (scattered straight to it, not through the scheduler) and intersects them with
-the leader's shard ``s`` there (:func:`~secure_release.curator.shards.match_shard`). The
-leader's symbols of the common tags stay on the workers until the release gathers them; each
-follower's row order comes back as uint32 and is appended to its rows file, shard by shard. A
-stream that is not ascending is matched once it has ended; a follower's second stream (a resend
-before the agreement is fixed) starts the matching over.
+A follower on a cluster streams its tags ascending, so the units of the leader's shards (a
+quarter of a shard each: :data:`UNIT_BITS` more tag bits) complete one after another. As soon as
+every follower's part of a unit has arrived, the matcher thread ships those parts straight to
+the worker that holds the leader's shard (not through the scheduler) and intersects them there
+(:func:`~secure_release.curator.shards.match_shard`). The leader's symbols of the common tags
+stay on the workers until the release gathers them; each follower's row order comes back as
+uint32 and is appended to its rows file, unit by unit. A stream that is not ascending is
+matched once it has ended; a follower's second stream (a resend before the agreement is fixed)
+starts the matching over.
 
-What this process holds: one shard's follower tags at a time (the spool is on disk: 20 bytes a
-tag, under the keystore, 0700, removed at the end of the run), the row orders as files, and the
-aligned column once gathered.
+What this process holds: one unit's follower tags at a time (the spool is on disk: 20 bytes a
+tag in two files a shard, ``.tags`` and ``.rows``, under the keystore, 0700, removed at the end
+of the run), the row orders as files, and the aligned column once gathered.
 """
 
 from __future__ import annotations
