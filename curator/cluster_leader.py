@@ -111,12 +111,12 @@ class _Spooler:
     def add(self, piece: bytes, first: int) -> None:
         tags = np.frombuffer(piece, dtype=TAG_DTYPE)
         hi, lo = sh.tag_words(tags)
-        top = (hi >> np.uint64(64 - self.bits)).astype(np.intp) if self.bits else np.zeros(hi.size, np.intp)
         if self.last is not None and (int(hi[0]), int(lo[0])) > self.last and sh.ascending(hi, lo):
+            top = sh.top_bits(hi, self.bits)
             low, high = int(top[0]), int(top[-1])
             bounds = np.searchsorted(top, np.arange(low, high + 2)).tolist()  # ascending: one run a shard
             view = memoryview(piece)
-            units = (hi >> np.uint64(64 - self.bits - UNIT_BITS)).astype(np.intp)
+            units = sh.top_bits(hi, self.bits + UNIT_BITS)
             with self.leader.cond:
                 for unit in np.unique(units).tolist():  # a few a piece: where each new unit begins
                     self.starts.setdefault(unit, self.written[unit >> UNIT_BITS] + int(np.searchsorted(units, unit)) -
@@ -128,18 +128,17 @@ class _Spooler:
             for shard in range(low, high + 1):  # the matcher reads what is written, not what is buffered
                 self.tags[shard].flush()
                 self.rows[shard].flush()
-            self._complete(int(hi[-1] >> np.uint64(64 - self.bits - UNIT_BITS)))
+            self._complete(int(units[-1]))
             return
         if self.last is not None:  # no longer ascending: shards handed to the matcher may grow now
             self.last = None
             if self.done:
                 with self.leader.cond:
                     self.leader._arrived(self.curator, 0, restart=True)
-        order = np.argsort(top.astype(np.uint16), kind="stable")  # 16-bit keys: a radix sort
-        bounds = np.searchsorted(top[order], np.arange((1 << self.bits) + 1))
-        for shard in np.flatnonzero(np.diff(bounds)).tolist():
-            part = order[bounds[shard] : bounds[shard + 1]]
-            self._write(shard, tags[part].tobytes(), part + first)
+        rows = np.arange(first, first + tags.size, dtype=np.uint32)  # split with the tags, as symbols are
+        for shard, part in enumerate(sh.split_by_shard(tags, self.bits, rows)):
+            if part.tags.size:
+                self._write(shard, part.tags.tobytes(), part.symbols)
 
     def _write(self, shard: int, raw: bytes | memoryview, rows: npt.NDArray[np.integer]) -> None:
         self.tags[shard].write(raw)
@@ -180,8 +179,8 @@ class ClusterLeader(LeaderState):
     engine: Engine | None = None
     own: ShardedTable | None = None
     spool: Path | None = None
-    own_counts: list[int] = field(default_factory=list)  # common rows of each own shard
-    matches: list[Any] = field(default_factory=list)  # engine handles of shards.Match, in shard order
+    own_counts: list[int] = field(default_factory=list)  # common rows of each unit
+    matches: list[Any] = field(default_factory=list)  # engine handles of shards.Match, in unit order
     row_files: dict[str, SpooledRows] = field(default_factory=dict)
     streaming: set[str] = field(default_factory=set)  # followers whose tag stream is arriving now
     complete: dict[str, int] = field(default_factory=dict)  # follower -> units whose tags all arrived
@@ -238,18 +237,18 @@ class ClusterLeader(LeaderState):
         self._record(curator, digest, alphabet_size)
         return received
 
-    def _arrived(self, curator: str, shards: int, restart: bool = False) -> None:
-        """(Under ``cond``.) ``curator``'s first ``shards`` shards are complete; ``restart``: its
+    def _arrived(self, curator: str, units: int, restart: bool = False) -> None:
+        """(Under ``cond``.) ``curator``'s first ``units`` units are complete; ``restart``: its
         stream starts (again), so the matching starts over."""
         if restart:
             self.generation += 1
             self.complete[curator] = 0
-        self.complete[curator] = max(self.complete.get(curator, 0), shards)
+        self.complete[curator] = max(self.complete.get(curator, 0), units)
         self.cond.notify_all()
 
     def _spool_stream(self, curator: str, pieces: Iterable[bytes], spool: bool) -> tuple[str, int]:
         """The stream's digest and tag count; with ``spool``, each tag written to its shard's
-        files, and each shard marked complete once an ascending stream has moved past it."""
+        files, and each unit marked complete once an ascending stream has moved past it."""
         digest, received = hashlib.sha256(), 0
         spooler = _Spooler(self, curator) if spool else None
         try:
@@ -303,7 +302,7 @@ class ClusterLeader(LeaderState):
 
     # ------------------------------------------------------------------------------ matching
     def _match_all(self) -> None:
-        """The matcher thread: match the shards in order as they become complete; start over
+        """The matcher thread: match the units in order as they become complete; start over
         whenever a stream starts again (before the agreement is fixed); stop at
         :meth:`cleanup` or on a failure."""
         while True:
@@ -330,8 +329,8 @@ class ClusterLeader(LeaderState):
         return all(self.complete.get(c, 0) > unit for c in self.curators[1:])
 
     def _match_generation(self, generation: int) -> None:
-        """Every shard matched once (the row files rewritten): :class:`_RestartMatchingError` if the
-        generation changes or the leader closes first."""
+        """Every unit matched once, at most :data:`WINDOW` in flight (the row files rewritten):
+        :class:`_RestartMatchingError` if the generation changes or the leader closes first."""
         assert self.spool is not None and self.engine is not None
         followers = list(self.curators[1:])
         self.engine.release(self.matches)
@@ -387,7 +386,7 @@ class ClusterLeader(LeaderState):
                 others.append(_read_spool(self.shard_files(c)[shard], *where))
                 continue
             part, at = _read_spool(self.shard_files(c)[shard])
-            inside = np.flatnonzero((sh.tag_words(part)[0] >> np.uint64(64 - bits)) == np.uint64(unit))
+            inside = np.flatnonzero(sh.top_bits(sh.tag_words(part)[0], bits) == unit)
             others.append((part[inside], at[inside]))
         payload = self.engine.put(others, near=self.own.shards[shard])
         dtype = sh.symbol_dtype(self.own.alphabet_size)
@@ -396,7 +395,7 @@ class ClusterLeader(LeaderState):
 
     # ------------------------------------------------------------------------------ agreement
     def agree(self) -> VariantAgreement:
-        """The agreement, once every shard is matched (most of them were while the tags arrived)."""
+        """The agreement, once every unit is matched (most of them were while the tags arrived)."""
         with self.cond:
             if self.agreement is not None:
                 return self.agreement

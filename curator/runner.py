@@ -683,10 +683,6 @@ def open_cluster_run(
     sample is in the record): none is started."""
     keystore = open_keystore(config)
     resuming = keystore.load_record(config.release_id) is not None
-    if not resuming and config.scheduler is None and config.scheduler_file is None:
-        from secure_release.curator.engine import start_forkserver
-
-        start_forkserver()  # its imports overlap the engine thread's start
     with ThreadPoolExecutor(1, thread_name_prefix="engine") as pool:
         starting = None if resuming else pool.submit(start_engine, config, log)
         try:

@@ -48,10 +48,15 @@ def shard_bits_for(num_rows: int, shard_tags: int = SHARD_TAGS) -> int:
 
 def shard_of(tags: TagArray, shard_bits: int) -> npt.NDArray[np.intp]:
     """The shard of each tag: its top ``shard_bits`` bits."""
-    hi = tag_words(tags)[0]
-    if shard_bits == 0:
+    return top_bits(tag_words(tags)[0], shard_bits)
+
+
+def top_bits(hi: U64, bits: int) -> npt.NDArray[np.intp]:
+    """The top ``bits`` bits of each high word (0 <= bits <= 63): a tag's shard, or with more
+    bits its unit within the shard."""
+    if bits == 0:
         return np.zeros(hi.size, dtype=np.intp)
-    return (hi >> np.uint64(64 - shard_bits)).astype(np.intp)
+    return (hi >> np.uint64(64 - bits)).astype(np.intp)
 
 
 @dataclass(frozen=True)
