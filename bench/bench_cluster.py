@@ -73,7 +73,7 @@ class Poller(threading.Thread):
                 hwm = vm_hwm_mib(pid)
                 if hwm is None:
                     continue
-                name = role if i == 0 else f"{role}/{_cmd(pid)}-{pid}"
+                name = role if i == 0 else f"{role}/{_kind(pid, proc.pid)}-{pid}"
                 self.peak[name] = max(self.peak.get(name, 0.0), hwm)
                 self.cpu[name] = max(self.cpu.get(name, 0.0), cpu_seconds(pid))
 
@@ -94,12 +94,17 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICKS
 
 
-def _cmd(pid: int) -> str:
+def _kind(pid: int, role_pid: int) -> str:
+    """What a process under a role is: the embedded cluster's resource tracker, its forkserver
+    (a child of the role) or a worker (a child of the forkserver)."""
     try:
-        text = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
+        text = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+        parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
         return "proc"
-    return "worker" if "spawn" in text or "multiprocessing" in text else "child"
+    if "resource_tracker" in text:
+        return "tracker"
+    return "forkserver" if parent == role_pid else "worker"
 
 
 def stage_times(log: Path) -> dict[str, float]:
@@ -218,7 +223,7 @@ def main() -> int:
                     if len(pairs) > 1:
                         ratios = sorted(round(d / loc, 2) for d, loc in pairs)
                         entry["pairs"] = [{"dask": d, "local": loc, "ratio": round(d / loc, 2)} for d, loc in pairs]
-                        entry["dask_over_local_median"] = statistics.median(ratios)
+                        entry["dask_over_local_median"] = round(statistics.median(ratios), 3)
                 results.append(entry)
                 sys.stderr.write(json.dumps({k: v for k, v in entry.items() if k != "duckdb"}, indent=1) + "\n")
     for n in rows:

@@ -317,6 +317,7 @@ def add_run_arguments(p: argparse.ArgumentParser, storing: bool) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the curator CLI; returns the exit code of the shared convention (infra/exitcodes.py:
     0 success, 1 failed or aborted release, 2 usage, config or input error, 3 refused)."""
+    program = argv is None  # this process was started for this command (not a caller's)
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
 
@@ -330,11 +331,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command not in commands or getattr(args, "action", "") is None:
             parser.print_help()
             return USAGE
+        if _embedded_cluster(args):  # before this process starts a thread or reads a key
+            from secure_release.curator.engine import start_forkserver
+
+            start_forkserver(in_process=program)
         setup_logging(log_format=log_format)
         metrics.start_metrics(metrics_address, "curator")
         return _dispatch(args)
 
     return run_main("secure-release-curator", body, usage_errors=USAGE_ERRORS)
+
+
+def _embedded_cluster(args: argparse.Namespace) -> bool:
+    """Whether this command runs a release on an embedded Dask cluster (whose workers are
+    forks of a server started first: :func:`~secure_release.curator.engine.start_forkserver`)."""
+    no_scheduler = getattr(args, "scheduler", None) is None and getattr(args, "scheduler_file", None) is None
+    return args.command == "run" and getattr(args, "engine", None) == "dask" and no_scheduler
 
 
 def _dispatch(args: argparse.Namespace) -> int:
@@ -355,10 +367,6 @@ def _dispatch(args: argparse.Namespace) -> int:
         from secure_release.curator.stored import run_server_sampled
 
         return run_server_sampled(config)
-    if config.engine == "dask" and config.scheduler is None and config.scheduler_file is None:
-        from secure_release.curator.engine import start_forkserver
-
-        start_forkserver()  # the embedded cluster's workers' template imports while this process does
     from secure_release.curator.runner import run
 
     return run(config)

@@ -23,6 +23,7 @@ opaque future; arguments that are handles are resolved where the task runs.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import json
@@ -30,7 +31,7 @@ import multiprocessing
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol
@@ -248,9 +249,24 @@ def _file_address(scheduler_file: str) -> str:
 
 
 METHOD_KEY = "distributed.worker.multiprocessing-method"
-#: An embedded cluster's workers run no statistical profiler (a thread that samples every
-#: thread's stack each 10 ms, for the dashboard's profile page): its cost is the curator's CPU.
-EMBEDDED_CONFIG = {"distributed.worker.profile.enabled": False}
+#: An embedded cluster's settings, where Dask's defaults cost the curator's CPU for what only a
+#: dashboard shows (measured on 2 cores, a cluster of 2 workers doing nothing: 0.15 CPU seconds a
+#: second with Dask's defaults, 0.03 with these, for each curator; a 10^7-row release takes 12 s):
+#:
+#: * no statistical profiler (a thread sampling every thread's stack each 10 ms);
+#: * each event loop's tick (the watch that warns of a loop blocked over 3 s) every second, not
+#:   every 20 ms: the scheduler's, the client's and every worker's loop woke 50 times a second;
+#: * the memory monitor (a worker's spill and pause, its nanny's kill at 95% of the limit) every
+#:   250 ms, not 100 ms: at the rates of a worker here (about 100 MB/s) it may overshoot a
+#:   threshold by 25 MB before it acts, and a worker's limit is 2 GiB;
+#: * the system monitor (CPU, memory, network and disk counters for the dashboard's graphs)
+#:   every 2 s, not 500 ms.
+EMBEDDED_CONFIG = {
+    "distributed.worker.profile.enabled": False,
+    "distributed.admin.tick.interval": "1s",
+    "distributed.worker.memory.monitor-interval": "250ms",
+    "distributed.admin.system-monitor.interval": "2s",
+}
 
 
 def start_method() -> str:
@@ -268,17 +284,73 @@ def start_method() -> str:
 FORKSERVER_MODULES = ("distributed", "numpy", "pandas")
 
 
-def start_forkserver() -> None:
-    """Start the server an embedded cluster forks its workers from, now: it imports
-    :data:`FORKSERVER_MODULES` and :data:`WARM_MODULES` (1-1.5 s of CPU) while this process imports distributed and
-    starts the scheduler, instead of after; each worker is then a fork with all of it imported.
-    Call before anything else of the engine (a no-op without ``forkserver``, or if running)."""
-    if start_method() != "forkserver":
-        return
+def start_forkserver(in_process: bool = False) -> None:
+    """Start the server an embedded cluster forks its workers from, now (a no-op without
+    ``forkserver``, or if it runs already); each worker is then a fork of it with
+    :data:`FORKSERVER_MODULES` and :data:`WARM_MODULES` imported. Call before anything else of
+    the engine.
+
+    By default the server is a new interpreter that imports them (1-1.5 s of CPU) while this
+    process goes on. ``in_process``, for a curator process that has started nothing yet (no
+    thread of its own, no socket, no key or table read): this process imports them (it needs
+    distributed, numpy and pyarrow itself) and the server is a fork of it, so they are imported
+    once, not twice. The fork keeps no descriptor but the server's own and the standard streams,
+    as a new interpreter would."""
+    if start_method() != "forkserver" or importlib.util.find_spec("distributed") is None:
+        return  # (without dask, open_engine says what to install)
     wanted = (*FORKSERVER_MODULES, *WARM_MODULES)
     names = [name for name in wanted if importlib.util.find_spec(name.split(".")[0]) is not None]
-    multiprocessing.get_context("forkserver").set_forkserver_preload(names)
-    importlib.import_module("multiprocessing.forkserver").ensure_running()
+    forkserver = importlib.import_module("multiprocessing.forkserver")
+    if not (in_process and threading.active_count() == 1):
+        multiprocessing.get_context("forkserver").set_forkserver_preload(names)
+        forkserver.ensure_running()
+        return
+    for name in names:
+        importlib.import_module(name)
+    importlib.import_module("multiprocessing.resource_tracker").ensure_running()  # a new interpreter, as ever
+    multiprocessing.get_context("forkserver").set_forkserver_preload([])
+    with _server_forked():
+        forkserver.ensure_running()
+
+
+@contextlib.contextmanager
+def _server_forked() -> Iterator[None]:
+    """While open, multiprocessing starts its forkserver as a fork of this process running the
+    same command it would give a new interpreter; anything else it starts, as before."""
+    util: Any = importlib.import_module("multiprocessing.util")  # spawnv_passfds: not in its stubs
+    spawn = util.spawnv_passfds
+
+    def fork(path: str, args: Sequence[str], passfds: Sequence[int]) -> int:
+        command = args[-1] if len(args) >= 2 and args[-2] == "-c" else ""
+        if not command.startswith("from multiprocessing.forkserver import main;"):
+            return int(spawn(path, args, passfds))
+        pid = os.fork()
+        if pid:
+            return pid
+        try:
+            _close_descriptors_except({0, 1, 2, *passfds})
+            exec(command, {"__name__": "__forkserver__"})  # multiprocessing's own command
+        except SystemExit:  # the server ends once every process that may use it has ended
+            os._exit(0)
+        finally:
+            os._exit(1)
+
+    util.spawnv_passfds = fork
+    try:
+        yield
+    finally:
+        util.spawnv_passfds = spawn
+
+
+def _close_descriptors_except(keep: set[int]) -> None:
+    start = 0
+    for fd in [*sorted(keep), MAX_DESCRIPTOR]:
+        if start < fd:  # never an empty range: os.closerange(0, 0) closes every descriptor here
+            os.closerange(start, fd)
+        start = fd + 1
+
+
+MAX_DESCRIPTOR = 1 << 20
 
 
 def keep_forkserver_preload() -> None:

@@ -113,13 +113,20 @@ def tag_order(hi: U64, lo: U64) -> I64:
     whole table: one int64 sort of packs (the bits of ``hi`` below the prefix all of them share,
     then the row number in the low bits; 10x numpy's uint64 argsort, which has no SIMD kernel),
     then the runs of equal packed prefix put in exact (hi, lo) order."""
+    return _ordered(hi, lo)[0]
+
+
+def _ordered(hi: U64, lo: U64) -> tuple[I64, I64 | None]:
+    """:func:`tag_order`, and every position ``i`` of the sorted order whose packed prefix equals
+    that of ``i + 1`` (equal tags have equal prefixes, so only these can be repeats); None when
+    the tags were ordered by a lexsort of both words (then any neighbours may be equal)."""
     size = int(hi.size)
     if size < 2:
-        return np.arange(size, dtype=np.int64)
+        return np.arange(size, dtype=np.int64), np.zeros(0, dtype=np.int64)
     shared = 64 - (int(hi.min()) ^ int(hi.max())).bit_length()  # a shard's top bits are all equal
     row_bits = max(1, (size - 1).bit_length())
     if shared == 64 or row_bits > 40:  # every hi equal, or too many rows for a useful prefix
-        return np.lexsort((lo, hi)).astype(np.int64)
+        return np.lexsort((lo, hi)).astype(np.int64), None
     packs = hi << np.uint64(shared)
     packs &= ~np.uint64((1 << row_bits) - 1)
     packs |= np.arange(size, dtype=np.uint64)
@@ -127,33 +134,38 @@ def tag_order(hi: U64, lo: U64) -> I64:
     signed = packs.view(np.int64)
     signed.sort()
     order = signed & np.int64((1 << row_bits) - 1)
-    prefix = signed >> np.int64(row_bits)
-    step = prefix[1:] != prefix[:-1]
-    if bool(np.all(step)):
-        return order
-    # the runs of equal packed prefix (about n^2 / 2^(65 - row bits + shared) of them, or every
-    # repeated id's run), put in exact (hi, lo) order by one lexsort of their members
-    tied = np.zeros(size, dtype=bool)
-    tied[1:] |= ~step
-    tied[:-1] |= ~step
-    members = np.flatnonzero(tied)
-    run = np.concatenate([[0], np.cumsum(step)])[members]
+    signed >>= np.int64(row_bits)  # the prefixes, in place
+    tied = np.flatnonzero(signed[1:] == signed[:-1])
+    if tied.size:
+        _order_ties(order, tied, hi, lo)
+    return order, tied
+
+
+def _order_ties(order: I64, tied: I64, hi: U64, lo: U64) -> None:
+    """Put each run of equal packed prefix (about n^2 / 2^(65 - row bits + shared) of them, or
+    every repeated id's run) of ``order`` in exact (hi, lo) order, in place: one lexsort of all
+    the runs' members together (work in the number of ties, not of rows). A run with a smaller
+    prefix holds smaller high words, so the members sorted as one list fall back into their own
+    runs' places."""
+    members = np.union1d(tied, tied + 1)
     rows = order[members]
-    order[members] = rows[np.lexsort((lo[rows], hi[rows], run))]
-    return order
+    order[members] = rows[np.lexsort((lo[rows], hi[rows]))]
 
 
 def merge_pieces(pieces: Sequence[Piece]) -> Shard:
     """A shard from every partition's piece of it, sorted by tag (ascending (hi, lo) as
-    unsigned integers, as :func:`~secure_release.mechanism.alignment.common_tags` orders them)."""
+    unsigned integers, as :func:`~secure_release.mechanism.alignment.common_tags` orders them);
+    its repeated tags found among the neighbours :func:`_ordered` saw tied."""
     tags = np.concatenate([p.tags for p in pieces]) if pieces else np.zeros(0, dtype=WORK_DTYPE)
     symbols = np.concatenate([p.symbols for p in pieces]) if pieces else np.zeros(0, dtype=np.uint32)
     if tags.dtype != WORK_DTYPE:
         tags = tags.astype(WORK_DTYPE)
-    order = tag_order(tags["hi"], tags["lo"])
+    order, tied = _ordered(tags["hi"], tags["lo"])
     tags = _records(tags)[order].view(WORK_DTYPE)
     hi, lo = tags["hi"], tags["lo"]
-    same = np.flatnonzero((hi[1:] == hi[:-1]) & (lo[1:] == lo[:-1]))
+    if tied is None:
+        tied = np.arange(max(0, hi.size - 1), dtype=np.int64)
+    same = tied[(hi[tied + 1] == hi[tied]) & (lo[tied + 1] == lo[tied])]
     return Shard(tags, symbols[order], np.unique(tags[same]).astype(TAG_DTYPE))
 
 

@@ -242,6 +242,28 @@ def test_tag_order_is_exact_when_packed_prefixes_tie_below_shared_top_bits() -> 
     assert np.array_equal(order, np.lexsort((lo, hi)))
 
 
+def test_merge_finds_every_repeated_tag_inside_runs_of_tied_prefixes() -> None:
+    """The merge looks for repeats only among neighbours whose packed prefixes tie: tags made to
+    tie there, some repeated (twice and three times) and some not, must give exactly the
+    repeated set, the exact order and each symbol with its tag."""
+    rng = np.random.default_rng(7)
+    size = 3000
+    tags = np.zeros(size, dtype=sh.WORK_DTYPE)
+    top = rng.integers(0, 64, size).astype(np.uint64) << np.uint64(50)  # 6 varying bits, then ties below
+    tags["hi"] = top | rng.integers(0, 1 << 12, size).astype(np.uint64)
+    tags["lo"] = rng.integers(0, 1 << 63, size).astype(np.uint64)
+    tags[100:140] = tags[200:240]  # repeated once
+    tags[300:310] = tags[200:210]  # and a third time
+    symbols = np.arange(size, dtype=np.uint32)
+    shard = sh.merge_pieces(sh.split_by_shard(tags, 0, symbols))
+    assert shard.size == size
+    pairs = [(int(h), int(lo)) for h, lo in zip(shard.tags["hi"], shard.tags["lo"], strict=True)]
+    assert pairs == sorted(pairs)
+    assert np.array_equal(shard.tags, tags[shard.symbols])  # each symbol stayed with its tag
+    values, counts = np.unique(tags.astype(TAG_DTYPE), return_counts=True)
+    assert np.array_equal(np.sort(shard.repeated), values[counts > 1]) and shard.repeated.size == 40
+
+
 def _bob_pieces(tables: dict[str, object]) -> list[bytes]:
     return [t.tobytes() for t in tables["bob"].tag_pieces()]  # type: ignore[attr-defined]
 
