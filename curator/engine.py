@@ -271,10 +271,11 @@ EMBEDDED_CONFIG = {
 
 def start_method() -> str:
     """How an embedded cluster starts its worker processes: ``forkserver`` where there is one
-    (a clean server process imports distributed, numpy and pandas once, and each worker is a
-    fork of it: at 10^7 rows this took the cluster's start from about 6.5 s to 4.5 s of a
-    release's wall time on 2 cores, where four workers importing the same modules competed for
-    the CPU), else ``spawn``. Never plain ``fork``: the curator process runs gRPC threads."""
+    (a server process with distributed, numpy and pandas imported, each worker a fork of it: at
+    10^7 rows this took the cluster's start from about 6.5 s to 4.5 s of a release's wall time on
+    2 cores, where four workers importing the same modules competed for the CPU; the curator's
+    run forks that server from itself before it starts anything, :func:`start_forkserver`),
+    else ``spawn``. Never plain ``fork`` of a running curator: it runs gRPC threads."""
     return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
 
 
