@@ -332,7 +332,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.print_help()
             return USAGE
         if _embedded_cluster(args):  # before this process starts a thread or reads a key
-            from secure_release.curator.engine import start_forkserver
+            from secure_release.curator.forkserver import start_forkserver
 
             start_forkserver(in_process=program)
         setup_logging(log_format=log_format)
@@ -344,7 +344,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _embedded_cluster(args: argparse.Namespace) -> bool:
     """Whether this command runs a release on an embedded Dask cluster (whose workers are
-    forks of a server started first: :func:`~secure_release.curator.engine.start_forkserver`)."""
+    forks of a server started first: :func:`~secure_release.curator.forkserver.start_forkserver`)."""
     no_scheduler = getattr(args, "scheduler", None) is None and getattr(args, "scheduler_file", None) is None
     return args.command == "run" and getattr(args, "engine", None) == "dask" and no_scheduler
 
