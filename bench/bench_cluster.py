@@ -22,8 +22,9 @@ under ``--data-root``). For every m = fraction * n_common:
   (the curator reads the directory in-process). ``--repeat N``: N such dask/local pairs in turn
   (the machine is shared, so one pair's ratio moves by 20%): every ratio and their median.
 
-Peak RSS: VmHWM of every process (each curator's driver, each of its Dask worker processes and
-nannies, the server, the researcher), polled every 50 ms and read once more before the processes
+Peak RSS: VmHWM of every process (each curator's driver, which also runs its scheduler and its
+workers' nannies; its forkserver, worker processes and resource tracker; the server, the
+researcher), polled every 50 ms and read once more before the processes
 are stopped. Ratios printed: dask / duckdb at the same m, dask / local at 10^7, and the server's
 and researcher's peak at m = n over their peak at m = n / 10 (flat in m: <= 1.2).
 """
@@ -57,8 +58,8 @@ STAGES = ("engine_started", "partitions_read", "shards_sorted", "tags_submitted"
 
 
 class Poller(threading.Thread):
-    """Per-process VmHWM and CPU time of every role and its descendants (Dask workers and
-    nannies)."""
+    """Per-process VmHWM and CPU time of every role and its descendants (an embedded cluster's
+    forkserver, workers and resource tracker)."""
 
     def __init__(self, cluster: Cluster) -> None:
         super().__init__(daemon=True)

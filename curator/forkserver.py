@@ -21,7 +21,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 #: What a worker's first stage would import (pyarrow's Parquet reader, cryptography, the stage
-#: modules): about 0.5 s, now, while the curator process checks its ledger and reaches the server.
+#: modules, about 0.5 s of CPU): imported by the forkserver, so every worker starts with them.
 WARM_MODULES = ("pyarrow.parquet", "secure_release.curator.partitions", "secure_release.curator.shards")
 
 
@@ -37,7 +37,8 @@ def start_method() -> str:
 
 #: What an embedded cluster's forkserver imports before it forks a worker, besides
 #: :data:`WARM_MODULES`: what of Dask's own preload list a worker here uses (pandas: pyarrow
-#: imports it when it converts a Python list, to ask whether that is a pandas object).
+#: imports it on its first ``pa.array`` or ``pa.scalar``, whatever the input, to ask whether
+#: that is a pandas object; the schema checks make such arrays).
 FORKSERVER_MODULES = ("distributed", "numpy", "pandas")
 
 

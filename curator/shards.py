@@ -14,11 +14,14 @@ The stages of one curator:
 2. :func:`merge_shard`: one shard's pieces from every partition, sorted by tag; equal adjacent
    tags are repeated ids (their tags come back; :func:`locate_tags` then finds each one's file
    and line, on the error path only).
-3. The tags leave the curator shard by shard, ascending (:func:`shard_tags`); the leader puts
-   every follower's tags into the same shards (:func:`split_by_shard`) and intersects each
-   shard (:func:`intersect_shard`): each curator's rows of the common tags, in canonical order.
-4. :func:`gather_symbols`: a shard's symbols at those rows; the shards' results in order are
-   the curator's aligned column (n symbols), which the seed's sample indexes.
+3. The tags leave the curator shard by shard, ascending (:func:`shard_tags`); the leader spools
+   every follower's tags into the same shards and matches each unit of a shard where its shard
+   is (:func:`match_shard`, driven by :mod:`secure_release.curator.cluster_leader`): its own
+   symbols of the common tags stay there (:func:`match_symbols`), each follower's stream
+   indices of them come back (:func:`match_rows`), in canonical order.
+4. A follower gathers its symbols at those rows shard by shard
+   (:func:`~secure_release.mechanism.sharding.gather_symbols`); the shards' results in order are
+   the curator's aligned column, which the seed's sample indexes.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from secure_release.mechanism.errors import SecureReleaseError
 #: partitions x shards small tasks (2,048 at 10^8 rows in 64 files) and a shard's sort fits a
 #: worker of 2 GiB many times over.
 SHARD_TAGS = 1 << 22
-#: At most 2^16 shards (10^11 rows at 10^6 a shard).
+#: At most 2^16 shards (2.7 * 10^11 rows at 4 M a shard).
 MAX_SHARD_BITS = 16
 
 #: How a worker holds tags: (hi, lo) as native little-endian words, so sorting and matching read
@@ -142,8 +142,8 @@ def _ordered(hi: U64, lo: U64) -> tuple[I64, I64 | None]:
 
 
 def _order_ties(order: I64, tied: I64, hi: U64, lo: U64) -> None:
-    """Put each run of equal packed prefix (about n^2 / 2^(65 - row bits + shared) of them, or
-    every repeated id's run) of ``order`` in exact (hi, lo) order, in place: one lexsort of all
+    """Put each run of equal packed prefix (about n^2 / 2^(65 - max(row bits, shared bits)) of
+    them, or every repeated id's run) of ``order`` in exact (hi, lo) order, in place: one lexsort of all
     the runs' members together (work in the number of ties, not of rows). A run with a smaller
     prefix holds smaller high words, so the members sorted as one list fall back into their own
     runs' places."""

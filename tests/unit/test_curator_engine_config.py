@@ -3,6 +3,7 @@ scheduler addresses a curator may send its alignment key to."""
 
 from __future__ import annotations
 
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -75,6 +76,21 @@ def test_a_plaintext_scheduler_on_another_host_is_refused(address: str) -> None:
 def test_an_unknown_engine_is_refused() -> None:
     with pytest.raises(EngineError, match="unknown engine 'spark'; choose one of local, dask"):
         open_engine("spark")
+
+
+def test_without_dask_the_engine_says_what_to_install_and_no_forkserver_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    import multiprocessing.forkserver as forkserver
+
+    from secure_release.curator.forkserver import start_forkserver
+
+    for name in [m for m in sys.modules if m == "distributed" or m.startswith("distributed.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "distributed", None)  # as if the cluster extra were not installed
+    before = forkserver._forkserver._forkserver_pid  # type: ignore[attr-defined]
+    start_forkserver(in_process=True)
+    assert forkserver._forkserver._forkserver_pid == before  # type: ignore[attr-defined]
+    with pytest.raises(EngineError, match=r"needs dask.distributed: pip install 'secure-release\[cluster\]'"):
+        open_engine("dask")
 
 
 class _Pending:
