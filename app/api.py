@@ -17,6 +17,7 @@ import json
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -158,23 +159,64 @@ def _natural_order(values: Sequence[str]) -> list[str]:
     return sorted(values)
 
 
+#: Bins a ``ranges`` entry without its own count gets (``draft_schema(bins=...)``, ``--bins``).
+DRAFT_DEFAULT_BINS = 4
+#: Readable edges: every inner edge within this fraction of a bin's width of its exact value.
+EDGE_ROUNDING_TOLERANCE = Fraction(1, 100)
+
+
 def equal_width_edges(low: float, high: float, bins: int) -> list[float]:
-    """``bins`` equal-width bins over the public range [low, high] (edges rounded to 12
-    significant digits so they read back as typed: 2500, 3500, ...)."""
+    """``bins`` equal-width bins over the public range [low, high], written readably.
+
+    The exact edges are e_i = low + i (high - low) / bins (in exact rational arithmetic from the
+    shortest decimal text of ``low`` and ``high``). ``low`` and ``high`` are kept as given; the
+    inner edges are rounded to d decimals, with d the fewest (0, 1, 2, ...) that keeps every inner
+    edge within 1% of a bin's width of its exact value (so every bin's width is within 2% of
+    equal and the edges stay strictly increasing), or d + 1 when that writes every edge exactly.
+    17:42 at 5 bins gives 17, 22, 27, 32, 37, 42; at 4, 23.25, 29.5, 35.75 (exact at two
+    decimals, one more than the 23.2 that is within 1%); 0:1 at 3 gives 0, 0.33, 0.67, 1 (0.3
+    would be 10% of a width off). If no d up to 17 does, the nearest floats of the exact edges."""
     if not (np.isfinite(low) and np.isfinite(high) and high > low):
         raise TableInputError(f"a range needs finite LOW < HIGH, got {low}:{high}")
-    if bins < 1:
-        raise TableInputError(f"--bins must be >= 1, got {bins}")
-    return [float(f"{e:.12g}") for e in np.linspace(low, high, bins + 1)]
+    if isinstance(bins, bool) or not isinstance(bins, int | np.integer) or bins < 1:
+        raise TableInputError(f"a range needs a whole number of bins >= 1, got {bins!r}")
+    bins = int(bins)
+    lo, hi = Fraction(repr(float(low))), Fraction(repr(float(high)))
+    width = (hi - lo) / bins
+    exact = [lo + width * i for i in range(1, bins)]
+
+    def rounded(decimals: int) -> list[Fraction]:
+        return [Fraction(round(e * 10**decimals), 10**decimals) for e in exact]
+
+    for decimals in range(18):
+        if all(abs(r - e) <= EDGE_ROUNDING_TOLERANCE * width for r, e in zip(rounded(decimals), exact, strict=True)):
+            if rounded(decimals + 1) == exact:
+                decimals += 1
+            edges = [float(low), *(float(r) for r in rounded(decimals)), float(high)]
+            if bool(np.all(np.diff(edges) > 0)):
+                return edges
+    return [float(low), *(float(e) for e in exact), float(high)]
+
+
+def _range_spec(name: str, spec: Sequence[Any], bins: int) -> tuple[float, float, int]:
+    """``(low, high)`` with the default ``bins``, or ``(low, high, count)`` with its own count
+    (the count is checked by :func:`equal_width_edges`)."""
+    if len(spec) not in (2, 3):
+        raise TableInputError(f"the range of {name!r} is (LOW, HIGH) or (LOW, HIGH, BINS), got {tuple(spec)!r}")
+    count: int = spec[2] if len(spec) == 3 else bins
+    return float(spec[0]), float(spec[1]), count
 
 
 def draft_schema(
     table: Any, curator: str, id_column: str = "id", attributes: Sequence[str] | None = None, warn: bool = True,
-    ranges: Mapping[str, tuple[float, float]] | None = None, bins: int = 4,
-    codebook: Mapping[str, Sequence[str]] | None = None, missing_tokens: Sequence[str] = (),
+    ranges: Mapping[str, tuple[float, float] | tuple[float, float, int]] | None = None,
+    bins: int = DRAFT_DEFAULT_BINS, codebook: Mapping[str, Sequence[str]] | None = None,
+    missing_tokens: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """A DRAFT schema dict from a table. A column in ``ranges`` is binned at ``bins`` equal-width
-    bins of that public range (never the data's own minimum or maximum); a numeric column with
+    """A DRAFT schema dict from a table. A column in ``ranges`` is binned at equal-width bins of
+    that public range (never the data's own minimum or maximum), edges from
+    :func:`equal_width_edges`: ``(low, high, count)`` gives its own count of bins, ``(low, high)``
+    takes ``bins``; a numeric column with
     more than :data:`DRAFT_MAX_NUMERIC_CATEGORIES` distinct values and no range raises
     :class:`DraftNeedsRangeError` naming it. Categories follow ``codebook`` (public, in its order)
     when it lists the column, else a natural order (numbers numerically); empty cells give a
@@ -197,7 +239,8 @@ def draft_schema(
         present = values[~empty]
         entry: dict[str, Any] = {"name": name}
         if name in ranges:
-            entry["bins"] = [int(e) if float(e).is_integer() else e for e in equal_width_edges(*ranges[name], bins)]
+            edges = equal_width_edges(*_range_spec(name, ranges[name], bins))
+            entry["bins"] = [int(e) if e.is_integer() else e for e in edges]
         elif name in codebook:
             entry["categories"] = [str(c) for c in codebook[name]]
         else:

@@ -14,7 +14,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from secure_release.api import CODEBOOK_WARNING, draft_schema
+from secure_release.api import CODEBOOK_WARNING, DRAFT_DEFAULT_BINS, draft_schema
 from secure_release.frames import TableInputError
 
 
@@ -38,13 +38,28 @@ def register(sub: Any) -> None:
     d.add_argument("--out", type=Path, help="write the schema here (default: standard output)")
     d.add_argument(
         "--range",
-        action="append",
+        dest="binning",
+        action=_InOrder,
+        const="range",
         default=[],
-        metavar="COLUMN=LOW:HIGH",
+        metavar="COLUMN=LOW:HIGH[:BINS]",
         help="bin a numeric column at equal-width bins of this PUBLIC range (repeat per column; a "
-        "numeric column with many distinct values needs one: bins never come from the data)",
+        "numeric column with many distinct values needs one: bins never come from the data); BINS, or "
+        "a --bins right after this --range, is its own count of bins",
     )
-    d.add_argument("--bins", type=int, default=4, help="bins per --range (default: 4)")
+    d.add_argument(
+        "--bins",
+        dest="binning",
+        action=_InOrder,
+        const="bins",
+        type=int,
+        metavar="N",
+        help="a --bins right after a --range is that range's count of bins (--range age=17:42 --bins 5 "
+        "--range affairs=0:60 --bins 3); a --bins before any --range is the count of every range "
+        f"without its own (default: {DRAFT_DEFAULT_BINS}). Inner edges are the fewest decimals within "
+        "1%% of a bin's width of the exact equal-width edges, or one more when that writes them exactly "
+        "(0:1 at 3 bins: 0, 0.33, 0.67, 1; 17:42 at 4: 17, 23.25, 29.5, 35.75, 42)",
+    )
     d.add_argument(
         "--missing-token",
         action="append",
@@ -84,22 +99,58 @@ def read_columns(path: Path) -> dict[str, list[str]] | Any:
     return {h: list(col) for h, col in zip(header, columns, strict=True)}
 
 
-def _ranges(items: list[str]) -> dict[str, tuple[float, float]]:
-    out: dict[str, tuple[float, float]] = {}
-    for item in items:
-        column, _, span = item.partition("=")
-        low, _, high = span.partition(":")
+class _InOrder(argparse.Action):
+    """Appends ``(const, value)`` to one list shared by --range and --bins, so that the order on
+    the command line (which --bins follows which --range) survives parsing."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:  # fmt: skip
+        setattr(namespace, self.dest, [*getattr(namespace, self.dest, []), (self.const, values)])
+
+
+def _ranges(binning: list[tuple[str, Any]]) -> tuple[dict[str, tuple[float, float, int] | tuple[float, float]], int]:
+    """The --range/--bins items, in command-line order, as ``(ranges, default_bins)`` for
+    :func:`draft_schema`: ``COLUMN=LOW:HIGH:BINS`` or a --bins right after ``COLUMN=LOW:HIGH``
+    gives that range its own count; a --bins before any --range is the default of the others."""
+    ranges: dict[str, tuple[float, float, int] | tuple[float, float]] = {}
+    default_bins: int | None = None
+    last: str | None = None  # the column of the --range just before, while it takes a --bins
+    for kind, value in binning:
+        if kind == "bins":
+            if last is not None:
+                ranges[last] = (*ranges[last][:2], value)
+            elif ranges:
+                raise TableInputError(f"--bins {value}: the --range before it already has its count of bins "
+                                      "(a --bins follows the --range it applies to, or comes before every --range)")
+            elif default_bins is not None:
+                raise TableInputError(f"--bins {value}: a second --bins before any --range (give one default)")
+            else:
+                default_bins = value
+            last = None
+            continue
+        column, _, span = str(value).partition("=")
+        parts = span.split(":")
         try:
-            out[column.strip()] = (float(low), float(high))
+            if len(parts) not in (2, 3):
+                raise ValueError(span)
+            low, high = float(parts[0]), float(parts[1])
+            count = int(parts[2]) if len(parts) == 3 else None
         except ValueError:
-            raise TableInputError(f"--range takes COLUMN=LOW:HIGH (numbers), got {item!r}") from None
-    return out
+            raise TableInputError(f"--range takes COLUMN=LOW:HIGH or COLUMN=LOW:HIGH:BINS (numbers; BINS a "
+                                  f"whole number), got {value!r}") from None  # fmt: skip
+        column = column.strip()
+        if column in ranges:
+            raise TableInputError(f"--range {column}: given twice")
+        ranges[column] = (low, high) if count is None else (low, high, count)
+        last = column if count is None else None
+    return ranges, DRAFT_DEFAULT_BINS if default_bins is None else default_bins
 
 
 def run_draft(args: argparse.Namespace) -> int:
     from secure_release.infra.fileio import require_file
 
     attrs = [a.strip() for a in args.attributes.split(",") if a.strip()] if args.attributes else None
+    ranges, default_bins = _ranges(args.binning)
     codebook = None
     if args.codebook is not None:
         try:
@@ -111,7 +162,7 @@ def run_draft(args: argparse.Namespace) -> int:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         schema = draft_schema(read_columns(require_file(args.data, "data")), args.curator, args.id_column, attrs,
-                              warn=False, ranges=_ranges(args.range), bins=args.bins, codebook=codebook,
+                              warn=False, ranges=ranges, bins=default_bins, codebook=codebook,
                               missing_tokens=args.missing_token)  # fmt: skip
     for warning in caught:
         sys.stderr.write(f"warning: {warning.message}\n")
