@@ -24,13 +24,14 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from secure_release.curator.columnar import BadRowsError as BadRowsError  # the refusal of a bad table
 from secure_release.frames import (
     Backend,
     TableInputError,
     column_names,
     require,
-    string_columns,
-    string_columns_with_missing,
+    text_columns,
+    to_arrow,
     to_frame,
 )
 from secure_release.mechanism import marginals
@@ -39,7 +40,7 @@ from secure_release.mechanism.keys import AlignmentKey, PadKey, PramKey, Seed
 from secure_release.mechanism.pads import CipherMode
 from secure_release.mechanism.plan import ReleasePlan, plan_release
 from secure_release.mechanism.protocol import CuratorTable, run_release
-from secure_release.mechanism.report import CELL_COLUMNS, ReleaseReport, build_report
+from secure_release.mechanism.report import ReleaseReport, build_report
 from secure_release.mechanism.schema import (
     Attribute,
     CuratorSchema,
@@ -230,7 +231,7 @@ def draft_schema(
     unknown = sorted((set(ranges) | set(codebook)) - set(names))
     if unknown:
         raise TableInputError(f"--range/--codebook name column(s) {unknown} that are not attributes: {names}")
-    cols = string_columns_with_missing(table, names, f"curator {curator}")
+    cols = _draft_columns(table, names, f"curator {curator}")
     entries: list[dict[str, Any]] = []
     for name in names:
         values = cols[name]
@@ -268,15 +269,45 @@ def draft_schema(
     return {"curator": curator, "id_column": id_column, "attributes": entries}
 
 
-def _as_schema(curator: str, spec: CuratorSchema | Mapping[str, Any] | str | Path) -> CuratorSchema:
+def _draft_columns(table: Any, names: Sequence[str], what: str) -> dict[str, npt.NDArray[np.str_]]:
+    """The columns as the one cell rule reads them (trimmed text, a missing cell ""), as numpy
+    text whose width numpy takes from the values themselves."""
+    return {name: np.asarray(text.to_numpy(zero_copy_only=False), dtype=object).astype(str)
+            for name, text in text_columns(table, names, what).items()}
+
+
+def _as_spec(
+    curator: str, spec: CuratorSchema | Mapping[str, Any] | str | Path, id_column: str | None
+) -> tuple[CuratorSchema, str]:
+    """A curator's schema and its id column: the schema's ``id_column`` (a file or dict that
+    names one); ``id_column`` only fills in a schema without one (default "id"), and a schema
+    that names another raises :class:`IdColumnConflictError` naming both."""
+    declared: str | None = None
     if isinstance(spec, CuratorSchema):
-        return spec
-    if isinstance(spec, str | Path):
-        return load_schema(spec)
-    if "attributes" in spec and isinstance(spec["attributes"], list):
+        parsed = spec
+    elif isinstance(spec, str | Path):
+        try:
+            data = json.loads(Path(spec).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            data = {}
+        declared = data.get("id_column") if isinstance(data, dict) else None
+        parsed = load_schema(spec)
+    elif "attributes" in spec and isinstance(spec["attributes"], list):
         attrs = tuple(attribute_from_dict(a) for a in spec["attributes"])
-        return CuratorSchema(str(spec.get("curator", curator)), attrs)
-    return schema(curator, spec)
+        parsed = CuratorSchema(str(spec.get("curator", curator)), attrs)
+        declared = spec.get("id_column")
+    else:
+        parsed = schema(curator, spec)
+    if declared is not None and id_column is not None and str(declared) != id_column:
+        raise IdColumnConflictError(
+            f"curator {curator}: the schema says the ids are in column {str(declared)!r} (its \"id_column\"), "
+            f"but id_column={id_column!r} was given; drop the keyword or make them agree"
+        )
+    return parsed, str(declared) if declared is not None else (id_column or "id")
+
+
+class IdColumnConflictError(TableInputError):
+    """The ``id_column=`` keyword names another column than the curator's schema does."""
 
 
 # ------------------------------------------------------------------------------------- results
@@ -315,39 +346,16 @@ class Result:
         scope = f", marginal over {', '.join(r.curators)}" if r.marginal else ""
         return (
             f"<Result {r.release_id}: n={plan.n}, m={plan.m}, K={plan.joint_size}, epsilon={plan.epsilon:g}{scope}\n"
-            f"  estimator: unbiased A^-1 estimate with exact 95% intervals (projected and MLE alongside)\n"
+            f"  estimator: estimate = the projection onto the simplex (raw A^-1, MLE alongside); exact 95% intervals\n"
             f"  guarantee: ({g['epsilon']:.4g}, 0)-DP, replace-one, one record of the aligned table{held}>"
         )
 
     def _repr_html_(self) -> str:
-        """Jupyter: the parameters, the cells table and every attribute's marginal with 95% intervals."""
-        import html
+        """Jupyter: the page of ``analyst report`` (one template, ``display.report_fragment``):
+        the headline and warnings, charts, guarantee, plan and cells."""
+        from secure_release.report_page import report_fragment
 
-        r, plan = self.report, self.report.plan
-
-        def table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-            th = "".join(f"<th>{html.escape(h)}</th>" for h in head)
-            body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows)
-            return f"<table><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>"
-
-        cells = [
-            [*labels, f"{r.estimate[c]:+.4f}", f"{r.standard_error[c]:.4f}",
-             f"[{r.ci_low[c]:+.4f}, {r.ci_high[c]:+.4f}]", f"{r.projected[c]:.4f}"]
-            for c, labels in enumerate(r.labels)
-        ]  # fmt: skip
-        parts = [
-            f"<h4>Release {html.escape(r.release_id)}</h4>",
-            f"<p>n = {plan.n}, m = {plan.m}, K = {plan.joint_size}, epsilon = {plan.epsilon:g}, "
-            f"({self.guarantee['epsilon']:.4g}, 0)-DP</p>",
-            table([*r.attributes, "estimate", "SE", "95% CI", "projected"], cells),
-        ]
-        for attribute in r.attributes:
-            t = self.marginal_table(attribute)
-            rows = [[str(t.labels[i, 0]), f"{t.estimate[i]:+.4f}", f"{t.standard_error[i]:.4f}",
-                     f"[{t.ci_low[i]:+.4f}, {t.ci_high[i]:+.4f}]"] for i in range(t.estimate.size)]  # fmt: skip
-            parts += [f"<h5>{html.escape(attribute)}</h5>", table([attribute, "estimate", "SE", "95% CI"], rows)]
-        parts += [f"<p><b>Warning:</b> {html.escape(w)}</p>" for w in self.warnings]
-        return "\n".join(parts)
+        return report_fragment(self)
 
     @property
     def headline(self) -> npt.NDArray[np.float64]:
@@ -357,21 +365,26 @@ class Result:
 
     @property
     def l2_error(self) -> float | None:
-        """||estimate - truth||_2, when the truth is known."""
-        return None if self.truth is None else float(np.linalg.norm(self.report.estimate - self.truth))
+        """||estimate - truth||_2 of the headline estimate, when the truth is known."""
+        return None if self.truth is None else float(np.linalg.norm(self.report.headline - self.truth))
 
-    def cells(self, backend: Backend = "pandas", include_truth: bool = False) -> Any:
-        """One row per cell: the attribute labels, estimate (raw A^-1), projected, mle,
-        standard_error, ci_low, ci_high (95%), observed, ci_spans_zero (and, with
-        ``include_truth`` for a simulation or demo, the truth if known)."""
+    def cell_columns(self, include_truth: bool = False) -> dict[str, npt.NDArray[Any]]:
+        """The columns of :meth:`cells` as numpy arrays, in order (no DataFrame library needed)."""
         r = self.report
         labels = np.asarray(r.labels, dtype=str).reshape(len(r.labels), len(r.attributes))
-        cols: dict[str, npt.ArrayLike] = {a: labels[:, j] for j, a in enumerate(r.attributes)}
-        cols.update({c: getattr(r, c) for c in CELL_COLUMNS})
+        cols: dict[str, npt.NDArray[Any]] = {a: labels[:, j] for j, a in enumerate(r.attributes)}
+        cols.update(r.columns())
         cols["ci_spans_zero"] = (r.ci_low <= 0.0) & (r.ci_high >= 0.0)
         if include_truth and self.truth is not None:
             cols["truth"] = self.truth
-        return to_frame(cols, backend)
+        return cols
+
+    def cells(self, backend: Backend = "pandas", include_truth: bool = False) -> Any:
+        """One row per cell: the attribute labels, then the output vocabulary
+        (``mechanism.report.OUTPUT_COLUMNS``: estimate = the headline, raw = A^-1, mle, se of raw,
+        ci_low and ci_high = the share's 95% interval, observed), ci_spans_zero (and, with
+        ``include_truth`` for a simulation or demo, the truth if known)."""
+        return to_frame(self.cell_columns(include_truth), backend)
 
     def to_pandas(self, include_truth: bool = False) -> Any:
         """:meth:`cells` as a pandas DataFrame (no truth unless ``include_truth``)."""
@@ -382,7 +395,7 @@ class Result:
         return self.cells("polars", include_truth)
 
     def marginal_table(self, *attributes: str) -> marginals.Marginal:
-        """The marginal over ``attributes`` as arrays (estimate, projected, SE, 95% CI)."""
+        """The marginal over ``attributes`` as arrays (``Marginal.columns()`` names them)."""
         r = self.report
         return marginals.marginal(
             r.attributes,
@@ -394,52 +407,59 @@ class Result:
             r.plan.m,
             r.plan.channel.keep,
             r.observed,
+            r.mle,
         )
 
-    def marginal(self, *attributes: str, backend: Backend = "pandas") -> Any:
-        """The marginal over ``attributes`` as a DataFrame (estimate, projected, SE, 95% CI)."""
+    def marginal_columns(self, *attributes: str) -> dict[str, npt.NDArray[Any]]:
+        """The columns of :meth:`marginal` as numpy arrays, in order."""
         t = self.marginal_table(*attributes)
-        cols: dict[str, npt.ArrayLike] = {a: t.labels[:, j] for j, a in enumerate(t.attributes)}
-        cols.update(
-            estimate=t.estimate,
-            projected=t.projected,
-            standard_error=t.standard_error,
-            ci_low=t.ci_low,
-            ci_high=t.ci_high,
+        cols: dict[str, npt.NDArray[Any]] = {a: t.labels[:, j] for j, a in enumerate(t.attributes)}
+        cols.update(t.columns())
+        return cols
+
+    def marginal(self, *attributes: str, backend: Backend = "pandas") -> Any:
+        """The marginal over ``attributes`` as a DataFrame: the labels, then the columns of
+        :meth:`cells` (estimate = the headline, raw, mle, se, ci_low, ci_high, observed)."""
+        return to_frame(self.marginal_columns(*attributes), backend)
+
+    def conditional_columns(
+        self, target: Sequence[str] | str, given: Sequence[str] | str
+    ) -> dict[str, npt.NDArray[Any]]:
+        """P(target | given), one row per (given, target) combination: ``estimate`` from the
+        headline (projected) shares, ``mle`` from the MLE, and a conservative 95% interval of the
+        true probability (ci_low, ci_high: the ratio of the exact intervals of the joint and the
+        given shares, each at 97.5%; :func:`mechanism.marginals.conditional_intervals`). No raw
+        and no se: a ratio of shares that may be negative is no probability."""
+        tgt = [target] if isinstance(target, str) else list(target)
+        giv = [given] if isinstance(given, str) else list(given)
+        r = self.report
+        labels, prob = marginals.conditional(r.attributes, r.labels, r.headline, tgt, giv)
+        _, prob_mle = marginals.conditional(r.attributes, r.labels, r.mle, tgt, giv)
+        low, high = marginals.conditional_intervals(
+            r.attributes, r.labels, r.observed, tgt, giv, r.plan.n, r.plan.m, r.plan.channel.keep
         )
-        return to_frame(cols, backend)
+        cols: dict[str, npt.NDArray[Any]] = {a: labels[:, j] for j, a in enumerate([*giv, *tgt])}
+        cols.update(estimate=prob, mle=prob_mle, ci_low=low, ci_high=high)
+        return cols
 
     def conditional(
         self, target: Sequence[str] | str, given: Sequence[str] | str, backend: Backend = "pandas"
     ) -> Any:
-        """P(target | given) from the projected estimate, one row per (given, target) combination,
-        with a conservative 95% interval (ci_low, ci_high: the ratio of the exact intervals of
-        the joint and the given shares, each at 97.5%; :func:`mechanism.marginals.conditional_intervals`)."""
-        tgt = [target] if isinstance(target, str) else list(target)
-        giv = [given] if isinstance(given, str) else list(given)
-        r = self.report
-        labels, prob = marginals.conditional(r.attributes, r.labels, r.projected, tgt, giv)
-        low, high = marginals.conditional_intervals(
-            r.attributes, r.labels, r.observed, tgt, giv, r.plan.n, r.plan.m, r.plan.channel.keep
-        )
-        cols: dict[str, npt.ArrayLike] = {a: labels[:, j] for j, a in enumerate([*giv, *tgt])}
-        cols["probability"] = prob
-        cols["ci_low"], cols["ci_high"] = low, high
-        return to_frame(cols, backend)
+        """:meth:`conditional_columns` as a DataFrame: P(target | given) with ``estimate`` (from the
+        headline), ``mle``, ``ci_low`` and ``ci_high``."""
+        return to_frame(self.conditional_columns(target, given), backend)
 
     def plot_marginal(self, attribute: str, ax: Any = None) -> Any:
-        """A bar chart of one attribute's marginal with 95% CI error bars (needs matplotlib)."""
-        t = self.marginal_table(attribute)
+        """A bar chart of one attribute's marginal (needs matplotlib): the headline estimate on
+        each bar, its value above it and the share's 95% interval (``plotting.marginal_bars``,
+        the chart of the report page)."""
+        from secure_release.plotting import marginal_bars
+
         plt = require("matplotlib.pyplot")
         if ax is None:
             _, ax = plt.subplots(figsize=(5, 3))
-        x = np.arange(t.estimate.size)
-        ax.bar(x, t.estimate, yerr=1.959963984540054 * t.standard_error, capsize=4, color="#4c72b0")
-        ax.axhline(0.0, color="black", linewidth=0.8)
-        ax.set_xticks(x, [str(v) for v in t.labels[:, 0]])
-        ax.set_xlabel(attribute)
-        ax.set_ylabel("estimated share (95% CI)")
-        ax.set_title(f"{self.report.release_id}: {attribute} (epsilon {self.plan.epsilon:g}, m {self.plan.m})")
+        title = f"{self.report.release_id}: {attribute} (epsilon {self.plan.epsilon:g}, m {self.plan.m})"
+        marginal_bars(ax, self.marginal_table(attribute), title)
         return ax
 
     def to_dict(self, include_truth: bool = False) -> dict[str, Any]:
@@ -494,19 +514,35 @@ class TestKeys:
 def curator_tables(
     tables: Mapping[str, Any],
     schemas: Mapping[str, CuratorSchema | Mapping[str, Any] | str | Path],
-    id_column: str = "id",
+    id_column: str | None = None,
 ) -> list[CuratorTable]:
-    """In-memory curator tables (joint-code order = the order of ``tables``) from DataFrames."""
+    """In-memory curator tables (joint-code order = the order of ``tables``) from DataFrames,
+    Arrow tables, DuckDB relations or mappings: each read by the curator's own reader
+    (:func:`secure_release.curator.columnar.check_rows`, the one cell rule), so a table gives
+    the codes, and the refusals (:class:`BadRowsError`, a line being the row's position + 2 as
+    in the table's CSV with a header), that ``secure-release-curator`` gives for the same table
+    in a file. The ids come from each schema's ``id_column`` (``id_column`` fills in a schema
+    without one)."""
+    from secure_release.curator.columnar import RowSource, TableSpec, check_rows, encode_checked
+
     if set(tables) != set(schemas):
         raise TableInputError(f"tables for {sorted(tables)} but schemas for {sorted(schemas)}; give one of each")
-    out = []
+    out: list[CuratorTable] = []
     for name, table in tables.items():
-        s = _as_schema(name, schemas[name])
-        ids = string_columns(table, [id_column], f"curator {name}")[id_column]  # an id is never missing
-        # a null cell is "" here: counted under the attribute's declared missing label, else refused
-        cols = string_columns_with_missing(table, [a.name for a in s.attributes], f"curator {name}")
-        out.append(CuratorTable(CuratorSchema(name, s.attributes), ids, cols))
+        parsed, ids = _as_spec(name, schemas[name], id_column)
+        spec = TableSpec(CuratorSchema(name, parsed.attributes), ids)
+        arrow = to_arrow(table, f"curator {name}")
+        source = RowSource(Path(f"curator {name}"), is_csv=False)
+        out.append(encode_checked(check_rows(list(arrow.column_names), arrow, spec, source), spec))
     return out
+
+
+def curator_id_columns(
+    tables: Mapping[str, Any], schemas: Mapping[str, CuratorSchema | Mapping[str, Any] | str | Path],
+    id_column: str | None = None,
+) -> dict[str, str]:
+    """Each curator's id column, as :func:`curator_tables` takes it."""
+    return {name: _as_spec(name, schemas[name], id_column)[1] for name in tables}
 
 
 def release(
@@ -515,7 +551,7 @@ def release(
     epsilon: float,
     m: int | None = None,
     *,
-    id_column: str = "id",
+    id_column: str | None = None,
     cipher: str = "chacha20",
     release_id: str = "release-1",
     granted: Sequence[str] | None = None,
@@ -524,7 +560,10 @@ def release(
     """Run a whole release in memory (align, sample, encrypt, PRAM, decrypt, estimate) on one
     table per curator (pandas/polars DataFrames, Arrow tables or mappings of columns), keyed by
     curator name in joint-code order. ``schemas`` per curator: a CuratorSchema, a schema dict or
-    file, or ``{attribute: [categories]}``. ``granted``: curators whose keys the researcher gets
+    file, or ``{attribute: [categories]}``; each table is read as the curator CLI reads a file
+    (the one cell rule: docs/own-data.md), its ids from the schema's ``id_column`` (the
+    ``id_column`` keyword fills in a schema without one; a conflict raises
+    :class:`IdColumnConflictError`). ``granted``: curators whose keys the researcher gets
     (default all; fewer gives a marginal). ``test_keys``: reproducible keys, tutorials/tests only.
     Warns (``UserWarning``) when the plan's predicted RMSE exceeds the typical cell share 1/K.
     """
@@ -600,7 +639,7 @@ def release_over_services(
     workdir: str | Path,
     m: int | None = None,
     *,
-    id_column: str = "id",
+    id_column: str | None = None,
     release_id: str = "release-1",
     test_keys: int | None = None,
 ) -> Result:
@@ -608,22 +647,23 @@ def release_over_services(
     the server, one curator per table (the first leads) and the researcher over mutual TLS; the
     estimate is read as analyst. With the same ``test_keys`` the numbers equal :func:`release`'s
     (that needs SECURE_RELEASE_TESTING=1 in the children's environment: set here)."""
-    import csv
     import os
+
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
 
     from secure_release.cluster import Cluster, get_estimate, launch_release, parties
     from secure_release.infra.pki import init_pki
 
     root = Path(workdir)
     (root / "data").mkdir(parents=True, exist_ok=True)
-    ts = curator_tables(tables, schemas, id_column)
+    ts = curator_tables(tables, schemas, id_column)  # refuses a bad table here, before any process starts
+    id_columns = curator_id_columns(tables, schemas, id_column)
     for t in ts:
-        names = [a.name for a in t.schema.attributes]
-        with (root / "data" / f"{t.name}.csv").open("w", newline="") as fh:
-            writer = csv.writer(fh)
-            writer.writerow([id_column, *names])
-            writer.writerows(zip(t.ids.tolist(), *(t.columns[a].tolist() for a in names), strict=True))
-        (root / "data" / f"{t.name}.json").write_text(json.dumps(schema_to_dict(t.schema, id_column)))
+        names = [id_columns[t.name], *(a.name for a in t.schema.attributes)]
+        texts = text_columns(tables[t.name], names, f"curator {t.name}")  # the cell rule's text: read back the same
+        pacsv.write_csv(pa.table(texts), root / "data" / f"{t.name}.csv")
+        (root / "data" / f"{t.name}.json").write_text(json.dumps(schema_to_dict(t.schema, id_columns[t.name])))
     curators = [t.name for t in ts]
     init_pki(root / "certs", parties(curators), force=True)
     keys = TestKeys.from_int(test_keys, len(ts)) if test_keys is not None else None

@@ -1,7 +1,9 @@
 """Tables in and out of the API: pandas / polars DataFrames, Arrow tables or plain mappings.
 
-Input: :func:`string_columns` turns any supported table into one numpy string column per name
-(vectorized, no per-row loop; missing values are refused, never recoded). Output:
+Input: :func:`to_arrow` turns any supported table into an Arrow table with its cells untouched;
+the curator's reader (:func:`secure_release.curator.columnar.check_rows`) then applies the one
+cell rule (:mod:`secure_release.mechanism.cells`) exactly as it does to a file, so the notebook
+and the CLI give the same codes and refuse the same rows with the same message. Output:
 :func:`to_frame` builds a pandas (default) or polars DataFrame from numpy columns. pandas and
 polars are optional (``pip install 'secure-release[notebook]'``); nothing in the core needs them.
 """
@@ -13,7 +15,9 @@ from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
+import pyarrow as pa
 
+from secure_release.mechanism.cells import cell_text
 from secure_release.mechanism.errors import SecureReleaseError
 
 Backend = Literal["pandas", "polars"]
@@ -29,88 +33,88 @@ class MissingDependencyError(SecureReleaseError):
 
 def _kind(table: Any) -> str:
     module = type(table).__module__.split(".")[0]
-    if module in ("pandas", "polars", "pyarrow"):
+    if module in ("pandas", "polars", "pyarrow", "duckdb"):
         return module
     if isinstance(table, Mapping):
         return "mapping"
     raise TableInputError(
         f"unsupported table type {type(table).__name__}; give a pandas or polars DataFrame, "
-        "a pyarrow Table or a mapping of column name -> sequence"
+        "a pyarrow Table, a DuckDB relation or a mapping of column name -> sequence"
     )
 
 
 def column_names(table: Any) -> list[str]:
     """The column names of a supported table."""
     kind = _kind(table)
-    if kind == "pyarrow":
-        return [str(c) for c in table.column_names]
+    if kind in ("pyarrow", "duckdb"):
+        return [str(c) for c in (table.column_names if kind == "pyarrow" else table.columns)]
     return [str(c) for c in (table.keys() if kind == "mapping" else table.columns)]
 
 
-def _one_column(table: Any, kind: str, name: str) -> tuple[npt.NDArray[np.str_], int]:
-    """(stripped string values, number of missing values) of one column."""
-    if kind == "pandas":
-        col = table[name]
-        missing = int(col.isna().sum())
-        values = col.astype(str).to_numpy(dtype=str)
-    elif kind == "polars":
-        col = table[name]
-        missing = int(col.null_count())
-        values = np.asarray(col.cast(str).to_list() if missing else col.cast(str).to_numpy(), dtype=str)
-    elif kind == "pyarrow":
-        col = table.column(name)
-        missing = int(col.null_count)
-        values = np.asarray(col.cast("string").to_numpy(zero_copy_only=False), dtype=str)
-    else:
-        raw = list(table[name])
-        missing = sum(v is None for v in raw)
-        values = np.asarray(raw, dtype=str)
-    return np.strings.strip(values), missing
-
-
-def _missing_mask(table: Any, kind: str, name: str) -> npt.NDArray[np.bool_]:
-    """Which cells of one column are null (NaN, None)."""
-    if kind == "pandas":
-        return np.asarray(table[name].isna().to_numpy(), dtype=bool)
-    if kind == "polars":
-        return np.asarray(table[name].is_null().to_numpy(), dtype=bool)
-    if kind == "pyarrow":
-        return np.asarray(table.column(name).is_null().to_numpy(zero_copy_only=False), dtype=bool)
-    return np.asarray([v is None for v in table[name]], dtype=bool)
-
-
-def string_columns_with_missing(
-    table: Any, names: Sequence[str], what: str = "table"
-) -> dict[str, npt.NDArray[np.str_]]:
-    """As :func:`string_columns`, but a null cell becomes "" (a missing value) instead of an error."""
-    return _string_columns(table, names, what, keep_missing=True)
-
-
-def string_columns(table: Any, names: Sequence[str], what: str = "table") -> dict[str, npt.NDArray[np.str_]]:
-    """One numpy string column per name; :class:`TableInputError` if a column is absent or has
-    missing values (a missing value is not a category: recode it, e.g. as "unknown", first)."""
-    return _string_columns(table, names, what, keep_missing=False)
-
-
-def _string_columns(table: Any, names: Sequence[str], what: str, keep_missing: bool) -> dict[str, npt.NDArray[np.str_]]:
-    """The columns ``names`` as numpy strings; a null cell is "" (``keep_missing``) or refused."""
+def to_arrow(table: Any, what: str = "table") -> pa.Table:
+    """Any supported table as an Arrow table, its cells untouched (the one cell rule of
+    :mod:`secure_release.mechanism.cells` then reads it as it reads a file): a pandas DataFrame
+    through ``pa.Table.from_pandas`` (NaN, None, NaT and NA become nulls; a category column a
+    dictionary), a polars DataFrame through ``to_arrow``, a DuckDB relation through its Arrow
+    result, a mapping column by column. A column of mixed Python objects (``3`` beside ``"x"``)
+    is read as the text pandas gives each value. Raises :class:`TableInputError` for a table of
+    another kind or with repeated column names."""
     kind = _kind(table)
-    present = column_names(table)
-    absent = [n for n in names if n not in present]
+    names = column_names(table)
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise TableInputError(f"{what}: column name(s) {repeated} appear more than once; give each column its own")
+    if kind == "pyarrow":
+        return table if isinstance(table, pa.Table) else pa.Table.from_batches([table])
+    if kind == "duckdb":
+        fetch = getattr(table, "to_arrow_table", None) or table.arrow  # duckdb 2 / 1.x
+        result = fetch()
+        return result if isinstance(result, pa.Table) else result.read_all()
+    if kind == "polars":
+        arrow: pa.Table = table.to_arrow()
+        return arrow
+    if kind == "pandas":
+        pairs = zip(names, table.columns, strict=True)
+        return pa.table({name: _pandas_column(table[column]) for name, column in pairs})
+    return pa.table({name: _sequence_column(table[key]) for name, key in zip(names, table.keys(), strict=True)})
+
+
+def _pandas_column(series: Any) -> pa.Array | pa.ChunkedArray:
+    """One pandas column as Arrow: nulls for NaN/None/NaT/NA, mixed objects as pandas' text."""
+    try:
+        return pa.Array.from_pandas(series)
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        nulls = np.asarray(series.isna().to_numpy(), dtype=bool)
+        text = series.astype(object).where(~nulls, "").astype(str).to_numpy(dtype=object)
+        return pa.array(text, pa.string(), mask=nulls)
+
+
+def _sequence_column(values: Any) -> pa.Array | pa.ChunkedArray:
+    """One mapping column (a list, a numpy array, a pandas or polars Series) as Arrow."""
+    module = type(values).__module__.split(".")[0]
+    if module == "pandas":
+        return _pandas_column(values)
+    if module == "polars":
+        return values.to_arrow()
+    if isinstance(values, pa.Array | pa.ChunkedArray):
+        return values
+    try:
+        return pa.array(values, from_pandas=True)  # from_pandas: a float NaN is a null
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        items = list(values)
+        nulls = np.asarray([v is None or (isinstance(v, float) and v != v) for v in items], dtype=bool)
+        return pa.array(["" if null else str(v) for v, null in zip(items, nulls.tolist(), strict=True)],
+                        pa.string(), mask=nulls)
+
+
+def text_columns(table: Any, names: Sequence[str], what: str = "table") -> dict[str, pa.Array]:
+    """The columns ``names`` as the one cell rule's text (:func:`cells.cell_text`: trimmed, a
+    missing cell ""), as Arrow string arrays; :class:`TableInputError` if a column is absent."""
+    arrow = to_arrow(table, what)
+    absent = [n for n in names if n not in arrow.column_names]
     if absent:
-        raise TableInputError(f"{what}: missing column(s) {absent}; it has {present}")
-    out: dict[str, npt.NDArray[np.str_]] = {}
-    for name in names:
-        values, missing = _one_column(table, kind, name)
-        if missing and keep_missing:
-            values = np.where(_missing_mask(table, kind, name), "", values)
-        elif missing:
-            raise TableInputError(
-                f"{what}: column {name!r} has {missing} missing value(s); recode them as a category "
-                "of the public codebook (e.g. 'unknown') or drop those rows first"
-            )
-        out[name] = values
-    return out
+        raise TableInputError(f"{what}: missing column(s) {absent}; it has {arrow.column_names}")
+    return {name: cell_text(arrow.column(name))[0] for name in names}
 
 
 def to_frame(columns: Mapping[str, npt.ArrayLike], backend: Backend = "pandas") -> Any:

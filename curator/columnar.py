@@ -44,7 +44,7 @@ from __future__ import annotations
 import csv
 import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -56,8 +56,10 @@ import pyarrow.csv as pacsv
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
+from secure_release.curator.badrows import BadCell, summary
 from secure_release.infra.memory import release_free_memory
 from secure_release.mechanism.alignment import IdArray, id_tags
+from secure_release.mechanism.cells import cell_text, equivalent_codes, hint, offsets_data, plain
 from secure_release.mechanism.errors import SecureReleaseError
 from secure_release.mechanism.keys import AlignmentKey
 from secure_release.mechanism.protocol import CuratorTable
@@ -71,6 +73,9 @@ from secure_release.mechanism.schema import (
 )
 from secure_release.mechanism.stream import worker_pool
 
+_DECLARE_MISSING = 'declare "missing": LABEL in the schema to count such cells under a public label'
+#: The column name the bad-row summary gives id problems (whatever the schema's id column).
+ID_CELLS = "(id)"
 #: Longest id accepted, in UTF-8 bytes (longer ones are refused, never truncated).
 MAX_ID_BYTES = 256
 _PARQUET = (".parquet", ".pq")
@@ -95,17 +100,24 @@ class BadRowsError(SecureReleaseError):
     """Some rows hold values outside the schema (or a missing, over-long or duplicate id, or
     bytes that are not UTF-8)."""
 
-    def __init__(self, path: str, problems: list[tuple[int, str]], files: list[str] | None = None) -> None:
+    def __init__(
+        self, path: str, problems: list[tuple[int, str]], files: list[str] | None = None,
+        cells: Sequence[BadCell] | None = None, allowed: dict[str, Sequence[str]] | None = None,
+    ) -> None:
         """``path``: the data as given (a file, a directory or a glob); ``problems``: (line,
         message) of every bad row; ``files``: the file of each problem, when the data is several
-        files (None: every line is a line of ``path``)."""
+        files (None: every line is a line of ``path``); ``cells``: every bad cell (default: one
+        record-level cell per problem); ``allowed``: each categorical column's categories. The
+        message is :func:`curator.badrows.summary` (about 20 lines at most)."""
         self.path = path
         self.problems = problems
         self.files = files
-        where = [f"{file} line" for file in files] if files is not None else ["line"] * len(problems)
-        shown = "; ".join(f"{at} {line}: {msg}" for at, (line, msg) in zip(where[:10], problems[:10], strict=True))
-        more = f" (and {len(problems) - 10} more)" if len(problems) > 10 else ""
-        super().__init__(f"{path}: {len(problems)} bad row(s) refused: {shown}{more}")
+        if cells is None:
+            at = files if files is not None else [None] * len(problems)
+            cells = [BadCell(line, "(record)", "", message, None, file)
+                     for (line, message), file in zip(problems, at, strict=True)]
+        self.cells = list(cells)
+        super().__init__(summary(path, len(problems), self.cells, allowed))
 
 
 @dataclass(frozen=True)
@@ -306,89 +318,15 @@ def _read_csv(
     return header, table, len(wrong_width)
 
 
-def _plain(arr: Any) -> Any:
-    """Dictionary and view (chunked) arrays as plain string/binary ones."""
-    if pa.types.is_dictionary(arr.type):
-        arr = arr.cast(arr.type.value_type)
-    if pa.types.is_string_view(arr.type):
-        arr = arr.cast(pa.large_string())
-    elif pa.types.is_binary_view(arr.type):
-        arr = arr.cast(pa.large_binary())
-    return arr
-
-
-def _text(column: pa.ChunkedArray | pa.Array) -> tuple[pa.Array, npt.NDArray[np.bool_]]:
-    """The column as trimmed UTF-8 strings and which rows were not valid UTF-8 (set to "")."""
-    plain = _plain(column)
-    arr = plain.combine_chunks() if isinstance(plain, pa.ChunkedArray) else plain
-    bad = np.zeros(len(arr), dtype=bool)
-    if pa.types.is_binary(arr.type) or pa.types.is_large_binary(arr.type):
-        try:
-            arr = pc.cast(arr, pa.large_string() if pa.types.is_large_binary(arr.type) else pa.string())
-        except pa.ArrowInvalid:
-            bad = _invalid_utf8(arr)
-            arr = pc.cast(pc.if_else(pa.array(bad), pa.scalar(b"", arr.type), arr), pa.string())
-    elif not (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)):
-        arr = pc.cast(arr, pa.string())
-    if arr.null_count:
-        arr = pc.fill_null(arr, "")  # a null is a missing value
-    return (pc.utf8_trim_whitespace(arr) if _may_need_trim(arr) else arr), bad
-
-
-def _offsets_data(arr: pa.Array) -> tuple[npt.NDArray[np.signedinteger[Any]], npt.NDArray[np.uint8]]:
-    """Offsets (rows + 1, in the array's own int32/int64 width: no copy) and data bytes of a
-    string/binary array without nulls."""
-    large = pa.types.is_large_string(arr.type) or pa.types.is_large_binary(arr.type)
-    width: type[np.signedinteger[Any]] = np.int64 if large else np.int32
-    offsets: npt.NDArray[np.signedinteger[Any]] = np.frombuffer(arr.buffers()[1], dtype=width)
-    data_buffer = arr.buffers()[2]
-    data = np.frombuffer(data_buffer, dtype=np.uint8) if data_buffer is not None else np.zeros(0, np.uint8)
-    return offsets[arr.offset : arr.offset + len(arr) + 1], data
-
-
 def _pieces(rows: int) -> range:
     """Starts of the :data:`_PIECE`-row steps of the id checks."""
     return range(0, rows, _PIECE)
 
 
-def _may_need_trim(arr: pa.Array) -> bool:
-    """False only if no value starts or ends with whitespace: every whitespace character Arrow
-    trims is an ASCII byte <= 0x20 or a multi-byte character, all of whose bytes are >= 0x80,
-    so a value whose first and last bytes lie in [0x21, 0x7e] is unchanged by trimming.
-    In :data:`_PIECE`-row steps: the temporaries are small and reused, not n words each."""
-    offsets, data = _offsets_data(arr)
-    for start in _pieces(len(arr)):
-        bounds = offsets[start : start + _PIECE + 1]
-        starts, ends = bounds[:-1], bounds[1:] - 1
-        full = ends >= starts
-        if not bool(full.all()):
-            starts, ends = starts[full], ends[full]
-        edges = np.concatenate([data[starts], data[ends]])
-        if bool(np.any((edges < 0x21) | (edges > 0x7E))):
-            return True
-    return False
-
-
-def _invalid_utf8(arr: pa.Array, piece: int = 4096) -> npt.NDArray[np.bool_]:
-    """Rows that are not valid UTF-8 (error path: bisects by pieces, decodes only failing ones)."""
-    bad = np.zeros(len(arr), dtype=bool)
-    for start in range(0, len(arr), piece):
-        part = arr.slice(start, piece)
-        try:
-            pc.cast(part, pa.string())
-        except pa.ArrowInvalid:
-            for i, value in enumerate(part.to_pylist()):
-                try:
-                    (value or b"").decode("utf-8")
-                except UnicodeDecodeError:
-                    bad[start + i] = True
-    return bad
-
-
 def _numpy_text(arr: pa.Array) -> npt.NDArray[np.str_]:
     """A string array as a numpy unicode array (ASCII: from the buffers, no Python strings)."""
     arr = pc.fill_null(arr, "")
-    offsets, data = _offsets_data(arr)
+    offsets, data = offsets_data(arr)
     data = data[offsets[0] : offsets[-1]]
     lengths = np.diff(offsets)
     width = int(lengths.max()) if lengths.size else 0
@@ -404,19 +342,25 @@ def _numpy_text(arr: pa.Array) -> npt.NDArray[np.str_]:
 
 @dataclass
 class _Problems:
-    """Reasons per row index (of the rows the reader kept)."""
+    """Reasons per row index (of the rows the reader kept), and with each reason the cell it is
+    about: (column, value shown, kind) for the per-column summary and the ``--bad-rows`` file."""
 
     reasons: dict[int, list[str]] = field(default_factory=dict)
+    cells: dict[int, list[tuple[str, str, str, str | None]]] = field(default_factory=dict)
 
-    def flag(self, rows: npt.NDArray[np.intp], message: str) -> None:
+    def add(self, row: int, message: str, column: str, value: str, kind: str, hint: str | None = None) -> None:
+        self.reasons.setdefault(row, []).append(message)
+        self.cells.setdefault(row, []).append((column, value, kind, hint))
+
+    def flag(self, rows: npt.NDArray[np.intp], message: str, column: str, kind: str, hint: str | None = None) -> None:
         for r in rows.tolist():
-            self.reasons.setdefault(int(r), []).append(message)
+            self.add(int(r), message, column, "", kind, hint)
 
 
 def _check_ids(ids: pa.Array, bad_utf8: npt.NDArray[np.bool_], problems: _Problems, repeats: bool = True) -> None:
     """Flag invalid, missing, over-long and (``repeats``) repeated ids; lengths in
     :data:`_PIECE`-row steps (no length array of n words)."""
-    offsets, _ = _offsets_data(ids)
+    offsets, _ = offsets_data(ids)
     empty: list[npt.NDArray[np.intp]] = [np.zeros(0, dtype=np.intp)]
     long: list[npt.NDArray[np.intp]] = [np.zeros(0, dtype=np.intp)]
     for start in _pieces(len(ids)):
@@ -424,9 +368,11 @@ def _check_ids(ids: pa.Array, bad_utf8: npt.NDArray[np.bool_], problems: _Proble
         empty.append(np.flatnonzero(lengths == 0) + start)
         long.append(np.flatnonzero(lengths > MAX_ID_BYTES) + start)
     empty_rows = np.concatenate(empty)
-    problems.flag(np.flatnonzero(bad_utf8), "id is not valid UTF-8 (the file must be UTF-8)")
-    problems.flag(empty_rows[~bad_utf8[empty_rows]], "missing id (empty)")
-    problems.flag(np.concatenate(long), f"id longer than {MAX_ID_BYTES} bytes")
+    problems.flag(np.flatnonzero(bad_utf8), "id is not valid UTF-8 (the file must be UTF-8)", ID_CELLS,
+                  "not valid UTF-8")
+    problems.flag(empty_rows[~bad_utf8[empty_rows]], "missing id (empty)", ID_CELLS, "missing id (empty)")
+    problems.flag(np.concatenate(long), f"id longer than {MAX_ID_BYTES} bytes", ID_CELLS,
+                  f"longer than {MAX_ID_BYTES} bytes")
     if repeats and _may_repeat(ids):
         _flag_repeats(ids, problems)
 
@@ -459,7 +405,7 @@ def _flag_repeats(ids: pa.Array, problems: _Problems) -> None:
     """Every repeated id, with the row of its first occurrence."""
     later, first = _repeat_pairs(ids)
     for r, f in zip(later.tolist(), first.tolist(), strict=True):
-        problems.reasons.setdefault(r, []).append(f"duplicate id (first at row {f})")
+        problems.add(r, f"duplicate id (first at row {f})", ID_CELLS, "", "duplicate id", f"(first at row {f})")
 
 
 def _encode(attribute: Attribute, column: pa.ChunkedArray, problems: _Problems) -> npt.NDArray[np.unsignedinteger[Any]]:
@@ -469,38 +415,46 @@ def _encode(attribute: Attribute, column: pa.ChunkedArray, problems: _Problems) 
     category) for the rows not found."""
     keys, key_codes = _keys(attribute)
     categories = pa.array(keys, pa.string())
-    plain = np.asarray(pc.equal(pc.utf8_trim_whitespace(categories), categories).to_numpy(zero_copy_only=False))
-    plain_codes = key_codes[plain]
-    plain_set = pc.take(categories, pa.array(np.flatnonzero(plain)))
+    untrimmed = np.asarray(pc.equal(pc.utf8_trim_whitespace(categories), categories).to_numpy(zero_copy_only=False))
+    plain_codes = key_codes[untrimmed]
+    plain_set = pc.take(categories, pa.array(np.flatnonzero(untrimmed)))
     signed = _signed_code_dtype(len(categories))
     codes = np.empty(len(column), dtype=signed)  # -1: not found yet
     at = 0
     for chunk in column.chunks:
         out = codes[at : at + len(chunk)]
         if pa.types.is_dictionary(chunk.type):
-            entries = _plain(chunk.dictionary)
+            entries = plain(chunk.dictionary)
             table = np.append(_lookup(entries, plain_set, plain_codes), -1).astype(signed)
             indices = chunk.indices.fill_null(len(entries)).to_numpy(zero_copy_only=False)
             np.take(table, indices, out=out, mode="clip")  # every index is in range
         else:
-            out[:] = _lookup(_plain(chunk), plain_set, plain_codes)
+            out[:] = _lookup(plain(chunk), plain_set, plain_codes)
         at += len(chunk)
     rest = np.flatnonzero(codes < 0)
     if rest.size:
-        text, bad_utf8 = _text(column.take(pa.array(rest)))
+        text, bad_utf8 = cell_text(column.take(pa.array(rest)))
         key_at = np.asarray(pc.fill_null(pc.index_in(text, value_set=categories), -1).to_numpy(zero_copy_only=False))
         found = np.where(key_at >= 0, np.append(key_codes, -1)[key_at], -1)
+        unmatched = np.flatnonzero(found < 0)
+        if unmatched.size:  # rule 7: a number or true/false equal to one category's
+            found[unmatched] = equivalent_codes(pc.take(text, pa.array(unmatched)), attribute.categories)
         codes[rest] = found
         unknown = np.flatnonzero((found < 0) & ~bad_utf8)
         allowed = list(attribute.categories)
-        for r in unknown.tolist():
-            value = text[r].as_py()
-            message = (
-                f"{attribute.name} is missing (empty); declare \"missing\": LABEL in the schema to keep such rows"
-                if value == "" else f"{attribute.name}={value!r} not in {allowed}"
-            )
-            problems.reasons.setdefault(int(rest[r]), []).append(message)
-        problems.flag(rest[bad_utf8], f"{attribute.name} is not valid UTF-8 (the file must be UTF-8)")
+        shown = pc.take(text, pa.array(unknown)).to_pylist()  # error path: the refused cells only
+        hints: dict[str, str | None] = {}
+        for r, value in zip(unknown.tolist(), shown, strict=True):
+            if value == "":
+                problems.add(int(rest[r]), f"{attribute.name} is missing (empty); declare \"missing\": LABEL in the "
+                             "schema to keep such rows", attribute.name, "", "missing (empty)", _DECLARE_MISSING)
+                continue
+            if value not in hints:
+                hints[value] = hint(value, attribute.categories)
+            problems.add(int(rest[r]), f"{attribute.name}={value!r} not in {allowed}", attribute.name, value,
+                         "not a category", hints[value])
+        problems.flag(rest[bad_utf8], f"{attribute.name} is not valid UTF-8 (the file must be UTF-8)",
+                      attribute.name, "not valid UTF-8")
         codes[codes < 0] = 0
     return codes.view(np.dtype(f"u{codes.itemsize}"))  # no negative code is left
 
@@ -540,12 +494,12 @@ def _encode_binned(
         numbers, missing = _parse_dates(attribute, column, problems)
     elif not (pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_decimal(kind)):
         numbers, missing = _parse_numbers(attribute, column, problems)
-    elif column.null_count:
-        missing = np.flatnonzero(np.asarray(column.is_null().to_numpy(zero_copy_only=False)))
+    elif column.null_count or pa.types.is_floating(kind):
+        missing = np.flatnonzero(np.asarray(pc.is_null(plain(column), nan_is_null=True).to_numpy(zero_copy_only=False)))
     at, flagged = 0, []
     chunks = numbers.chunks if isinstance(numbers, pa.ChunkedArray) else [numbers]
     for chunk in chunks:
-        chunk = _plain(chunk)
+        chunk = plain(chunk)
         if not pa.types.is_float64(chunk.type):
             chunk = pc.cast(chunk, pa.float64())
         values = chunk.to_numpy(zero_copy_only=False)  # a null is NaN here; the missing rows are known
@@ -562,7 +516,7 @@ def _encode_binned(
             codes[missing] = attribute.missing_code
         else:
             problems.flag(missing, f"{attribute.name} is missing (empty); declare \"missing\": LABEL in the "
-                          "schema to keep such rows")
+                          "schema to keep such rows", attribute.name, "missing (empty)", hint=_DECLARE_MISSING)
         bad_rows = np.setdiff1d(bad_rows, missing)
     if bad_rows.size:
         lo, hi = attribute.edge_label(attribute.bins[0]), attribute.edge_label(attribute.bins[-1])
@@ -574,7 +528,8 @@ def _encode_binned(
             if r not in problems.reasons:  # a cell that is not a number is already named
                 finite = value is not None and np.isfinite(value)
                 number = attribute.edge_label(value) if finite else repr(value)
-                problems.reasons[r] = [f"{attribute.name}={number} is outside the bins; allowed: {allowed}"]
+                problems.add(r, f"{attribute.name}={number} is outside the bins; allowed: {allowed}", attribute.name,
+                             number, "outside the bins")
         codes[bad_rows] = 0
     return codes.view(np.dtype(f"u{codes.itemsize}"))
 
@@ -584,8 +539,9 @@ def _parse_numbers(
 ) -> tuple[pa.Array, npt.NDArray[np.intp]]:
     """A text column as float64 (Arrow's cast) and its missing rows: empty cells and the missing
     tokens; a cell that is not a number is flagged and read as NaN."""
-    text, bad_utf8 = _text(column)
-    problems.flag(np.flatnonzero(bad_utf8), f"{attribute.name} is not valid UTF-8 (the file must be UTF-8)")
+    text, bad_utf8 = cell_text(column)
+    problems.flag(np.flatnonzero(bad_utf8), f"{attribute.name} is not valid UTF-8 (the file must be UTF-8)",
+                  attribute.name, "not valid UTF-8")
     is_missing = pc.equal(text, "")
     if attribute.missing_tokens:
         is_missing = pc.or_(is_missing, pc.is_in(text, value_set=pa.array(list(attribute.missing_tokens))))
@@ -598,10 +554,12 @@ def _parse_numbers(
     ok = pc.match_substring_regex(cleaned, _NUMBER, ignore_case=True)
     wrong = np.flatnonzero(~np.asarray(ok.to_numpy(zero_copy_only=False)))
     for r, value in zip(wrong.tolist(), pc.take(text, pa.array(wrong)).to_pylist(), strict=True):
-        problems.reasons.setdefault(r, []).append(
+        problems.add(
+            r,
             f"{attribute.name}={value!r} is not a number (bins {[edge_text(e) for e in attribute.bins or ()]}"
             + ("" if attribute.missing is not None else '; declare "missing" and "missing_tokens" for such cells')
-            + ")"
+            + ")",
+            attribute.name, value, "not a number",
         )
     return pc.cast(pc.if_else(ok, cleaned, pa.scalar("nan", text.type)), pa.float64()), missing
 
@@ -611,8 +569,9 @@ def _parse_dates(
 ) -> tuple[pa.Array, npt.NDArray[np.intp]]:
     """A text column of ISO dates (YYYY-MM-DD) as day numbers since 1970-01-01 (Arrow's
     strptime) and its missing rows; a cell that is not a date is flagged and read as NaN."""
-    text, bad_utf8 = _text(column)
-    problems.flag(np.flatnonzero(bad_utf8), f"{attribute.name} is not valid UTF-8 (the file must be UTF-8)")
+    text, bad_utf8 = cell_text(column)
+    problems.flag(np.flatnonzero(bad_utf8), f"{attribute.name} is not valid UTF-8 (the file must be UTF-8)",
+                  attribute.name, "not valid UTF-8")
     is_missing = pc.equal(text, "")
     if attribute.missing_tokens:
         is_missing = pc.or_(is_missing, pc.is_in(text, value_set=pa.array(list(attribute.missing_tokens))))
@@ -622,9 +581,11 @@ def _parse_dates(
     days = pc.cast(pc.cast(stamps, pa.date32()), pa.int32())
     wrong = np.flatnonzero(np.asarray(days.is_null().to_numpy(zero_copy_only=False)) & ~skip)
     for r, value in zip(wrong.tolist(), pc.take(text, pa.array(wrong)).to_pylist(), strict=True):
-        problems.reasons.setdefault(r, []).append(
+        problems.add(
+            r,
             f"{attribute.name}={value!r} is not a date (YYYY-MM-DD)"
-            + ("" if attribute.missing is not None else '; declare "missing" and "missing_tokens" for such cells')
+            + ("" if attribute.missing is not None else '; declare "missing" and "missing_tokens" for such cells'),
+            attribute.name, value, "not a date (YYYY-MM-DD)",
         )
     return days, missing
 
@@ -705,7 +666,7 @@ def check_rows(
     if missing:
         raise BadRowsError(str(source.path), [(1, f"missing column(s) {missing}; header is {header}")])
     id_problems, problems = _Problems(), _Problems()
-    ids, bad_id_utf8 = _text(table.column(spec.id_column))
+    ids, bad_id_utf8 = cell_text(table.column(spec.id_column))
     # the id checks (a hash and a sort, both outside the GIL) overlap the attribute look-ups
     id_check = worker_pool().submit(_check_ids, ids, bad_id_utf8, id_problems, bool(check_repeats))
     digits = {
@@ -724,7 +685,8 @@ def encode_checked(checked: CheckedRows, spec: TableSpec) -> EncodedTable:
     """The :class:`EncodedTable` of one source's checked rows; :class:`BadRowsError` listing
     every bad line of the source if any row is bad."""
     if checked.bad:
-        raise BadRowsError(str(checked.source.path), _report(checked))
+        problems, cells = _report(checked)
+        raise BadRowsError(str(checked.source.path), problems, cells=cells, allowed=_allowed(spec))
     return _encoded(spec, checked.ids, checked.digits)
 
 
@@ -769,7 +731,7 @@ def combine_checked(
     if (check_repeats or refused) and _may_repeat(ids):
         _flag_repeats_across(ids, checked, lines)
     if refused or any(p.bad for p in checked):
-        raise _merged_error(data, parts, lines)
+        raise _merged_error(data, parts, lines, spec)
     digits = {
         a.name: np.concatenate([p.digits[a.name] for p in checked]) if checked
         else np.zeros(0, dtype=np.uint8) for a in spec.schema.attributes
@@ -817,23 +779,29 @@ def _flag_repeats_across(ids: pa.Array, parts: Sequence[CheckedRows], lines: _Li
         else:
             line = lines.of(owner.source, owner.width)[0](first_row)
             message = f"duplicate id (first on line {line} of {owner.source.path})"
-        parts[rp].id_problems.reasons.setdefault(row, []).append(message)
+        parts[rp].id_problems.add(row, message, ID_CELLS, "", "duplicate id", message.removeprefix("duplicate id "))
 
 
-def _merged_error(data: str, parts: Sequence[CheckedRows | BadRowsError], lines: _LineCache) -> BadRowsError:
+def _merged_error(
+    data: str, parts: Sequence[CheckedRows | BadRowsError], lines: _LineCache, spec: TableSpec | None = None
+) -> BadRowsError:
     """One :class:`BadRowsError` for ``data`` listing every source's bad lines, each with its file."""
     problems: list[tuple[int, str]] = []
     files: list[str] = []
+    cells: list[BadCell] = []
     for part in parts:
         if isinstance(part, BadRowsError):
             found, file = part.problems, part.path
+            cells += [replace(c, file=file) for c in part.cells]
         elif part.bad:
-            found, file = _report(part, lines), str(part.source.path)
+            file = str(part.source.path)
+            found, found_cells = _report(part, lines, file)
+            cells += found_cells
         else:
             continue
         problems += found
         files += [file] * len(found)
-    return BadRowsError(data, problems, files)
+    return BadRowsError(data, problems, files, cells, _allowed(spec))
 
 
 def raise_repeats(data_path: str | Path, table: EncodedTable, query: str | None = None) -> None:
@@ -859,7 +827,8 @@ def raise_repeats(data_path: str | Path, table: EncodedTable, query: str | None 
     if problems.reasons:
         path = Path(data_path)
         checked = CheckedRows(source_of(path, query), len(_header(path, query)), ids, {}, problems, _Problems())
-        raise BadRowsError(str(path), _report(checked))
+        problems, cells = _report(checked)
+        raise BadRowsError(str(path), problems, cells=cells)
 
 
 def _header(path: Path, query: str | None) -> list[str]:
@@ -891,16 +860,31 @@ def _line_finder(source: RowSource, width: int) -> tuple[Callable[[int], int | N
     return (lambda row: kept_line[row] if row < len(kept_line) else None), wrong
 
 
-def _report(checked: CheckedRows, lines: _LineCache | None = None) -> list[tuple[int, str]]:
-    """(line, reasons) for every bad row of one source, in file order (error path only)."""
+def _report(
+    checked: CheckedRows, lines: _LineCache | None = None, file: str | None = None
+) -> tuple[list[tuple[int, str]], list[BadCell]]:
+    """(line, reasons) for every bad row of one source, in file order, and its bad cells (each
+    with ``file``, for a table of several files) (error path only)."""
     line_of, wrong = (lines or _LineCache()).of(checked.source, checked.width)
     reasons = checked.reasons()
     report = list(wrong)
+    cells = [BadCell(line, "(record)", "", message, None, file) for line, message in wrong]
     for row in sorted(reasons):
         line = line_of(row)
         if line is not None:
             report.append((line, _rename_rows(", ".join(reasons[row]), line_of)))
-    return sorted(report)
+            found = (*checked.id_problems.cells.get(row, ()), *checked.problems.cells.get(row, ()))
+            for column, value, kind, hint in found:
+                shown = None if hint is None else _rename_rows(hint, line_of)
+                cells.append(BadCell(line, column, value, kind, shown, file))
+    return sorted(report), cells
+
+
+def _allowed(spec: TableSpec | None) -> dict[str, Sequence[str]] | None:
+    """Each categorical attribute's categories (for the summary's "allowed" line)."""
+    if spec is None:
+        return None
+    return {a.name: a.categories for a in spec.schema.attributes if a.bins is None}
 
 
 def _rename_rows(message: str, line_of: Callable[[int], int | None]) -> str:

@@ -15,7 +15,6 @@ import pytest
 
 from secure_release import api
 from secure_release.mechanism import accounting
-from secure_release.mechanism.errors import UnknownCategoryError
 from secure_release.mechanism.guarantee import privacy_guarantee, utility_check
 from secure_release.mechanism.plan import plan_release
 from secure_release.mechanism.protocol import run_release
@@ -75,8 +74,10 @@ def test_other_table_kinds_give_the_same_release(result: api.Result, kind: str) 
 
 def test_cells_frame_has_every_column(result: api.Result) -> None:
     df = result.cells(include_truth=True)
-    assert list(df.columns) == ["edu", "mar", "sex", "sal", "estimate", "projected", "mle", "standard_error",
+    assert list(df.columns) == ["edu", "mar", "sex", "sal", "estimate", "raw", "mle", "se",
                                 "ci_low", "ci_high", "observed", "ci_spans_zero", "truth"]  # fmt: skip
+    np.testing.assert_array_equal(df["estimate"].to_numpy(), result.report.projected)  # the headline
+    np.testing.assert_array_equal(df["raw"].to_numpy(), result.report.estimate)
     assert len(df) == 24 and df["observed"].sum() == result.plan.m
     spans = (df["ci_low"] <= 0) & (df["ci_high"] >= 0)
     assert (df["ci_spans_zero"] == spans).all()
@@ -103,7 +104,7 @@ def test_curator_marginal_equals_the_granted_subset_release(result: api.Result) 
 
 def test_conditional_rows_sum_to_one(result: api.Result) -> None:
     df = result.conditional("sal", "edu")
-    sums = df.groupby("edu")["probability"].sum()
+    sums = df.groupby("edu")["estimate"].sum()
     np.testing.assert_allclose(sums.to_numpy(), 1.0)
     assert len(df) == 6
 
@@ -136,11 +137,11 @@ def test_utility_check_suggests_what_fixes_it() -> None:
 def test_missing_values_and_unknown_categories_are_refused() -> None:
     frames = _frames()
     frames["alice"].loc[3, "edu"] = None
-    with pytest.raises(UnknownCategoryError, match="empty value is missing"):  # a null is a missing value
-        api.release(frames, SCHEMAS, epsilon=1.0)
+    with pytest.raises(api.BadRowsError, match=r"edu: 1 row\(s\) missing \(empty\), line\(s\) 5\n"):  # row 3: line 5
+        api.release(frames, SCHEMAS, epsilon=1.0)  # a null is a missing value
     frames = _frames()
     frames["bob"].loc[0, "sal"] = "mid"
-    with pytest.raises(UnknownCategoryError, match="'mid'"):
+    with pytest.raises(api.BadRowsError, match=r"sal: 1 row\(s\) not a category, line\(s\) 2; values: 'mid' \(1\)"):
         api.release(frames, SCHEMAS, epsilon=1.0)
 
 

@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from secure_release.curator import columnar as columnar_module
+from secure_release.mechanism import cells as cells_module
 from secure_release.curator.table import BadRowsError, DataSourceError, EncodedTable, load_schema, read_table
 from secure_release.mechanism.alignment import id_tags
 from secure_release.mechanism.keys import AlignmentKey
@@ -54,7 +55,7 @@ def test_fast_paths_equal_full_path(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     pq.write_table(data, tmp_path / "d.parquet")
     fast = [_outcome(tmp_path / name, spec) for name in ("d.csv", "d.parquet")]
     with monkeypatch.context() as m:
-        m.setattr(columnar_module, "_may_need_trim", lambda arr: True)
+        m.setattr(cells_module, "may_need_trim", lambda arr: True)
         m.setattr(columnar_module, "_may_repeat", lambda ids: True)
         m.setattr(columnar_module, "_lookup", lambda values, plain, codes: np.full(len(values), -1, dtype=np.int64))
         full = [_outcome(tmp_path / name, spec) for name in ("d.csv", "d.parquet")]

@@ -55,22 +55,41 @@ def test_repr_is_a_few_lines_and_never_shows_the_truth(result: api.Result) -> No
 
 
 def test_html_shows_the_cells_and_each_marginal_with_intervals(result: api.Result) -> None:
-    class Tables(HTMLParser):
+    class Page(HTMLParser):
         def __init__(self) -> None:
             super().__init__()
-            self.tables, self.headers = 0, []
+            self.tables, self.charts, self.data, self.tags = 0, [], [], set()
 
-        def handle_starttag(self, tag: str, attrs: object) -> None:
+        def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+            self.tags.add(tag)
             self.tables += tag == "table"
+            if tag == "figure":
+                self.charts.append(dict(attrs)["data-attributes"])
 
         def handle_data(self, data: str) -> None:
-            self.headers.append(data)
+            self.data.append(data.strip())
 
-    parser = Tables()
+    parser = Page()
     parser.feed(result._repr_html_())
-    assert parser.tables == 1 + len(result.attributes)  # the cells, then one marginal per attribute
-    assert parser.headers.count("95% CI") == 1 + len(result.attributes)
-    assert "[2500, 4000)" in parser.headers  # labels escaped and shown as typed
+    assert parser.tables == 2  # the plan and the cells
+    pairs = [f"{a},{b}" for i, a in enumerate(result.attributes) for b in result.attributes[i + 1 :]]
+    assert parser.charts == [*result.attributes, *pairs]  # a bar chart each, a heat map a pair (3 attributes)
+    assert {"svg", "dl"} <= parser.tags and "script" not in parser.tags and "html" not in parser.tags
+    assert "[2500, 4000)" in parser.data  # labels escaped and shown as typed
+    assert parser.data.count("95% interval") == len(result.attributes)  # each bar chart's legend
+
+
+def test_the_notebook_page_without_matplotlib_says_how_to_get_the_charts(
+    result: api.Result, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from secure_release import plotting, report_page
+    from secure_release.frames import MissingDependencyError
+
+    monkeypatch.setattr(plotting, "pyplot", lambda: None)
+    page = result._repr_html_()
+    assert report_page.NO_MATPLOTLIB in page and "<svg" not in page and 'id="cells"' in page
+    with pytest.raises(MissingDependencyError, match=r"secure-release\[plot\]"):
+        report_page.html_report(result)
 
 
 def test_no_export_carries_the_truth_unless_asked(result: api.Result, tmp_path: Path) -> None:
@@ -87,9 +106,9 @@ def test_no_export_carries_the_truth_unless_asked(result: api.Result, tmp_path: 
 
 def test_conditional_has_intervals_that_hold_the_truth(result: api.Result) -> None:
     df = result.conditional("sex", given="sp")
-    assert list(df.columns) == ["sp", "sex", "probability", "ci_low", "ci_high"]
+    assert list(df.columns) == ["sp", "sex", "estimate", "mle", "ci_low", "ci_high"]
     assert ((df["ci_low"] >= 0) & (df["ci_high"] <= 1) & (df["ci_low"] <= df["ci_high"])).all()
-    assert ((df["ci_low"] <= df["probability"] + 1e-12) & (df["probability"] <= df["ci_high"] + 1e-12)).all()
+    assert ((df["ci_low"] <= df["estimate"] + 1e-12) & (df["estimate"] <= df["ci_high"] + 1e-12)).all()
     r = result.report
     assert result.truth is not None
     _, true_p = marginals.conditional(r.attributes, r.labels, result.truth, ["sex"], ["sp"])
@@ -99,7 +118,7 @@ def test_conditional_has_intervals_that_hold_the_truth(result: api.Result) -> No
 
 
 def test_a_null_cell_in_a_notebook_table_is_missing_only_by_declaration() -> None:
-    from secure_release.mechanism.errors import UnknownCategoryError
+    from secure_release.curator.columnar import BadRowsError
 
     ids = [f"p{i}" for i in range(300)]
     alice = pd.DataFrame({"id": ids, "sp": (["a", "g", None] * 100)})
@@ -111,6 +130,6 @@ def test_a_null_cell_in_a_notebook_table_is_missing_only_by_declaration() -> Non
         warnings.simplefilter("ignore")
         result = api.release({"alice": alice, "bob": bob}, declared, epsilon=1.0, test_keys=1)
         assert {labels[0] for labels in result.report.labels} == {"a", "g", "n/a"}
-        with pytest.raises(UnknownCategoryError, match='empty value is missing: declare "missing"'):
+        with pytest.raises(BadRowsError, match=r'sp: 100 row.s. missing .empty.(.|\n)*hint: declare "missing"'):
             api.release({"alice": alice, "bob": bob}, {"alice": {"sp": ["a", "g"]}, "bob": {"sex": ["f", "m"]}},
                         epsilon=1.0, test_keys=1)  # fmt: skip

@@ -1,0 +1,112 @@
+"""Refused rows as a data owner can act on them: one summary per column, and every bad cell in a
+file for the owner alone.
+
+:func:`summary` turns the bad cells of a table (each one :class:`BadCell`: line, column, value,
+what is wrong, a hint) into at most about 20 lines whatever their number: per column and kind
+of problem, how many rows, the first few lines, the most frequent values with their counts and
+a hint where one fits (a case or white-space difference, a non-integer among integer codes, a
+date that is not ISO). :func:`write_bad_rows` writes every cell to a CSV file created 0600.
+
+The values shown are the owner's data: the summary goes to the owner's terminal (the error a
+command prints on stderr), never into a log record that leaves the machine, never over gRPC
+(an abort reason says only how many rows were refused: :func:`refusal_reason`).
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+#: Groups (column and kind of problem) shown before "and N more".
+MAX_GROUPS = 6
+#: Line numbers and values shown per group.
+MAX_LINES, MAX_VALUES = 5, 3
+#: Longest value shown in the summary (longer ones are cut with an ellipsis; the file has all).
+MAX_SHOWN = 40
+
+
+@dataclass(frozen=True)
+class BadCell:
+    """One refused cell: ``line`` in ``file`` (None: the table's only file), the ``column`` (a
+    record-level problem such as a wrong field count has ``column`` "(record)"), the ``value``
+    as read (after trimming; "" for missing cells and id problems), ``kind`` (what is wrong, in
+    a few words) and ``hint`` (why it may have been meant otherwise, or None)."""
+
+    line: int
+    column: str
+    value: str
+    kind: str
+    hint: str | None = None
+    file: str | None = None
+
+
+def _shown(value: str) -> str:
+    text = value if len(value) <= MAX_SHOWN else value[: MAX_SHOWN - 1] + "…"
+    return repr(text)
+
+
+def _where(cell: BadCell) -> str:
+    return str(cell.line) if cell.file is None else f"{cell.file}:{cell.line}"
+
+
+def summary(source: str, rows: int, cells: Sequence[BadCell], allowed: dict[str, Sequence[str]] | None = None) -> str:
+    """The refusal of ``rows`` bad rows of ``source`` as a few lines: one group per (column,
+    kind), largest first; ``allowed`` (column -> categories) adds what a column allows."""
+    groups: dict[tuple[str, str], list[BadCell]] = {}
+    for cell in cells:
+        groups.setdefault((cell.column, cell.kind), []).append(cell)
+    ordered = sorted(groups.items(), key=lambda item: (-len(item[1]), item[0]))
+    lines = [f"{source}: {rows} bad row(s) refused; nothing was read (every bad cell: --bad-rows FILE):"]
+    for (column, kind), group in ordered[:MAX_GROUPS]:
+        where = ", ".join(_where(c) for c in sorted(group, key=lambda c: (c.file or "", c.line))[:MAX_LINES])
+        more = ", ..." if len(group) > MAX_LINES else ""
+        head = f"  {column}: {len(group)} row(s) {kind}, line(s) {where}{more}"
+        counts = Counter(c.value for c in group if c.value)
+        if counts:
+            top = ", ".join(f"{_shown(v)} ({n})" for v, n in counts.most_common(MAX_VALUES))
+            others = len(counts) - MAX_VALUES
+            head += f"; values: {top}" + (f" and {others} other value(s)" if others > 0 else "")
+        lines.append(head)
+        hints = {c.value: c.hint for c in group if c.hint}
+        if hints:
+            value, text = next(iter(sorted(hints.items(), key=lambda item: -counts[item[0]])))
+            if value:
+                lines.append(f"    hint: {_shown(value)} {text}")
+            elif kind.startswith("missing"):
+                lines.append(f"    hint: {text}")
+            else:
+                first = next(c for c in group if c.hint)
+                lines.append(f"    e.g. line {_where(first)}: {first.kind} {first.hint}")
+        if allowed and column in allowed and kind.startswith("not a category"):
+            cats = list(allowed[column])
+            lines.append(f"    allowed: {cats[:12]}" + (f" and {len(cats) - 12} more" if len(cats) > 12 else ""))
+    if len(ordered) > MAX_GROUPS:
+        rest = sum(len(g) for _, g in ordered[MAX_GROUPS:])
+        lines.append(f"  and {len(ordered) - MAX_GROUPS} more column problem(s) in {rest} cell(s)")
+    return "\n".join(lines)
+
+
+def refusal_reason(source_rows: int) -> str:
+    """What may leave the owner's machine about a refused table: only how many rows."""
+    return f"the curator's table has {source_rows} bad row(s) (details stay with the curator)"
+
+
+def write_bad_rows(path: str | Path, cells: Sequence[BadCell]) -> Path:
+    """Every bad cell as CSV (file, line, column, value, problem, hint) in a new file readable
+    by its owner only (0600, created so: never world-readable, not even for a moment); an
+    existing file is replaced."""
+    target = Path(path)
+    tmp = target.with_name(f".{target.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)
+    with os.fdopen(fd, "w", newline="", encoding="utf-8") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["file", "line", "column", "value", "problem", "hint"])
+        for cell in sorted(cells, key=lambda c: (c.file or "", c.line, c.column)):
+            writer.writerow([cell.file or "", cell.line, cell.column, cell.value, cell.kind, cell.hint or ""])
+    os.replace(tmp, target)
+    return target
