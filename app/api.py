@@ -49,6 +49,7 @@ from secure_release.mechanism.schema import (
     attribute_to_dict,
 )
 from secure_release.mechanism.simulation import ESTIMATORS, sweep
+from secure_release.mechanism.suggest import SuggestionReport, suggest_changes
 
 FloatArray = npt.NDArray[np.float64]
 CODEBOOK_WARNING = (
@@ -109,6 +110,21 @@ def plan(n: int, alphabet: Sequence[int], epsilon: float, m: int | None = None) 
     if message:
         warnings.warn(message, UserWarning, stacklevel=2)
     return p
+
+
+def suggest(
+    n: int, schemas: Sequence[CuratorSchema | Mapping[str, Any] | str | Path], epsilon: float,
+    target: float | None = None, limit: int = 10,
+) -> SuggestionReport:
+    """What to give up when the plan says noise (``secure-release plan --suggest``): the smallest
+    changes of the curators' schemas (files, schema dicts or :class:`CuratorSchema`, in release
+    order) that bring the predicted per-cell RMSE at m* under ``target`` (default: half the typical
+    share, 1/(2K) of each changed K): drop attributes, merge adjacent bins, merge categories into a
+    schema's public ``"groups"``; and the epsilon that would suffice with the schemas unchanged.
+    Public inputs only, never the data. Sorted by what each keeps; ``.to_dict()`` is the JSON of
+    ``plan --suggest --json``; each suggestion's ``schemas`` are the changed schemas."""
+    parsed = [_as_spec(f"curator{j + 1}", spec, None)[0] for j, spec in enumerate(schemas)]
+    return suggest_changes(parsed, n, epsilon, target, limit)
 
 
 # -------------------------------------------------------------------------------------- schema

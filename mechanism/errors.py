@@ -143,3 +143,13 @@ class UnknownIntervalMethodError(SecureReleaseError):
 
 class InvalidLevelError(SecureReleaseError):
     """A confidence level must be a finite number strictly between 0 and 1."""
+
+
+class InvalidGroupsError(SecureReleaseError):
+    """A categorical attribute's public hierarchy (``"groups"``) is malformed: every category but
+    the missing label must be in exactly one non-empty, named group."""
+
+
+class SearchTooLargeError(SecureReleaseError):
+    """The search for schema changes (``plan --suggest``) would enumerate more combinations than
+    its bound, even with every binned attribute's merges thinned."""

@@ -25,6 +25,7 @@ from secure_release.mechanism.errors import (
     DuplicateNameError,
     EmptyDomainError,
     InvalidBinsError,
+    InvalidGroupsError,
     ShapeMismatchError,
     SymbolOutOfRangeError,
     UnknownCategoryError,
@@ -103,6 +104,9 @@ class Attribute:
       unless ``clamp`` is set: then it is counted in the first or the last bin.
     * ``missing``: the label of an extra, last category for empty or null cells and for the
       tokens in ``missing_tokens`` (such as "?" or "NA"); without it, a missing value is refused.
+    * ``groups``: a public hierarchy of a categorical attribute, ``((group, (category, ...)),
+      ...)``: every category but the missing label in exactly one group (:func:`check_groups`).
+      It changes no code; ``plan --suggest`` offers merging the categories into the groups.
     """
 
     name: str
@@ -112,6 +116,7 @@ class Attribute:
     missing: str | None = field(default=None, compare=False)
     missing_tokens: tuple[str, ...] = field(default=(), compare=False)
     dates: bool = field(default=False, compare=False)  # bins are day numbers (ISO dates in the schema)
+    groups: tuple[tuple[str, tuple[str, ...]], ...] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if not self.categories:
@@ -157,6 +162,8 @@ class Attribute:
                 f"attribute {self.name!r}: the empty string is not a category; declare "
                 '"missing": LABEL to count empty cells under a public label'
             )
+        if self.groups is not None:
+            check_groups(self)
 
     @classmethod
     def binned(
@@ -295,11 +302,68 @@ def _shown(value: Any) -> str:
     return repr(item)
 
 
+def check_groups(attribute: Attribute) -> None:
+    """Validate a categorical attribute's public hierarchy ``groups``: at least one group; group
+    names non-empty, without surrounding spaces, distinct and not the missing label; every group
+    non-empty; every category but the missing label in exactly one group, and nothing else."""
+    name, groups = attribute.name, attribute.groups or ()
+    if attribute.bins is not None:
+        raise InvalidGroupsError(
+            f"attribute {name!r}: groups are for categorical attributes; a binned attribute merges "
+            "adjacent bins by its edges"
+        )
+    if not groups:
+        raise InvalidGroupsError(f"attribute {name!r}: groups must name at least one group")
+    labels = [g for g, _ in groups]
+    bad = [g for g in labels if not isinstance(g, str) or g.strip() == "" or g != g.strip()]
+    if bad:
+        raise InvalidGroupsError(f"attribute {name!r}: group names must be non-empty words without surrounding "
+                                 f"spaces, got {bad!r}")  # fmt: skip
+    if len(set(labels)) != len(labels):
+        raise InvalidGroupsError(f"attribute {name!r}: group names must be distinct, got {labels}")
+    if attribute.missing is not None and attribute.missing in labels:
+        raise InvalidGroupsError(f"attribute {name!r}: the missing label {attribute.missing!r} cannot name a group")
+    empty = [g for g, members in groups if not members]
+    if empty:
+        raise InvalidGroupsError(f"attribute {name!r}: group(s) {empty} have no categories")
+    members = [c for _, cats in groups for c in cats]
+    plain = attribute.categories[:-1] if attribute.missing is not None else attribute.categories
+    if attribute.missing is not None and attribute.missing in members:
+        raise InvalidGroupsError(
+            f"attribute {name!r}: the missing label {attribute.missing!r} stays a category of its own; "
+            "leave it out of the groups"
+        )
+    unknown = sorted(set(members) - set(plain))
+    if unknown:
+        raise InvalidGroupsError(f"attribute {name!r}: groups list {unknown}, which are not categories: "
+                                 f"{list(plain)}")  # fmt: skip
+    twice = sorted({c for c in members if members.count(c) > 1})
+    if twice:
+        raise InvalidGroupsError(f"attribute {name!r}: categories {twice} are in more than one group; each "
+                                 "category must be in exactly one")  # fmt: skip
+    left = [c for c in plain if c not in set(members)]
+    if left:
+        raise InvalidGroupsError(f"attribute {name!r}: categories {left} are in no group; each category must be "
+                                 "in exactly one")  # fmt: skip
+
+
+def groups_from_dict(name: str, groups: Any) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """The schema file's ``"groups": {GROUP: [CATEGORY, ...], ...}`` as the attribute's tuple (in
+    the file's order), after checking its shape."""
+    if not isinstance(groups, Mapping) or not all(
+        isinstance(cats, list) and all(isinstance(c, str) for c in cats) for cats in groups.values()
+    ):
+        raise InvalidGroupsError(
+            f'attribute {name!r}: groups must be {{"GROUP": ["CATEGORY", ...], ...}}, got {groups!r}'
+        )
+    return tuple((str(g), tuple(cats)) for g, cats in groups.items())
+
+
 def attribute_from_dict(data: Mapping[str, Any]) -> Attribute:
-    """An attribute from its schema-file entry: ``{"name", "categories"}`` or ``{"name", "bins",
-    "clamp"?}``, either with ``"missing"?`` and ``"missing_tokens"?``."""
+    """An attribute from its schema-file entry: ``{"name", "categories", "groups"?}`` or
+    ``{"name", "bins", "clamp"?}``, either with ``"missing"?`` and ``"missing_tokens"?``."""
     name = str(data["name"])
-    known = {"name", "categories", "bins", "clamp", "missing", "missing_tokens"}
+    known = {"name", "categories", "bins", "clamp", "missing", "missing_tokens", "groups"}
     unknown = sorted(set(data) - known)
     if unknown:
         raise InvalidBinsError(f"attribute {name!r}: unknown field(s) {unknown}; allowed: {sorted(known)}")
@@ -317,6 +381,11 @@ def attribute_from_dict(data: Mapping[str, Any]) -> Attribute:
         clamp = data.get("clamp", False)
         if not isinstance(clamp, bool):
             raise InvalidBinsError(f"attribute {name!r}: clamp must be true or false, got {clamp!r}")
+        if "groups" in data:
+            raise InvalidGroupsError(
+                f"attribute {name!r}: groups are for categorical attributes; a binned attribute merges "
+                "adjacent bins by its edges"
+            )
         return Attribute.binned(name, data["bins"], clamp, missing_label, token_tuple)
     if "clamp" in data:
         raise InvalidBinsError(f"attribute {name!r}: clamp needs bins (public edges to clamp to)")
@@ -328,7 +397,8 @@ def attribute_from_dict(data: Mapping[str, Any]) -> Attribute:
         )
     if missing_label is not None:
         categories = (*categories, missing_label)
-    return Attribute(name, categories, None, False, missing_label, token_tuple)
+    groups = groups_from_dict(name, data["groups"]) if "groups" in data else None
+    return Attribute(name, categories, None, False, missing_label, token_tuple, groups=groups)
 
 
 def attribute_to_dict(attribute: Attribute) -> dict[str, Any]:
@@ -348,6 +418,8 @@ def attribute_to_dict(attribute: Attribute) -> dict[str, Any]:
         out["missing"] = attribute.missing
         if attribute.missing_tokens:
             out["missing_tokens"] = list(attribute.missing_tokens)
+    if attribute.groups is not None:
+        out["groups"] = {group: list(members) for group, members in attribute.groups}
     return out
 
 

@@ -10,6 +10,8 @@ from typing import Any
 from secure_release import display
 from secure_release.mechanism.guarantee import plan_report, privacy_guarantee, utility_check
 from secure_release.mechanism.plan import plan_release
+from secure_release.mechanism.schema import CuratorSchema
+from secure_release.mechanism.suggest import MAX_SUGGESTED_EPSILON, Figures, SuggestionReport, suggest_changes
 
 
 def _alphabet(text: str) -> list[int]:
@@ -59,6 +61,29 @@ def register(sub: Any) -> None:
     p.add_argument("--epsilon", type=float, required=True, help="privacy level epsilon > 0")
     p.add_argument("--m", type=int, default=None, help="number of samples in [1, n] (default: m*)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    p.add_argument(
+        "--suggest",
+        action="store_true",
+        help="instead of the plan, list the smallest changes of the --schema files (drop an attribute, merge "
+        "adjacent bins, merge categories into a schema's public \"groups\") whose plan meets --target, "
+        "sorted by what they keep, and the epsilon that would meet it with the schemas unchanged; public "
+        "inputs only, never the data. Figures at m = m*, as `plan` prints them on the changed schemas",
+    )
+    p.add_argument(
+        "--target",
+        type=float,
+        default=None,
+        metavar="RMSE",
+        help="with --suggest: the per-cell RMSE to meet (default: half the typical cell share, 1/(2K) of "
+        "each changed K)",
+    )
+    p.add_argument(
+        "--max-suggestions",
+        type=int,
+        default=10,
+        metavar="N",
+        help="with --suggest: list at most N suggestions (default: 10; the rest are counted)",
+    )
     p.set_defaults(func=run)
 
 
@@ -66,7 +91,10 @@ def run(args: argparse.Namespace) -> int:
     from secure_release.curator.table import load_schema
     from secure_release.infra.fileio import require_file
 
-    schemas = [load_schema(require_file(path, "--schema")).schema for path in args.schema]
+    specs = [load_schema(require_file(path, "--schema")) for path in args.schema]
+    schemas = [spec.schema for spec in specs]
+    if args.suggest:
+        return run_suggest(args, schemas, [spec.id_column for spec in specs])
     alphabet = args.alphabet or [s.alphabet_size for s in schemas]
     if len(alphabet) < 2:
         raise SystemExit("secure-release plan: give --alphabet SIZES or one --schema FILE per curator (two or more)")
@@ -103,3 +131,59 @@ def run(args: argparse.Namespace) -> int:
     for line in display.warning_lines(plan):
         print("\n" + line)
     return 0
+
+
+def run_suggest(args: argparse.Namespace, schemas: list[CuratorSchema], id_columns: list[str]) -> int:
+    """``plan --suggest``: :func:`mechanism.suggest.suggest_changes` on the --schema files."""
+    if len(schemas) < 2 or args.alphabet or args.m is not None:
+        raise SystemExit("secure-release plan --suggest: give one --schema FILE per curator (two or more); --alphabet "
+                         "and --m do not apply (the suggestions change the alphabets, at m = m*)")  # fmt: skip
+    if args.max_suggestions < 1:
+        raise SystemExit(f"secure-release plan: --max-suggestions must be >= 1, got {args.max_suggestions}")
+    report = suggest_changes(schemas, args.n, args.epsilon, args.target, args.max_suggestions)
+    if args.json:
+        out = report.to_dict()
+        for suggestion in out["suggestions"]:
+            for schema, id_column in zip(suggestion["schemas"], id_columns, strict=True):
+                schema["id_column"] = id_column
+        print(json.dumps(out, sort_keys=True))
+        return 0
+    print("\n".join(suggestion_lines(report)))
+    return 0
+
+
+def _figures_text(f: Figures) -> str:
+    return (f"alphabets {' x '.join(str(k) for k in f.alphabet_sizes)} (K = {f.K}), m = {f.m} (m*): per-cell RMSE "
+            f"{f.predicted_rmse_per_cell:.3g} {'<=' if f.meets_target else '>'} target {f.target:.3g}")  # fmt: skip
+
+
+def suggestion_lines(report: SuggestionReport) -> list[str]:
+    """The text of ``plan --suggest``."""
+    target = "half the typical share, 1/(2K)" if report.target is None else f"{report.target:g}"
+    lines = [
+        f"n = {report.n}, epsilon = {report.epsilon:g}; target: per-cell RMSE <= {target}",
+        f"now: {_figures_text(report.current)}",
+    ]
+    if report.current.meets_target:
+        return [*lines, "The schemas meet the target as they are: nothing to give up."]
+    if report.suggestions:
+        lines += ["", "Smallest changes that meet the target (most attributes, then most cells, kept first; "
+                      "figures as `plan` prints them on the changed schemas):"]  # fmt: skip
+    else:
+        lines += ["", "No change of the schemas (drops, bin merges, group merges) meets the target."]
+    for rank, suggestion in enumerate(report.suggestions, 1):
+        lines.append(f"{rank:>2}. {_figures_text(suggestion.figures)}")
+        lines.append(f"    keeps {', '.join(suggestion.keeps)}")
+        lines += [f"    gives up {item}" for item in suggestion.gives_up]
+    if report.omitted:
+        lines.append(f"... and {report.omitted} more (--max-suggestions)")
+    lines.append("")
+    found = report.epsilon_unchanged
+    if found is None:
+        lines.append(f"Unchanged schemas: no epsilon <= {MAX_SUGGESTED_EPSILON:g} meets the target.")
+    else:
+        lines.append(f"Unchanged schemas: epsilon = {found.epsilon:g} would ({_figures_text(found)}).")
+    thinned = f"; bin merges thinned for {', '.join(report.thinned)}" if report.thinned else ""
+    lines.append(f"(searched {report.grid_size} combinations: per attribute keep, merge into its groups, merge "
+                 f"adjacent bins, drop; every curator keeps one attribute{thinned})")  # fmt: skip
+    return lines
