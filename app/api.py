@@ -381,8 +381,8 @@ class Result:
 
     @property
     def l2_error(self) -> float | None:
-        """||estimate - truth||_2 of the headline estimate, when the truth is known."""
-        return None if self.truth is None else float(np.linalg.norm(self.report.headline - self.truth))
+        """||raw - truth||_2 (the raw A^-1 estimate's l2 error, as the protocol's), when the truth is known."""
+        return None if self.truth is None else float(np.linalg.norm(self.report.estimate - self.truth))
 
     def cell_columns(self, include_truth: bool = False) -> dict[str, npt.NDArray[Any]]:
         """The columns of :meth:`cells` as numpy arrays, in order (no DataFrame library needed)."""

@@ -6,10 +6,15 @@ import the composition root.
 
 from __future__ import annotations
 
+import io
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from secure_release.mechanism.marginals import Marginal
 from secure_release.reproduce.sweeps import EPSILONS, FIG_FOR, SYNTHETIC
 from secure_release.tables import CountTable
 
@@ -165,3 +170,130 @@ def simulation_figure(summaries: list[dict[str, Any]], table: CountTable, out: s
     fig.tight_layout()
     fig.savefig(out, dpi=90)
     plt.close(fig)
+
+
+# ------------------------------------------------------------------- the report page's charts
+#: matplotlib settings of the page's charts: text stays text in the SVG (selectable, searchable,
+#: readable by a test), no date in the file, ids fixed by a per-chart salt (reproducible bytes).
+SVG_STYLE = {"svg.fonttype": "none", "font.size": 9, "axes.spines.top": False, "axes.spines.right": False}
+#: The bars' colour, and the interval's.
+BAR_COLOR, INTERVAL_COLOR = "#4c72b0", "#222222"
+#: A heat map prints each cell's value when it has at most this many cells.
+ANNOTATE_CELLS = 64
+
+
+@dataclass(frozen=True)
+class Chart:
+    """One chart of the report page: its id (the prefix of the gids of its value labels), the
+    attributes it shows, and the inline SVG (no XML prolog)."""
+
+    chart_id: str
+    attributes: tuple[str, ...]
+    svg: str
+
+
+def marginal_bars(ax: Any, t: Marginal, title: str | None = None, gid: str | None = None) -> None:
+    """One attribute's marginal on ``ax``: a bar per category at the headline estimate, the
+    share's 95% interval as a capped vertical line, the estimate's value printed above both, both
+    axes labelled. With ``gid``, each value label is SVG group ``{gid}-value-{i}``."""
+    x = np.arange(t.headline.size)
+    ax.bar(x, t.headline, width=0.7, color=BAR_COLOR, label="estimate (headline)")
+    ax.vlines(x, t.ci_low, t.ci_high, color=INTERVAL_COLOR, linewidth=1.2, label="95% interval")
+    ax.plot(np.concatenate([x, x]), np.concatenate([t.ci_low, t.ci_high]), "_", color=INTERVAL_COLOR, ms=7)
+    top = np.maximum(t.headline, t.ci_high)
+    span = max(float(np.max(top)), 1e-9)
+    many = x.size > 8
+    for i in range(x.size):  # one label a category, never a data row
+        text = ax.text(x[i], top[i] + 0.02 * span, f"{t.headline[i]:.3f}", ha="center", va="bottom", fontsize=7,
+                       rotation=90 if many else 0)  # fmt: skip
+        if gid is not None:
+            text.set_gid(f"{gid}-value-{i}")
+    ax.set_xticks(x, [str(v) for v in t.labels[:, 0]], rotation=45 if x.size > 5 else 0,
+                  ha="right" if x.size > 5 else "center")  # fmt: skip
+    ax.set_xlabel(t.attributes[0])
+    ax.set_ylabel("share of records")
+    ax.set_ylim(0.0, span * (1.25 if many else 1.12))
+    ax.legend(fontsize=7, loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=2, frameon=False, borderaxespad=0.2)
+    if title:
+        ax.set_title(title, fontsize=9, pad=18)
+    if gid is not None:
+        ax.xaxis.label.set_gid(f"{gid}-xlabel")
+        ax.yaxis.label.set_gid(f"{gid}-ylabel")
+
+
+def pair_heatmap(ax: Any, t: Marginal, gid: str | None = None) -> None:
+    """Two attributes' marginal on ``ax`` as a heat map of the headline estimate (rows: the first
+    attribute's categories, columns: the second's), each value printed when there are at most
+    :data:`ANNOTATE_CELLS` cells (SVG group ``{gid}-value-{r}-{c}``)."""
+    rows, row_of = _categories(t.labels[:, 0])
+    cols, col_of = _categories(t.labels[:, 1])
+    grid = np.zeros((len(rows), len(cols)))
+    grid[row_of, col_of] = t.headline
+    image = ax.imshow(grid, cmap="Blues", vmin=0.0, aspect="auto")
+    ax.figure.colorbar(image, ax=ax, label="share of records", shrink=0.85)
+    ax.set_yticks(np.arange(len(rows)), rows)
+    ax.set_xticks(np.arange(len(cols)), cols, rotation=45 if len(cols) > 4 else 0,
+                  ha="right" if len(cols) > 4 else "center")  # fmt: skip
+    ax.set_ylabel(t.attributes[0])
+    ax.set_xlabel(t.attributes[1])
+    if gid is not None:
+        ax.xaxis.label.set_gid(f"{gid}-xlabel")
+        ax.yaxis.label.set_gid(f"{gid}-ylabel")
+    if grid.size > ANNOTATE_CELLS:
+        return
+    dark = grid > 0.6 * max(float(grid.max()), 1e-12)
+    for (r, c), value in np.ndenumerate(grid):  # at most ANNOTATE_CELLS labels, not data rows
+        text = ax.text(c, r, f"{value:.3f}", ha="center", va="center", fontsize=7,
+                       color="white" if dark[r, c] else "black")  # fmt: skip
+        if gid is not None:
+            text.set_gid(f"{gid}-value-{r}-{c}")
+
+
+def _categories(labels: Any) -> tuple[list[str], Any]:
+    """The distinct labels in first-appearance order (the schema's category order) and each
+    label's position among them."""
+    _, first, inverse = np.unique(labels, return_index=True, return_inverse=True)
+    order = np.argsort(first, kind="stable")
+    rank = np.empty_like(order)
+    rank[order] = np.arange(order.size)
+    return [str(v) for v in labels[first[order]]], rank[inverse.reshape(-1)]
+
+
+def _svg(fig: Any, salt: str) -> str:
+    """``fig`` as inline SVG text (from ``<svg``: no XML prolog, no DOCTYPE), then closed."""
+    import matplotlib.pyplot as plt
+
+    buf = io.StringIO()
+    with plt.rc_context({"svg.hashsalt": salt}):
+        fig.savefig(buf, format="svg", metadata={"Date": None}, bbox_inches="tight")
+    plt.close(fig)
+    text = buf.getvalue()
+    return text[text.index("<svg") :]
+
+
+def report_charts(result: Any) -> list[Chart]:
+    """The page's charts of a :class:`~secure_release.api.Result`: a bar chart per attribute,
+    and a heat map per pair of attributes when there are two to four (``MissingDependencyError``
+    without matplotlib, saying how to install it)."""
+    from itertools import combinations
+
+    from secure_release.frames import MissingDependencyError
+
+    plt = pyplot()
+    if plt is None:
+        raise MissingDependencyError("the report's charts need matplotlib: pip install 'secure-release[plot]'")
+    charts = []
+    with plt.rc_context(SVG_STYLE):
+        for i, attribute in enumerate(result.attributes):
+            t = result.marginal_table(attribute)
+            fig, ax = plt.subplots(figsize=(min(7.5, 2.2 + 0.45 * t.headline.size), 3.0))
+            marginal_bars(ax, t, gid=f"bars{i}")
+            charts.append(Chart(f"bars{i}", (attribute,), _svg(fig, f"bars{i}")))
+        pairs = list(combinations(result.attributes, 2)) if 2 <= len(result.attributes) <= 4 else []
+        for i, pair in enumerate(pairs):
+            t = result.marginal_table(*pair)
+            width = len(set(t.labels[:, 1].tolist()))
+            fig, ax = plt.subplots(figsize=(min(7.5, 2.6 + 0.55 * width), 2.8))
+            pair_heatmap(ax, t, gid=f"heat{i}")
+            charts.append(Chart(f"heat{i}", pair, _svg(fig, f"heat{i}")))
+    return charts

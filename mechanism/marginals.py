@@ -30,7 +30,8 @@ FloatArray = npt.NDArray[np.float64]
 @dataclass(frozen=True)
 class Marginal:
     """A marginal table: one row per category combination of ``attributes`` (first-appearance
-    order of the cells, which is the schema's category order)."""
+    order of the cells, which is the schema's category order). The fields carry the report's own
+    names (``estimate`` is the raw sum); :meth:`columns` gives the output vocabulary."""
 
     attributes: tuple[str, ...]
     labels: npt.NDArray[np.str_]  # (rows, len(attributes))
@@ -39,6 +40,27 @@ class Marginal:
     standard_error: FloatArray
     ci_low: FloatArray
     ci_high: FloatArray
+    mle: FloatArray
+    observed: npt.NDArray[np.int64]
+
+    @property
+    def headline(self) -> FloatArray:
+        """The summed projection: the marginal's headline estimate."""
+        return self.projected
+
+    def columns(self) -> dict[str, npt.NDArray[Any]]:
+        """The rows' arrays under the output names (``mechanism.report.OUTPUT_COLUMNS``, in order):
+        estimate (the headline), raw, mle, se (of raw), ci_low, ci_high (the share's 95% interval),
+        observed."""
+        return {
+            "estimate": self.projected,
+            "raw": self.estimate,
+            "mle": self.mle,
+            "se": self.standard_error,
+            "ci_low": self.ci_low,
+            "ci_high": self.ci_high,
+            "observed": self.observed,
+        }
 
 
 def group_cells(
@@ -76,9 +98,12 @@ def marginal(
     m: int,
     keep: float,
     observed: npt.ArrayLike,
+    mle: npt.ArrayLike | None = None,
 ) -> Marginal:
     """The marginal of a released estimate over ``wanted`` attributes, with SEs and exact 95%
-    intervals (``observed``: the per-cell observed counts of the release)."""
+    intervals (``observed``: the per-cell observed counts of the release; ``mle``: the per-cell
+    MLE, summed like the others; the sum of the joint MLE is the marginal's MLE; NaN when not
+    given)."""
     raw = np.asarray(estimate, dtype=np.float64)
     proj = np.asarray(projected, dtype=np.float64)
     arr = np.asarray(labels, dtype=str).reshape(raw.size, len(attributes))
@@ -90,8 +115,12 @@ def marginal(
     off_diagonal = float(g[0]) * (1.0 - keep) / raw.size  # every group holds g[0] cells
     se = np.sqrt(accounting.channel_cell_variance(n, m, keep, off_diagonal, est))
     counts = np.bincount(index, weights=np.asarray(observed, dtype=np.float64), minlength=size)
-    iv = estimators.cell_intervals(np.rint(counts).astype(np.int64), n, m, keep, off_diagonal)
-    return Marginal(tuple(wanted), groups, est, summed, se, iv.low, iv.high)
+    whole = np.rint(counts).astype(np.int64)
+    iv = estimators.cell_intervals(whole, n, m, keep, off_diagonal)
+    mle_sum = np.full(size, np.nan)
+    if mle is not None:
+        mle_sum = np.bincount(index, weights=np.asarray(mle, dtype=np.float64), minlength=size).astype(np.float64)
+    return Marginal(tuple(wanted), groups, est, summed, se, iv.low, iv.high, mle_sum, whole)
 
 
 def conditional(
@@ -101,7 +130,7 @@ def conditional(
     target: Sequence[str],
     given: Sequence[str],
 ) -> tuple[npt.NDArray[np.str_], FloatArray]:
-    """P(target | given) from non-negative ``shares`` (use the projected or MLE estimate):
+    """P(target | given) from non-negative ``shares`` (the headline or the MLE estimate):
     rows are the (given..., target...) combinations; NaN where P(given) is 0."""
     if set(target) & set(given):
         raise ShapeMismatchError(f"target {list(target)} and given {list(given)} must not overlap")

@@ -19,8 +19,38 @@ from secure_release.mechanism.plan import ReleasePlan
 from secure_release.mechanism.protocol import ReleaseEstimate
 from secure_release.mechanism.schema import JointSchema
 
-#: The per-cell columns, in the order the CSV and the tables print them.
+#: The per-cell fields of :class:`ReleaseReport` (and of the proto's ``Cell``), by their own
+#: names: ``estimate`` here is the raw A^-1 estimate. Outputs use :data:`OUTPUT_COLUMNS` instead.
 CELL_COLUMNS = ("estimate", "projected", "mle", "standard_error", "ci_low", "ci_high", "observed")
+
+#: The output vocabulary: every table, file, page and chart names its per-cell columns so and
+#: in this order (the headline first). A marginal has the same; a conditional table has the
+#: ones that make sense for a probability (``estimate``, ``mle``, ``ci_low``, ``ci_high``).
+OUTPUT_COLUMNS = ("estimate", "raw", "mle", "se", "ci_low", "ci_high", "observed")
+
+#: What each output column holds; the rule for the intervals is in ``ci_low``'s line.
+COLUMN_MEANINGS = {
+    "estimate": "the headline: the raw estimate projected onto the probability simplex (>= 0, summing to 1); "
+    "never further from the true shares than raw (docs/estimators.md)",
+    "raw": "the unbiased A^-1 estimate of the share (noise can make it negative); for unbiased aggregation",
+    "mle": "the maximum-likelihood estimate (EM), >= 0 and summing to 1",
+    "se": "the standard error of raw (the exact variance formula at the estimate)",
+    "ci_low": "the 95% interval [ci_low, ci_high] is of the true share itself (exact, from the observed count; "
+    "report.interval_method), not of one estimator: read it beside estimate, the headline",
+    "ci_high": "the interval's upper end (see ci_low)",
+    "observed": "how many of the m perturbed, decrypted records fell in the cell",
+}
+
+#: The :class:`ReleaseReport` field each output column reads.
+FIELD_OF_COLUMN = {
+    "estimate": DEFAULT_ESTIMATOR,
+    "raw": "estimate",
+    "mle": "mle",
+    "se": "standard_error",
+    "ci_low": "ci_low",
+    "ci_high": "ci_high",
+    "observed": "observed",
+}
 #: Reports written before the interval method was recorded used the normal interval.
 NORMAL_INTERVAL = "normal (raw estimate +- 1.96 SE)"
 
@@ -84,6 +114,10 @@ class ReleaseReport:
             "keys; the cells cover only " + ", ".join(self.covered)
         )
 
+    def columns(self) -> dict[str, npt.NDArray[Any]]:
+        """The per-cell arrays under their output names, in :data:`OUTPUT_COLUMNS` order."""
+        return {name: getattr(self, FIELD_OF_COLUMN[name]) for name in OUTPUT_COLUMNS}
+
     def cells(self) -> Iterator[CellRow]:
         """The cells in joint-code order."""
         for c, labels in enumerate(self.labels):
@@ -104,6 +138,9 @@ class ReleaseReport:
 
     # ------------------------------------------------------------------ JSON
     def to_dict(self) -> dict[str, Any]:
+        """The JSON form: cells in the output vocabulary (:data:`OUTPUT_COLUMNS`, explained in
+        ``columns``); :meth:`from_dict` reads it and the older form."""
+        columns = {name: values.tolist() for name, values in self.columns().items()}
         return {
             "release_id": self.release_id,
             "marginal": self.marginal,
@@ -114,12 +151,10 @@ class ReleaseReport:
             "attributes": list(self.attributes),
             "interval_method": self.interval_method,
             "headline": DEFAULT_ESTIMATOR,
+            "columns": dict(COLUMN_MEANINGS),
             "cells": [
-                {
-                    "labels": list(row.labels),
-                    **{col: getattr(row, col) for col in CELL_COLUMNS},
-                }
-                for row in self.cells()
+                {"labels": list(labels), **{name: columns[name][c] for name in OUTPUT_COLUMNS}}
+                for c, labels in enumerate(self.labels)
             ],
             "plan": self.plan.to_dict(),
             "privacy": self.privacy(),
@@ -128,10 +163,16 @@ class ReleaseReport:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ReleaseReport:
+        """A report from :meth:`to_dict`'s JSON (cells in :data:`OUTPUT_COLUMNS`), or from the
+        fields' own names (:data:`CELL_COLUMNS`: files written before the vocabulary, the wire)."""
         cells = d["cells"]
+        legacy = bool(cells) and "raw" not in cells[0]
+        key = {field: field for field in CELL_COLUMNS}
+        if not legacy:
+            key = {field: name for name, field in FIELD_OF_COLUMN.items()}
 
         def column(name: str, dtype: type) -> npt.NDArray[Any]:
-            return np.array([c[name] for c in cells], dtype=dtype)
+            return np.array([c[key[name]] for c in cells], dtype=dtype)
 
         p = d["plan"]
         plan = ReleasePlan(

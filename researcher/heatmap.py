@@ -1,7 +1,7 @@
 """The best-effort heat map of a report (needs the optional ``matplotlib``; None without it).
 
 Cells are in joint-code order, whose most significant digit is the first attribute, so the
-projected shares fold into a grid: one row per category of the first attribute, one column
+headline estimates (the projected shares) fold into a grid: one row per category of the first attribute, one column
 per combination of the others. Each cell shows its value; a colour bar gives the scale.
 """
 
@@ -27,13 +27,13 @@ Grid = tuple[npt.NDArray[np.float64], list[str], list[str]]
 
 def _one_column(shares: npt.NDArray[np.float64], labels: npt.NDArray[Any]) -> Grid:
     """Every cell on its own row, labelled with all its attribute labels."""
-    return shares.reshape(-1, 1), [" / ".join(map(str, cell)) for cell in labels.tolist()], ["projected share"]
+    return shares.reshape(-1, 1), [" / ".join(map(str, cell)) for cell in labels.tolist()], ["estimate (share)"]
 
 
 def share_grid(report: ReleaseReport) -> Grid:
-    """The projected shares as a (first attribute) x (the other attributes) grid, with the row
+    """The headline estimates as a (first attribute) x (the other attributes) grid, with the row
     and column labels; one column of whole-cell labels if the cells do not fold that way."""
-    shares = np.asarray(report.projected, dtype=np.float64)
+    shares = np.asarray(report.headline, dtype=np.float64)
     labels = np.array(report.labels, dtype=object).reshape(shares.size, -1)
     row_names = list(dict.fromkeys(labels[:, 0].tolist()))
     cols = shares.size // len(row_names)
@@ -76,7 +76,7 @@ def heatmap_png(report: ReleaseReport) -> bytes | None:
     fig = Figure(figsize=(max(4.0, 1.0 + 0.9 * len(col_names)), max(3.0, 1.5 + 0.4 * len(row_names))))
     ax = fig.subplots()
     image = ax.imshow(values, aspect="auto", cmap="viridis")
-    fig.colorbar(image, ax=ax, label="projected share")
+    fig.colorbar(image, ax=ax, label="estimate (share)")
     ax.set_yticks(range(len(row_names)), row_names, fontsize=7)
     ax.set_ylabel(report.attributes[0] if len(col_names) > 1 else " / ".join(report.attributes))
     ax.set_xticks(range(len(col_names)), col_names, fontsize=7, rotation=45, ha="right")

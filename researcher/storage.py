@@ -13,7 +13,7 @@ from pathlib import Path
 
 from secure_release.infra.fileio import atomic_write, private_dir, read_nofollow
 from secure_release.infra.logs import EventLog
-from secure_release.mechanism.report import CELL_COLUMNS, ReleaseReport
+from secure_release.mechanism.report import OUTPUT_COLUMNS, ReleaseReport
 from secure_release.researcher.heatmap import heatmap_png
 
 FILE_MODE = 0o600
@@ -26,11 +26,13 @@ def report_json(report: ReleaseReport) -> bytes:
 
 
 def report_csv(report: ReleaseReport) -> bytes:
-    """One CSV row per cell: the attribute labels, then :data:`CELL_COLUMNS`."""
+    """One CSV row per cell: the attribute labels, then the output columns
+    (:data:`OUTPUT_COLUMNS`: estimate = the headline, raw = A^-1, mle, se, ci_low, ci_high, observed)."""
     text = io.StringIO()
     writer = csv.writer(text, lineterminator="\n")
-    writer.writerow([*report.attributes, *CELL_COLUMNS])
-    writer.writerows([*row.labels, *(getattr(row, col) for col in CELL_COLUMNS)] for row in report.cells())
+    writer.writerow([*report.attributes, *OUTPUT_COLUMNS])
+    columns = [values.tolist() for values in report.columns().values()]
+    writer.writerows([*labels, *values] for labels, *values in zip(report.labels, *columns, strict=True))
     return text.getvalue().encode()
 
 

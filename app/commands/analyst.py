@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from secure_release import display
 from secure_release.api import Result, _result
 from secure_release.frames import TableInputError
@@ -60,7 +62,7 @@ def register(sub: Any) -> None:
     marg.add_argument("--plot", type=Path, help="write a bar chart with 95%% CIs (PNG; one attribute; matplotlib)")
     _connection(marg)
     marg.set_defaults(func=run_marginal)
-    cond = asub.add_parser("conditional", help="P(target | given) from the projected estimate")
+    cond = asub.add_parser("conditional", help="P(target | given) from the headline estimate, with 95%% intervals")
     cond.add_argument("release_id")
     cond.add_argument("--target", required=True, help="comma-separated target attributes")
     cond.add_argument("--given", required=True, help="comma-separated conditioning attributes")
@@ -88,12 +90,14 @@ def fetch(args: argparse.Namespace) -> Result:
 
 
 def run_report(args: argparse.Namespace) -> int:
-    """``analyst report ID --out r.html``: plan, guarantee, budget spent, cells, a marginal
-    chart per attribute with intervals and the warnings, in one HTML file (the data of ``show``)."""
+    """``analyst report ID --out r.html``: the headline and warnings, a chart per attribute and
+    per pair, the guarantee, the plan and the cells in one self-contained HTML file (the data of
+    ``show``; ``report_page``). Needs matplotlib (the ``plot`` extra) for the charts."""
     from secure_release.infra.fileio import atomic_write
+    from secure_release.report_page import html_report
 
     result = fetch(args)
-    atomic_write(args.out, display.html_report(result).encode("utf-8"), 0o644)
+    atomic_write(args.out, html_report(result).encode("utf-8"), 0o644)
     print(f"wrote {args.out} (release {args.release_id}: {len(result.report.labels)} cells, "
           f"{len(result.attributes)} marginal charts)")  # fmt: skip
     return 0
@@ -116,16 +120,11 @@ def run_show(args: argparse.Namespace) -> int:
 def run_marginal(args: argparse.Namespace) -> int:
     result = fetch(args)
     t = result.marginal_table(*args.attributes)
-    cols = {k: getattr(t, k) for k in ("labels", "estimate", "projected", "standard_error", "ci_low", "ci_high")}
     if args.json:
-        rows = [
-            {**dict(zip(t.attributes, map(str, t.labels[i]), strict=True)),
-             **{k: float(cols[k][i]) for k in cols if k != "labels"}}
-            for i in range(t.estimate.size)
-        ]  # fmt: skip
+        rows = json_rows(result.marginal_columns(*args.attributes))
         print(json.dumps({"release_id": args.release_id, "attributes": list(t.attributes), "rows": rows}))
     else:
-        print("\n".join(display.marginal_lines(cols, t.attributes)))
+        print("\n".join(display.marginal_lines(t)))
     if args.plot is not None:
         _plot(result, args.attributes, args.plot)
     return 0
@@ -144,24 +143,21 @@ def _plot(result: Result, attributes: list[str], path: Path) -> None:
     sys.stderr.write(f"wrote {path}\n")
 
 
-def run_conditional(args: argparse.Namespace) -> int:
-    from secure_release.mechanism.marginals import conditional
+def json_rows(columns: dict[str, Any]) -> list[dict[str, Any]]:
+    """Columns of numpy arrays as JSON rows (keys in column order)."""
+    values = [np.asarray(v).tolist() for v in columns.values()]
+    return [dict(zip(columns, row, strict=True)) for row in zip(*values, strict=True)]
 
+
+def run_conditional(args: argparse.Namespace) -> int:
     result = fetch(args)
     target = [a.strip() for a in args.target.split(",") if a.strip()]
     given = [a.strip() for a in args.given.split(",") if a.strip()]
-    r = result.report
-    labels, prob = conditional(r.attributes, r.labels, r.projected, target, given)
-    names = [*given, *target]
+    cols = result.conditional_columns(target, given)
     if args.json:
-        rows = [{**dict(zip(names, map(str, labels[i]), strict=True)), "probability": float(prob[i])}
-                for i in range(prob.size)]  # fmt: skip
-        print(json.dumps({"release_id": args.release_id, "target": target, "given": given, "rows": rows}))
+        print(json.dumps({"release_id": args.release_id, "target": target, "given": given, "rows": json_rows(cols)}))
         return 0
-    text = [" / ".join(str(v) for v in row) for row in labels]
-    w = max([len(" / ".join(names)), *map(len, text)])
-    print(f"{' / '.join(names).ljust(w)}  P({','.join(target)} | {','.join(given)})")
-    print("\n".join(f"{t.ljust(w)}  {p:.4f}" for t, p in zip(text, prob, strict=True)))
+    print(display.conditional_lines(cols, [*given, *target], f"P({','.join(target)} | {','.join(given)})"))
     return 0
 
 
@@ -183,13 +179,16 @@ def run_export(args: argparse.Namespace) -> int:
 
 
 def _write_parquet(result: Result, path: Path) -> None:
-    """The cells (as :meth:`Result.cells`) as Parquet, the guarantee in the file's metadata."""
+    """The cells (as :meth:`Result.cells`) as Parquet; the guarantee and what each column holds
+    (``mechanism.report.COLUMN_MEANINGS``) in the file's metadata."""
     from secure_release.frames import require
+    from secure_release.mechanism.report import COLUMN_MEANINGS
 
     pa, pq = require("pyarrow"), require("pyarrow.parquet")
     frame = result.cells("pandas")
     table = pa.Table.from_pandas(frame, preserve_index=False)
-    meta = {**(table.schema.metadata or {}), b"secure_release": json.dumps({"guarantee": result.guarantee}).encode()}
+    about = {"guarantee": result.guarantee, "columns": COLUMN_MEANINGS}
+    meta = {**(table.schema.metadata or {}), b"secure_release": json.dumps(about).encode()}
     buf = io.BytesIO()
     pq.write_table(table.replace_schema_metadata(meta), buf)
     path.write_bytes(buf.getvalue())

@@ -284,9 +284,10 @@ def _summary(report: Any, truth: list[float], info: dict[str, Any]) -> dict[str,
     plan = report.plan
     err = float(np.linalg.norm(report.estimate - np.asarray(truth)))
     marks = display.spans_zero(report.ci_low, report.ci_high)
+    columns = {name: values.tolist() for name, values in report.columns().items()}  # the output vocabulary
     cells = [
-        {**row.__dict__, "labels": list(row.labels), "truth": t, "ci_spans_zero": bool(z)}
-        for row, t, z in zip(report.cells(), truth, marks, strict=True)
+        {"labels": list(labels), **{name: columns[name][c] for name in columns}, "truth": t, "ci_spans_zero": bool(z)}
+        for c, (labels, t, z) in enumerate(zip(report.labels, truth, marks, strict=True))
     ]
     utility = utility_check(plan)
     return {

@@ -118,11 +118,13 @@ def test_analyst_reads_lists_and_exports(
         assert capsys.readouterr().out.split() == ["r1"]
         assert main(_analyst(address, "analyst", "show", "r1", "--json")) == 0
         shown = json.loads(capsys.readouterr().out)
-        assert [c["estimate"] for c in shown["cells"]] == result.report.estimate.tolist()
+        assert [c["estimate"] for c in shown["cells"]] == result.report.projected.tolist()  # the headline
+        assert [c["raw"] for c in shown["cells"]] == result.report.estimate.tolist()
         assert shown["guarantee"]["delta"] == 0.0
         assert main(_analyst(address, "analyst", "marginal", "r1", "y", "--json")) == 0
         rows = json.loads(capsys.readouterr().out)["rows"]
-        np.testing.assert_allclose([r["estimate"] for r in rows], result.marginal_table("y").estimate)
+        np.testing.assert_allclose([r["estimate"] for r in rows], result.marginal_table("y").projected)
+        np.testing.assert_allclose([r["raw"] for r in rows], result.marginal_table("y").estimate)
         assert main(_analyst(address, "analyst", "conditional", "r1", "--target", "y", "--given", "x")) == 0
         assert "P(y | x)" in capsys.readouterr().out
         for suffix in ("csv", "json", "parquet"):
@@ -132,7 +134,8 @@ def test_analyst_reads_lists_and_exports(
     import pandas as pd
 
     frame = pd.read_parquet(tmp_path / "r1.parquet")
-    np.testing.assert_array_equal(frame["estimate"].to_numpy(), result.report.estimate)
+    np.testing.assert_array_equal(frame["estimate"].to_numpy(), result.report.projected)
+    np.testing.assert_array_equal(frame["raw"].to_numpy(), result.report.estimate)
     assert len(pd.read_csv(tmp_path / "r1.csv")) == 6
 
 

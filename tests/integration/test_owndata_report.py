@@ -16,6 +16,7 @@ from secure_release import api
 from secure_release.cli import main
 from secure_release.infra.logs import EventLog
 from secure_release.infra.tls import bind, make_grpc_server
+from secure_release.mechanism.report import OUTPUT_COLUMNS
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
 from secure_release.researcher.service import ReleaseTracker, ResearcherService
 
@@ -49,24 +50,33 @@ def researcher(result: api.Result) -> Iterator[str]:
 
 
 class Page(HTMLParser):
+    """The numbers of the cells table (data-value, full precision), the value printed on each bar
+    of each chart (SVG text in group ``barsN-value-I``) and anything that would fetch."""
+
     def __init__(self) -> None:
         super().__init__()
         self.values: list[float] = []
-        self.bars: dict[str, list[dict[str, str]]] = {}
+        self.bars: dict[str, list[str]] = {}
         self.external: list[str] = []
-        self._chart = ""
+        self._table = self._chart = self._value = ""
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         a = {k: v or "" for k, v in attrs}
-        if tag == "td" and "data-value" in a:
+        self._table = a.get("id", self._table) if tag == "table" else self._table
+        if tag == "td" and "data-value" in a and self._table == "cells":
             self.values.append(float(a["data-value"]))
-        if tag == "svg":
-            self._chart = a["data-attribute"]
+        if tag == "figure":
+            self._chart = a["data-attributes"]
             self.bars[self._chart] = []
-        if tag == "rect" and "data-estimate" in a:
-            self.bars[self._chart].append(a)
-        if tag in ("script", "link", "img") or "src" in a:
+        if tag == "g" and "-value-" in a.get("id", ""):
+            self._value = a["id"]
+        if tag in ("script", "link", "img", "iframe", "object") or "src" in a:
             self.external.append(tag)
+
+    def handle_data(self, data: str) -> None:
+        if self._value and data.strip():
+            self.bars[self._chart].append(data.strip())
+            self._value = ""
 
 
 def test_the_report_holds_the_json_results_numbers(result: api.Result, tmp_path: Path,
@@ -81,17 +91,16 @@ def test_the_report_holds_the_json_results_numbers(result: api.Result, tmp_path:
     text = out.read_text()
     page.feed(text)
     assert page.external == []  # self-contained: no script, stylesheet or image to fetch
-    cells = [page.values[i:i + 5] for i in range(0, len(page.values), 5)]
+    names = list(OUTPUT_COLUMNS)
+    cells = [page.values[i : i + len(names)] for i in range(0, len(page.values), len(names))]
     assert len(cells) == len(shown["cells"]) == 6
     for row, cell in zip(cells, shown["cells"], strict=True):
-        assert row == [cell["estimate"], cell["standard_error"], cell["ci_low"], cell["ci_high"], cell["projected"]]
+        assert row == [cell[name] for name in names]
     for attribute in ("mass", "y"):
         t = result.marginal_table(attribute)
-        bars = page.bars[attribute]
-        assert [b["data-label"] for b in bars] == [str(v) for v in t.labels[:, 0]]
-        assert [float(b["data-estimate"]) for b in bars] == t.estimate.tolist()
-        assert [float(b["data-ci-low"]) for b in bars] == t.ci_low.tolist()
-    assert "[2500, 4500)" in text and f"epsilon spent</th><td>{result.plan.epsilon:g}" in text
+        assert page.bars[attribute] == [f"{v:.3f}" for v in t.projected]  # the headline on each bar
+    assert page.bars["mass,y"]  # the heat map of the pair
+    assert "[2500, 4500)" in text and f'data-value="{result.plan.epsilon!r}">{result.plan.epsilon:g}<' in text
     assert "-DP" in text and "truth" not in text
     for warning in result.warnings:
         assert warning.split(":")[0] in text

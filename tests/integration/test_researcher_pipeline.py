@@ -32,7 +32,7 @@ from secure_release.infra.logs import EventLog, JsonFormatter, looks_secret
 from secure_release.infra.wire import report_to_pb
 from secure_release.mechanism.errors import ErrorKind
 from secure_release.mechanism.pads import CipherMode
-from secure_release.mechanism.report import CELL_COLUMNS, ReleaseReport
+from secure_release.mechanism.report import OUTPUT_COLUMNS, ReleaseReport
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
 from secure_release.researcher.client import AbortedBeforeSealError, Endpoints
 from secure_release.researcher.errors import DigestMismatchError, KeyMismatchError, NoKeysError, ReleaseNotReadyError
@@ -192,10 +192,11 @@ def test_report_json_round_trip_is_exact(joint_report: ReleaseReport) -> None:
 
 def test_csv_is_the_report_cells(joint_report: ReleaseReport) -> None:
     rows = list(csv.reader(io.StringIO(report_csv(joint_report).decode())))
-    assert rows[0] == ["education", "married", "region", *CELL_COLUMNS]
+    assert rows[0] == ["education", "married", "region", *OUTPUT_COLUMNS]
     assert len(rows) == 1 + len(joint_report.labels) == 25
     body = np.array([r[3:] for r in rows[1:]], dtype=np.float64)
-    assert np.array_equal(body[:, 0], joint_report.estimate) and np.array_equal(body[:, 2], joint_report.mle)
+    assert np.array_equal(body[:, 0], joint_report.projected) and np.array_equal(body[:, 1], joint_report.estimate)
+    assert np.array_equal(body[:, 2], joint_report.mle) and np.array_equal(body[:, 3], joint_report.standard_error)
     assert [tuple(r[:3]) for r in rows[1:]] == list(joint_report.labels)
 
 

@@ -33,9 +33,9 @@ def test_three_curator_demo_gives_a_joint_estimate() -> None:
     assert r["curators"] == ["alice", "bob", "carol"] and r["alphabet_sizes"] == [6, 2, 2]
     assert not r["marginal"] and len(r["cells"]) == 24 and r["n"] == 3000
     est = np.array([c["estimate"] for c in r["cells"]])
-    assert est.sum() == pytest.approx(1.0)
+    assert est.sum() == pytest.approx(1.0) and est.min() >= 0.0  # the headline: the projection
     for c in r["cells"]:
-        assert c["ci_low"] <= min(max(c["estimate"], 0.0), 1.0) <= c["ci_high"]
+        assert c["ci_low"] <= min(max(c["raw"], 0.0), 1.0) <= c["ci_high"]
         assert c["ci_spans_zero"] == (c["ci_low"] <= 0 <= c["ci_high"])
     assert r["guarantee"]["delta"] == 0.0 and r["guarantee"]["epsilon"] == pytest.approx(0.5)
     assert r["utility"]["ok"] is False and "typical cell share" in r["utility"]["message"]

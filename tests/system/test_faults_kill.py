@@ -230,7 +230,7 @@ def _finish(dep: Deployment, ref: np.ndarray, kills: list[float], budget_s: floa
     lags = [finished - k for k in kills]
     result = dep.root / "results" / f"{dep.release_id}.json"
     if researcher.returncode == 0 and result.exists():
-        got = np.array([c["estimate"] for c in json.loads(result.read_text())["cells"]])
+        got = np.array([c["raw"] for c in json.loads(result.read_text())["cells"]])
         identical = got.shape == ref.shape and bool(np.array_equal(got, ref))
         return Outcome(True, identical, False, len(kills), lags, "" if identical else "estimate differs")
     states = _ledger_states(dep)

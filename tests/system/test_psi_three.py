@@ -171,5 +171,5 @@ def test_three_curator_psi_over_the_services_aligns_on_the_triple_intersection(
     ref = run_variant_release(tables, EPS, M, "seed", "psi", "chacha20", RID, seed=SEED,
                               psi_keys=[PSI[c] for c in CURATORS], pram_key=PRAM,
                               pad_keys=[PADS[c] for c in CURATORS])  # fmt: skip
-    got = np.array([c["estimate"] for c in json.loads((tmp_path / "results" / f"{RID}.json").read_text())["cells"]])
+    got = np.array([c["raw"] for c in json.loads((tmp_path / "results" / f"{RID}.json").read_text())["cells"]])
     assert got.size == 24 and np.array_equal(got, ref.estimate.raw)

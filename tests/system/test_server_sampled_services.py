@@ -164,7 +164,7 @@ def test_two_releases_from_one_stored_table_equal_the_in_memory_run_and_a_third_
     for i, rid in enumerate(("s1", "s2")):
         codes, out = release(world, rid)
         assert codes == [0, 0, 0], world.log("alice-run-t1") + world.log(f"researcher-{rid}")
-        got = np.array([c["estimate"] for c in json.loads((out / f"{rid}.json").read_text())["cells"]])
+        got = np.array([c["raw"] for c in json.loads((out / f"{rid}.json").read_text())["cells"]])
         assert np.array_equal(got, refs[i].releases[0].estimate.raw), rid
     # the two samples differ; each curator's ledger was charged twice, on the table's data set
     p1, _ = server_draw_sample(ref.n, M, "s1", SAMPLE_SEED)

@@ -64,20 +64,21 @@ def test_the_report_headlines_the_default_and_keeps_the_raw_estimate() -> None:
     np.testing.assert_array_equal(report.headline, report.projected)
     np.testing.assert_array_equal(result.headline, report.projected)
     d = report.to_dict()
-    assert d["headline"] == "projected" and [c["estimate"] for c in d["cells"]] == report.estimate.tolist()
+    assert d["headline"] == "projected" and [c["estimate"] for c in d["cells"]] == report.projected.tolist()
+    assert [c["raw"] for c in d["cells"]] == report.estimate.tolist()
     assert ReleaseReport.from_dict(d).estimate.tolist() == report.estimate.tolist()
     table = display.cell_table(report)
-    assert table[0].split()[3:5] == ["projected", "raw"]  # after the attribute names "a / b"
-    first = table[1].split()  # "x / u <projected> <raw> ..."
+    assert table[0].split()[3:5] == ["estimate", "raw"]  # after the attribute names "a / b"
+    first = table[1].split()  # "x / u <estimate: projected> <raw> ..."
     assert float(first[3]) == round(float(report.projected[0]), 4)
     assert float(first[4]) == round(float(report.estimate[0]), 4)
-    assert "Read the projected column (the headline)" in display.explain(report)
+    assert "Read the estimate column (the headline)" in display.explain(report)
 
 
 def test_the_utility_warning_says_which_estimate_to_trust() -> None:
     noisy = plan_release(45222, (20, 20), 0.05)
     warning = noisy.utility_warning()
-    assert warning is not None and "Trust the projected estimate (the report's headline" in warning
+    assert warning is not None and "Read the estimate column (the headline, the projection" in warning
     assert plan_release(45222, (6, 4), 1.0).utility_warning() is None
 
 

@@ -4,6 +4,7 @@ conditionals with intervals; a binned numeric column through the notebook API.""
 
 from __future__ import annotations
 
+import html
 import json
 import warnings
 from html.parser import HTMLParser
@@ -87,7 +88,8 @@ def test_the_notebook_page_without_matplotlib_says_how_to_get_the_charts(
 
     monkeypatch.setattr(plotting, "pyplot", lambda: None)
     page = result._repr_html_()
-    assert report_page.NO_MATPLOTLIB in page and "<svg" not in page and 'id="cells"' in page
+    shown = html.unescape(page.split('id="charts-missing">')[1].split("</p>")[0])
+    assert shown == report_page.NO_MATPLOTLIB and "<svg" not in page and 'id="cells"' in page
     with pytest.raises(MissingDependencyError, match=r"secure-release\[plot\]"):
         report_page.html_report(result)
 

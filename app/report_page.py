@@ -1,0 +1,155 @@
+"""The release page: one Jinja2 template (``templates/report.html.j2``, package data) serves
+``secure-release analyst report`` (a whole, self-contained HTML document) and the notebook's
+``Result._repr_html_`` (the same page as a fragment).
+
+Order on the page: the headline summary and every warning, the charts (``plotting.report_charts``:
+a bar chart per attribute, a heat map per pair when there are two to four; matplotlib SVG with
+text kept as text), the guarantee as a definition list, the plan, then the cells in the output
+vocabulary (``mechanism.report.OUTPUT_COLUMNS``). Every number shown also sits at full precision
+in a ``data-value`` attribute. No script and no fetch: the page opens offline and prints on A4.
+
+Without matplotlib (the ``plot`` extra) ``analyst report`` refuses with a message saying how to
+install it (:func:`html_report` raises ``MissingDependencyError``); the notebook page, which must
+not raise, shows that message where the charts would be.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from importlib import resources
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from secure_release.frames import MissingDependencyError
+from secure_release.mechanism.guarantee import privacy_guarantee, utility_check
+from secure_release.mechanism.report import COLUMN_MEANINGS, OUTPUT_COLUMNS
+
+#: How each output column is shown (the ``data-value`` attribute keeps full precision).
+FORMATS = {"estimate": "%.4f", "raw": "%+.4f", "mle": "%.4f", "se": "%.4f", "ci_low": "%.4f", "ci_high": "%.4f",
+           "observed": "%d"}  # fmt: skip
+#: What the page says instead of the charts when matplotlib is missing.
+NO_MATPLOTLIB = "the charts need matplotlib: pip install 'secure-release[plot]'"
+
+
+@cache
+def _template() -> Any:
+    from jinja2 import Environment, StrictUndefined
+
+    env = Environment(autoescape=True, undefined=StrictUndefined, keep_trailing_newline=True)
+    text = resources.files("secure_release").joinpath("templates/report.html.j2").read_text(encoding="utf-8")
+    return env.from_string(text)
+
+
+def _shown(values: npt.NDArray[Any], fmt: str) -> list[tuple[str, str]]:
+    """(full precision, shown) text pairs of a column."""
+    shown = np.char.mod(fmt, values.astype(np.int64) if fmt == "%d" else values)
+    return list(zip((repr(v) for v in values.tolist()), shown.tolist(), strict=True))
+
+
+def _cells(result: Any) -> list[dict[str, Any]]:
+    columns = result.report.columns()
+    shown = [_shown(np.asarray(columns[name]), FORMATS[name]) for name in OUTPUT_COLUMNS]
+    return [{"labels": labels, "numbers": [col[c] for col in shown]} for c, labels in enumerate(result.report.labels)]
+
+
+def _summary(result: Any) -> list[dict[str, str]]:
+    plan, utility = result.plan, utility_check(result.plan)
+    spans = int(np.sum((result.report.ci_low <= 0.0) & (result.report.ci_high >= 0.0)))
+    items = (
+        ("epsilon", "epsilon (spent)", plan.epsilon, f"{plan.epsilon:g}"),
+        ("n", "records n", plan.n, f"{plan.n:,}"),
+        ("m", "sampled m", plan.m, f"{plan.m:,}"),
+        ("K", "cells K", plan.joint_size, f"{plan.joint_size:,}"),
+        ("rmse", "predicted RMSE per cell", utility["predicted_rmse_per_cell"],
+         f"{utility['predicted_rmse_per_cell']:.4f}"),
+        ("typical", "typical share 1/K", 1.0 / plan.joint_size, f"{1.0 / plan.joint_size:.4f}"),
+        ("spans_zero", "cells whose interval reaches 0", spans, f"{spans} of {len(result.report.labels)}"),
+    )  # fmt: skip
+    return [{"key": k, "name": name, "value": repr(value), "shown": shown} for k, name, value, shown in items]
+
+
+def _guarantee(result: Any) -> tuple[list[tuple[str, str]], list[dict[str, str]]]:
+    g = privacy_guarantee(result.plan)
+    terms = [
+        ("Statement", g["statement"]),
+        ("Privacy unit", g["privacy_unit"]),
+        ("Neighbouring relation", g["neighbouring_relation"]),
+        ("What is statistical", g["statistical"]),
+        ("What is computational", g["computational"]),
+        ("Mechanism", g["mechanism"]),
+        ("Theorem", g["theorem"]),
+        ("Composition", g["composition"]),
+    ]
+    recipes = [
+        {"name": name, "agreement": g[key]["agreement"], "code": "\n".join(g[key]["recipe"])}
+        for name, key in (("OpenDP", "opendp"), ("dp_accounting", "dp_accounting"))
+    ]
+    return terms, recipes
+
+
+def _plan(result: Any) -> list[dict[str, str]]:
+    plan = result.plan
+    sizes = " x ".join(str(k) for k in plan.alphabet_sizes)
+    rows = (
+        ("n", plan.n, f"{plan.n}", "records all curators hold (after alignment); public"),
+        ("m", plan.m, f"{plan.m}", "records sampled, the same m at every curator (which ones stays secret)"),
+        ("K", plan.joint_size, f"{plan.joint_size}", f"joint cells: the product of the alphabet sizes ({sizes})"),
+        ("epsilon spent", plan.epsilon, f"{plan.epsilon:g}", "this release's share of each curator's budget"),
+        ("gamma", plan.gamma, f"{plan.gamma:.6g}", f"PRAM's diagonal weight: a sampled record keeps its cell w.p. "
+         f"{plan.channel.keep:.3g}, else gets a uniform cell"),
+    )  # fmt: skip
+    return [{"name": name, "value": repr(value), "shown": shown, "text": text} for name, value, shown, text in rows]
+
+
+def _charts(result: Any) -> list[dict[str, Any]]:
+    from secure_release.plotting import report_charts
+
+    def caption(attributes: tuple[str, ...]) -> str:
+        return attributes[0] if len(attributes) == 1 else f"{attributes[0]} by {attributes[1]}"
+
+    return [{"chart_id": c.chart_id, "attributes": c.attributes, "caption": caption(c.attributes), "svg": c.svg}
+            for c in report_charts(result)]  # fmt: skip
+
+
+def render(result: Any, standalone: bool, charts_missing: str | None = None) -> str:
+    """The page of ``result`` (an :class:`~secure_release.api.Result`), a whole document when
+    ``standalone``; ``charts_missing`` replaces the charts with that message."""
+    spans = int(np.sum((result.report.ci_low <= 0.0) & (result.report.ci_high >= 0.0)))
+    negatives = int(np.sum(result.report.estimate < 0.0))
+    note = (f"{spans} of {len(result.report.labels)} cells have a 95% interval reaching 0: not distinguishable "
+            f"from empty; {negatives} raw estimates are negative (noise around a small share)")  # fmt: skip
+    notes = [note] if spans else []
+    terms, recipes = _guarantee(result)
+    return str(
+        _template().render(
+            standalone=standalone,
+            release_id=result.report.release_id,
+            note=result.report.note,
+            summary=_summary(result),
+            warnings=[*result.warnings, *notes],
+            charts=[] if charts_missing else _charts(result),
+            charts_missing=charts_missing,
+            guarantee=terms,
+            recipes=recipes,
+            plan=_plan(result),
+            legend=list(COLUMN_MEANINGS.items()),
+            attributes=result.report.attributes,
+            columns=OUTPUT_COLUMNS,
+            cells=_cells(result),
+        )
+    )
+
+
+def html_report(result: Any) -> str:
+    """The whole page ``analyst report`` writes (raises ``MissingDependencyError`` without matplotlib)."""
+    return render(result, standalone=True)
+
+
+def report_fragment(result: Any) -> str:
+    """The page as a fragment for a notebook; without matplotlib it says how to get the charts."""
+    try:
+        return render(result, standalone=False)
+    except MissingDependencyError:
+        return render(result, standalone=False, charts_missing=NO_MATPLOTLIB)
