@@ -495,6 +495,24 @@ class Result:
         atomic_write(target, json.dumps(self.to_dict(include_truth), indent=1).encode("utf-8"))
         return target
 
+    def to_parquet(self, path: str | Path) -> Path:
+        """Write :meth:`cell_columns` (never the truth) as Parquet to ``path``; the guarantee and
+        what each column holds (``mechanism.report.COLUMN_MEANINGS``) go in the file's metadata
+        under ``secure_release`` (``analyst export R r.parquet``)."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        from secure_release.infra.fileio import atomic_write
+        from secure_release.mechanism.report import COLUMN_MEANINGS
+
+        table = pa.table(self.cell_columns())
+        about = {"guarantee": self.guarantee, "headline": "estimate", "columns": COLUMN_MEANINGS}
+        buf = pa.BufferOutputStream()
+        pq.write_table(table.replace_schema_metadata({b"secure_release": json.dumps(about).encode()}), buf)
+        target = Path(path)
+        atomic_write(target, buf.getvalue().to_pybytes(), 0o644)
+        return target
+
 
 def _result(report: ReleaseReport, truth: FloatArray | None = None) -> Result:
     message = utility_check(report.plan)["message"]

@@ -8,7 +8,6 @@ certificate from the project CA.
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import sys
 from pathlib import Path
@@ -171,24 +170,8 @@ def run_export(args: argparse.Namespace) -> int:
 
         args.file.write_bytes(report_csv(result.report))
     elif suffix in (".parquet", ".pq"):
-        _write_parquet(result, args.file)
+        result.to_parquet(args.file)
     else:
         raise TableInputError(f"export writes .csv, .json or .parquet; got {args.file.name!r}")
     sys.stderr.write(f"wrote {args.file}\n")
     return 0
-
-
-def _write_parquet(result: Result, path: Path) -> None:
-    """The cells (as :meth:`Result.cells`) as Parquet; the guarantee and what each column holds
-    (``mechanism.report.COLUMN_MEANINGS``) in the file's metadata."""
-    from secure_release.frames import require
-    from secure_release.mechanism.report import COLUMN_MEANINGS
-
-    pa, pq = require("pyarrow"), require("pyarrow.parquet")
-    frame = result.cells("pandas")
-    table = pa.Table.from_pandas(frame, preserve_index=False)
-    about = {"guarantee": result.guarantee, "columns": COLUMN_MEANINGS}
-    meta = {**(table.schema.metadata or {}), b"secure_release": json.dumps(about).encode()}
-    buf = io.BytesIO()
-    pq.write_table(table.replace_schema_metadata(meta), buf)
-    path.write_bytes(buf.getvalue())

@@ -25,6 +25,9 @@ from secure_release.infra.tls import bind, make_grpc_server
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
 from secure_release.researcher.service import ReleaseTracker, ResearcherService
 
+#: The output vocabulary, in order (tests/unit/test_output_vocabulary.py).
+VOCABULARY = ["estimate", "raw", "mle", "se", "ci_low", "ci_high", "observed"]
+
 LOG = EventLog("researcher", "test")
 
 
@@ -120,13 +123,18 @@ def test_analyst_reads_lists_and_exports(
         shown = json.loads(capsys.readouterr().out)
         assert [c["estimate"] for c in shown["cells"]] == result.report.projected.tolist()  # the headline
         assert [c["raw"] for c in shown["cells"]] == result.report.estimate.tolist()
+        assert list(shown["cells"][0]) == ["labels", *VOCABULARY]  # tests/unit/test_output_vocabulary.py
         assert shown["guarantee"]["delta"] == 0.0
         assert main(_analyst(address, "analyst", "marginal", "r1", "y", "--json")) == 0
         rows = json.loads(capsys.readouterr().out)["rows"]
         np.testing.assert_allclose([r["estimate"] for r in rows], result.marginal_table("y").projected)
         np.testing.assert_allclose([r["raw"] for r in rows], result.marginal_table("y").estimate)
+        assert list(rows[0]) == ["y", *VOCABULARY]
         assert main(_analyst(address, "analyst", "conditional", "r1", "--target", "y", "--given", "x")) == 0
         assert "P(y | x)" in capsys.readouterr().out
+        assert main(_analyst(address, "analyst", "conditional", "r1", "--target", "y", "--given", "x", "--json")) == 0
+        conditional = json.loads(capsys.readouterr().out)["rows"]
+        assert list(conditional[0]) == ["x", "y", "estimate", "mle", "ci_low", "ci_high"]
         for suffix in ("csv", "json", "parquet"):
             assert main(_analyst(address, "analyst", "export", "r1", str(tmp_path / f"r1.{suffix}"))) == 0
         assert main(_analyst(address, "analyst", "export", "r1", str(tmp_path / "r1.xlsx"))) == 2
@@ -136,6 +144,10 @@ def test_analyst_reads_lists_and_exports(
     frame = pd.read_parquet(tmp_path / "r1.parquet")
     np.testing.assert_array_equal(frame["estimate"].to_numpy(), result.report.projected)
     np.testing.assert_array_equal(frame["raw"].to_numpy(), result.report.estimate)
+    assert list(frame.columns) == [*result.attributes, *VOCABULARY, "ci_spans_zero"]
+    assert list(pd.read_csv(tmp_path / "r1.csv").columns) == [*result.attributes, *VOCABULARY]
+    exported = json.loads((tmp_path / "r1.json").read_text())
+    assert list(exported["cells"][0]) == ["labels", *VOCABULARY]
     assert len(pd.read_csv(tmp_path / "r1.csv")) == 6
 
 
