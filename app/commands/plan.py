@@ -167,8 +167,8 @@ def suggestion_lines(report: SuggestionReport) -> list[str]:
     if report.current.meets_target:
         return [*lines, "The schemas meet the target as they are: nothing to give up."]
     if report.suggestions:
-        lines += ["", "Smallest changes that meet the target (most attributes, then most cells, kept first; "
-                      "figures as `plan` prints them on the changed schemas):"]  # fmt: skip
+        lines += ["", "Smallest changes that meet the target, most attributes then most cells kept first",
+                  "(the figures are those `plan` prints on the changed schemas):"]
     else:
         lines += ["", "No change of the schemas (drops, bin merges, group merges) meets the target."]
     for rank, suggestion in enumerate(report.suggestions, 1):
@@ -182,8 +182,10 @@ def suggestion_lines(report: SuggestionReport) -> list[str]:
     if found is None:
         lines.append(f"Unchanged schemas: no epsilon <= {MAX_SUGGESTED_EPSILON:g} meets the target.")
     else:
-        lines.append(f"Unchanged schemas: epsilon = {found.epsilon:g} would ({_figures_text(found)}).")
+        lines.append(f"Unchanged schemas: epsilon = {found.epsilon:g} would meet it, at m = {found.m} (m*): per-cell "
+                     f"RMSE {found.predicted_rmse_per_cell:.3g} <= target {found.target:.3g}.")  # fmt: skip
     thinned = f"; bin merges thinned for {', '.join(report.thinned)}" if report.thinned else ""
     lines.append(f"(searched {report.grid_size} combinations: per attribute keep, merge into its groups, merge "
-                 f"adjacent bins, drop; every curator keeps one attribute{thinned})")  # fmt: skip
+                 f"adjacent bins or drop;")  # fmt: skip
+    lines.append(f" every curator keeps an attribute{thinned})")
     return lines
