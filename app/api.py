@@ -503,10 +503,11 @@ class Result:
         import pyarrow.parquet as pq
 
         from secure_release.infra.fileio import atomic_write
+        from secure_release.mechanism.estimators import DEFAULT_ESTIMATOR
         from secure_release.mechanism.report import COLUMN_MEANINGS
 
         table = pa.table(self.cell_columns())
-        about = {"guarantee": self.guarantee, "headline": "estimate", "columns": COLUMN_MEANINGS}
+        about = {"guarantee": self.guarantee, "headline": DEFAULT_ESTIMATOR, "columns": COLUMN_MEANINGS}
         buf = pa.BufferOutputStream()
         pq.write_table(table.replace_schema_metadata({b"secure_release": json.dumps(about).encode()}), buf)
         target = Path(path)

@@ -116,3 +116,30 @@ def test_the_check_fails_on_a_planted_missing_path(tmp_path: Path) -> None:
         "docs/page.md: `DESIGN.md`",
         "docs/page.md: `app/nothing/*.py`",
     ]
+
+
+def unlisted(root: Path) -> list[str]:
+    """The documents under docs/ (and the root's) that docs/index.md does not link."""
+    index = root / "docs" / "index.md"
+    linked = {
+        (index.parent / (m.group(1) or m.group(2)).split("#")[0]).resolve()
+        for m in LINK.finditer(FENCE.sub("", index.read_text(encoding="utf-8")))
+    }
+    return sorted(str(d.relative_to(root)) for d in documents(root) if d != index and d.resolve() not in linked)
+
+
+def test_the_index_lists_every_document() -> None:
+    assert unlisted(ROOT) == []
+
+
+def test_the_index_check_fails_on_a_planted_unlisted_document(tmp_path: Path) -> None:
+    (tmp_path / "docs" / "history").mkdir(parents=True)
+    (tmp_path / "README.md").write_text("# Title\n")
+    (tmp_path / "docs" / "listed.md").write_text("# Listed\n")
+    (tmp_path / "docs" / "history" / "old.md").write_text("# Old\n")
+    (tmp_path / "docs" / "forgotten.md").write_text("# Forgotten\n")
+    (tmp_path / "docs" / "index.md").write_text(
+        "1. [../README.md](../README.md)\n2. [listed.md](listed.md#listed)\n- [old](history/old.md)\n"
+        "```\n[forgotten.md](forgotten.md)\n```\n"
+    )
+    assert unlisted(tmp_path) == ["docs/forgotten.md"]
