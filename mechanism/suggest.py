@@ -366,3 +366,15 @@ def suggest_changes(
         n, float(epsilon), target, current, tuple(found[:limit]), max(len(found) - limit, 0),
         sufficient_epsilon(n, sizes, epsilon, target), grid_size, tuple(thinned),
     )  # fmt: skip
+
+
+def suggest_for_alphabets(
+    alphabet_sizes: Sequence[int], n: int, epsilon: float, target: float | None = None
+) -> SuggestionReport:
+    """Only the alphabet sizes known (no schemas): nothing to drop or merge, so only the current
+    figures and the epsilon that would meet ``target`` with them unchanged (``grid_size`` 0)."""
+    if target is not None and not (math.isfinite(target) and target > 0):
+        raise NonFiniteInputError(f"the target per-cell RMSE must be a finite number > 0, got {target!r}")
+    current = plan_figures(n, alphabet_sizes, epsilon, target)
+    return SuggestionReport(n, float(epsilon), target, current, (), 0,
+                            sufficient_epsilon(n, alphabet_sizes, epsilon, target), 0)  # fmt: skip

@@ -11,7 +11,13 @@ from secure_release import display
 from secure_release.mechanism.guarantee import plan_report, privacy_guarantee, utility_check
 from secure_release.mechanism.plan import plan_release
 from secure_release.mechanism.schema import CuratorSchema
-from secure_release.mechanism.suggest import MAX_SUGGESTED_EPSILON, Figures, SuggestionReport, suggest_changes
+from secure_release.mechanism.suggest import (
+    MAX_SUGGESTED_EPSILON,
+    Figures,
+    SuggestionReport,
+    suggest_changes,
+    suggest_for_alphabets,
+)
 
 
 def _alphabet(text: str) -> list[int]:
@@ -66,8 +72,9 @@ def register(sub: Any) -> None:
         action="store_true",
         help="instead of the plan, list the smallest changes of the --schema files (drop an attribute, merge "
         "adjacent bins, merge categories into a schema's public \"groups\") whose plan meets --target, "
-        "sorted by what they keep, and the epsilon that would meet it with the schemas unchanged; public "
-        "inputs only, never the data. Figures at m = m*, as `plan` prints them on the changed schemas",
+        "sorted by what they keep, and the epsilon that would meet it with the schemas unchanged (with "
+        "--alphabet alone: only that epsilon); public inputs only, never the data. Figures at m = m*, as "
+        "`plan` prints them on the changed schemas",
     )
     p.add_argument(
         "--target",
@@ -135,12 +142,16 @@ def run(args: argparse.Namespace) -> int:
 
 def run_suggest(args: argparse.Namespace, schemas: list[CuratorSchema], id_columns: list[str]) -> int:
     """``plan --suggest``: :func:`mechanism.suggest.suggest_changes` on the --schema files."""
-    if len(schemas) < 2 or args.alphabet or args.m is not None:
-        raise SystemExit("secure-release plan --suggest: give one --schema FILE per curator (two or more); --alphabet "
-                         "and --m do not apply (the suggestions change the alphabets, at m = m*)")  # fmt: skip
+    if (len(schemas) < 2 and not args.alphabet) or (schemas and args.alphabet) or args.m is not None:
+        raise SystemExit("secure-release plan --suggest: give one --schema FILE per curator (two or more), or "
+                         "only --alphabet (then only the epsilon is suggested); --m does not apply (figures at "
+                         "m = m*)")  # fmt: skip
     if args.max_suggestions < 1:
         raise SystemExit(f"secure-release plan: --max-suggestions must be >= 1, got {args.max_suggestions}")
-    report = suggest_changes(schemas, args.n, args.epsilon, args.target, args.max_suggestions)
+    if args.alphabet:
+        report = suggest_for_alphabets(args.alphabet, args.n, args.epsilon, args.target)
+    else:
+        report = suggest_changes(schemas, args.n, args.epsilon, args.target, args.max_suggestions)
     if args.json:
         out = report.to_dict()
         for suggestion in out["suggestions"]:
@@ -166,7 +177,9 @@ def suggestion_lines(report: SuggestionReport) -> list[str]:
     ]
     if report.current.meets_target:
         return [*lines, "The schemas meet the target as they are: nothing to give up."]
-    if report.suggestions:
+    if report.grid_size == 0:
+        lines += ["", "Only alphabet sizes given: give the --schema files to search for attribute drops and merges."]
+    elif report.suggestions:
         lines += ["", "Smallest changes that meet the target, most attributes then most cells kept first",
                   "(the figures are those `plan` prints on the changed schemas):"]
     else:
@@ -184,6 +197,8 @@ def suggestion_lines(report: SuggestionReport) -> list[str]:
     else:
         lines.append(f"Unchanged schemas: epsilon = {found.epsilon:g} would meet it, at m = {found.m} (m*): per-cell "
                      f"RMSE {found.predicted_rmse_per_cell:.3g} <= target {found.target:.3g}.")  # fmt: skip
+    if report.grid_size == 0:
+        return lines
     thinned = f"; bin merges thinned for {', '.join(report.thinned)}" if report.thinned else ""
     lines.append(f"(searched {report.grid_size} combinations: per attribute keep, merge into its groups, merge "
                  f"adjacent bins or drop;")  # fmt: skip

@@ -199,8 +199,10 @@ def test_suggest_refuses_what_does_not_apply(tmp_path: Path, capsys: pytest.Capt
     paths = _write(tmp_path, WALK_ALICE, WALK_BOB)
     base = ["plan", "--n", "300", "--epsilon", "1", "--suggest"]
     with pytest.raises(SystemExit, match="one --schema FILE per curator"):
-        main([*base, "--alphabet", "12,12"])
-    with pytest.raises(SystemExit, match="--m do not apply"):
+        main([*base, "--alphabet", "12,12", "--schema", paths[0], "--schema", paths[1]])
+    with pytest.raises(SystemExit, match="one --schema FILE per curator"):
+        main([*base, "--schema", paths[0]])
+    with pytest.raises(SystemExit, match="--m does not apply"):
         main([*base, "--schema", paths[0], "--schema", paths[1], "--m", "5"])
     with pytest.raises(SystemExit, match="--max-suggestions must be >= 1"):
         main([*base, "--schema", paths[0], "--schema", paths[1], "--max-suggestions", "0"])
@@ -276,3 +278,18 @@ def test_groups_belong_to_categorical_attributes_only(tmp_path: Path, capsys: py
     paths = _write(tmp_path, bad, WALK_BOB)
     assert main(["plan", "--n", "300", "--epsilon", "1", "--schema", paths[0], "--schema", paths[1]]) == 2
     assert "are in no group" in capsys.readouterr().err
+
+
+def test_alphabet_sizes_alone_give_the_epsilon(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # the same alphabets as the schemas: the same current figures and the same epsilon, no changes
+    from_schemas = _suggest_json(capsys, _write(tmp_path, WALK_ALICE, WALK_BOB), 300, 1.0)
+    alone = _cli_json(capsys, ["plan", "--n", "300", "--epsilon", "1.0", "--alphabet", "12,12", "--suggest", "--json"])
+    assert alone["current"] == from_schemas["current"] and alone["suggestions"] == []
+    assert alone["epsilon_unchanged"] == from_schemas["epsilon_unchanged"] and alone["search"]["grid_size"] == 0
+    # DESIGN 3's reference: Adult (K = 24, n = 45,222) at epsilon 0.1 has m* = 239 and l2 RMSE 0.139,
+    # so 0.139 / sqrt 24 = 0.0284 per cell, above 1/48 = 0.0208: an epsilon above 0.1 is offered
+    adult = _cli_json(capsys, ["plan", "--n", "45222", "--epsilon", "0.1", "--alphabet", "6,4", "--suggest", "--json"])
+    assert adult["current"]["m"] == 239  # DESIGN 3 gives the RMSE to three digits: 0.139 (0.1396)
+    assert abs(adult["current"]["predicted_rmse_per_cell"] * math.sqrt(24) - 0.139) < 1e-3
+    assert adult["epsilon_unchanged"]["epsilon"] > 0.1
+    assert adult["epsilon_unchanged"]["predicted_rmse_per_cell"] <= 1 / 48
