@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -59,7 +60,7 @@ import pyarrow.parquet as pq
 from secure_release.curator.badrows import BadCell, summary
 from secure_release.infra.memory import release_free_memory
 from secure_release.mechanism.alignment import IdArray, id_tags
-from secure_release.mechanism.cells import cell_text, equivalent_codes, hint, offsets_data, plain
+from secure_release.mechanism.cells import MOMENT_PATTERN, cell_text, equivalent_codes, hint, offsets_data, plain
 from secure_release.mechanism.errors import SecureReleaseError
 from secure_release.mechanism.keys import AlignmentKey
 from secure_release.mechanism.protocol import CuratorTable
@@ -496,7 +497,7 @@ def _encode_binned(
         numbers, missing = _parse_numbers(attribute, column, problems)
     elif column.null_count or pa.types.is_floating(kind):
         missing = np.flatnonzero(np.asarray(pc.is_null(plain(column), nan_is_null=True).to_numpy(zero_copy_only=False)))
-    at, flagged = 0, []
+    at, flagged, flagged_values = 0, [], []
     chunks = numbers.chunks if isinstance(numbers, pa.ChunkedArray) else [numbers]
     for chunk in chunks:
         chunk = plain(chunk)
@@ -509,25 +510,26 @@ def _encode_binned(
             codes[at + start : at + start + len(piece)] = piece_codes
             if bool(bad.any()):
                 flagged.append(np.flatnonzero(bad) + at + start)
+                flagged_values.append(piece[bad])
         at += len(values)
     bad_rows = np.concatenate(flagged) if flagged else np.zeros(0, dtype=np.intp)
+    bad_values = np.concatenate(flagged_values) if flagged_values else np.zeros(0, dtype=np.float64)
     if missing.size:
         if attribute.missing_code is not None:
             codes[missing] = attribute.missing_code
         else:
             problems.flag(missing, f"{attribute.name} is missing (empty); declare \"missing\": LABEL in the "
                           "schema to keep such rows", attribute.name, "missing (empty)", hint=_DECLARE_MISSING)
-        bad_rows = np.setdiff1d(bad_rows, missing)
+        kept = ~np.isin(bad_rows, missing)
+        bad_rows, bad_values = bad_rows[kept], bad_values[kept]
     if bad_rows.size:
         lo, hi = attribute.edge_label(attribute.bins[0]), attribute.edge_label(attribute.bins[-1])
         what = "a date" if attribute.dates else "a number"
         allowed = f"a finite {what[2:]}" if attribute.clamp else f"{what} in [{lo}, {hi}] (or declare \"clamp\": true)"
-        shown = pc.take(numbers if isinstance(numbers, pa.ChunkedArray) else pa.chunked_array([numbers]),
-                        pa.array(bad_rows)).to_pylist()
-        for r, value in zip(bad_rows.tolist(), shown, strict=True):
-            if r not in problems.reasons:  # a cell that is not a number is already named
-                finite = value is not None and np.isfinite(value)
-                number = attribute.edge_label(value) if finite else repr(value)
+        for r, value in zip(bad_rows.tolist(), bad_values.tolist(), strict=True):
+            named = problems.cells.get(r, ())
+            if all(cell[0] != attribute.name for cell in named):  # a cell that is not a number is already named
+                number = attribute.edge_label(value) if math.isfinite(value) else repr(value)
                 problems.add(r, f"{attribute.name}={number} is outside the bins; allowed: {allowed}", attribute.name,
                              number, "outside the bins")
         codes[bad_rows] = 0
@@ -577,7 +579,10 @@ def _parse_dates(
         is_missing = pc.or_(is_missing, pc.is_in(text, value_set=pa.array(list(attribute.missing_tokens))))
     skip = np.asarray(is_missing.to_numpy(zero_copy_only=False)) | bad_utf8
     missing = np.flatnonzero(np.asarray(is_missing.to_numpy(zero_copy_only=False)) & ~bad_utf8)
-    stamps = pc.strptime(text, format="%Y-%m-%d", unit="s", error_is_null=True)
+    # an ISO date, or (rule 6's text of a timestamp) an ISO date followed by a time of day
+    dated = pc.match_substring_regex(text, MOMENT_PATTERN)
+    day = pc.if_else(dated, pc.utf8_slice_codeunits(text, 0, 10), pa.scalar("", text.type))
+    stamps = pc.strptime(day, format="%Y-%m-%d", unit="s", error_is_null=True)
     days = pc.cast(pc.cast(stamps, pa.date32()), pa.int32())
     wrong = np.flatnonzero(np.asarray(days.is_null().to_numpy(zero_copy_only=False)) & ~skip)
     for r, value in zip(wrong.tolist(), pc.take(text, pa.array(wrong)).to_pylist(), strict=True):
@@ -585,7 +590,7 @@ def _parse_dates(
             r,
             f"{attribute.name}={value!r} is not a date (YYYY-MM-DD)"
             + ("" if attribute.missing is not None else '; declare "missing" and "missing_tokens" for such cells'),
-            attribute.name, value, "not a date (YYYY-MM-DD)",
+            attribute.name, value, "not a date (YYYY-MM-DD)", hint(value, ()),
         )
     return days, missing
 
@@ -666,6 +671,7 @@ def check_rows(
     if missing:
         raise BadRowsError(str(source.path), [(1, f"missing column(s) {missing}; header is {header}")])
     id_problems, problems = _Problems(), _Problems()
+    table = _without_views(table, needed)
     ids, bad_id_utf8 = cell_text(table.column(spec.id_column))
     # the id checks (a hash and a sort, both outside the GIL) overlap the attribute look-ups
     id_check = worker_pool().submit(_check_ids, ids, bad_id_utf8, id_problems, bool(check_repeats))
@@ -679,6 +685,18 @@ def check_rows(
     if check_repeats is False and checked.bad and _may_repeat(ids):
         _flag_repeats(ids, id_problems)  # error path: the report lists every bad line
     return checked
+
+
+def _without_views(table: pa.Table, names: Sequence[str]) -> pa.Table:
+    """``table`` with its string and binary view columns among ``names`` as large strings and
+    binaries (Arrow's take and look-ups have no view kernels in every version; pyarrow < 16 has
+    no view types at all)."""
+    views = [getattr(pa.types, test, lambda kind: False) for test in ("is_string_view", "is_binary_view")]
+    for name in names:
+        kind = table.schema.field(name).type
+        if any(is_view(kind) for is_view in views):
+            table = table.set_column(table.schema.get_field_index(name), name, plain(table.column(name)))
+    return table
 
 
 def encode_checked(checked: CheckedRows, spec: TableSpec) -> EncodedTable:
@@ -827,8 +845,8 @@ def raise_repeats(data_path: str | Path, table: EncodedTable, query: str | None 
     if problems.reasons:
         path = Path(data_path)
         checked = CheckedRows(source_of(path, query), len(_header(path, query)), ids, {}, problems, _Problems())
-        problems, cells = _report(checked)
-        raise BadRowsError(str(path), problems, cells=cells)
+        found, cells = _report(checked)
+        raise BadRowsError(str(path), found, cells=cells)
 
 
 def _header(path: Path, query: str | None) -> list[str]:

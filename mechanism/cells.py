@@ -21,8 +21,9 @@ The rule:
    ``YYYY-MM-DD HH:MM:SS`` with non-zero fractional seconds only.
 7. **Matching a category** (:func:`equivalent_codes`): a cell matches the category equal to its
    text; failing that, a cell that is a decimal number matches the one category that is a
-   decimal number of the same value ("3.0", "03" and "3e0" match ``3``; 3 matches ``03``), and
-   ``true``/``false`` in any case match the one category that is the same word in any case.
+   decimal number of the same value ("3.0", "03" and "3e0" match ``3``; 3 matches ``03``), a
+   date or date-time the one category that is the same moment (``2020-01-02 00:00:00`` matches
+   ``2020-01-02``), and ``true``/``false`` in any case the one category that is the same word.
    A value that two categories share (a codebook with both ``1`` and ``01``) matches exactly only.
 
 Ids follow rules 1-6 but never rule 7: ``007`` and ``7`` are two different people.
@@ -44,6 +45,9 @@ import pyarrow.compute as pc
 NUMBER_PATTERN = r"^[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?$"
 _NUMBER = re.compile(NUMBER_PATTERN)
 _BOOLEAN_WORDS = ("true", "false")
+#: An ISO date, optionally followed by a time of day ("2020-01-02", "2020-01-02T10:30:00.5").
+MOMENT_PATTERN = r"^([0-9]{4}-[0-9]{2}-[0-9]{2})(?:[ T]([0-9]{2}):([0-9]{2})(?::([0-9]{2})(\.[0-9]*)?)?)?$"
+_MOMENT = re.compile(MOMENT_PATTERN)
 _INT64_LIMIT = float(2**63)
 
 
@@ -51,11 +55,15 @@ def plain(column: Any) -> Any:
     """Dictionary and view arrays (or chunked arrays) as plain value arrays of their value type."""
     if pa.types.is_dictionary(column.type):
         column = column.cast(column.type.value_type)
-    if pa.types.is_string_view(column.type):
+    if getattr(pa.types, "is_string_view", _never)(column.type):  # pyarrow >= 16
         column = column.cast(pa.large_string())
-    elif pa.types.is_binary_view(column.type):
+    elif getattr(pa.types, "is_binary_view", _never)(column.type):
         column = column.cast(pa.large_binary())
     return column
+
+
+def _never(kind: pa.DataType) -> bool:
+    return False
 
 
 def cell_text(column: pa.Array | pa.ChunkedArray) -> tuple[pa.Array, npt.NDArray[np.bool_]]:
@@ -190,12 +198,29 @@ def number_key(text: str) -> str | None:
     return format(normal, "f")
 
 
+def moment_key(text: str) -> str | None:
+    """The canonical text (rule 6) of a date or date and time written as ``text``
+    ("2020-01-02T00:00:00.000" -> "2020-01-02"; "2020-01-02 10:30:00.50" -> "2020-01-02 10:30:00.5"),
+    or None if ``text`` is not one."""
+    found = _MOMENT.match(text)
+    if not found:
+        return None
+    day, hours, minutes, seconds, fraction = found.groups()
+    fraction = (fraction or "").rstrip("0").rstrip(".")
+    clock = f"{hours or '00'}:{minutes or '00'}:{seconds or '00'}{fraction}"
+    return day if clock == "00:00:00" else f"{day} {clock}"
+
+
 def equivalence_key(text: str) -> str | None:
-    """Rule 7's key of a text: a number's canonical text, ``true``/``false`` for those words in
-    any case, else None (the text matches exactly or not at all)."""
+    """Rule 7's key of a text: a number's canonical text, a date's or date-time's (rule 6),
+    ``true``/``false`` for those words in any case, else None (the text matches exactly or not
+    at all)."""
     key = number_key(text)
     if key is not None:
         return "#" + key
+    moment = moment_key(text)
+    if moment is not None:
+        return "@" + moment
     lowered = text.lower()
     return "?" + lowered if lowered in _BOOLEAN_WORDS else None
 
@@ -222,8 +247,9 @@ def equivalent_codes(texts: pa.Array, categories: Sequence[str]) -> npt.NDArray[
         [keys.get(key, -1) if (key := equivalence_key(str(v))) is not None else -1 for v in distinct] + [-1],
         dtype=np.int64,
     )
-    indices = encoded.indices.fill_null(len(distinct)).to_numpy(zero_copy_only=False)
-    return table[indices]
+    indices = np.asarray(encoded.indices.fill_null(len(distinct)).to_numpy(zero_copy_only=False), dtype=np.intp)
+    codes: npt.NDArray[np.int64] = table[indices]
+    return codes
 
 
 def hint(value: str, categories: Sequence[str]) -> str | None:
