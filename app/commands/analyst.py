@@ -68,7 +68,7 @@ def register(sub: Any) -> None:
     cond.add_argument("--json", action="store_true", help="print JSON rows")
     _connection(cond)
     cond.set_defaults(func=run_conditional)
-    rep = asub.add_parser("report", help="write one self-contained HTML report to send (--out r.html)")
+    rep = asub.add_parser("report", help="write one self-contained HTML page to send (--out r.html; the plot extra)")
     rep.add_argument("release_id")
     rep.add_argument("--out", type=Path, required=True, help="the HTML file to write")
     _connection(rep)

@@ -96,6 +96,7 @@ def test_a_symlink_less_checkout_and_a_zip_build_the_same_wheel_with_every_modul
     missing = _source_modules() - in_wheel
     assert not missing, f"modules missing from the wheel: {sorted(missing)}"
     for data in ("secure_release/py.typed", "secure_release/data/adult_counts.csv",
+                 "secure_release/templates/report.html.j2",  # the release page (report_page.py)
                  "secure_release/protos/securerelease/v1/securerelease.proto"):  # fmt: skip
         assert data in clone, data
 
