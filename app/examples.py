@@ -51,7 +51,7 @@ OWN_DATA_STEPS = (
     ("",
      "secure-release analyst export r1 r1.parquet --researcher 127.0.0.1:7200 --certs certs/analyst "
      "--name analyst"),
-    ("the analyst: one self-contained HTML report to send (plan, guarantee, cells, a chart per attribute)",
+    ("the analyst: one self-contained HTML page to send (headline, warnings, charts, guarantee, plan, cells)",
      "secure-release analyst report r1 --out r1.html --researcher 127.0.0.1:7200 --certs certs/analyst --name "
      "analyst"),
 )  # fmt: skip
