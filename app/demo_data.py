@@ -106,7 +106,7 @@ def write_demo_data(
         counts = rng.multinomial(int(rows), counts / counts.sum())
     cell_of_row = np.repeat(np.arange(len(cells)), counts)
     n = int(cell_of_row.size)
-    ids = np.strings.add("p", np.strings.zfill(np.arange(n).astype(str), 7))
+    ids = np.char.add("p", np.char.zfill(np.arange(n).astype(str), 7))
     labels = np.asarray(cells, dtype=str)[cell_of_row]
     categories = {a: list(dict.fromkeys(c[i] for c in cells)) for i, a in enumerate(attrs)}
     for curator, names in split.items():

@@ -256,7 +256,8 @@ def id_bytes(ids: IdArray) -> tuple[ByteMatrix, I64]:
 
 
 def _numpy_bytes(ids: IdArray) -> tuple[npt.NDArray[np.bytes_], I64]:
-    """UTF-8 bytes (zero-filled) and their lengths; ASCII text is narrowed from UTF-32."""
+    """UTF-8 bytes (zero-filled) and their lengths; ASCII text is narrowed from UTF-32.
+    (``np.char``, not ``np.strings``: the same ufuncs on numpy 2, and numpy 1.26 has only it.)"""
     arr = np.asarray(ids).reshape(-1)
     if arr.dtype.kind in "iu":
         arr = arr.astype(np.bytes_)
@@ -267,11 +268,11 @@ def _numpy_bytes(ids: IdArray) -> tuple[npt.NDArray[np.bytes_], I64]:
         points = np.ascontiguousarray(arr).view(np.uint32).reshape(arr.size, width)
         if not points.size or int(points.max()) < 0x80:  # ASCII: one byte per character
             narrow = points.astype(np.uint8).view(f"S{width}").reshape(arr.size)
-            return narrow, np.asarray(np.strings.str_len(arr), dtype=np.int64)
-        arr = np.asarray(np.strings.encode(arr, "utf-8"))
+            return narrow, np.asarray(np.char.str_len(arr), dtype=np.int64)
+        arr = np.asarray(np.char.encode(arr, "utf-8"))
     if arr.dtype.kind != "S":
         raise ShapeMismatchError(f"ids must be text or integers, got dtype {arr.dtype}")
-    return arr, np.asarray(np.strings.str_len(arr), dtype=np.int64)
+    return arr, np.asarray(np.char.str_len(arr), dtype=np.int64)
 
 
 def _is_arrow(ids: object) -> bool:

@@ -11,6 +11,7 @@ checks that each one fails.
 from __future__ import annotations
 
 import _posixsubprocess
+import contextlib
 import os
 import socket
 import subprocess
@@ -18,7 +19,17 @@ from collections.abc import Iterator
 from typing import Any
 
 import grpc
+
+# numpy < 2 runs `lscpu` in a child process the first time numpy.testing is imported (scipy.optimize
+# and so dp_accounting import it): a library's import, not the test's doing, so it happens here,
+# before any test runs behind the guard.
+import numpy.testing  # noqa: F401
 import pytest
+
+# matplotlib (the optional plot extra) lists the system fonts with `fc-list` the first time it loads
+# its font manager in a fresh HOME, as in CI, whichever test draws first: that happens here too.
+with contextlib.suppress(ImportError):
+    import matplotlib.font_manager  # noqa: F401
 
 
 class TierViolationError(AssertionError):

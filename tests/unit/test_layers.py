@@ -116,14 +116,25 @@ def test_the_checker_fails_on_a_planted_upward_import(tmp_path: Path) -> None:
     assert len(violations(tmp_path, "app")) == 2  # the CLI may import the other rooms
 
 
+def source_tree() -> list[Path]:
+    """Every file of the checkout: not .git, build/, node_modules/ or a virtual environment
+    (.venv, .venv-oldest: any folder holding a pyvenv.cfg)."""
+    files = []
+    for dirpath, dirnames, filenames in os.walk(ROOT):
+        dirnames[:] = [d for d in dirnames if d not in {".git", "build", "node_modules"}
+                       and not os.path.exists(os.path.join(dirpath, d, "pyvenv.cfg"))]  # fmt: skip
+        files += [Path(dirpath, n) for n in dirnames + filenames]
+    return sorted(files)
+
+
 def test_no_bare_folder_import_anywhere() -> None:
     """``import curator...`` would load a second copy of a module beside
     ``secure_release.curator...`` (an ``except`` of one does not catch the other)."""
     bad = []
-    for path in sorted(ROOT.rglob("*.py")):
-        rel = path.relative_to(ROOT)
-        if rel.parts[0] in {".venv", "build", ".git"} or "site-packages" in rel.parts:
+    for path in source_tree():
+        if path.suffix != ".py" or "site-packages" in path.parts:
             continue
+        rel = path.relative_to(ROOT)
         bad += [f"{rel} imports {m}" for m in imported_modules(path) if (layer_of(m) or "").startswith("bare:")]
     assert bad == []
 
@@ -145,11 +156,7 @@ def test_pyproject_declares_every_package_by_its_folder() -> None:
 
 def test_no_symlink_in_the_tree() -> None:
     """A checkout without symlinks (core.symlinks=false, a zip) must build the same wheel."""
-    links = []
-    for dirpath, dirnames, filenames in os.walk(ROOT):
-        dirnames[:] = [d for d in dirnames if d not in {".git", ".venv", "build", "node_modules"}]
-        links += [os.path.join(dirpath, n) for n in dirnames + filenames if os.path.islink(os.path.join(dirpath, n))]
-    assert links == []
+    assert [str(path) for path in source_tree() if path.is_symlink()] == []
 
 
 def import_graph(root: Path) -> dict[str, set[str]]:
