@@ -9,17 +9,22 @@ date that is not ISO). :func:`write_bad_rows` writes every cell to a CSV file cr
 
 The values shown are the owner's data: the summary goes to the owner's terminal (the error a
 command prints on stderr), never into a log record that leaves the machine, never over gRPC
-(an abort reason says only how many rows were refused: :func:`refusal_reason`).
+(an abort reason says only how many rows were refused: :attr:`BadRowsError.public_message`,
+which ``infra.exitcodes.refusal_reason`` sends instead of the message).
 """
 
 from __future__ import annotations
 
 import csv
 import os
+import tempfile
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+from secure_release.mechanism.errors import SecureReleaseError
 
 #: Groups (column and kind of problem) shown before "and N more".
 MAX_GROUPS = 6
@@ -53,7 +58,9 @@ def _where(cell: BadCell) -> str:
     return str(cell.line) if cell.file is None else f"{cell.file}:{cell.line}"
 
 
-def summary(source: str, rows: int, cells: Sequence[BadCell], allowed: dict[str, Sequence[str]] | None = None) -> str:
+def summary(
+    source: str, rows: int, cells: Sequence[BadCell], allowed: Mapping[str, Sequence[str]] | None = None
+) -> str:
     """The refusal of ``rows`` bad rows of ``source`` as a few lines: one group per (column,
     kind), largest first; ``allowed`` (column -> categories) adds what a column allows."""
     groups: dict[tuple[str, str], list[BadCell]] = {}
@@ -90,9 +97,9 @@ def summary(source: str, rows: int, cells: Sequence[BadCell], allowed: dict[str,
     return "\n".join(lines)
 
 
-def refusal_reason(source_rows: int) -> str:
+def public_reason(rows: int) -> str:
     """What may leave the owner's machine about a refused table: only how many rows."""
-    return f"the curator's table has {source_rows} bad row(s) (details stay with the curator)"
+    return f"the curator's table has {rows} bad row(s) (the details stay with the curator)"
 
 
 def write_bad_rows(path: str | Path, cells: Sequence[BadCell]) -> Path:
@@ -100,9 +107,7 @@ def write_bad_rows(path: str | Path, cells: Sequence[BadCell]) -> Path:
     by its owner only (0600, created so: never world-readable, not even for a moment); an
     existing file is replaced."""
     target = Path(path)
-    tmp = target.with_name(f".{target.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    os.fchmod(fd, 0o600)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)  # 0600, O_EXCL: no one else's file
     with os.fdopen(fd, "w", newline="", encoding="utf-8") as fh:
         writer = csv.writer(fh)
         writer.writerow(["file", "line", "column", "value", "problem", "hint"])
@@ -110,3 +115,43 @@ def write_bad_rows(path: str | Path, cells: Sequence[BadCell]) -> Path:
             writer.writerow([cell.file or "", cell.line, cell.column, cell.value, cell.kind, cell.hint or ""])
     os.replace(tmp, target)
     return target
+
+
+class BadRowsError(SecureReleaseError):
+    """Some rows hold values outside the schema (or a missing, over-long or duplicate id, or
+    bytes that are not UTF-8)."""
+
+    def __init__(
+        self, path: str, problems: list[tuple[int, str]], files: list[str] | None = None,
+        cells: Sequence[BadCell] | None = None, allowed: Mapping[str, Sequence[str]] | None = None,
+    ) -> None:
+        """``path``: the data as given (a file, a directory or a glob); ``problems``: (line,
+        message) of every bad row; ``files``: the file of each problem, when the data is several
+        files (None: every line is a line of ``path``); ``cells``: every bad cell (default: one
+        record-level cell per problem); ``allowed``: each categorical column's categories. The
+        message is :func:`curator.badrows.summary` (about 20 lines at most)."""
+        self.path = path
+        self.problems = problems
+        self.files = files
+        if cells is None:
+            at = files if files is not None else [None] * len(problems)
+            cells = [BadCell(line, "(record)", "", message, None, file)
+                     for (line, message), file in zip(problems, at, strict=True)]
+        self.cells = list(cells)
+        #: What another party may learn (an abort reason): the count only, never a value.
+        self.public_message = public_reason(len(problems))
+        super().__init__(summary(path, len(problems), self.cells, allowed))
+
+
+@contextmanager
+def bad_rows_to(path: str | Path | None) -> Iterator[None]:
+    """Run a block that reads a table; if it refuses rows (:class:`BadRowsError`) and ``path``
+    is given, every bad cell goes to ``path`` (:func:`write_bad_rows`, 0600) and the error
+    says where, then propagates."""
+    try:
+        yield
+    except BadRowsError as exc:
+        if path is not None:
+            written = write_bad_rows(path, exc.cells)
+            exc.args = (f"{exc}\n  every bad cell ({len(exc.cells)}): {written} (readable by you only)",)
+        raise

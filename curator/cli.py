@@ -10,6 +10,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from secure_release.curator.badrows import bad_rows_to
 from secure_release.curator.commands import (
     add_budget_parser,
     add_release_parser,
@@ -173,6 +174,8 @@ def add_run_arguments(p: argparse.ArgumentParser, storing: bool) -> None:
                    + ("" if storing else " (not with --sampling server)"))  # fmt: skip
     g.add_argument("--schema", help='schema JSON: {"curator", "id_column", "attributes": [...]}')
     g.add_argument("--query", help="SQL run on --data as a DuckDB database (.duckdb): its result is the table")
+    g.add_argument("--bad-rows", metavar="FILE", help="if the table has bad rows, write every one (file, line, column, "
+                   "value, problem) to FILE, readable by you only (0600); the error shows a summary per column")
     g.add_argument(
         "--dataset",
         help="the data set (the population) whose budget this release spends (default: the name of the --data "
@@ -337,7 +340,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             start_forkserver(in_process=program)
         setup_logging(log_format=log_format)
         metrics.start_metrics(metrics_address, "curator")
-        return _dispatch(args)
+        with bad_rows_to(getattr(args, "bad_rows", None)):  # refused rows: every cell to the owner's file
+            return _dispatch(args)
 
     return run_main("secure-release-curator", body, usage_errors=USAGE_ERRORS)
 

@@ -57,7 +57,7 @@ import pyarrow.csv as pacsv
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
-from secure_release.curator.badrows import BadCell, summary
+from secure_release.curator.badrows import BadCell, BadRowsError
 from secure_release.infra.memory import release_free_memory
 from secure_release.mechanism.alignment import IdArray, id_tags
 from secure_release.mechanism.cells import MOMENT_PATTERN, cell_text, equivalent_codes, hint, offsets_data, plain
@@ -95,30 +95,6 @@ class SchemaFileError(SecureReleaseError):
 class DataSourceError(SecureReleaseError):
     """The table's source cannot be read as asked (a DuckDB file without a query, a failing
     query, or the optional ``duckdb`` package missing)."""
-
-
-class BadRowsError(SecureReleaseError):
-    """Some rows hold values outside the schema (or a missing, over-long or duplicate id, or
-    bytes that are not UTF-8)."""
-
-    def __init__(
-        self, path: str, problems: list[tuple[int, str]], files: list[str] | None = None,
-        cells: Sequence[BadCell] | None = None, allowed: dict[str, Sequence[str]] | None = None,
-    ) -> None:
-        """``path``: the data as given (a file, a directory or a glob); ``problems``: (line,
-        message) of every bad row; ``files``: the file of each problem, when the data is several
-        files (None: every line is a line of ``path``); ``cells``: every bad cell (default: one
-        record-level cell per problem); ``allowed``: each categorical column's categories. The
-        message is :func:`curator.badrows.summary` (about 20 lines at most)."""
-        self.path = path
-        self.problems = problems
-        self.files = files
-        if cells is None:
-            at = files if files is not None else [None] * len(problems)
-            cells = [BadCell(line, "(record)", "", message, None, file)
-                     for (line, message), file in zip(problems, at, strict=True)]
-        self.cells = list(cells)
-        super().__init__(summary(path, len(problems), self.cells, allowed))
 
 
 @dataclass(frozen=True)
@@ -405,8 +381,9 @@ def _repeat_pairs(ids: pa.Array) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.
 def _flag_repeats(ids: pa.Array, problems: _Problems) -> None:
     """Every repeated id, with the row of its first occurrence."""
     later, first = _repeat_pairs(ids)
-    for r, f in zip(later.tolist(), first.tolist(), strict=True):
-        problems.add(r, f"duplicate id (first at row {f})", ID_CELLS, "", "duplicate id", f"(first at row {f})")
+    values = pc.take(ids, pa.array(later)).to_pylist()  # error path: the repeated ids only
+    for r, f, value in zip(later.tolist(), first.tolist(), values, strict=True):
+        problems.add(r, f"duplicate id (first at row {f})", ID_CELLS, value, "duplicate id", f"(first at row {f})")
 
 
 def _encode(attribute: Attribute, column: pa.ChunkedArray, problems: _Problems) -> npt.NDArray[np.unsignedinteger[Any]]:

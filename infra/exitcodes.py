@@ -34,11 +34,13 @@ REFUSAL_MARK = "refused: "
 
 
 def refusal_reason(exc: BaseException, who: str) -> str:
-    """The abort reason ``who`` records for ``exc``: marked as a refusal when ``exc`` is one; a
-    refusal passed on from another party keeps that party's reason."""
+    """The abort reason ``who`` records for ``exc`` (it goes to the other parties): marked as a
+    refusal when ``exc`` is one; a refusal passed on from another party keeps that party's
+    reason; an error with a ``public_message`` (a table's bad rows) sends that, not its message."""
     if is_refusal(str(exc)):
         return str(exc)
-    text = f"{who}: {type(exc).__name__}: {exc}"
+    public = getattr(exc, "public_message", None)  # an error whose message holds private data (bad rows' values)
+    text = f"{who}: {type(exc).__name__}: {public if isinstance(public, str) else exc}"
     return REFUSAL_MARK + text if exit_code_for(exc) == REFUSED else text
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from secure_release.api import CODEBOOK_WARNING, DRAFT_DEFAULT_BINS, draft_schema
+from secure_release.curator.badrows import BadRowsError, bad_rows_to
 from secure_release.frames import TableInputError
 
 
@@ -72,12 +73,17 @@ def register(sub: Any) -> None:
         "--codebook",
         type=Path,
         help='a public codebook, JSON {"COLUMN": [CATEGORY, ...]}: its categories, in its order, for the '
-        "columns it lists (default: the values in the data, in natural order, with a loud warning)",
+        "columns it lists (default: the values in the data, in natural order, with a loud warning); the data "
+        "is checked against it, and values outside it are summarised per column (exit 2)",
     )
+    d.add_argument("--bad-rows", type=Path, metavar="FILE", help="with --codebook: write every cell outside the "
+                   "codebook (line, column, value) to FILE, readable by you only (0600)")
     d.set_defaults(func=run_draft)
     c = ssub.add_parser("check", help="check a table against a schema; print its rows and alphabet")
     c.add_argument("data", type=Path, help="the curator's table: CSV or Parquet, or a directory or glob of them")
     c.add_argument("schema", type=Path, help="the schema JSON file")
+    c.add_argument("--bad-rows", type=Path, metavar="FILE", help="if rows are refused, write every bad cell (file, "
+                   "line, column, value, problem) to FILE, readable by you only (0600)")
     c.set_defaults(func=run_check)
 
 
@@ -166,6 +172,9 @@ def run_draft(args: argparse.Namespace) -> int:
                               missing_tokens=args.missing_token)  # fmt: skip
     for warning in caught:
         sys.stderr.write(f"warning: {warning.message}\n")
+    if codebook:
+        with bad_rows_to(args.bad_rows):
+            check_codebook(require_file(args.data, "data"), schema, list(codebook))
     text = json.dumps(schema, indent=1) + "\n"
     if args.out is not None:
         args.out.write_text(text, encoding="utf-8")
@@ -187,7 +196,8 @@ def run_check(args: argparse.Namespace) -> int:
     from secure_release.infra.fileio import require_file
 
     spec = load_schema(require_file(args.schema, "schema"))
-    table = read_table(require_data(args.data, "data"), spec)
+    with bad_rows_to(args.bad_rows):
+        table = read_table(require_data(args.data, "data"), spec)
     s = spec.schema
     sizes = " x ".join(str(a.size) for a in s.attributes)
     print(f"{args.data}: {table.num_rows} rows match schema {s.name!r} (alphabet {sizes} = {s.alphabet_size})")
@@ -196,3 +206,31 @@ def run_check(args: argparse.Namespace) -> int:
         if note:
             print(f"  {note}")
     return 0
+
+
+class CodebookMismatchError(BadRowsError):
+    """A column the codebook lists holds values outside the codebook's categories."""
+
+
+def check_codebook(data: Path, schema: dict[str, Any], columns: list[str]) -> None:
+    """Read ``data`` as the curator will (the one cell rule) against the drafted ``schema``'s
+    codebook ``columns``; :class:`CodebookMismatchError` summarises per column every value
+    outside the codebook (ids are not checked here: ``schema check`` does)."""
+    from secure_release.curator.table import TableSpec, read_table
+    from secure_release.mechanism.schema import CuratorSchema, attribute_from_dict
+
+    listed = [a for a in schema["attributes"] if a["name"] in columns]
+    spec = TableSpec(CuratorSchema(schema["curator"], tuple(attribute_from_dict(a) for a in listed)),
+                     schema["id_column"])  # fmt: skip
+    try:
+        read_table(data, spec, check_repeats=False)
+    except BadRowsError as exc:
+        cells = [c for c in exc.cells if c.column in columns]
+        if not cells:
+            return
+        lines = sorted({(c.file or "", c.line) for c in cells})
+        problems = [(line, f"value(s) outside the codebook in {sorted({c.column for c in cells if c.line == line})}")
+                    for _, line in lines]  # fmt: skip
+        files = [file for file, _ in lines] if any(file for file, _ in lines) else None
+        allowed = {a.name: a.categories for a in spec.schema.attributes}
+        raise CodebookMismatchError(str(data), problems, files, cells, allowed) from None

@@ -5,6 +5,7 @@ a follower that fails before the agreement makes the leader abort for every part
 from __future__ import annotations
 
 import shutil
+import stat
 import subprocess
 import sys
 import time
@@ -94,7 +95,8 @@ def test_a_follower_with_bad_rows_makes_the_leader_abort_for_everybody_at_once(w
     cluster = Cluster(tmp_path, env=_env())
     try:
         launch_release(cluster, data, world / "certs", "r-bad", 0.5, 200, "chacha20", world / "align.key",
-                       alice_extra=["--timeout", "60"], bob_extra=["--timeout", "60"])  # fmt: skip
+                       alice_extra=["--timeout", "60"],
+                       bob_extra=["--timeout", "60", "--bad-rows", str(tmp_path / "bob-bad.csv")])  # fmt: skip
         started = time.monotonic()
         codes = {name: cluster.procs[name].wait(timeout=50) for name in ("alice", "bob")}
         took = time.monotonic() - started
@@ -103,4 +105,10 @@ def test_a_follower_with_bad_rows_makes_the_leader_abort_for_everybody_at_once(w
     assert codes == {"alice": 1, "bob": 2}, cluster.tail("alice") + cluster.tail("bob")
     assert took < 20, took  # not the leader's --timeout of 60 s
     tail = cluster.tail("alice", 5)
-    assert "bob: BadRowsError" in tail and "not-a-category" in tail and "timed out" not in tail, tail
+    assert "bob: BadRowsError: the curator's table has 1 bad row(s)" in tail and "timed out" not in tail, tail
+    assert "not-a-category" not in tail  # the value stays on bob's machine: only the count crossed
+    assert "not-a-category" in cluster.tail("bob", 8)  # bob's owner sees it on bob's own terminal
+    bad = tmp_path / "bob-bad.csv"  # and every bad cell in a file only bob's owner can read
+    assert stat.S_IMODE(bad.stat().st_mode) == 0o600
+    rows = bad.read_text().splitlines()
+    assert len(rows) == 3 and all("not-a-category" in row for row in rows[1:]), rows
