@@ -202,8 +202,9 @@ def _files(t: Logical, folder: Path) -> dict[str, tuple[Path, str | None]]:
     return out
 
 
-def _frames(t: Logical, folder: Path) -> dict[str, Callable[[], Any]]:
-    """Each in-memory source the notebook API takes."""
+def _frames(t: Logical, folder: Path, con: Any) -> dict[str, Callable[[], Any]]:
+    """Each in-memory source the notebook API takes (``con``: an open DuckDB connection to the
+    database :func:`_files` wrote, which its relation needs while it is read)."""
     out: dict[str, Callable[[], Any]] = {
         "pandas (defaults)": lambda: _pandas_default(t),
         "pandas (nullable dtypes)": lambda: _pandas_nullable(t),
@@ -213,7 +214,7 @@ def _frames(t: Logical, folder: Path) -> dict[str, Callable[[], Any]]:
         "arrow (narrow)": lambda: _arrow(t, "narrow"),
         "arrow (wide)": lambda: _arrow(t, "wide"),
         "mapping of lists": lambda: _mapping(t),
-        "duckdb relation": lambda: duckdb.connect(str(folder / "t.duckdb"), read_only=True).sql("SELECT * FROM t"),
+        "duckdb relation": lambda: con.sql("SELECT * FROM t"),
     }
     if hasattr(pa, "string_view"):  # pyarrow >= 16
         out["arrow (string_view)"] = lambda: _views(t)
@@ -246,8 +247,9 @@ def test_every_source_gives_the_same_codes_or_the_same_refusal(t: Logical) -> No
         folder = Path(tmp)
         outcomes = {name: _outcome(lambda p=path, q=query: read_file(p, spec, q))
                     for name, (path, query) in _files(t, folder).items()}
-        for name, frame in _frames(t, folder).items():
-            outcomes[name] = _outcome(lambda f=frame: api.curator_tables({"c": f()}, {"c": schema})[0])
+        with duckdb.connect(str(folder / "t.duckdb"), read_only=True) as con:
+            for name, frame in _frames(t, folder, con).items():
+                outcomes[name] = _outcome(lambda f=frame: api.curator_tables({"c": f()}, {"c": schema})[0])
     reference = outcomes["csv by pandas"]
     differ = {name: outcome for name, outcome in outcomes.items() if outcome != reference}
     assert not differ, f"reference {reference}\ndiffering: {differ}"
