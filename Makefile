@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-unit test-integration test-system lint bench plan protos clean
+.PHONY: demo test test-unit test-integration test-system test-oldest lint bench plan protos clean
 
 # A strict editable install: site-packages gets a tree of links (build/__editable__.*) shaped
 # like the installed package, so mypy and IDEs resolve secure_release.<layer> to the real files.
@@ -33,21 +33,55 @@ demo: install
 plan: install
 	$(VENV)/bin/secure-release plan --n 45222 --alphabet 6,4 --epsilon 0.5
 
+# pytest-xdist runs the tests across the cores (WORKERS=1 runs them in this process); each file's
+# tests stay on one worker (--dist loadfile), so a module fixture (a server, a wheel) is made once.
+# pytest's exit 5 (it collected no test) is said aloud and fails the target: never a silent pass.
+WORKERS ?= auto
+XDIST   := $(if $(filter 1,$(WORKERS)),-p no:xdist,-n $(WORKERS) --dist loadfile)
+define pytest
+	$(1) -m pytest $(XDIST) $(2) || { rc=$$?; [ $$rc -ne 5 ] || echo "make $@: pytest collected no test in $(or $(2),tests)" >&2; exit $$rc; }
+endef
+
 # The whole suite: the unit tier and the integration tier (servers and processes on 127.0.0.1).
 test: install
-	$(PY) -m pytest
+	$(call pytest,$(PY))
 
 # One tier at a time: unit (no sockets, no processes: tests/guard.py fails a test that opens
 # one), integration (in-process gRPC on 127.0.0.1 port 0), system (child processes, compose,
 # demo, faults, packaging).
 test-unit: install
-	$(PY) -m pytest tests/unit
+	$(call pytest,$(PY),tests/unit)
 
 test-integration: install
-	$(PY) -m pytest tests/integration
+	$(call pytest,$(PY),tests/integration)
 
 test-system: install
-	$(PY) -m pytest tests/system
+	$(call pytest,$(PY),tests/system)
+
+# The oldest dependency set: every lower bound of pyproject.toml pinned at its minimum
+# (constraints/oldest.txt) in a venv of its own, and the unit tier run in it; the unit tier holds
+# every input test (marker `inputs`), and the input tests outside it need sockets or processes.
+# The whole suite runs on the newest set (`make test`).
+OLDEST    ?= .venv-oldest
+OLDEST_PY := $(OLDEST)/bin/python
+
+$(OLDEST)/.installed: pyproject.toml constraints/oldest.txt
+	rm -rf $(OLDEST)
+	$(PYTHON) -m venv $(OLDEST)
+	$(OLDEST_PY) -m pip install --quiet --upgrade pip
+	$(OLDEST_PY) -m pip install --quiet -c constraints/oldest.txt -e '.[test,notebook,duckdb,plot]' \
+	  --config-settings editable_mode=strict
+	@echo '$(SOURCES)' > $(OLDEST)/.modules
+	touch $@
+
+.PHONY: install-oldest
+install-oldest: $(OLDEST)/.installed
+	@echo '$(SOURCES)' | cmp -s - $(OLDEST)/.modules || { \
+	  $(OLDEST_PY) -m pip install --quiet --no-deps -e . --config-settings editable_mode=strict \
+	  && echo '$(SOURCES)' > $(OLDEST)/.modules; }
+
+test-oldest: install-oldest
+	$(call pytest,$(OLDEST_PY),tests/unit)
 
 lint: install
 	$(PY) -m ruff check .
@@ -61,4 +95,4 @@ bench: $(STAMP)
 	$(PY) bench/bench_mechanism.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(OLDEST) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,16 +15,30 @@ from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_
 from secure_release.server.service import ReleaseService
 from secure_release.server.store import Store
 
+#: The table-input tests (marker ``inputs``), by file name: every reader, the cell rule, binning,
+#: schema drafts and the notebook API. ``make test-oldest`` runs the unit tier, these included,
+#: on the oldest dependency set (constraints/oldest.txt); ``pytest -m inputs`` runs only them.
+INPUT_TESTS = (
+    "test_curator_table*.py",
+    "test_curator_partitions.py",
+    "test_owndata_binning.py",
+    "test_owndata_draft.py",
+    "test_api.py",
+    "test_cell_rule*.py",
+)
+
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark each test with its tier, from the folder it lives in (``make test-unit`` runs only
     ``tests/unit``; the integration and system tiers carry the ``integration`` marker too, so
-    ``-m "not integration"`` still selects the unit tier)."""
+    ``-m "not integration"`` still selects the unit tier), and the input tests with ``inputs``."""
     for item in items:
         tier = item.path.parent.name
         if tier in ("integration", "system"):
             item.add_marker(pytest.mark.integration)
             item.add_marker(getattr(pytest.mark, tier))
+        if any(fnmatch.fnmatch(item.path.name, pattern) for pattern in INPUT_TESTS):
+            item.add_marker(pytest.mark.inputs)
 
 
 @pytest.fixture(scope="session")
