@@ -182,7 +182,9 @@ class _PeerErrors(_UnaryUnary, _UnaryStream, _StreamUnary, _StreamStream):
         return exc if message is None else PeerHandshakeError(exc, message)
 
     def _single(self, outcome: Any) -> Any:
-        if isinstance(outcome, grpc.RpcError):
+        # A call still running (``.future()``) is an RpcError too, and reading its details would
+        # wait for it to end: only a finished outcome is explained.
+        if isinstance(outcome, grpc.RpcError) and (not isinstance(outcome, grpc.Future) or outcome.done()):
             return self._explained(outcome)
         return outcome
 

@@ -97,6 +97,7 @@ def test_a_commit_whose_client_dies_before_closing_the_stream_is_still_perturbed
     end = time.monotonic() + 20
     while store.release("r1").state < ReleaseState.SEALED and time.monotonic() < end:
         time.sleep(0.01)
+    assert not call.done()  # sealed while the stream is still open (.future() returns at once)
     call.cancel()  # the client dies
     hold.set()
     while store.release("r1").state != ReleaseState.PERTURBED and time.monotonic() < end:

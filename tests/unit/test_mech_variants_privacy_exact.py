@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 from collections import Counter
 from collections.abc import Callable
 from fractions import Fraction
@@ -123,25 +124,37 @@ def _positions_path_prob(
     x: tuple[int, ...], n: int, K: int, releases: list[tuple[int, Fraction]]
 ) -> Dist:
     """P(p_1, y_1, ..., p_r, y_r | x): uniform secret sigma, independent uniform tuples p_t."""
+    totals, weight = _positions_path_totals(x, n, K, releases)
+    return {key: total * weight for key, total in totals.items()}
+
+
+def _positions_path_totals(
+    x: tuple[int, ...], n: int, K: int, releases: list[tuple[int, Fraction]]
+) -> tuple[dict[tuple[int, ...], int], Fraction]:
+    """:func:`_positions_path_prob` as integers and one weight, the same for every ``x``: each
+    channel scaled to integers by the common denominator of its entries (exact, and ~10x sooner
+    than summing Fractions)."""
     perms = list(itertools.permutations(range(n)))
     channels = [_channel(K, g) for _, g in releases]
+    scales = [math.lcm(*(a.denominator for row in A for a in row)) for A in channels]
+    integer = [[[int(a * d) for a in row] for row in A] for A, d in zip(channels, scales, strict=True)]
     tuple_sets = [list(itertools.permutations(range(n), m)) for m, _ in releases]
     weight = Fraction(1, len(perms))
-    for ts in tuple_sets:
-        weight /= len(ts)
-    out: Dist = {}
+    for ts, d, (m, _) in zip(tuple_sets, scales, releases, strict=True):
+        weight /= len(ts) * d**m
+    out: dict[tuple[int, ...], int] = {}
     for ps in itertools.product(*tuple_sets):
         for ys in itertools.product(*[itertools.product(range(K), repeat=m) for m, _ in releases]):
-            total = Fraction(0)
+            total = 0
             for sigma in perms:
-                term = Fraction(1)
-                for p, y, A in zip(ps, ys, channels, strict=True):
+                term = 1
+                for p, y, A in zip(ps, ys, integer, strict=True):
                     for pos, out_symbol in zip(p, y, strict=True):
                         term *= A[x[sigma[pos]]][out_symbol]
                 total += term
             key = tuple(v for p, y in zip(ps, ys, strict=True) for v in (*p, -1, *y, -2))
-            out[key] = total * weight
-    return out
+            out[key] = total
+    return out, weight
 
 
 @pytest.mark.parametrize("n,m,K,gamma", [(3, 2, 2, 3.0), (4, 2, 2, 2.5), (3, 1, 3, 4.0)])
@@ -153,8 +166,16 @@ def test_server_sampled_positions_path_epsilon(n: int, m: int, K: int, gamma: fl
 
 def _split_by_overlap(n: int, K: int, releases: list[tuple[int, Fraction]]) -> dict[int, Fraction]:
     """The largest ratio among outputs whose two position tuples share o positions, per o."""
-    dists = {x: _positions_path_prob(x, n, K, releases) for x in itertools.product(range(K), repeat=n)}
-    worst: dict[int, Fraction] = {}
+    # The weight of _positions_path_totals is the same for every x: a ratio of probabilities is
+    # the ratio of the integer totals, compared by cross-multiplication and made a Fraction once.
+    dists = {x: _positions_path_totals(x, n, K, releases)[0] for x in itertools.product(range(K), repeat=n)}
+    overlap: dict[tuple[int, ...], int] = {}
+    for key in next(iter(dists.values())):
+        first = key[: key.index(-1)]
+        rest = key[key.index(-2) + 1 :]
+        second = rest[: rest.index(-1)]
+        overlap[key] = len(set(first) & set(second))
+    worst: dict[int, tuple[int, int]] = {}
     for x, px in dists.items():
         for pos in range(n):
             for value in range(K):
@@ -162,12 +183,11 @@ def _split_by_overlap(n: int, K: int, releases: list[tuple[int, Fraction]]) -> d
                     continue
                 px2 = dists[(*x[:pos], value, *x[pos + 1 :])]
                 for key, p in px.items():
-                    first = key[: key.index(-1)]
-                    rest = key[key.index(-2) + 1 :]
-                    second = rest[: rest.index(-1)]
-                    o = len(set(first) & set(second))
-                    worst[o] = max(worst.get(o, Fraction(0)), p / px2[key])
-    return worst
+                    q, o = px2[key], overlap[key]
+                    best = worst.get(o)
+                    if best is None or p * best[1] > best[0] * q:
+                        worst[o] = (p, q)
+    return {o: Fraction(p, q) for o, (p, q) in worst.items()}
 
 
 @pytest.mark.parametrize("n,m1,m2,K,g1,g2", [(3, 1, 1, 2, 3.0, 2.0), (3, 2, 1, 2, 2.0, 3.0), (3, 2, 2, 2, 3.0, 2.5)])
