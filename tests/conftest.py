@@ -7,25 +7,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support import PARTIES
+from support import INPUT_TESTS, PARTIES
 
 from secure_release.infra import tls
 from secure_release.infra.pki import init_pki
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
 from secure_release.server.service import ReleaseService
 from secure_release.server.store import Store
-
-#: The table-input tests (marker ``inputs``), by file name: every reader, the cell rule, binning,
-#: schema drafts and the notebook API. ``make test-oldest`` runs the unit tier, these included,
-#: on the oldest dependency set (constraints/oldest.txt); ``pytest -m inputs`` runs only them.
-INPUT_TESTS = (
-    "test_curator_table*.py",
-    "test_curator_partitions.py",
-    "test_owndata_binning.py",
-    "test_owndata_draft.py",
-    "test_api.py",
-    "test_cell_rule*.py",
-)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -31,6 +31,19 @@ PARTIES = [
     ("analyst", "analyst"),
 ]
 
+#: The table-input tests (marker ``inputs``, set by tests/conftest.py), by file name: every
+#: reader, the cell rule, binning, schema drafts and the notebook API. ``make test-oldest`` runs
+#: the unit tier, these included, on the oldest dependency set (constraints/oldest.txt);
+#: ``pytest -m inputs`` runs only them.
+INPUT_TESTS = (
+    "test_curator_table*.py",
+    "test_curator_partitions.py",
+    "test_owndata_binning.py",
+    "test_owndata_draft.py",
+    "test_api.py",
+    "test_cell_rule*.py",
+)
+
 SIZES = (3, 4)
 CURATORS = ("alice", "bob")
 
