@@ -57,7 +57,8 @@ import pyarrow.csv as pacsv
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
-from secure_release.curator.badrows import BadCell, BadRowsError
+from secure_release.curator.badrows import BadCell
+from secure_release.curator.badrows import BadRowsError as BadRowsError  # raised here, named here too
 from secure_release.infra.memory import release_free_memory
 from secure_release.mechanism.alignment import IdArray, id_tags
 from secure_release.mechanism.cells import MOMENT_PATTERN, cell_text, equivalent_codes, hint, offsets_data, plain

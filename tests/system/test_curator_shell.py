@@ -46,7 +46,9 @@ def test_bad_rows_reported_with_line_numbers(tmp_path: Path) -> None:
         read_table(data, load_schema(schema))
     lines = [line for line, _ in info.value.problems]
     assert lines == [3, 5, 6]
-    assert "edu='z'" in str(info.value) and "duplicate id" in str(info.value)
+    assert "edu: 1 row(s) not a category, line(s) 3; values: 'z' (1)" in str(info.value)
+    assert "(id): 1 row(s) duplicate id, line(s) 5" in str(info.value)
+    assert "(record): 1 row(s) wrong number of fields, expected 3, got 2, line(s) 6" in str(info.value)
 
 
 def test_parquet(tmp_path: Path) -> None:

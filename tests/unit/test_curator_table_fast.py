@@ -15,8 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from secure_release.curator import columnar as columnar_module
-from secure_release.mechanism import cells as cells_module
 from secure_release.curator.table import BadRowsError, DataSourceError, EncodedTable, load_schema, read_table
+from secure_release.mechanism import cells as cells_module
 from secure_release.mechanism.alignment import id_tags
 from secure_release.mechanism.keys import AlignmentKey
 
