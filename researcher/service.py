@@ -66,6 +66,11 @@ class ReleaseTracker:
         self.changed = threading.Condition()
         self._pool = ThreadPoolExecutor(PROCESS_WORKERS, thread_name_prefix="estimate")
 
+    def close(self) -> None:
+        """Wait for the releases being processed (queued ones still run); a stopped service
+        calls it so no estimation thread outlives it."""
+        self._pool.shutdown(wait=True)
+
     def start(self, release_id: str, notified_digest: bytes = b"") -> bool:
         """Queue ``release_id`` on the fixed pool unless it is done, queued or running;
         :class:`TooManyPendingError` once :data:`MAX_PENDING` are."""
