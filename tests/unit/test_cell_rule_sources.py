@@ -136,10 +136,14 @@ def _pandas_nullable(t: Logical) -> pd.DataFrame:
     })
 
 
-def _polars(t: Logical, categorical: bool) -> pl.DataFrame:
+def _polars(t: Logical, categorical: bool, enum: bool = False) -> pl.DataFrame:
     text = pl.Series("text", _padded(t), dtype=pl.String)
+    if enum:  # a fixed category list of its own (every padded value, in sorted order)
+        text = text.cast(pl.Enum(sorted({v for v in _padded(t) if v is not None})))
+    elif categorical:
+        text = text.cast(pl.Categorical)
     return pl.DataFrame([
-        pl.Series("id", t.ids, dtype=pl.String), text.cast(pl.Categorical) if categorical else text,
+        pl.Series("id", t.ids, dtype=pl.String), text,
         pl.Series("code", t.code, dtype=pl.Int64), pl.Series("real", t.real, dtype=pl.Float64),
         pl.Series("flag", t.flag, dtype=pl.Boolean), pl.Series("day", t.day, dtype=pl.Date),
         pl.Series("amount", t.amount, dtype=pl.Float64),
@@ -211,6 +215,7 @@ def _frames(t: Logical, folder: Path, con: Any) -> dict[str, Callable[[], Any]]:
         "pandas read from its csv": lambda: pd.read_csv(folder / "pandas.csv", dtype={"id": str}),
         "polars": lambda: _polars(t, False),
         "polars (categorical)": lambda: _polars(t, True),
+        "polars (enum)": lambda: _polars(t, False, enum=True),
         "arrow (narrow)": lambda: _arrow(t, "narrow"),
         "arrow (wide)": lambda: _arrow(t, "wide"),
         "mapping of lists": lambda: _mapping(t),
