@@ -108,12 +108,16 @@ def write_bad_rows(path: str | Path, cells: Sequence[BadCell]) -> Path:
     existing file is replaced."""
     target = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)  # 0600, O_EXCL: no one else's file
-    with os.fdopen(fd, "w", newline="", encoding="utf-8") as fh:
-        writer = csv.writer(fh)
-        writer.writerow(["file", "line", "column", "value", "problem", "hint"])
-        for cell in sorted(cells, key=lambda c: (c.file or "", c.line, c.column)):
-            writer.writerow([cell.file or "", cell.line, cell.column, cell.value, cell.kind, cell.hint or ""])
-    os.replace(tmp, target)
+    try:
+        with os.fdopen(fd, "w", newline="", encoding="utf-8") as fh:
+            writer = csv.writer(fh)
+            writer.writerow(["file", "line", "column", "value", "problem", "hint"])
+            for cell in sorted(cells, key=lambda c: (c.file or "", c.line, c.column)):
+                writer.writerow([cell.file or "", cell.line, cell.column, cell.value, cell.kind, cell.hint or ""])
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)  # nothing half-written is left beside the target
+        raise
     return target
 
 
@@ -152,6 +156,10 @@ def bad_rows_to(path: str | Path | None) -> Iterator[None]:
         yield
     except BadRowsError as exc:
         if path is not None:
-            written = write_bad_rows(path, exc.cells)
-            exc.args = (f"{exc}\n  every bad cell ({len(exc.cells)}): {written} (readable by you only)",)
+            try:
+                written = write_bad_rows(path, exc.cells)
+                where = f"every bad cell ({len(exc.cells)}): {written} (readable by you only)"
+            except OSError as failure:  # the summary above still stands; say why the file is missing
+                where = f"--bad-rows {path}: not written ({failure.strerror or type(failure).__name__})"
+            exc.args = (f"{exc}\n  {where}",)
         raise

@@ -404,7 +404,7 @@ def _encode(attribute: Attribute, column: pa.ChunkedArray, problems: _Problems) 
         out = codes[at : at + len(chunk)]
         if pa.types.is_dictionary(chunk.type):
             entries = plain(chunk.dictionary)
-            table = np.append(_lookup(entries, plain_set, plain_codes), -1).astype(signed)
+            table = np.append(_entry_codes(entries, attribute, categories, key_codes), -1).astype(signed)
             indices = chunk.indices.fill_null(len(entries)).to_numpy(zero_copy_only=False)
             np.take(table, indices, out=out, mode="clip")  # every index is in range
         else:
@@ -436,6 +436,22 @@ def _encode(attribute: Attribute, column: pa.ChunkedArray, problems: _Problems) 
                       attribute.name, "not valid UTF-8")
         codes[codes < 0] = 0
     return codes.view(np.dtype(f"u{codes.itemsize}"))  # no negative code is left
+
+
+def _entry_codes(
+    entries: pa.Array, attribute: Attribute, keys: pa.Array, key_codes: npt.NDArray[np.intp]
+) -> npt.NDArray[np.int64]:
+    """The code of each distinct value of a dictionary column by the whole cell rule (trim, exact
+    look-up, then rule 7's equivalences), once per entry rather than per row; -1 for an entry
+    that is refused or not UTF-8 (its rows then take the full path, which names them)."""
+    text, bad_utf8 = cell_text(entries)
+    at = np.asarray(pc.fill_null(pc.index_in(text, value_set=keys), -1).to_numpy(zero_copy_only=False))
+    found = np.where(at >= 0, np.append(key_codes, -1)[at], -1).astype(np.int64)
+    unmatched = np.flatnonzero(found < 0)
+    if unmatched.size:
+        found[unmatched] = equivalent_codes(pc.take(text, pa.array(unmatched)), attribute.categories)
+    found[bad_utf8] = -1
+    return found
 
 
 def _keys(attribute: Attribute) -> tuple[list[str], npt.NDArray[np.intp]]:

@@ -103,3 +103,16 @@ def test_draft_with_a_codebook_the_data_fits_exits_0(tmp_path: Path, capsys: pyt
                  "--codebook", str(tmp_path / "codebook.json"), "--out", str(tmp_path / "d.json")]) == 0
     drafted = json.loads((tmp_path / "d.json").read_text())
     assert drafted["attributes"] == [{"name": "code", "categories": CODES, "missing": "missing"}]
+
+
+def test_a_bad_rows_file_that_cannot_be_written_keeps_the_summary(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "t.csv").write_text("pid,code,sex,age\na,2.5,male,30\n")
+    (tmp_path / "taken").mkdir()  # a directory where the file should go
+    for target in (tmp_path / "no-such-dir" / "bad.csv", tmp_path / "taken"):
+        assert main(["schema", "check", str(tmp_path / "t.csv"), str(_schema(tmp_path)), "--bad-rows",
+                     str(target)]) == 2
+        err = capsys.readouterr().err
+        assert "code: 1 row(s) not a category" in err and f"--bad-rows {target}: not written (" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["alice.json", "t.csv", "taken"]  # no temporary file left
+    assert list((tmp_path / "taken").iterdir()) == []
