@@ -42,6 +42,8 @@ INPUT_TESTS = (
     "test_owndata_draft.py",
     "test_api.py",
     "test_cell_rule*.py",
+    "test_bad_rows_summary.py",
+    "test_draft_bins.py",
 )
 
 SIZES = (3, 4)

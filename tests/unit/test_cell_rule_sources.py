@@ -32,15 +32,12 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.feather as feather
 import pyarrow.parquet as pq
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from secure_release import api
 from secure_release.curator.columnar import BadRowsError, TableSpec, read_file
 from secure_release.mechanism.schema import CuratorSchema, attribute_from_dict
-
-pytestmark = pytest.mark.inputs
 
 # ----------------------------------------------------------------------------- the logical table
 #: Text categories: unicode, inner spaces, a code with a leading zero, words pandas would not parse.
