@@ -35,6 +35,7 @@ from secure_release.frames import (
     to_frame,
 )
 from secure_release.mechanism import marginals
+from secure_release.mechanism.cells import number_key
 from secure_release.mechanism.guarantee import plan_report, privacy_guarantee, utility_check
 from secure_release.mechanism.keys import AlignmentKey, PadKey, PramKey, Seed
 from secure_release.mechanism.pads import CipherMode
@@ -262,6 +263,8 @@ def draft_schema(
             entry["categories"] = [str(c) for c in codebook[name]]
         else:
             distinct = np.unique(present).tolist()
+            if _is_number(present):  # "3.0" (a CSV pandas wrote) drafts as 3, as its DataFrame does (cell rule 7)
+                distinct = sorted({number_key(v) or v for v in distinct})
             if _is_number(present) and len(distinct) > DRAFT_MAX_NUMERIC_CATEGORIES:
                 raise DraftNeedsRangeError(
                     f"column {name!r} is numeric with {len(distinct)} distinct values: give its public range "

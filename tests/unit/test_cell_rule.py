@@ -157,3 +157,17 @@ def test_a_schema_file_names_its_id_column(tmp_path: Path) -> None:
         {"curator": "c", "id_column": "pid", "attributes": [{"name": "sex", "categories": ["f", "m"]}]}))
     frame = pd.DataFrame({"pid": ["a", "b"], "sex": ["f", "m"]})
     assert api.curator_tables({"c": frame}, {"c": tmp_path / "s.json"})[0].num_rows == 2
+
+
+def test_a_draft_reads_the_same_categories_from_a_frame_and_from_its_csv(tmp_path: Path) -> None:
+    """An integer column with a gap is float64 in pandas and "3.0" in its CSV: schema draft (which
+    reads the CSV as text) and draft_schema on the DataFrame draft the same categories."""
+    from secure_release.commands.schema import read_columns
+
+    frame = pd.DataFrame({"id": ["a", "b", "c", "d"], "n": [3, 1, None, 12]})
+    frame.to_csv(tmp_path / "t.csv", index=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from_frame = api.draft_schema(frame, "c")["attributes"]
+        from_csv = api.draft_schema(read_columns(tmp_path / "t.csv"), "c")["attributes"]
+    assert from_frame == from_csv == [{"name": "n", "categories": ["1", "3", "12"], "missing": "missing"}]
