@@ -370,7 +370,7 @@ class Result:
         )
 
     def _repr_html_(self) -> str:
-        """Jupyter: the page of ``analyst report`` (one template, ``display.report_fragment``):
+        """Jupyter: the page of ``analyst report`` (one template, ``report_page.report_fragment``):
         the headline and warnings, charts, guarantee, plan and cells."""
         from secure_release.report_page import report_fragment
 
@@ -389,11 +389,13 @@ class Result:
 
     def cell_columns(self, include_truth: bool = False) -> dict[str, npt.NDArray[Any]]:
         """The columns of :meth:`cells` as numpy arrays, in order (no DataFrame library needed)."""
+        from secure_release.mechanism.report import spans_zero
+
         r = self.report
         labels = np.asarray(r.labels, dtype=str).reshape(len(r.labels), len(r.attributes))
         cols: dict[str, npt.NDArray[Any]] = {a: labels[:, j] for j, a in enumerate(r.attributes)}
         cols.update(r.columns())
-        cols["ci_spans_zero"] = (r.ci_low <= 0.0) & (r.ci_high >= 0.0)
+        cols["ci_spans_zero"] = spans_zero(r.ci_low, r.ci_high)
         if include_truth and self.truth is not None:
             cols["truth"] = self.truth
         return cols

@@ -9,12 +9,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
 from secure_release.mechanism.guarantee import privacy_guarantee, utility_check
 from secure_release.mechanism.marginals import Marginal
 from secure_release.mechanism.plan import ReleasePlan
 from secure_release.mechanism.report import COLUMN_MEANINGS, OUTPUT_COLUMNS, ReleaseReport
+from secure_release.mechanism.report import spans_zero as spans_zero  # the rule, for the demo's table
 
 #: The printed columns and what each holds: the output vocabulary (``mechanism.report``) first,
 #: then the demo's truth.
@@ -66,11 +66,6 @@ def warning_lines(plan: ReleasePlan) -> list[str]:
     """A WARNING line when the predicted RMSE exceeds the typical cell share 1/K."""
     message = utility_check(plan)["message"]
     return [f"WARNING: {message}"] if message else []
-
-
-def spans_zero(low: npt.NDArray[np.float64], high: npt.NDArray[np.float64]) -> npt.NDArray[np.bool_]:
-    """Cells whose interval contains 0."""
-    return np.asarray((low <= 0.0) & (high >= 0.0))
 
 
 def _table(

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from secure_release.mechanism.marginals import Marginal
+from secure_release.mechanism.marginals import Marginal, group_cells
 from secure_release.reproduce.sweeps import EPSILONS, FIG_FOR, SYNTHETIC
 from secure_release.tables import CountTable
 
@@ -175,7 +175,10 @@ def simulation_figure(summaries: list[dict[str, Any]], table: CountTable, out: s
 # ------------------------------------------------------------------- the report page's charts
 #: matplotlib settings of the page's charts: text stays text in the SVG (selectable, searchable,
 #: readable by a test), no date in the file, ids fixed by a per-chart salt (reproducible bytes).
-SVG_STYLE = {"svg.fonttype": "none", "font.size": 9, "axes.spines.top": False, "axes.spines.right": False}
+SVG_STYLE = {"svg.fonttype": "none", "font.size": 9, "axes.spines.top": False, "axes.spines.right": False,
+             "text.parse_math": False}  # fmt: skip
+#: Text from a curator's schema or a researcher's id is shown as written: a "$" is no mathtext.
+AS_WRITTEN = {"parse_math": False}
 #: The bars' colour, and the interval's.
 BAR_COLOR, INTERVAL_COLOR = "#4c72b0", "#222222"
 #: A heat map prints each cell's value when it has at most this many cells.
@@ -209,13 +212,13 @@ def marginal_bars(ax: Any, t: Marginal, title: str | None = None, gid: str | Non
         if gid is not None:
             text.set_gid(f"{gid}-value-{i}")
     ax.set_xticks(x, [str(v) for v in t.labels[:, 0]], rotation=45 if x.size > 5 else 0,
-                  ha="right" if x.size > 5 else "center")  # fmt: skip
-    ax.set_xlabel(t.attributes[0])
+                  ha="right" if x.size > 5 else "center", **AS_WRITTEN)  # fmt: skip
+    ax.set_xlabel(t.attributes[0], **AS_WRITTEN)
     ax.set_ylabel("share of records")
     ax.set_ylim(0.0, span * (1.25 if many else 1.12))
     ax.legend(fontsize=7, loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=2, frameon=False, borderaxespad=0.2)
     if title:
-        ax.set_title(title, fontsize=9, pad=18)
+        ax.set_title(title, fontsize=9, pad=18, **AS_WRITTEN)
     if gid is not None:
         ax.xaxis.label.set_gid(f"{gid}-xlabel")
         ax.yaxis.label.set_gid(f"{gid}-ylabel")
@@ -225,17 +228,17 @@ def pair_heatmap(ax: Any, t: Marginal, gid: str | None = None) -> None:
     """Two attributes' marginal on ``ax`` as a heat map of the headline estimate (rows: the first
     attribute's categories, columns: the second's), each value printed when there are at most
     :data:`ANNOTATE_CELLS` cells (SVG group ``{gid}-value-{r}-{c}``)."""
-    rows, row_of = _categories(t.labels[:, 0])
-    cols, col_of = _categories(t.labels[:, 1])
+    rows, row_of = group_cells(t.labels, [0])
+    cols, col_of = group_cells(t.labels, [1])
     grid = np.zeros((len(rows), len(cols)))
     grid[row_of, col_of] = t.headline
     image = ax.imshow(grid, cmap="Blues", vmin=0.0, aspect="auto")
     ax.figure.colorbar(image, ax=ax, label="share of records", shrink=0.85)
-    ax.set_yticks(np.arange(len(rows)), rows)
-    ax.set_xticks(np.arange(len(cols)), cols, rotation=45 if len(cols) > 4 else 0,
-                  ha="right" if len(cols) > 4 else "center")  # fmt: skip
-    ax.set_ylabel(t.attributes[0])
-    ax.set_xlabel(t.attributes[1])
+    ax.set_yticks(np.arange(len(rows)), rows[:, 0].tolist(), **AS_WRITTEN)
+    ax.set_xticks(np.arange(len(cols)), cols[:, 0].tolist(), rotation=45 if len(cols) > 4 else 0,
+                  ha="right" if len(cols) > 4 else "center", **AS_WRITTEN)  # fmt: skip
+    ax.set_ylabel(t.attributes[0], **AS_WRITTEN)
+    ax.set_xlabel(t.attributes[1], **AS_WRITTEN)
     if gid is not None:
         ax.xaxis.label.set_gid(f"{gid}-xlabel")
         ax.yaxis.label.set_gid(f"{gid}-ylabel")
@@ -247,16 +250,6 @@ def pair_heatmap(ax: Any, t: Marginal, gid: str | None = None) -> None:
                        color="white" if dark[r, c] else "black")  # fmt: skip
         if gid is not None:
             text.set_gid(f"{gid}-value-{r}-{c}")
-
-
-def _categories(labels: Any) -> tuple[list[str], Any]:
-    """The distinct labels in first-appearance order (the schema's category order) and each
-    label's position among them."""
-    _, first, inverse = np.unique(labels, return_index=True, return_inverse=True)
-    order = np.argsort(first, kind="stable")
-    rank = np.empty_like(order)
-    rank[order] = np.arange(order.size)
-    return [str(v) for v in labels[first[order]]], rank[inverse.reshape(-1)]
 
 
 def _svg(fig: Any, salt: str) -> str:

@@ -24,7 +24,7 @@ import numpy.typing as npt
 
 from secure_release.frames import MissingDependencyError
 from secure_release.mechanism.guarantee import privacy_guarantee, utility_check
-from secure_release.mechanism.report import COLUMN_MEANINGS, OUTPUT_COLUMNS
+from secure_release.mechanism.report import COLUMN_MEANINGS, OUTPUT_COLUMNS, spans_zero
 
 #: How each output column is shown (the ``data-value`` attribute keeps full precision).
 FORMATS = {"estimate": "%.4f", "raw": "%+.4f", "mle": "%.4f", "se": "%.4f", "ci_low": "%.4f", "ci_high": "%.4f",
@@ -54,9 +54,8 @@ def _cells(result: Any) -> list[dict[str, Any]]:
     return [{"labels": labels, "numbers": [col[c] for col in shown]} for c, labels in enumerate(result.report.labels)]
 
 
-def _summary(result: Any) -> list[dict[str, str]]:
+def _summary(result: Any, spans: int) -> list[dict[str, str]]:
     plan, utility = result.plan, utility_check(result.plan)
-    spans = int(np.sum((result.report.ci_low <= 0.0) & (result.report.ci_high >= 0.0)))
     items = (
         ("epsilon", "epsilon (spent)", plan.epsilon, f"{plan.epsilon:g}"),
         ("n", "records n", plan.n, f"{plan.n:,}"),
@@ -64,7 +63,7 @@ def _summary(result: Any) -> list[dict[str, str]]:
         ("K", "cells K", plan.joint_size, f"{plan.joint_size:,}"),
         ("rmse", "predicted RMSE per cell", utility["predicted_rmse_per_cell"],
          f"{utility['predicted_rmse_per_cell']:.4f}"),
-        ("typical", "typical share 1/K", 1.0 / plan.joint_size, f"{1.0 / plan.joint_size:.4f}"),
+        ("typical", "typical share 1/K", utility["typical_cell_share"], f"{utility['typical_cell_share']:.4f}"),
         ("spans_zero", "cells whose interval reaches 0", spans, f"{spans} of {len(result.report.labels)}"),
     )  # fmt: skip
     return [{"key": k, "name": name, "value": repr(value), "shown": shown} for k, name, value, shown in items]
@@ -116,7 +115,7 @@ def _charts(result: Any) -> list[dict[str, Any]]:
 def render(result: Any, standalone: bool, charts_missing: str | None = None) -> str:
     """The page of ``result`` (an :class:`~secure_release.api.Result`), a whole document when
     ``standalone``; ``charts_missing`` replaces the charts with that message."""
-    spans = int(np.sum((result.report.ci_low <= 0.0) & (result.report.ci_high >= 0.0)))
+    spans = int(np.sum(spans_zero(result.report.ci_low, result.report.ci_high)))
     negatives = int(np.sum(result.report.estimate < 0.0))
     note = (f"{spans} of {len(result.report.labels)} cells have a 95% interval reaching 0: not distinguishable "
             f"from empty; {negatives} raw estimates are negative (noise around a small share)")  # fmt: skip
@@ -127,7 +126,7 @@ def render(result: Any, standalone: bool, charts_missing: str | None = None) -> 
             standalone=standalone,
             release_id=result.report.release_id,
             note=result.report.note,
-            summary=_summary(result),
+            summary=_summary(result, spans),
             warnings=[*result.warnings, *notes],
             charts=[] if charts_missing else _charts(result),
             charts_missing=charts_missing,

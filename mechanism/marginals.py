@@ -23,6 +23,8 @@ import numpy.typing as npt
 
 from secure_release.mechanism import accounting, estimators
 from secure_release.mechanism.errors import ShapeMismatchError, UnknownCategoryError
+from secure_release.mechanism.estimators import DEFAULT_ESTIMATOR
+from secure_release.mechanism.report import FIELD_OF_COLUMN, OUTPUT_COLUMNS
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -45,22 +47,15 @@ class Marginal:
 
     @property
     def headline(self) -> FloatArray:
-        """The summed projection: the marginal's headline estimate."""
-        return self.projected
+        """The summed headline estimate (``estimators.DEFAULT_ESTIMATOR``, the projection)."""
+        out: FloatArray = getattr(self, DEFAULT_ESTIMATOR)
+        return out
 
     def columns(self) -> dict[str, npt.NDArray[Any]]:
-        """The rows' arrays under the output names (``mechanism.report.OUTPUT_COLUMNS``, in order):
-        estimate (the headline), raw, mle, se (of raw), ci_low, ci_high (the share's 95% interval),
-        observed."""
-        return {
-            "estimate": self.projected,
-            "raw": self.estimate,
-            "mle": self.mle,
-            "se": self.standard_error,
-            "ci_low": self.ci_low,
-            "ci_high": self.ci_high,
-            "observed": self.observed,
-        }
+        """The rows' arrays under the output names, in :data:`~report.OUTPUT_COLUMNS` order
+        (the fields share :class:`~report.ReleaseReport`'s names, so :data:`~report.FIELD_OF_COLUMN`
+        maps them): estimate (the headline), raw, mle, se (of raw), ci_low, ci_high, observed."""
+        return {name: getattr(self, FIELD_OF_COLUMN[name]) for name in OUTPUT_COLUMNS}
 
 
 def group_cells(

@@ -55,6 +55,13 @@ FIELD_OF_COLUMN = {
 NORMAL_INTERVAL = "normal (raw estimate +- 1.96 SE)"
 
 
+def spans_zero(low: npt.ArrayLike, high: npt.ArrayLike) -> npt.NDArray[np.bool_]:
+    """The cells whose 95% interval ``[low, high]`` reaches 0: their share is not
+    distinguishable from an empty cell (the ``*`` of the text tables, ``ci_spans_zero`` of the
+    frames, the page's count)."""
+    return np.asarray((np.asarray(low) <= 0.0) & (np.asarray(high) >= 0.0))
+
+
 @dataclass(frozen=True)
 class CellRow:
     """One cell of a report, for printing and serialising."""

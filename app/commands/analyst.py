@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,8 @@ import numpy as np
 from secure_release import display
 from secure_release.api import Result, _result
 from secure_release.frames import TableInputError
+from secure_release.mechanism.errors import SecureReleaseError
+from secure_release.mechanism.report import COLUMN_MEANINGS
 
 _CONN = "--researcher 127.0.0.1:7200 --certs certs/analyst --name analyst"
 EPILOG = (
@@ -29,6 +32,47 @@ EPILOG = (
     f"  secure-release analyst export r1 r1.parquet {_CONN}\n"
     f"  secure-release analyst report r1 --out r1.html {_CONN}\n"
 )
+
+
+#: What ``analyst export`` writes, by the file's suffix.
+EXPORT_FORMATS = {".csv": "csv", ".json": "json", ".parquet": "parquet", ".pq": "parquet"}
+_COLUMNS_HELP = "Columns of each cell, after its attribute labels:\n" + "".join(
+    textwrap.fill(text, 96, initial_indent=f"  {name:<9} ", subsequent_indent=" " * 12) + "\n"
+    for name, text in COLUMN_MEANINGS.items()
+)
+REPORT_HELP = (
+    "Write one self-contained HTML page of a release, to open offline or send: the headline\n"
+    "summary and every warning, a bar chart per attribute (the estimate with its 95% interval) and a\n"
+    "heat map per pair of attributes, the guarantee, the plan, then the cells. No script, nothing\n"
+    "fetched; prints on A4. Needs matplotlib (pip install 'secure-release[plot]').\n\n"
+    "The page goes to --out exactly (its directory must exist; an old file is replaced whole).\n\n" + _COLUMNS_HELP
+)
+EXPORT_HELP = (
+    "Write the release's cells to FILE, one row per cell, in the format its suffix names:\n"
+    "  .csv              the labels and the columns below\n"
+    "  .json             the whole result: cells, plan, guarantee, warnings, what each column means\n"
+    "  .parquet (.pq)    the columns below and ci_spans_zero; the guarantee in the file's metadata\n"
+    "FILE is written where it names (its directory must exist; an old file is replaced whole).\n\n" + _COLUMNS_HELP
+)
+
+
+class OutputPathError(SecureReleaseError):
+    """The file to write cannot be written as named: its directory is missing, it is a directory,
+    or its suffix names no format (usage: exit 2, checked before anything is fetched)."""
+
+
+def check_output(path: Path, flag: str, suffixes: tuple[str, ...] = ()) -> Path:
+    """``path`` if a file can be written there (and, with ``suffixes``, ends in one of them);
+    else :class:`OutputPathError` naming ``flag`` and the path as typed."""
+    if suffixes and path.suffix.lower() not in suffixes:
+        raise OutputPathError(f"{flag} {path}: the suffix names the format; use one of {', '.join(suffixes)}")
+    if path.is_dir():
+        raise OutputPathError(f"{flag} {path}: is a directory; name the file to write")
+    parent = path.parent
+    if not parent.is_dir():
+        problem = "is not a directory" if parent.exists() else "does not exist"
+        raise OutputPathError(f"{flag} {path}: the directory {parent} {problem}; create it first")
+    return path
 
 
 def _connection(p: argparse.ArgumentParser) -> None:
@@ -68,14 +112,20 @@ def register(sub: Any) -> None:
     cond.add_argument("--json", action="store_true", help="print JSON rows")
     _connection(cond)
     cond.set_defaults(func=run_conditional)
-    rep = asub.add_parser("report", help="write one self-contained HTML page to send (--out r.html; the plot extra)")
-    rep.add_argument("release_id")
-    rep.add_argument("--out", type=Path, required=True, help="the HTML file to write")
+    rep = asub.add_parser(
+        "report", help="write one self-contained HTML page to send (--out r.html; the plot extra)",
+        description=REPORT_HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )  # fmt: skip
+    rep.add_argument("release_id", help="the release's id (secure-release analyst list shows them)")
+    rep.add_argument("--out", type=Path, required=True, help="the HTML file to write, e.g. r1.html")
     _connection(rep)
     rep.set_defaults(func=run_report)
-    exp = asub.add_parser("export", help="write the cells to FILE: .csv, .json or .parquet")
-    exp.add_argument("release_id")
-    exp.add_argument("file", type=Path)
+    exp = asub.add_parser(
+        "export", help="write the cells to FILE: .csv, .json or .parquet",
+        description=EXPORT_HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )  # fmt: skip
+    exp.add_argument("release_id", help="the release's id (secure-release analyst list shows them)")
+    exp.add_argument("file", type=Path, help="the file to write; its suffix (.csv, .json, .parquet) names the format")
     _connection(exp)
     exp.set_defaults(func=run_export)
 
@@ -95,6 +145,7 @@ def run_report(args: argparse.Namespace) -> int:
     from secure_release.infra.fileio import atomic_write
     from secure_release.report_page import html_report
 
+    check_output(args.out, "--out")
     result = fetch(args)
     atomic_write(args.out, html_report(result).encode("utf-8"), 0o644)
     print(f"wrote {args.out} (release {args.release_id}: {len(result.report.labels)} cells, "
@@ -161,17 +212,18 @@ def run_conditional(args: argparse.Namespace) -> int:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    result = fetch(args)
-    suffix = args.file.suffix.lower()
-    if suffix == ".json":
-        args.file.write_text(json.dumps(result.to_dict(), indent=1) + "\n", encoding="utf-8")
-    elif suffix == ".csv":
-        from secure_release.researcher.storage import report_csv
+    """``analyst export ID FILE``: the cells in the format FILE's suffix names (EXPORT_HELP),
+    written whole or not at all; the path is checked before anything is fetched."""
+    from secure_release.infra.fileio import atomic_write
+    from secure_release.researcher.storage import report_csv
 
-        args.file.write_bytes(report_csv(result.report))
-    elif suffix in (".parquet", ".pq"):
-        result.to_parquet(args.file)
+    kind = EXPORT_FORMATS[check_output(args.file, "FILE", tuple(EXPORT_FORMATS)).suffix.lower()]
+    result = fetch(args)
+    if kind == "json":
+        atomic_write(args.file, (json.dumps(result.to_dict(), indent=1) + "\n").encode("utf-8"), 0o644)
+    elif kind == "csv":
+        atomic_write(args.file, report_csv(result.report), 0o644)
     else:
-        raise TableInputError(f"export writes .csv, .json or .parquet; got {args.file.name!r}")
+        result.to_parquet(args.file)
     sys.stderr.write(f"wrote {args.file}\n")
     return 0

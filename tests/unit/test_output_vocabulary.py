@@ -155,3 +155,47 @@ def test_the_page_and_the_charts(result: api.Result) -> None:
     np.testing.assert_array_equal(heights, result.marginal_table("edu").projected)  # bars: the headline
     grid, _, _ = share_grid(result.report)  # the researcher's heat map PNG
     np.testing.assert_array_equal(grid.ravel(), result.report.projected)
+
+
+def test_a_curators_category_names_are_shown_as_written_never_run(tmp_path: Path) -> None:
+    """Labels come from schemas a curator wrote: the page escapes them (no script, no tag) and
+    the charts show them as typed (a "$" is no mathtext, which would mangle or crash)."""
+    rng = np.random.default_rng(3)
+    n = 1500
+    ids = np.array([f"p{i}" for i in range(n)])
+    cats = ["<script>alert(1)</script>", "$0-$10k", "$\\frac$"]
+    frames = {
+        "alice": {"id": ids, "<b>pay</b>": rng.choice(cats, n)},
+        "bob": {"id": ids, "s": rng.choice(["f", "m"], n)},
+    }
+    schemas = {"alice": {"<b>pay</b>": cats}, "bob": {"s": ["f", "m"]}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        r = api.release(frames, schemas, epsilon=1.0, test_keys=4)  # type: ignore[arg-type]
+    page = html_report(r)
+    assert "<script" not in page and "<b>pay" not in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page and "&lt;b&gt;pay&lt;/b&gt;" in page
+    assert page.count("$0-$10k") >= 3  # the cells table, the bar chart's tick, the heat map's tick
+    assert page.count("$\\frac$") >= 3
+
+
+def test_export_and_report_refuse_a_bad_path_before_fetching(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each mistake is a named error, exit 2, checked before any connection (a unit test fails on
+    a socket) and nothing is written."""
+    from secure_release.cli import main
+
+    conn = ["--researcher", "127.0.0.1:9", "--insecure"]
+    cases = {
+        "unknown format": (["export", "r1", str(tmp_path / "r1.xlsx")], ".csv, .json, .parquet"),
+        "missing directory": (["export", "r1", str(tmp_path / "no" / "r1.csv")], "does not exist; create it"),
+        "a directory": (["export", "r1", str(tmp_path.with_suffix(".csv"))], ""),
+        "report, missing directory": (["report", "r1", "--out", str(tmp_path / "no" / "r1.html")], "does not exist"),
+    }
+    tmp_path.with_suffix(".csv").mkdir()
+    for case, (argv, said) in cases.items():
+        assert main(["analyst", *argv, *conn]) == 2, case
+        err = capsys.readouterr().err
+        assert "OutputPathError" in err and said in err, (case, err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
