@@ -50,7 +50,7 @@ from secure_release.mechanism.schema import (
     attribute_to_dict,
 )
 from secure_release.mechanism.simulation import ESTIMATORS, sweep
-from secure_release.mechanism.suggest import SuggestionReport, suggest_changes
+from secure_release.mechanism.suggest import DEFAULT_LIMIT, SuggestionReport, suggest_changes
 
 FloatArray = npt.NDArray[np.float64]
 CODEBOOK_WARNING = (
@@ -115,7 +115,7 @@ def plan(n: int, alphabet: Sequence[int], epsilon: float, m: int | None = None) 
 
 def suggest(
     n: int, schemas: Sequence[CuratorSchema | Mapping[str, Any] | str | Path], epsilon: float,
-    target: float | None = None, limit: int = 10,
+    target: float | None = None, limit: int = DEFAULT_LIMIT,
 ) -> SuggestionReport:
     """What to give up when the plan says noise (``secure-release plan --suggest``): the smallest
     changes of the curators' schemas (files, schema dicts or :class:`CuratorSchema`, in release
@@ -216,13 +216,15 @@ def equal_width_edges(low: float, high: float, bins: int) -> list[float]:
     return [float(low), *(float(e) for e in exact), float(high)]
 
 
-def _range_spec(name: str, spec: Sequence[Any], bins: int) -> tuple[float, float, int]:
-    """``(low, high)`` with the default ``bins``, or ``(low, high, count)`` with its own count
-    (the count is checked by :func:`equal_width_edges`)."""
+def _range_edges(name: str, spec: Sequence[Any], bins: int) -> list[float]:
+    """The edges of column ``name``'s range: ``(low, high)`` at the default ``bins``, or ``(low,
+    high, count)`` at its own count (:func:`equal_width_edges`, whose refusal names the column)."""
     if len(spec) not in (2, 3):
         raise TableInputError(f"the range of {name!r} is (LOW, HIGH) or (LOW, HIGH, BINS), got {tuple(spec)!r}")
-    count: int = spec[2] if len(spec) == 3 else bins
-    return float(spec[0]), float(spec[1]), count
+    try:
+        return equal_width_edges(float(spec[0]), float(spec[1]), spec[2] if len(spec) == 3 else bins)
+    except (TableInputError, TypeError, ValueError) as exc:
+        raise TableInputError(f"the range of {name!r}: {exc}") from None
 
 
 def draft_schema(
@@ -257,7 +259,7 @@ def draft_schema(
         present = values[~empty]
         entry: dict[str, Any] = {"name": name}
         if name in ranges:
-            edges = equal_width_edges(*_range_spec(name, ranges[name], bins))
+            edges = _range_edges(name, ranges[name], bins)
             entry["bins"] = [int(e) if e.is_integer() else e for e in edges]
         elif name in codebook:
             entry["categories"] = [str(c) for c in codebook[name]]

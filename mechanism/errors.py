@@ -153,3 +153,8 @@ class InvalidGroupsError(SecureReleaseError):
 class SearchTooLargeError(SecureReleaseError):
     """The search for schema changes (``plan --suggest``) would enumerate more combinations than
     its bound, even with every binned attribute's merges thinned."""
+
+
+class InvalidSuggestionLimitError(SecureReleaseError):
+    """How many suggestions ``plan --suggest`` lists (``limit``, ``--max-suggestions``) must be an
+    integer >= 1."""

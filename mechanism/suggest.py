@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from math import prod
 from typing import Any
 
@@ -36,12 +36,19 @@ import numpy as np
 import numpy.typing as npt
 
 from secure_release.mechanism import accounting
-from secure_release.mechanism.errors import NonFiniteInputError, SearchTooLargeError, SecureReleaseError
+from secure_release.mechanism.errors import (
+    InvalidBinsError,
+    InvalidSuggestionLimitError,
+    NonFiniteInputError,
+    SearchTooLargeError,
+)
 from secure_release.mechanism.plan import ReleasePlan, plan_release
 from secure_release.mechanism.schema import Attribute, CuratorSchema, attribute_to_dict, bin_labels
 
 #: The most option combinations the search enumerates (after thinning the bin merges).
 MAX_GRID = 2**18
+#: How many suggestions :func:`suggest_changes` lists by default (``--max-suggestions``).
+DEFAULT_LIMIT = 10
 #: The largest epsilon :func:`sufficient_epsilon` tries.
 MAX_SUGGESTED_EPSILON = 50.0
 
@@ -56,6 +63,13 @@ def default_target(joint_size: int) -> float:
     """The default target of a suggestion: a per-cell RMSE of at most half the typical share,
     1/(2K) (issue 34, item 4), K the changed schemas' joint alphabet."""
     return 0.5 * typical_cell_share(joint_size)
+
+
+def check_target(target: float | None) -> None:
+    """A target per-cell RMSE is None (the default, :func:`default_target` of each K) or a finite
+    number > 0."""
+    if target is not None and not (math.isfinite(target) and target > 0):
+        raise NonFiniteInputError(f"the target per-cell RMSE must be a finite number > 0, got {target!r}")
 
 
 def per_cell_rmse(plan: ReleasePlan) -> float:
@@ -85,7 +99,7 @@ def merged_bin_edges(edges: Sequence[float], bins: int) -> tuple[float, ...]:
     one bin; the outer edges stay."""
     B = len(edges) - 1
     if not 1 <= bins <= B:
-        raise NonFiniteInputError(f"cannot merge {B} bins into {bins}; need 1 <= bins <= {B}")
+        raise InvalidBinsError(f"cannot merge {B} bins into {bins}; need 1 <= bins <= {B}")
     return tuple(edges[(2 * i * B + bins) // (2 * bins)] for i in range(bins + 1))
 
 
@@ -168,11 +182,7 @@ class Figures:
         return self.predicted_rmse_per_cell <= self.target
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "alphabet_sizes": list(self.alphabet_sizes), "K": self.K, "m": self.m, "m_star": self.m_star,
-            "epsilon": self.epsilon, "predicted_rmse_per_cell": self.predicted_rmse_per_cell,
-            "typical_cell_share": self.typical_cell_share, "target": self.target,
-        }  # fmt: skip
+        return {**asdict(self), "alphabet_sizes": list(self.alphabet_sizes)}
 
 
 def plan_figures(n: int, alphabet_sizes: Sequence[int], epsilon: float, target: float | None = None) -> Figures:
@@ -261,21 +271,22 @@ def feasible_grid(
     """Which cells of the option grid meet the target (every curator keeping an attribute, K >=
     2), and the figures of each distinct K (one :func:`plan_figures` call per K)."""
     shape = tuple(len(o) for o in options)
-    K = np.ones(shape, dtype=np.int64)
-    valid = np.ones(shape, dtype=np.bool_)
-    for axis, opts in enumerate(options):
+
+    def along(axis: int, values: list[Any], dtype: Any) -> npt.NDArray[Any]:  # one axis's values, broadcastable
         view = [1] * len(shape)
-        view[axis] = len(opts)
-        K = K * np.asarray([o.size for o in opts], dtype=np.int64).reshape(view)
+        view[axis] = len(values)
+        return np.asarray(values, dtype=dtype).reshape(view)
+
+    K = np.ones(shape, dtype=np.int64)
+    for axis, opts in enumerate(options):
+        K = K * along(axis, [o.size for o in opts], np.int64)
+    valid = K >= 2
     for curator in sorted(set(owners)):  # a curator with every attribute dropped is no curator
         all_dropped = np.ones(shape, dtype=np.bool_)
         for axis, opts in enumerate(options):
             if owners[axis] == curator:
-                view = [1] * len(shape)
-                view[axis] = len(opts)
-                all_dropped = all_dropped & np.asarray([o.kind == "drop" for o in opts]).reshape(view)
+                all_dropped = all_dropped & along(axis, [o.kind == "drop" for o in opts], np.bool_)
         valid &= ~all_dropped
-    valid &= K >= 2
     figures: dict[int, Figures] = {}
     for k in np.unique(K[valid]).tolist():
         figures[int(k)] = plan_figures(n, (int(k), 1), epsilon, target)
@@ -312,8 +323,9 @@ def sufficient_epsilon(
     unchanged alphabets' plan (m = m*) meets the target, or None if not even
     :data:`MAX_SUGGESTED_EPSILON` does. Bisection in log epsilon between ``epsilon`` and the
     maximum (the per-cell RMSE at m* falls as epsilon grows; the value returned is checked)."""
-    if plan_figures(n, alphabet_sizes, epsilon, target).meets_target:
-        return plan_figures(n, alphabet_sizes, epsilon, target)
+    now = plan_figures(n, alphabet_sizes, epsilon, target)
+    if now.meets_target:
+        return now
     if not plan_figures(n, alphabet_sizes, MAX_SUGGESTED_EPSILON, target).meets_target:
         return None
     lo, hi = epsilon, MAX_SUGGESTED_EPSILON
@@ -329,16 +341,16 @@ def sufficient_epsilon(
 
 
 def suggest_changes(
-    schemas: Sequence[CuratorSchema], n: int, epsilon: float, target: float | None = None, limit: int = 10
+    schemas: Sequence[CuratorSchema], n: int, epsilon: float, target: float | None = None, limit: int = DEFAULT_LIMIT
 ) -> SuggestionReport:
     """The smallest schema changes whose plan meets ``target`` (an absolute per-cell RMSE; None:
     :func:`default_target` of the changed K), sorted by what they keep: most attributes kept,
     then most cells K, then fewest attributes changed, then the attributes' order; at most
     ``limit`` (``omitted`` counts the rest). See the module text for the search and its bound."""
-    if target is not None and not (math.isfinite(target) and target > 0):
-        raise NonFiniteInputError(f"the target per-cell RMSE must be a finite number > 0, got {target!r}")
-    if not (isinstance(limit, int) and limit >= 1):
-        raise SecureReleaseError(f"limit (how many suggestions to list) must be an integer >= 1, got {limit!r}")
+    check_target(target)
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise InvalidSuggestionLimitError(f"limit (how many suggestions to list) must be an integer >= 1, "
+                                          f"got {limit!r}")  # fmt: skip
     sizes = tuple(s.alphabet_size for s in schemas)
     current = plan_figures(n, sizes, epsilon, target)
     options, thinned = search_grid(schemas)
@@ -355,9 +367,7 @@ def suggest_changes(
                 for jj, s in enumerate(schemas)
             )  # fmt: skip
             alphabet = tuple(c.alphabet_size for c in changed)
-            base = by_k[prod(alphabet)]
-            figures = Figures(alphabet, base.K, base.m, base.m_star, base.epsilon, base.predicted_rmse_per_cell,
-                              base.typical_cell_share, base.target)  # fmt: skip
+            figures = replace(by_k[prod(alphabet)], alphabet_sizes=alphabet)  # the figures depend on K alone
             keeps = tuple(f"{o.attribute.name} ({o.size})" for o in chosen if o.attribute is not None)
             found.append(Suggestion(figures, changed, tuple(o.gives_up for o in chosen if o.kind != "keep"),
                                     len(keeps), keeps))  # fmt: skip
@@ -373,8 +383,7 @@ def suggest_for_alphabets(
 ) -> SuggestionReport:
     """Only the alphabet sizes known (no schemas): nothing to drop or merge, so only the current
     figures and the epsilon that would meet ``target`` with them unchanged (``grid_size`` 0)."""
-    if target is not None and not (math.isfinite(target) and target > 0):
-        raise NonFiniteInputError(f"the target per-cell RMSE must be a finite number > 0, got {target!r}")
+    check_target(target)
     current = plan_figures(n, alphabet_sizes, epsilon, target)
     return SuggestionReport(n, float(epsilon), target, current, (), 0,
                             sufficient_epsilon(n, alphabet_sizes, epsilon, target), 0)  # fmt: skip

@@ -4,20 +4,28 @@ from __future__ import annotations
 
 import argparse
 import json
+import textwrap
 from pathlib import Path
 from typing import Any
 
 from secure_release import display
+from secure_release.mechanism.errors import SecureReleaseError
 from secure_release.mechanism.guarantee import plan_report, privacy_guarantee, utility_check
 from secure_release.mechanism.plan import plan_release
 from secure_release.mechanism.schema import CuratorSchema
 from secure_release.mechanism.suggest import (
+    DEFAULT_LIMIT,
     MAX_SUGGESTED_EPSILON,
     Figures,
     SuggestionReport,
     suggest_changes,
     suggest_for_alphabets,
 )
+
+
+class PlanFlagsError(SecureReleaseError):
+    """Flags of ``secure-release plan`` that do not go together, or a --suggest without what it
+    needs (exit 2, naming the flags)."""
 
 
 def _alphabet(text: str) -> list[int]:
@@ -38,15 +46,20 @@ def register(sub: Any) -> None:
     p = sub.add_parser(
         "plan",
         help="print the plan of a release: m*, gamma, predicted error, bounds and the guarantee",
-        description=(
+        description=textwrap.fill(
             "Compute the release plan. gamma follows from epsilon and the sampling fraction m/n "
             "(Eq. 2: gamma = 1 + (n/m)(e^eps - 1)); m defaults to the paper's m* (Cor. 3.6) "
             "rounded "
             "into [1, n]. predicted_rmse is the exact root-mean-squared l2 error of the A^-1 "
             "estimate, worst case over the data (sum of squared cell shares = 1/K); bound is "
-            "Thm 3.4's (c sqrt K + 1)/sqrt m and bound_tight the paper's (c + 1)/sqrt m."
+            "Thm 3.4's (c sqrt K + 1)/sqrt m and bound_tight the paper's (c + 1)/sqrt m. --suggest lists "
+            "instead what to give up (attributes, bins, categories) when that error is mostly noise.",
+            78,
         ),
-        epilog="Example: secure-release plan --n 45222 --alphabet 6,4 --epsilon 0.5 --json",
+        epilog="Examples:\n  secure-release plan --n 45222 --alphabet 6,4 --epsilon 0.5 --json\n"
+        "  secure-release plan --n 300 --schema alice.json --schema bob.json --epsilon 1 --suggest\n"
+        "  secure-release plan --n 300 --schema alice.json --schema bob.json --epsilon 1 --suggest --target 0.01",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--n", type=int, required=True, help="number of aligned records (n >= 1)")
     p.add_argument(
@@ -81,15 +94,15 @@ def register(sub: Any) -> None:
         type=float,
         default=None,
         metavar="RMSE",
-        help="with --suggest: the per-cell RMSE to meet (default: half the typical cell share, 1/(2K) of "
-        "each changed K)",
+        help="with --suggest: the per-cell RMSE to meet, a number > 0 such as 0.01 (default: half the typical "
+        "cell share, 1/(2K) of each changed K)",
     )
     p.add_argument(
         "--max-suggestions",
         type=int,
-        default=10,
+        default=None,
         metavar="N",
-        help="with --suggest: list at most N suggestions (default: 10; the rest are counted)",
+        help=f"with --suggest: list at most N suggestions (default: {DEFAULT_LIMIT}; the rest are counted)",
     )
     p.set_defaults(func=run)
 
@@ -98,13 +111,15 @@ def run(args: argparse.Namespace) -> int:
     from secure_release.curator.table import load_schema
     from secure_release.infra.fileio import require_file
 
+    if not args.suggest and (args.target is not None or args.max_suggestions is not None):
+        raise PlanFlagsError("--target and --max-suggestions go with --suggest (without it, plan prints the plan)")
     specs = [load_schema(require_file(path, "--schema")) for path in args.schema]
     schemas = [spec.schema for spec in specs]
     if args.suggest:
         return run_suggest(args, schemas, [spec.id_column for spec in specs])
     alphabet = args.alphabet or [s.alphabet_size for s in schemas]
     if len(alphabet) < 2:
-        raise SystemExit("secure-release plan: give --alphabet SIZES or one --schema FILE per curator (two or more)")
+        raise PlanFlagsError("give --alphabet SIZES or one --schema FILE per curator (two or more)")
     preprocessing = [d for s in schemas for d in (a.describe() for a in s.attributes) if d]
     plan = plan_release(args.n, alphabet, args.epsilon, args.m)
     report = plan_report(plan)
@@ -142,16 +157,22 @@ def run(args: argparse.Namespace) -> int:
 
 def run_suggest(args: argparse.Namespace, schemas: list[CuratorSchema], id_columns: list[str]) -> int:
     """``plan --suggest``: :func:`mechanism.suggest.suggest_changes` on the --schema files."""
-    if (len(schemas) < 2 and not args.alphabet) or (schemas and args.alphabet) or args.m is not None:
-        raise SystemExit("secure-release plan --suggest: give one --schema FILE per curator (two or more), or "
-                         "only --alphabet (then only the epsilon is suggested); --m does not apply (figures at "
-                         "m = m*)")  # fmt: skip
-    if args.max_suggestions < 1:
-        raise SystemExit(f"secure-release plan: --max-suggestions must be >= 1, got {args.max_suggestions}")
+    if schemas and args.alphabet:
+        raise PlanFlagsError("--suggest takes the --schema files or --alphabet, not both (the schemas give the "
+                             "alphabets; --alphabet alone suggests only an epsilon)")  # fmt: skip
+    if len(schemas) < 2 and not args.alphabet:
+        raise PlanFlagsError(f"--suggest needs one --schema FILE per curator, two or more (got {len(schemas)}): "
+                             "it changes their attributes; with --alphabet SIZES alone only an epsilon is "
+                             "suggested")  # fmt: skip
+    if args.m is not None:
+        raise PlanFlagsError("--suggest gives the figures at m = m* (what plan uses by default); drop --m")
+    if args.max_suggestions is not None and args.max_suggestions < 1:
+        raise PlanFlagsError(f"--max-suggestions must be >= 1, got {args.max_suggestions}")
     if args.alphabet:
         report = suggest_for_alphabets(args.alphabet, args.n, args.epsilon, args.target)
     else:
-        report = suggest_changes(schemas, args.n, args.epsilon, args.target, args.max_suggestions)
+        limit = DEFAULT_LIMIT if args.max_suggestions is None else args.max_suggestions
+        report = suggest_changes(schemas, args.n, args.epsilon, args.target, limit)
     if args.json:
         out = report.to_dict()
         for suggestion in out["suggestions"]:

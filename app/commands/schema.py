@@ -149,6 +149,9 @@ def _ranges(binning: list[tuple[str, Any]]) -> tuple[dict[str, tuple[float, floa
             raise TableInputError(f"--range {column}: given twice")
         ranges[column] = (low, high) if count is None else (low, high, count)
         last = column if count is None else None
+    if default_bins is not None and not ranges:
+        raise TableInputError(f"--bins {default_bins} without any --range: bins are counted over a public range "
+                              "(--range COLUMN=LOW:HIGH --bins N)")  # fmt: skip
     return ranges, DRAFT_DEFAULT_BINS if default_bins is None else default_bins
 
 

@@ -69,8 +69,11 @@ def test_own_count_in_the_range_and_the_default_before_every_range(tmp_path: Pat
         (["--range", "age=17:42:5:1"], "COLUMN=LOW:HIGH:BINS"),
         (["--range", "age=17"], "COLUMN=LOW:HIGH"),
         (["--range", "age=17:42", "--range", "age=0:99"], "given twice"),
-        (["--range", "age=17:42:0"], "bins >= 1"),
-        (["--range", "age=42:17"], "LOW < HIGH"),
+        (["--range", "age=17:42:0"], "the range of 'age': a range needs a whole number of bins >= 1, got 0"),
+        (["--range", "age=17:42", "--bins", "0"], "the range of 'age': a range needs a whole number of bins >= 1"),
+        (["--bins", "0", "--range", "affairs=0:60"], "the range of 'affairs': a range needs a whole number of bins"),
+        (["--range", "age=42:17"], "the range of 'age': a range needs finite LOW < HIGH, got 42.0:17.0"),
+        (["--bins", "5"], "--bins 5 without any --range"),  # else silently ignored
     ],
 )
 def test_unclear_binning_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str], options: list[str],
@@ -98,8 +101,10 @@ def test_api_takes_a_count_per_range_and_stays_backward_compatible() -> None:
     assert [a["bins"] for a in old_style["attributes"]] == [[17, 23.25, 29.5, 35.75, 42], [0, 15, 30, 45, 60]]
     with pytest.raises(TableInputError, match=r"\(LOW, HIGH\) or \(LOW, HIGH, BINS\)"):
         draft_schema(table, "alice", ranges={"age": (17, 42, 5, 1)}, warn=False)  # type: ignore[dict-item]
-    with pytest.raises(TableInputError, match="whole number of bins"):
+    with pytest.raises(TableInputError, match="the range of 'age': a range needs a whole number of bins"):
         draft_schema(table, "alice", ranges={"age": (17, 42, 2.5)}, warn=False)  # type: ignore[dict-item]
+    with pytest.raises(TableInputError, match="the range of 'affairs': could not convert"):
+        draft_schema(table, "alice", ranges={"affairs": ("low", 60)}, warn=False)  # type: ignore[dict-item]
 
 
 def test_readable_edges_worked_by_hand() -> None:

@@ -16,7 +16,12 @@ import pytest
 
 from secure_release import api
 from secure_release.cli import main
-from secure_release.mechanism.errors import InvalidGroupsError, SearchTooLargeError
+from secure_release.mechanism.errors import (
+    InvalidBinsError,
+    InvalidGroupsError,
+    InvalidSuggestionLimitError,
+    SearchTooLargeError,
+)
 from secure_release.mechanism.plan import plan_release
 from secure_release.mechanism.schema import Attribute, attribute_from_dict, attribute_to_dict
 from secure_release.mechanism.suggest import MAX_GRID, merged_bin_edges
@@ -195,17 +200,44 @@ def test_an_explicit_target_and_schemas_that_already_meet_it(tmp_path: Path,
     assert none["suggestions"] == [] and none["epsilon_unchanged"] is None
 
 
-def test_suggest_refuses_what_does_not_apply(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    paths = _write(tmp_path, WALK_ALICE, WALK_BOB)
-    base = ["plan", "--n", "300", "--epsilon", "1", "--suggest"]
-    with pytest.raises(SystemExit, match="one --schema FILE per curator"):
-        main([*base, "--alphabet", "12,12", "--schema", paths[0], "--schema", paths[1]])
-    with pytest.raises(SystemExit, match="one --schema FILE per curator"):
-        main([*base, "--schema", paths[0]])
-    with pytest.raises(SystemExit, match="--m does not apply"):
-        main([*base, "--schema", paths[0], "--schema", paths[1], "--m", "5"])
-    with pytest.raises(SystemExit, match="--max-suggestions must be >= 1"):
-        main([*base, "--schema", paths[0], "--schema", paths[1], "--max-suggestions", "0"])
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--suggest"], "--suggest needs one --schema FILE per curator, two or more (got 0)"),
+        (["--suggest", "--schema", "{a}"], "--suggest needs one --schema FILE per curator, two or more (got 1)"),
+        (["--suggest", "--alphabet", "12,12", "--schema", "{a}", "--schema", "{b}"], "not both"),
+        (["--suggest", "--schema", "{a}", "--schema", "{b}", "--m", "5"], "drop --m"),
+        (["--suggest", "--schema", "{a}", "--schema", "{b}", "--max-suggestions", "0"],
+         "--max-suggestions must be >= 1, got 0"),
+        (["--suggest", "--schema", "{a}", "--schema", "{b}", "--target", "0"], "finite number > 0, got 0.0"),
+        (["--suggest", "--schema", "{a}", "--schema", "{b}", "--target", "nan"], "finite number > 0, got nan"),
+        (["--suggest", "--schema", "{a}", "--schema", "{b}", "--target", "1/288"], "invalid float value"),
+        (["--schema", "{a}", "--schema", "{b}", "--target", "0.01"], "go with --suggest"),  # else silently ignored
+        (["--schema", "{a}", "--schema", "{b}", "--max-suggestions", "3"], "go with --suggest"),
+        ([], "give --alphabet SIZES or one --schema FILE per curator"),
+    ],
+)
+def test_suggest_refuses_what_does_not_apply_with_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                         flags: list[str], message: str) -> None:  # fmt: skip
+    a, b = _write(tmp_path, WALK_ALICE, WALK_BOB)
+    argv = ["plan", "--n", "300", "--epsilon", "1", *(f.format(a=a, b=b) for f in flags)]
+    capsys.readouterr()
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # argparse's own refusals (a --target that is not a number)
+        code = exc.code  # type: ignore[assignment]
+    assert code == 2  # usage, as every bad flag of secure-release (infra/exitcodes.py)
+    err = capsys.readouterr().err
+    assert message in err and err.startswith("secure-release plan")
+
+
+def test_the_api_names_a_bad_limit_and_a_bad_merge() -> None:
+    with pytest.raises(InvalidSuggestionLimitError, match="got 0"):
+        api.suggest(300, [WALK_ALICE, WALK_BOB], 1.0, limit=0)
+    with pytest.raises(InvalidSuggestionLimitError, match="got True"):
+        api.suggest(300, [WALK_ALICE, WALK_BOB], 1.0, limit=True)
+    with pytest.raises(InvalidBinsError, match="cannot merge 4 bins into 5"):
+        merged_bin_edges([0, 1, 2, 3, 4], 5)
 
 
 def test_merged_bin_edges_are_runs_of_whole_bins() -> None:
