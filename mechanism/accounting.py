@@ -258,6 +258,14 @@ def predicted_rmse(n: int, m: int, joint_size: int, gamma: float, sum_sq: float 
     return math.sqrt(expected_squared_error(n, m, joint_size, gamma, worst))
 
 
+def predicted_rmse_per_cell(
+    n: int, m: int, joint_size: int, gamma: float, sum_sq: float | None = None
+) -> float:
+    """The l2 RMSE of :func:`predicted_rmse` spread over the K cells, RMSE / sqrt K (DESIGN 3):
+    what a plan compares with the typical cell share 1/K."""
+    return predicted_rmse(n, m, joint_size, gamma, sum_sq) / math.sqrt(joint_size)
+
+
 def cell_variance(n: int, m: int, joint_size: int, gamma: float, shares: npt.ArrayLike) -> npt.NDArray[np.float64]:
     """DESIGN 3, per cell variance of T_hat_c:
     T_c(1-T_c)(n-m)/(m(n-1)) + [T_c(a+b)(1-a-b) + (1-T_c) b(1-b)]/(m a^2)."""

@@ -193,11 +193,12 @@ def utility_check(plan: ReleasePlan) -> dict[str, Any]:
     K = plan.joint_size
     root_k, share = math.sqrt(K), 1.0 / K
     rmse = accounting.predicted_rmse(plan.n, plan.m, K, plan.gamma)
+    per_cell = accounting.predicted_rmse_per_cell(plan.n, plan.m, K, plan.gamma)
     out: dict[str, Any] = {
         "predicted_rmse": rmse,
-        "predicted_rmse_per_cell": rmse / root_k,
+        "predicted_rmse_per_cell": per_cell,
         "typical_cell_share": share,
-        "ok": rmse / root_k <= share,
+        "ok": per_cell <= share,
         "suggested_m": None,
         "suggested_epsilon": None,
         "message": plan.utility_warning(),

@@ -47,10 +47,7 @@ class ReleasePlan:
             "m_star": accounting.optimal_sample_size(self.n, K, self.epsilon),
             "m_min_error": accounting.error_minimizing_sample_size(self.n, K, self.epsilon, sum_sq),
             "predicted_rmse": accounting.predicted_rmse(self.n, self.m, K, self.gamma, sum_sq),
-            "predicted_rmse_per_cell": accounting.predicted_rmse(
-                self.n, self.m, K, self.gamma, sum_sq
-            )
-            / math.sqrt(K),
+            "predicted_rmse_per_cell": accounting.predicted_rmse_per_cell(self.n, self.m, K, self.gamma, sum_sq),
             "bound": accounting.error_bound(self.m, K, self.gamma),
             "bound_tight": accounting.error_bound_tight(self.m, K, self.gamma),
             "keep_probability": self.channel.keep,

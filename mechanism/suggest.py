@@ -76,8 +76,7 @@ def per_cell_rmse(plan: ReleasePlan) -> float:
     """The predicted per-cell RMSE of ``plan``: DESIGN 3's exact l2 RMSE, worst case over the data
     (sum of squared shares 1/K), over sqrt K; ``predicted_rmse_per_cell`` of
     :meth:`ReleasePlan.report`, without the rest of the report."""
-    K = plan.joint_size
-    return accounting.predicted_rmse(plan.n, plan.m, K, plan.gamma) / math.sqrt(K)
+    return accounting.predicted_rmse_per_cell(plan.n, plan.m, plan.joint_size, plan.gamma)
 
 
 # ----------------------------------------------------------------------- options per attribute
