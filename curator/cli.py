@@ -20,7 +20,7 @@ from secure_release.curator.commands import (
     table,
 )
 from secure_release.curator.config import DEFAULT_KEY_RETENTION_S, POSITIONS_PATH_REFUSAL
-from secure_release.curator.keystore import KeystoreError, TableChangedError
+from secure_release.curator.records.keystore import KeystoreError, TableChangedError
 from secure_release.curator.table import BadRowsError, SchemaFileError
 from secure_release.infra import metrics
 from secure_release.infra.config import ConfigError, apply_env_and_config, subcommand_parser
@@ -335,7 +335,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.print_help()
             return USAGE
         if _embedded_cluster(args):  # before this process starts a thread or reads a key
-            from secure_release.curator.forkserver import start_forkserver
+            from secure_release.curator.cluster.forkserver import start_forkserver
 
             start_forkserver(in_process=program)
         setup_logging(log_format=log_format)
@@ -348,7 +348,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _embedded_cluster(args: argparse.Namespace) -> bool:
     """Whether this command runs a release on an embedded Dask cluster (whose workers are
-    forks of a server started first: :func:`~secure_release.curator.forkserver.start_forkserver`)."""
+    forks of a server started first: :func:`~secure_release.curator.cluster.forkserver.start_forkserver`)."""
     no_scheduler = getattr(args, "scheduler", None) is None and getattr(args, "scheduler_file", None) is None
     return args.command == "run" and getattr(args, "engine", None) == "dask" and no_scheduler
 
@@ -363,14 +363,14 @@ def _dispatch(args: argparse.Namespace) -> int:
     from secure_release.curator.config import config_from_args
 
     if args.command == "store-table":
-        from secure_release.curator.stored import store_table
+        from secure_release.curator.release.stored import store_table
 
         return store_table(config_from_args(args, storing=True))
     config = config_from_args(args)
     if config.server_sampled:
-        from secure_release.curator.stored import run_server_sampled
+        from secure_release.curator.release.stored import run_server_sampled
 
         return run_server_sampled(config)
-    from secure_release.curator.runner import run
+    from secure_release.curator.release.runner import run
 
     return run(config)

@@ -31,11 +31,11 @@ from typing import Any, TypeVar
 
 import grpc
 
-from secure_release.curator.keystore import Keystore
-from secure_release.curator.ledgerfile import LedgerFile
-from secure_release.curator.ledgersign import HeadSigner
 from secure_release.curator.partitions import dataset_fingerprint, dataset_name, require_data
-from secure_release.curator.witness import BudgetWitness, carry_over
+from secure_release.curator.records.keystore import Keystore
+from secure_release.curator.records.ledgerfile import LedgerFile
+from secure_release.curator.records.ledgersign import HeadSigner
+from secure_release.curator.records.witness import BudgetWitness, carry_over
 from secure_release.infra.config import ConfigError, require
 from secure_release.infra.tls import secure_channel
 from secure_release.mechanism.accounting import AccountingPolicy, pld_policy

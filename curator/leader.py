@@ -20,7 +20,7 @@ from secure_release.curator.errors import (
     PsiMismatchError,
     ReleaseRefusedError,
 )
-from secure_release.curator.keystore import tags_digest
+from secure_release.curator.records.keystore import tags_digest
 from secure_release.infra.exitcodes import is_refusal
 from secure_release.infra.streams import AgreementError, CallerNotAllowedError, PsiStreamError, TagBuffer
 from secure_release.mechanism.alignment import RowOrder, SortedTags, TagArray, align_all

@@ -15,7 +15,7 @@ files, as well as one file.
   repeated across files is refused naming both files, and the problems of every file are
   reported together (one :class:`curator.columnar.BadRowsError`).
 * :func:`dataset_fingerprint` is the ledger's fingerprint of the data: a single file's is its
-  SHA-256 (:func:`curator.ledgerfile.file_fingerprint`, as before), a directory's or glob's
+  SHA-256 (:func:`curator.records.ledgerfile.file_fingerprint`, as before), a directory's or glob's
   covers each file's path relative to the directory (or the glob's fixed prefix) and its own
   SHA-256: renaming or changing any file changes it, moving the whole directory does not.
 """
@@ -46,7 +46,7 @@ from secure_release.curator.columnar import (
     read_columns,
     source_of,
 )
-from secure_release.curator.ledgerfile import file_fingerprint
+from secure_release.curator.records.ledgerfile import file_fingerprint
 from secure_release.infra.fileio import require_file
 from secure_release.mechanism.errors import SecureReleaseError
 

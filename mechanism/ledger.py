@@ -355,7 +355,7 @@ class PrivacyLedger:
     def witnessed(self, dataset: str) -> tuple[int, float]:
         """(number, total epsilon) of the data set's reservations ever made (refunded ones too)
         plus what was carried over: both only grow, and they are what the server's witness keeps
-        (:mod:`secure_release.curator.witness`)."""
+        (:mod:`secure_release.curator.records.witness`)."""
         held = [e for e in self.entries if e.kind is EntryKind.RESERVE and e.dataset == dataset]
         carried = self.carried(dataset)
         count = len(held) + sum(e.count for e in carried)

@@ -5,7 +5,7 @@ Tags are uniform 128-bit keyed hashes (:mod:`secure_release.mechanism.alignment`
 coordination. Ascending shard, then ascending (hi, lo) within a shard, is ascending tag: the
 canonical row order of DESIGN 3.1 (``alignment.common_tags``), with no global sort. Each function
 here is arrays in, arrays out: the curator's engine runs it in-process or on a Dask worker
-(:mod:`secure_release.curator.shards` wraps it with the partition reads).
+(:mod:`secure_release.curator.cluster.shards` wraps it with the partition reads).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ reservations and how much epsilon that curator's ledger has recorded. It only mo
 
 The server sits in another trust domain than a curator's keystore, so a ledger rolled back to an
 older copy, replaced by a fresh one or deleted is behind the witness, and the curator refuses
-to release (``curator/witness.py``). The key is an HMAC under a key only the curator holds: the
+to release (``curator/records/witness.py``). The key is an HMAC under a key only the curator holds: the
 server learns neither the data set's name nor its table, and cannot test guesses of either.
 """
 

@@ -249,7 +249,7 @@ def _server_sampled(
 
 
 def _table_ledger(keystore: Path) -> dict[str, Any]:
-    from secure_release.curator.keystore import Keystore
+    from secure_release.curator.records.keystore import Keystore
 
     record = Keystore(keystore).load_table(DEMO_TABLE)
     assert record is not None, "the demo stores its table before any release"

@@ -11,12 +11,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from secure_release.curator.agreement import check_agreement, leader_state, spec_differences
 from secure_release.curator.config import CuratorConfig
 from secure_release.curator.errors import AgreementFixedError, AlphabetSizeMismatchError
-from secure_release.curator.keystore import Keystore
 from secure_release.curator.leader import LeaderState
-from secure_release.curator.runner import OwnData, check_ledger, prepare, reserve
+from secure_release.curator.records.keystore import Keystore
+from secure_release.curator.release.agreement import check_agreement, leader_state, spec_differences
+from secure_release.curator.release.runner import OwnData, check_ledger, prepare, reserve
 from secure_release.infra.logs import EventLog
 from secure_release.infra.streams import AgreementError
 from secure_release.mechanism.alignment import TAG_DTYPE, align

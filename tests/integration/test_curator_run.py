@@ -15,10 +15,10 @@ from typing import Any, ClassVar
 import numpy as np
 import pytest
 
-import secure_release.curator.runner as runner
+import secure_release.curator.release.runner as runner
 from secure_release.curator.config import CuratorConfig
-from secure_release.curator.keystore import Keystore
-from secure_release.curator.ledgerfile import file_fingerprint
+from secure_release.curator.records.keystore import Keystore
+from secure_release.curator.records.ledgerfile import file_fingerprint
 from secure_release.curator.table import load_schema, read_table
 from secure_release.mechanism.keys import AlignmentKey, PadKey, PramKey, Seed
 from secure_release.mechanism.pads import CipherMode

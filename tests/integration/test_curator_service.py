@@ -14,10 +14,10 @@ import grpc
 import numpy as np
 import pytest
 
-from secure_release.curator.agreement import follow_leader, own_alignment
 from secure_release.curator.config import CuratorConfig
 from secure_release.curator.leader import LeaderState
-from secure_release.curator.runner import start_server
+from secure_release.curator.release.agreement import follow_leader, own_alignment
+from secure_release.curator.release.runner import start_server
 from secure_release.curator.service import SERVICE_NAME, CuratorService
 from secure_release.curator.waits import Deadline
 from secure_release.infra.auth import AuthedContext

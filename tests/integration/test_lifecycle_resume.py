@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 from support import SIZES, make_spec
 
-import secure_release.curator.upload as upload_mod
+import secure_release.curator.release.upload as upload_mod
 from secure_release.curator.config import CuratorConfig
-from secure_release.curator.keystore import Keystore, ReleaseRecord, TableChangedError
-from secure_release.curator.runner import resumable_record
-from secure_release.curator.upload import ServerLink, pack_chunks
+from secure_release.curator.records.keystore import Keystore, ReleaseRecord, TableChangedError
+from secure_release.curator.release.runner import resumable_record
+from secure_release.curator.release.upload import ServerLink, pack_chunks
 from secure_release.curator.waits import Deadline
 from secure_release.infra import tls
 from secure_release.infra.logs import EventLog

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from secure_release.curator.ledgerfile import LedgerFile, file_fingerprint
-from secure_release.curator.ledgersign import HeadSigner
-from secure_release.curator.witness import BudgetWitness
+from secure_release.curator.records.ledgerfile import LedgerFile, file_fingerprint
+from secure_release.curator.records.ledgersign import HeadSigner
+from secure_release.curator.records.witness import BudgetWitness
 from secure_release.infra import tls
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
 from secure_release.server.service import ReleaseService

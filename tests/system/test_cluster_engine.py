@@ -242,7 +242,7 @@ def test_an_embedded_cluster_takes_no_work_from_a_client_without_its_certificate
     from distributed import Client
     from distributed.security import Security
 
-    from secure_release.curator.engine import DaskEngine, open_engine
+    from secure_release.curator.cluster.engine import DaskEngine, open_engine
 
     engine = open_engine("dask", workers=1, worker_memory="1GiB", spill_dir=str(tmp_path))
     try:

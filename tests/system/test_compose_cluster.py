@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from secure_release.curator.cli import build_parser
-from secure_release.curator.engine import EngineError, check_scheduler_address
+from secure_release.curator.cluster.engine import EngineError, check_scheduler_address
 
 pytest.importorskip("yaml")
 pytest.importorskip("distributed")

@@ -1,4 +1,4 @@
-"""The server an embedded cluster forks its workers from (``curator/forkserver.py``): forked
+"""The server an embedded cluster forks its workers from (``curator/cluster/forkserver.py``): forked
 from the curator process before it starts anything, it holds no descriptor of the curator's,
 serves multiprocessing as the usual server would, and ends with the curator. Each check runs in
 a new interpreter (the server belongs to the process that starts it)."""
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from secure_release.curator.forkserver import start_method
+from secure_release.curator.cluster.forkserver import start_method
 
 pytestmark = pytest.mark.skipif(start_method() != "forkserver", reason="needs multiprocessing's forkserver")
 
@@ -23,7 +23,7 @@ PROBE = textwrap.dedent(
     """
     import json, multiprocessing, os, sys, threading, time
     from multiprocessing import forkserver
-    from secure_release.curator.forkserver import start_forkserver
+    from secure_release.curator.cluster.forkserver import start_forkserver
 
     def child_pid(queue):
         queue.put(os.getpid())
@@ -104,7 +104,7 @@ def test_closing_every_descriptor_but_some_keeps_exactly_those() -> None:
     code = textwrap.dedent(
         """
         import os
-        from secure_release.curator.forkserver import _close_descriptors_except
+        from secure_release.curator.cluster.forkserver import _close_descriptors_except
 
         def is_open(fd):
             try:

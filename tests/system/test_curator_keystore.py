@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from support import make_spec
 
-from secure_release.curator.keystore import Keystore, KeystoreError, ReleaseRecord
+from secure_release.curator.records.keystore import Keystore, KeystoreError, ReleaseRecord
 from secure_release.mechanism.alignment import TAG_DTYPE
 from secure_release.mechanism.keys import PadKey, Seed
 from secure_release.mechanism.pads import CipherMode, new_release_pad

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from support import make_spec
 
-from secure_release.curator.keystore import Keystore, ReleaseRecord
+from secure_release.curator.records.keystore import Keystore, ReleaseRecord
 from secure_release.curator.table import BadRowsError, load_schema, read_table
 from secure_release.infra.fileio import atomic_write
 from secure_release.mechanism.errors import BudgetExceededError

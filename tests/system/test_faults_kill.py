@@ -26,9 +26,9 @@ import numpy as np
 import pytest
 
 import secure_release.mechanism.protocol as protocol
-from secure_release.curator.keystore import Keystore
-from secure_release.curator.ledgerfile import LedgerFile
-from secure_release.curator.ledgersign import HeadSigner
+from secure_release.curator.records.keystore import Keystore
+from secure_release.curator.records.ledgerfile import LedgerFile
+from secure_release.curator.records.ledgersign import HeadSigner
 from secure_release.curator.table import load_schema, read_table
 from secure_release.demo_data import write_demo_data
 from secure_release.mechanism.keys import AlignmentKey, PadKey, PramKey, Seed

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from test_faults_kill import CURATORS, ROLES, Deployment, make_world
 
-from secure_release.curator.keystore import Keystore
-from secure_release.curator.ledgerfile import LedgerFile
-from secure_release.curator.ledgersign import HeadSigner
+from secure_release.curator.records.keystore import Keystore
+from secure_release.curator.records.ledgerfile import LedgerFile
+from secure_release.curator.records.ledgersign import HeadSigner
 
 pytestmark = pytest.mark.slow
 

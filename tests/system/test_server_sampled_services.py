@@ -21,8 +21,8 @@ import grpc
 import numpy as np
 import pytest
 
-from secure_release.curator.keystore import Keystore
-from secure_release.curator.ledgerfile import file_fingerprint
+from secure_release.curator.records.keystore import Keystore
+from secure_release.curator.records.ledgerfile import file_fingerprint
 from secure_release.curator.table import load_schema, read_table
 from secure_release.demo_data import write_demo_data
 from secure_release.infra import tls
@@ -231,7 +231,7 @@ def test_store_table_on_dask_clusters_stores_the_in_memory_ciphertext(certs: Pat
     import pyarrow.csv as pacsv
     import pyarrow.parquet as pq
 
-    from secure_release.curator.upload import pack_chunks
+    from secure_release.curator.release.upload import pack_chunks
     from secure_release.mechanism.alignment import align_all, id_tags
     from secure_release.mechanism.packing import digest_of
     from secure_release.mechanism.server_sampling import curator_store_table

@@ -23,12 +23,12 @@ from test_curator_service import SCHEMA as SVC_SCHEMA
 from test_curator_service import AbortedError, _as
 from test_faults_kill import CURATORS, PADS, PRAM, Deployment
 
-import secure_release.curator.runner as runner
+import secure_release.curator.release.runner as runner
 from secure_release.curator.config import CuratorConfig
-from secure_release.curator.keystore import Keystore
 from secure_release.curator.leader import LeaderState
-from secure_release.curator.ledgerfile import LedgerFile
-from secure_release.curator.ledgersign import HeadSigner
+from secure_release.curator.records.keystore import Keystore
+from secure_release.curator.records.ledgerfile import LedgerFile
+from secure_release.curator.records.ledgersign import HeadSigner
 from secure_release.curator.service import CuratorService
 from secure_release.curator.table import load_schema, read_table
 from secure_release.demo_data import write_demo_data

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from secure_release.curator import cli as curator_cli
-from secure_release.curator import ledgerfile
+from secure_release.curator.records import ledgerfile
 from secure_release.infra import fileio
 from secure_release.infra.exitcodes import FAILURE, exit_code_for
 from secure_release.infra.fileio import DiskFullError

@@ -17,7 +17,7 @@ import pytest
 
 from secure_release.curator.errors import PsiMismatchError
 from secure_release.curator.leader import LeaderState
-from secure_release.curator.psi_ring import _local, ring
+from secure_release.curator.release.psi_ring import _local, ring
 from secure_release.curator.waits import Deadline
 from secure_release.infra.streams import AgreementError, PsiStreamError
 from secure_release.mechanism.keys import Seed

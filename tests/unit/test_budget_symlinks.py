@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from secure_release.curator.keystore import Keystore
-from secure_release.curator.ledgerfile import LedgerFile
+from secure_release.curator.records.keystore import Keystore
+from secure_release.curator.records.ledgerfile import LedgerFile
 from secure_release.infra.fileio import UnsafePathError
 from secure_release.server.store import Store, StoreError
 

@@ -15,9 +15,9 @@ from typing import ClassVar
 
 import pytest
 
-from secure_release.curator.ledgerfile import LedgerFile
-from secure_release.curator.ledgersign import HeadSigner
-from secure_release.curator.witness import BudgetWitness, LedgerBehindError
+from secure_release.curator.records.ledgerfile import LedgerFile
+from secure_release.curator.records.ledgersign import HeadSigner
+from secure_release.curator.records.witness import BudgetWitness, LedgerBehindError
 from secure_release.mechanism.ledger import (
     GENESIS,
     EntryKind,
@@ -168,7 +168,7 @@ def test_6b_both_files_deleted_refuses_until_a_budget_is_set_and_the_witness_car
     alice.ledger.head_path.unlink()
     with pytest.raises(NoBudgetError):
         alice.try_reserve("r3", 0.4)
-    from secure_release.curator.witness import carry_over
+    from secure_release.curator.records.witness import carry_over
 
     carried = carry_over(alice.ledger, alice.witness, D, D)  # what `budget set --server` does first
     alice.ledger.set_budget(D, D, 1.0)

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from secure_release.curator.cli import build_parser
+from secure_release.curator.cluster.engine import DaskEngine, EngineError, check_scheduler_address, open_engine
 from secure_release.curator.config import CuratorConfig, config_from_args
-from secure_release.curator.engine import DaskEngine, EngineError, check_scheduler_address, open_engine
 from secure_release.curator.errors import StoppedError
 from secure_release.infra.config import ConfigError, apply_env_and_config, subcommand_parser
 
@@ -81,7 +81,7 @@ def test_an_unknown_engine_is_refused() -> None:
 def test_without_dask_the_engine_says_what_to_install_and_no_forkserver_starts(monkeypatch: pytest.MonkeyPatch) -> None:
     import multiprocessing.forkserver as forkserver
 
-    from secure_release.curator.forkserver import start_forkserver
+    from secure_release.curator.cluster.forkserver import start_forkserver
 
     for name in [m for m in sys.modules if m == "distributed" or m.startswith("distributed.")]:
         monkeypatch.delitem(sys.modules, name)
@@ -98,7 +98,7 @@ class _Pending:
 
 
 def test_sigterm_stops_a_cluster_stage_within_a_second(monkeypatch: pytest.MonkeyPatch) -> None:
-    import secure_release.curator.engine as engine_module
+    import secure_release.curator.cluster.engine as engine_module
 
     cancelled: list[Any] = []
 

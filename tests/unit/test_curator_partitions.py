@@ -16,7 +16,6 @@ import pyarrow.parquet as pq
 import pytest
 
 from secure_release.curator.cli import main as curator_main
-from secure_release.curator.ledgerfile import file_fingerprint
 from secure_release.curator.partitions import (
     MixedInputFormatsError,
     NoInputFilesError,
@@ -28,6 +27,7 @@ from secure_release.curator.partitions import (
     read_partition,
     read_partitioned,
 )
+from secure_release.curator.records.ledgerfile import file_fingerprint
 from secure_release.curator.table import (
     BadRowsError,
     DataSourceError,

@@ -13,11 +13,11 @@ import pyarrow.parquet as pq
 import pytest
 from support import split_parquet
 
-from secure_release.curator import shards as st
-from secure_release.curator.cluster_leader import ClusterLeader
-from secure_release.curator.engine import InlineEngine
+from secure_release.curator.cluster import shards as st
+from secure_release.curator.cluster.engine import InlineEngine
+from secure_release.curator.cluster.matching import ClusterLeader
+from secure_release.curator.cluster.sharded import load_sharded
 from secure_release.curator.leader import LeaderState
-from secure_release.curator.sharded import load_sharded
 from secure_release.curator.table import BadRowsError, load_schema, read_table
 from secure_release.demo_data import write_demo_data
 from secure_release.infra.logs import EventLog
@@ -191,7 +191,7 @@ def test_tags_whose_high_words_tie_are_ordered_and_matched_by_their_low_words() 
 
 
 def test_progress_lines_read_as_a_bar_with_counts() -> None:
-    from secure_release.curator.engine import progress_note
+    from secure_release.curator.cluster.engine import progress_note
 
     assert progress_note("read", 7, 16, 3.21) == (
         "read     [#########-----------] 7/16 partitions read, checked and hashed, 3.2 s"

@@ -229,3 +229,68 @@ def test_the_cycle_check_finds_a_planted_circle(tmp_path: Path) -> None:
         ["secure_release.infra.auth", "secure_release.infra.tls"],
         ["secure_release.mechanism.guarantee", "secure_release.mechanism.plan"],
     ]
+
+
+#: The curator's rooms (docs/design.md, "Rooms of the curator"), each with the rooms it may import.
+#: ``base`` is every module directly in curator/ but the CLI (cli.py, commands.py, __main__.py).
+CURATOR_ROOMS: dict[str, set[str]] = {
+    "records": {"records", "errors", "waits"},
+    "base": {"base", "records"},
+    "cluster": {"cluster", "base", "records"},
+    "release": {"release", "cluster", "base", "records"},
+    "cli": {"cli", "release", "cluster", "base", "records"},
+}
+CURATOR_CLI = ("cli", "commands", "__main__")
+
+
+def curator_room(parts: tuple[str, ...]) -> str:
+    """The room of a curator module, from its path inside curator/ (``("cluster", "engine")``)."""
+    if len(parts) > 1:
+        return parts[0]
+    return "cli" if parts[0] in CURATOR_CLI else "base"
+
+
+def curator_room_violations(root: Path) -> list[str]:
+    """Imports between the curator's rooms that the table above does not allow (``errors`` and
+    ``waits`` are base modules that records/ may use)."""
+    bad = []
+    for path in sorted((root / "curator").rglob("*.py")):
+        parts = path.relative_to(root / "curator").with_suffix("").parts
+        if parts[-1] == "__init__" and len(parts) == 1:
+            continue
+        room = curator_room(parts)
+        for module in imported_modules(path):
+            if not module.startswith("secure_release.curator."):
+                continue
+            target = tuple(module.split(".")[2:])
+            target_room = curator_room(target)
+            allowed = CURATOR_ROOMS[room]
+            if target_room in allowed or (len(target) == 1 and target[0] in allowed):
+                continue
+            bad.append(f"curator/{'/'.join(parts)}.py ({room}) imports {module} ({target_room})")
+    return bad
+
+
+def test_curator_rooms_import_only_what_they_may() -> None:
+    for room in ("cluster", "release", "records"):
+        assert (ROOT / "curator" / room / "__init__.py").is_file()
+    assert curator_room_violations(ROOT) == []
+
+
+def test_the_curator_room_check_fails_on_planted_imports(tmp_path: Path) -> None:
+    """Each forbidden direction is caught: a record importing the cluster, a base module
+    importing a release step, the cluster importing a release step."""
+    plants = {
+        "curator/records/bad.py": "from secure_release.curator.cluster import engine\n",
+        "curator/service2.py": "def f():\n    from secure_release.curator.release.runner import run\n",
+        "curator/cluster/bad.py": "import secure_release.curator.release.upload\n",
+        "curator/records/ok.py": "from secure_release.curator.errors import X\n"
+        "from secure_release.curator.waits import Y\n",
+        "curator/release/ok.py": "from secure_release.curator.cluster.engine import E\n",
+    }
+    for rel, text in plants.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    found = curator_room_violations(tmp_path)
+    assert len(found) == 3, found
+    assert all("bad.py" in f or "service2.py" in f for f in found)

@@ -6,7 +6,7 @@ A follower on a cluster streams its tags ascending, so the units of the leader's
 quarter of a shard each: :data:`UNIT_BITS` more tag bits) complete one after another. As soon as
 every follower's part of a unit has arrived, the matcher thread ships those parts straight to
 the worker that holds the leader's shard (not through the scheduler) and intersects them there
-(:func:`~secure_release.curator.shards.match_shard`). The leader's symbols of the common tags
+(:func:`~secure_release.curator.cluster.shards.match_shard`). The leader's symbols of the common tags
 stay on the workers until the release gathers them; each follower's row order comes back as
 uint32 and is appended to its rows file, unit by unit. A stream that is not ascending is
 matched once it has ended; a follower's second stream (a resend before the agreement is fixed)
@@ -34,11 +34,11 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from secure_release.curator import shards as st
-from secure_release.curator.engine import Engine
+from secure_release.curator.cluster import shards as st
+from secure_release.curator.cluster.engine import Engine
+from secure_release.curator.cluster.sharded import WINDOW, ShardedTable, in_order
 from secure_release.curator.errors import AgreementNotReadyError
 from secure_release.curator.leader import LeaderState
-from secure_release.curator.sharded import WINDOW, ShardedTable, in_order
 from secure_release.infra.streams import TAG_BYTES, AgreementError
 from secure_release.mechanism import sharding as sh
 from secure_release.mechanism.alignment import TAG_DTYPE, TagArray

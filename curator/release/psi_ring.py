@@ -33,8 +33,8 @@ import numpy.typing as npt
 
 from secure_release.curator.config import CuratorConfig
 from secure_release.curator.errors import PsiNotReadyError
-from secure_release.curator.keystore import Keystore
 from secure_release.curator.leader import LeaderState
+from secure_release.curator.records.keystore import Keystore
 from secure_release.curator.waits import Deadline, retry_until
 from secure_release.infra.logs import EventLog
 from secure_release.infra.streams import AgreementError, point_chunks, read_point_stream

@@ -4,7 +4,7 @@ The array steps (shard of a tag, split, sort, intersection, gather) are
 :mod:`secure_release.mechanism.sharding`; this module adds the partition reads and the worker's
 memory hand-back around them. Every stage is a plain function of its arguments (no engine, no
 I/O but the partition read), so the same function runs in-process or on a Dask worker, and the
-engine (:mod:`secure_release.curator.engine`) only schedules it.
+engine (:mod:`secure_release.curator.cluster.engine`) only schedules it.
 
 The stages of one curator:
 
@@ -16,7 +16,7 @@ The stages of one curator:
    and line, on the error path only).
 3. The tags leave the curator shard by shard, ascending (:func:`shard_tags`); the leader spools
    every follower's tags into the same shards and matches each unit of a shard where its shard
-   is (:func:`match_shard`, driven by :mod:`secure_release.curator.cluster_leader`): its own
+   is (:func:`match_shard`, driven by :mod:`secure_release.curator.cluster.matching`): its own
    symbols of the common tags stay there (:func:`match_symbols`), each follower's stream
    indices of them come back (:func:`match_rows`), in canonical order.
 4. A follower gathers its symbols at those rows shard by shard

@@ -3,7 +3,7 @@
 start the Curator service from the schema (it listens while the table is read) -> load the table
 and fingerprint it -> (a stored release record? resume it) -> check the ledger (a budget is set
 and enough remains; nothing recorded) -> id tags (keyed hash; with ``--alignment psi`` the ECDH
-ring through the leader, :mod:`secure_release.curator.psi_ring`, once agreeing starts) ->
+ring through the leader, :mod:`secure_release.curator.release.psi_ring`, once agreeing starts) ->
 **agree** (leader or follower; the sample is a seed or, with ``--sampling indices``, the leader's
 packed index tuple; the leader persists the agreement, reserves, registers, then publishes it, so
 the followers align while it prepares) -> **reserve** epsilon -> **prepare** (align, sample,
@@ -33,20 +33,26 @@ import grpc
 import numpy as np
 import numpy.typing as npt
 
-from secure_release.curator.agreement import TagSource, agree, leader_state, own_alignment, report_failure_to_leader
-from secure_release.curator.cluster_leader import ClusterLeader
+from secure_release.curator.cluster.engine import Engine
+from secure_release.curator.cluster.matching import ClusterLeader
+from secure_release.curator.cluster.sharded import ShardedTable
 from secure_release.curator.config import CuratorConfig
-from secure_release.curator.engine import Engine
 from secure_release.curator.errors import ReleaseAbortedError, ReleaseRefusedError, SpecRefusedError
-from secure_release.curator.keystore import Keystore, ReleaseRecord
 from secure_release.curator.leader import LeaderState
-from secure_release.curator.ledgersign import HeadSigner
 from secure_release.curator.partitions import dataset_fingerprint
+from secure_release.curator.records.keystore import Keystore, ReleaseRecord
+from secure_release.curator.records.ledgersign import HeadSigner
+from secure_release.curator.records.witness import BudgetWitness
+from secure_release.curator.release.agreement import (
+    TagSource,
+    agree,
+    leader_state,
+    own_alignment,
+    report_failure_to_leader,
+)
+from secure_release.curator.release.upload import ServerLink
 from secure_release.curator.service import SERVICE_NAME, CuratorService
-from secure_release.curator.sharded import ShardedTable
 from secure_release.curator.table import EncodedTable, TableSpec, load_schema, raise_repeats, read_table
-from secure_release.curator.upload import ServerLink
-from secure_release.curator.witness import BudgetWitness
 from secure_release.infra import metrics
 from secure_release.infra.config import ConfigError, write_port_file
 from secure_release.infra.entry import stop_on_signals
@@ -300,12 +306,12 @@ def psi_tags(
     """This curator's PSI tags (of ``table``'s ids): from the ECDH ring through the leader, or (a
     leader resuming a fixed agreement) ``restored_tags``, the tags it persisted with it (its
     scalar was never kept)."""
-    from secure_release.curator.psi_ring import run_ring
+    from secure_release.curator.release.psi_ring import run_ring
 
     if restored_tags is not None:
         return restored_tags
     if state is not None and state.agreement is not None:
-        from secure_release.curator.keystore import KeystoreError
+        from secure_release.curator.records.keystore import KeystoreError
 
         raise KeystoreError(f"the stored agreement of {config.release_id!r} lacks the leader's own PSI tags")
     assert table is not None
@@ -749,7 +755,7 @@ def own_data(config: CuratorConfig, table: CuratorTable, fingerprint: str) -> Ow
 
 def start_engine(config: CuratorConfig, log: EventLog) -> Engine:
     """The engine ``--engine`` names, its workers warmed up (the stage modules imported)."""
-    from secure_release.curator.engine import open_engine
+    from secure_release.curator.cluster.engine import open_engine
 
     return open_engine(config.engine, scheduler=config.scheduler, scheduler_file=config.scheduler_file,
                        workers=config.workers, worker_memory=config.worker_memory, log=log,
@@ -762,7 +768,7 @@ def shard_table(
     """The table read, hashed and sharded by the curator's engine (started here unless given;
     closed again if that fails); a cluster leader spools its followers' tags in the keystore
     directory."""
-    from secure_release.curator.sharded import load_sharded
+    from secure_release.curator.cluster.sharded import load_sharded
 
     assert config.alignment_key is not None
     engine = engine if engine is not None else start_engine(config, log)

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from secure_release.curator.ledgersign import HeadSigner
+from secure_release.curator.records.ledgersign import HeadSigner
 from secure_release.infra.fileio import (
     atomic_write,
     disk_full_as_error,

@@ -4,7 +4,7 @@ keystore (the curator's certificate key, ``CERTS/NAME.key``).
 Someone who can write the keystore directory but cannot read that key cannot produce a head that
 verifies: an edited, forged, truncated or replaced history is refused
 (:class:`~secure_release.mechanism.ledger.LedgerTamperedError`). A signature does not stop a
-rollback to an older signed copy; the server's witness does (:mod:`secure_release.curator.witness`),
+rollback to an older signed copy; the server's witness does (:mod:`secure_release.curator.records.witness`),
 keyed by :meth:`HeadSigner.witness_fingerprint` so the server cannot test guesses of a data set.
 """
 

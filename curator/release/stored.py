@@ -34,14 +34,21 @@ from dataclasses import dataclass
 import grpc
 import numpy as np
 
-from secure_release.curator.agreement import agree, leader_state, own_alignment
-from secure_release.curator.cluster_leader import ClusterLeader
+from secure_release.curator.cluster.matching import ClusterLeader
 from secure_release.curator.config import CuratorConfig
 from secure_release.curator.errors import UploadRefusedError
-from secure_release.curator.keystore import Keystore, KeystoreError, ReleaseRecord, TableChangedError, TableRecord
 from secure_release.curator.leader import LeaderState
 from secure_release.curator.partitions import dataset_fingerprint
-from secure_release.curator.runner import (
+from secure_release.curator.records.keystore import (
+    Keystore,
+    KeystoreError,
+    ReleaseRecord,
+    TableChangedError,
+    TableRecord,
+)
+from secure_release.curator.records.witness import BudgetWitness
+from secure_release.curator.release.agreement import agree, leader_state, own_alignment
+from secure_release.curator.release.runner import (
     abort_and_settle,
     cluster_aligned,
     load_table,
@@ -53,9 +60,7 @@ from secure_release.curator.runner import (
     start_server,
     stop_on_sigterm,
 )
-from secure_release.curator.service import CuratorService
-from secure_release.curator.table import TableSpec
-from secure_release.curator.upload import (
+from secure_release.curator.release.upload import (
     STATUS_CALL_S,
     UPLOAD_CALL_S,
     ServerChannel,
@@ -63,8 +68,9 @@ from secure_release.curator.upload import (
     pack_chunks,
     raise_if_aborted,
 )
+from secure_release.curator.service import CuratorService
+from secure_release.curator.table import TableSpec
 from secure_release.curator.waits import TRANSIENT, Deadline, retry_until
-from secure_release.curator.witness import BudgetWitness
 from secure_release.infra.config import ConfigError
 from secure_release.infra.exitcodes import refusal_reason
 from secure_release.infra.logs import EventLog
@@ -223,7 +229,7 @@ def _aligned(
     """The agreement and this curator's whole aligned column, in this process."""
     table = load_table(config, log, spec)
     if config.alignment is AlignmentMode.PSI:
-        from secure_release.curator.psi_ring import run_ring
+        from secure_release.curator.release.psi_ring import run_ring
 
         tags = run_ring(config, table.ids, state, log, deadline)
     else:

@@ -3,7 +3,7 @@
 No process holds the n tags: the partitions are read and hashed on the workers, each shard is
 sorted there, and the tags leave the curator one shard at a time (ascending: the canonical
 order); a leader matches them with its own shards as they arrive
-(:mod:`secure_release.curator.cluster_leader`). What the curator process holds is one shard at
+(:mod:`secure_release.curator.cluster.matching`). What the curator process holds is one shard at
 a time, the row order the leader sends (4 bytes a row) and the aligned column (1-4 bytes a
 row); the sample, the pad and the upload are then those of the in-process path, so the
 ciphertext is the same bytes.
@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from secure_release.curator import shards as st
-from secure_release.curator.engine import Engine
+from secure_release.curator.cluster import shards as st
+from secure_release.curator.cluster.engine import Engine
 from secure_release.curator.table import BadRowsError, TableSpec
 from secure_release.infra.logs import EventLog, peak_rss_mib
 from secure_release.infra.streams import AgreementError

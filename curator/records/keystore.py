@@ -1,7 +1,7 @@
 """A curator's secrets on disk: per release, its pad and sample (``release-<id>.json``), at
 the leader, the agreement it serves (``agreement-<id>.json``), and per stored table (for
 server-side sampling) its table key and what a release from it needs (``table-<id>.json``). The
-privacy ledger lives beside them (:mod:`secure_release.curator.ledgerfile`).
+privacy ledger lives beside them (:mod:`secure_release.curator.records.ledgerfile`).
 
 Every file is written atomically (temporary file in the same directory, fsync, rename, fsync of
 the directory) with mode 0600; the directory is 0700. A release record is written before the
@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from secure_release.curator.ledgerfile import LedgerFile
-from secure_release.curator.ledgersign import HeadSigner
+from secure_release.curator.records.ledgerfile import LedgerFile
+from secure_release.curator.records.ledgersign import HeadSigner
 from secure_release.infra.fileio import UnsafePathError, atomic_write, private_dir, read_nofollow
 from secure_release.infra.streams import tags_from_bytes
 from secure_release.mechanism.alignment import TAG_DTYPE, TagArray

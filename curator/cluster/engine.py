@@ -1,4 +1,4 @@
-"""Who runs a curator's shard stages (:mod:`secure_release.curator.shards`): the engine.
+"""Who runs a curator's shard stages (:mod:`secure_release.curator.cluster.shards`): the engine.
 
 * :class:`InlineEngine`: in this process, on a small thread pool (numpy and pyarrow release the
   GIL). The stage functions and the merge order are exactly those of the cluster; the tests use
@@ -34,8 +34,13 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol
 
+from secure_release.curator.cluster.forkserver import (
+    WARM_MODULES,
+    keep_forkserver_preload,
+    start_forkserver,
+    start_method,
+)
 from secure_release.curator.errors import StoppedError
-from secure_release.curator.forkserver import WARM_MODULES, keep_forkserver_preload, start_forkserver, start_method
 from secure_release.infra.logs import EventLog
 from secure_release.mechanism.errors import SecureReleaseError
 
