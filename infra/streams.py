@@ -24,7 +24,7 @@ import hashlib
 import itertools
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import overload
+from typing import Protocol, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -407,11 +407,25 @@ def agreement_chunks(
         yield chunk
 
 
-def agreement_from_chunks(chunks: Iterator[pb.AgreementChunk]) -> VariantAgreement:
+class RowSink(Protocol):
+    """Where a follower on a cluster sends its row order as it arrives, instead of one array of
+    n rows: :meth:`reset` before each attempt, :meth:`add` for every piece (uint32, in order),
+    :meth:`finish` with the total once the stream ended."""
+
+    def reset(self) -> None: ...
+
+    def add(self, rows: npt.NDArray[np.uint32]) -> None: ...
+
+    def finish(self, count: int) -> None: ...
+
+
+def agreement_from_chunks(chunks: Iterator[pb.AgreementChunk], rows_sink: RowSink | None = None) -> VariantAgreement:
     """Join an AgreementChunk stream into a validated agreement: chunks in order, exactly one of
     seed (SEED) or packed indices (INDICES), the packed tuple no longer than m positions over n
     pack into (checked while it arrives, before it is buffered further) and then unpacked and
-    validated (:class:`~secure_release.mechanism.index_sharing.InvalidIndexTupleError`)."""
+    validated (:class:`~secure_release.mechanism.index_sharing.InvalidIndexTupleError`).
+    ``rows_sink``: the recipient's row order goes there piece by piece (the agreement then
+    carries its count, not the rows)."""
     first: pb.AgreementChunk | None = None
     tags = TagBuffer()
     rows: npt.NDArray[np.uint32] | None = None  # n rows, filled as they arrive (4 bytes a row, no copy)
@@ -436,9 +450,13 @@ def agreement_from_chunks(chunks: Iterator[pb.AgreementChunk]) -> VariantAgreeme
             raise AgreementError(f"the leader sent a row piece of {len(chunk.own_rows)} bytes (4 bytes a row)")
         tags.add(chunk.common_tags)
         if chunk.own_rows:
-            rows = np.empty(spec.n, dtype="<u4") if rows is None else rows
             piece = np.frombuffer(chunk.own_rows, dtype="<u4")
-            rows[num_rows : num_rows + piece.size] = piece
+            if rows_sink is not None:
+                rows_sink.add(piece)
+                rows = rows if rows is not None else np.zeros(0, dtype="<u4")  # rows arrived
+            else:
+                rows = np.empty(spec.n, dtype="<u4") if rows is None else rows
+                rows[num_rows : num_rows + piece.size] = piece
             num_rows += piece.size
         indices.append(chunk.packed_indices)
     if first is None or spec is None:
@@ -451,9 +469,13 @@ def agreement_from_chunks(chunks: Iterator[pb.AgreementChunk]) -> VariantAgreeme
             got = f"{num_rows} rows (and {len(common)} tags)"
             raise AgreementError(f"the leader sent {got} for n = {spec.n}")
         own_rows = rows  # uint32: half the memory of int64 (10^8 rows: 400 MB, not 800)
+        if rows_sink is not None:
+            rows_sink.finish(num_rows)
+            own_rows = None
+    count = num_rows if rows_sink is not None and rows is not None else None
     if sampling is SamplingMode.SEED:
         return VariantAgreement(
-            Agreement(spec, Seed(first.sampling_seed), common), sampling, alignment, own_rows=own_rows
+            Agreement(spec, Seed(first.sampling_seed), common), sampling, alignment, own_rows=own_rows, count=count
         )
     if first.sampling_seed:
         raise AgreementError("an index-sampled agreement must not carry a seed")
@@ -461,7 +483,8 @@ def agreement_from_chunks(chunks: Iterator[pb.AgreementChunk]) -> VariantAgreeme
     unpack_indices(packed, spec.n, spec.m)  # validate now: length, padding, range, distinctness
     # No seed travels with index sharing: the base agreement holds a fresh local seed nobody uses
     # (``agreement_positions`` and ``sample_fingerprint`` read the packed tuple).
-    return VariantAgreement(Agreement(spec, Seed.generate(), common), sampling, alignment, packed, own_rows)
+    base = Agreement(spec, Seed.generate(), common)
+    return VariantAgreement(base, sampling, alignment, packed, own_rows, count=count)
 
 
 # ---------------------------------------------------------------------------------- ciphertext

@@ -22,7 +22,7 @@ from secure_release.curator.leader import LeaderState
 from secure_release.curator.waits import Deadline, retry_until
 from secure_release.infra.exitcodes import REFUSED, exit_code_for, is_refusal
 from secure_release.infra.logs import EventLog, peak_rss_mib
-from secure_release.infra.streams import AgreementError, agreement_from_chunks, tag_chunks
+from secure_release.infra.streams import AgreementError, RowSink, agreement_from_chunks, tag_chunks
 from secure_release.infra.tls import secure_channel
 from secure_release.mechanism.alignment import TAG_DTYPE, Alignment, RowOrder, SortedTags, TagArray, align
 from secure_release.mechanism.errors import SecureReleaseError
@@ -115,17 +115,23 @@ def own_alignment(
     return Alignment(rows.astype(np.int64, copy=False), num_rows, int(rows.size))
 
 
-def _fetch_agreement(stub: pb_grpc.CuratorStub, config: CuratorConfig, timeout: float) -> VariantAgreement:
+def _fetch_agreement(
+    stub: pb_grpc.CuratorStub, config: CuratorConfig, timeout: float, rows_sink: RowSink | None = None
+) -> VariantAgreement:
     request = pb.AgreementRequest(release_id=config.release_id, curator=config.name)
-    return agreement_from_chunks(iter(stub.GetAgreement(request, timeout=timeout)))
+    if rows_sink is not None:
+        rows_sink.reset()  # a retried fetch starts the row order again
+    return agreement_from_chunks(iter(stub.GetAgreement(request, timeout=timeout)), rows_sink)
 
 
 def follow_leader(
-    config: CuratorConfig, tags: TagSource, own_size: int, log: EventLog, deadline: Deadline
+    config: CuratorConfig, tags: TagSource, own_size: int, log: EventLog, deadline: Deadline,
+    rows_sink: RowSink | None = None,
 ) -> VariantAgreement:
     """Send this curator's tags and alphabet size to the leader, then fetch the agreement (both
     retried while the leader is unreachable or not ready, until ``deadline``). A refusal by the
-    leader (FAILED_PRECONDITION, PERMISSION_DENIED, ...) arrives at once as :class:`AgreementError`."""
+    leader (FAILED_PRECONDITION, PERMISSION_DENIED, ...) arrives at once as :class:`AgreementError`.
+    ``rows_sink``: where the row order goes as it arrives (a curator on a cluster)."""  # fmt: skip
     assert config.leader_address is not None
     leader = config.curators[0]  # the leader comes first: the handshake fails against any other peer
     channel = secure_channel(
@@ -150,7 +156,7 @@ def follow_leader(
 
         def fetch(timeout: float) -> VariantAgreement:
             try:
-                return _fetch_agreement(stub, config, timeout)
+                return _fetch_agreement(stub, config, timeout, rows_sink)
             except grpc.RpcError as exc:
                 if "TagsMissingError" in (exc.details() or ""):  # the leader restarted: send again
                     submit(min(timeout, SUBMIT_TIMEOUT_S))
@@ -200,17 +206,18 @@ def report_failure_to_leader(config: CuratorConfig, reason: str, log: EventLog, 
 
 
 def agree(
-    config: CuratorConfig, tags: TagSource, own_size: int, state: LeaderState | None, log: EventLog, deadline: Deadline
+    config: CuratorConfig, tags: TagSource, own_size: int, state: LeaderState | None, log: EventLog, deadline: Deadline,
+    rows_sink: RowSink | None = None,
 ) -> VariantAgreement:
     """Step 1, leader (``state`` given; a restored agreement is reused) or follower: the
-    checked (spec, sample, common tags)."""
+    checked (spec, sample, common tags); a follower's row order goes to ``rows_sink`` if given."""  # fmt: skip
     if state is not None and state.agreement is not None:
         agreement = state.agreement
     elif state is not None:
         state.add_tags(config.name, tags if isinstance(tags, np.ndarray) else np.zeros(0, dtype=TAG_DTYPE), own_size)
         agreement = state.collect(deadline.check("the tags of every curator"))
     else:
-        agreement = follow_leader(config, tags, own_size, log, deadline)
+        agreement = follow_leader(config, tags, own_size, log, deadline, rows_sink)
     agreement = check_agreement(config, own_size, agreement)
     log(
         "agreed",
