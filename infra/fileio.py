@@ -9,7 +9,7 @@ import errno
 import os
 import stat
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from secure_release.mechanism.errors import ErrorKind, SecureReleaseError
@@ -109,19 +109,23 @@ def read_nofollow(path: Path) -> bytes:
         return fh.read()
 
 
-def atomic_write(path: Path, data: bytes | memoryview, mode: int = 0o600) -> None:
-    """Write ``data`` to ``path`` atomically with permissions ``mode``: a temporary file in the
-    same directory, fsync, rename, then fsync of the directory. A crash leaves the old file or
-    the new one, never a torn one, and the bytes never exist with looser permissions. A link
-    planted at ``path`` is replaced, never followed; a full disk raises :class:`DiskFullError`
-    and leaves the old file."""
+def atomic_write(path: Path, data: bytes | memoryview | Iterable[bytes], mode: int = 0o600) -> None:
+    """Write ``data`` (bytes, or pieces of bytes written as they are made) to ``path``
+    atomically with permissions ``mode``: a temporary file in the same directory, fsync, rename,
+    then fsync of the directory. A crash leaves the old file or the new one, never a torn one,
+    and the bytes never exist with looser permissions. A link planted at ``path`` is replaced,
+    never followed; a full disk raises :class:`DiskFullError` and leaves the old file."""
     path = Path(path)
     with disk_full_as_error(str(path)):
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         try:
             os.fchmod(fd, mode)
             with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
+                if isinstance(data, bytes | bytearray | memoryview):
+                    fh.write(data)
+                else:
+                    for piece in data:
+                        fh.write(piece)
                 fh.flush()
                 os.fsync(fh.fileno())
             os.replace(tmp, path)

@@ -355,3 +355,82 @@ def _resort_runs(out: npt.NDArray[np.int64], at: npt.NDArray[np.intp], run: npt.
                  tied_idx: npt.NDArray[np.int64], full_key: npt.NDArray[np.uint64]) -> None:
     """Each tied run of ``out`` (slots ``at``) in ascending (full key, idx) order."""
     out[at] = tied_idx[np.lexsort((tied_idx, full_key, run))]
+
+
+# ------------------------------------------------------------------------ the sample by pieces
+#: Kept keys a key range of the sharded sample holds about (one merge task each: ~40 MB).
+RANGE_KEYS = 1 << 22
+
+
+def sampling_key(seed: Seed, release_id: str) -> bytes:
+    """The ChaCha20 key of the position keys r_i (DESIGN 3.2): HKDF(seed, "sampling", release_id)."""
+    return seed.derive("sampling", release_id)
+
+
+def sample_cut(n: int, m: int) -> int:
+    """The key bound t0 = 2^64 (m + 8 sqrt(m) + 64) / n of :func:`sample_positions` (at most
+    2^64 - 1): the m-th smallest of n uniform keys lies at or below it except with probability
+    < 1e-15. Keeping only keys <= t0 never changes the tuple when at least m are kept."""
+    check_sample_size(n, m)
+    fraction = (m + 8.0 * m**0.5 + 64.0) / n
+    return (1 << 64) - 1 if fraction >= 1.0 else min((1 << 64) - 1, int(fraction * 2.0**64))
+
+
+def keys_at_positions(key: bytes, start: int, count: int) -> npt.NDArray[np.uint64]:
+    """r_i for i in [start, start + count), any ``start`` (the keystream is seekable: the
+    block holding ``start`` is computed and the words before it dropped)."""
+    if start < 0 or count < 0 or start + count > MAX_POSITIONS:
+        raise InvalidSampleSizeError(f"positions [{start}, {start + count}) are outside [0, {MAX_POSITIONS})")
+    skip = start % _WORDS_PER_BLOCK
+    return position_keys(key, start - skip, count + skip)[skip:]
+
+
+def num_key_ranges(n: int, m: int, range_keys: int = RANGE_KEYS) -> int:
+    """How many key ranges split the kept keys (about ``range_keys`` each; at least 1)."""
+    expected = min(n, m + 8.0 * m**0.5 + 64.0)
+    return max(1, int(-(-expected // range_keys)))
+
+
+def key_range_width(cut: int, num_ranges: int) -> int:
+    """The width of each of ``num_ranges`` equal key ranges covering [0, cut]: key k is in
+    range k // width."""
+    return cut // num_ranges + 1
+
+
+def split_kept_keys(
+    keys: npt.NDArray[np.uint64], cut: int, width: int, num_ranges: int
+) -> list[npt.NDArray[np.intp]]:
+    """For each key range, the indices (ascending) of ``keys`` that are <= ``cut`` and fall in
+    it: one stable counting pass, no sort of the keys."""
+    kept = np.flatnonzero(keys <= np.uint64(cut))
+    if width > (1 << 64) - 1:  # one range holding every key
+        return [kept]
+    small = np.uint16 if num_ranges <= 1 << 16 else np.intp  # numpy's stable sort of 16-bit ints is a radix sort
+    ranges = (keys[kept] // np.uint64(width)).astype(small)
+    order = np.argsort(ranges, kind="stable")
+    bounds = np.searchsorted(ranges[order], np.arange(num_ranges + 1))
+    return [kept[order[bounds[r] : bounds[r + 1]]] for r in range(num_ranges)]
+
+
+def order_of_range(keys: npt.NDArray[np.uint64]) -> npt.NDArray[np.int64]:
+    """The order of one key range's kept keys, concatenated in position order: ascending
+    (r_i, i), ties by position (:func:`sorted_by_key` with the index in the concatenation,
+    which ascends with the position)."""
+    return sorted_by_key(keys, np.arange(keys.size, dtype=np.int64))
+
+
+def range_takes(range_counts: npt.NDArray[np.int64], m: int) -> list[tuple[int, int, int]]:
+    """(range, offset in the m-tuple, entries it gives) for each key range the first m come
+    from, in order; the ranges past the m-th key are left out. :class:`InvalidSampleSizeError`
+    if fewer than m keys were kept (the caller keeps every key then: cut = 2^64 - 1)."""
+    total = int(np.sum(range_counts))
+    if total < m:
+        raise InvalidSampleSizeError(f"{total} keys kept below the cut, m = {m} needed")
+    takes, offset = [], 0
+    for r, count in enumerate(np.asarray(range_counts).tolist()):
+        if offset >= m:
+            break
+        take = min(int(count), m - offset)
+        takes.append((r, offset, take))
+        offset += take
+    return takes

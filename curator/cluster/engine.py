@@ -84,6 +84,7 @@ STAGE_UNITS = {
     "read": "partitions read, checked and hashed",
     "shuffle": "shards sorted",
     "locate": "partitions searched",
+    "sample": "runs of the aligned column sampled",
 }
 
 

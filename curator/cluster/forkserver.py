@@ -22,7 +22,12 @@ from typing import Any
 
 #: What a worker's first stage would import (pyarrow's Parquet reader, cryptography, the stage
 #: modules, about 0.5 s of CPU): imported by the forkserver, so every worker starts with them.
-WARM_MODULES = ("pyarrow.parquet", "secure_release.curator.partitions", "secure_release.curator.cluster.shards")
+WARM_MODULES = (
+    "pyarrow.parquet",
+    "secure_release.curator.partitions",
+    "secure_release.curator.cluster.shards",
+    "secure_release.curator.cluster.sample",
+)
 
 
 def start_method() -> str:

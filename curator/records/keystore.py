@@ -16,6 +16,7 @@ import base64
 import hashlib
 import json
 import os
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -25,11 +26,12 @@ import numpy.typing as npt
 
 from secure_release.curator.records.ledgerfile import LedgerFile
 from secure_release.curator.records.ledgersign import HeadSigner
-from secure_release.infra.fileio import UnsafePathError, atomic_write, private_dir, read_nofollow
+from secure_release.infra.fileio import UnsafePathError, atomic_write, open_nofollow, private_dir, read_nofollow
 from secure_release.infra.streams import tags_from_bytes
 from secure_release.mechanism.alignment import TAG_DTYPE, TagArray
 from secure_release.mechanism.errors import ErrorKind, SecureReleaseError
 from secure_release.mechanism.keys import PadKey, Seed
+from secure_release.mechanism.packing import CHUNK_ROWS, pack_symbols
 from secure_release.mechanism.pads import CipherMode, ReleasePad, encrypt
 from secure_release.mechanism.protocol import Agreement
 from secure_release.mechanism.psi import PsiKey
@@ -72,6 +74,51 @@ def _from_u32(text: str, alphabet_size: int = 1 << 32) -> SymbolArray:
 
 
 @dataclass(frozen=True)
+class SampleFile:
+    """A sample too large for the record's JSON (a curator on a cluster writes it as the ranges
+    arrive): its symbols in ``sample-<id>.bin`` beside the record (0600), each in the narrowest
+    width of its alphabet; the record names the file, the count and the SHA-256."""
+
+    path: Path
+    count: int
+    alphabet_size: int
+    sha256: str
+
+    @property
+    def dtype(self) -> str:
+        return _symbol_dtype(self.alphabet_size)
+
+    def read(self, start: int, count: int) -> SymbolArray:
+        """Symbols [start, start + count) as uint32 (the file is opened without following links)."""
+        width = np.dtype(self.dtype).itemsize
+        fd = open_nofollow(self.path, os.O_RDONLY, None)
+        with os.fdopen(fd, "rb") as fh:
+            fh.seek(width * start)
+            raw = fh.read(width * count)
+        if len(raw) != width * count:
+            raise KeystoreError(f"{self.path} is shorter than its record says ({self.count} symbols)")
+        return np.frombuffer(raw, dtype=self.dtype).astype(np.uint32)
+
+    def verify(self) -> None:
+        """:class:`KeystoreError` unless the file holds exactly the recorded symbols (size and
+        SHA-256, read a MiB at a time): a sample changed on disk would meet the recorded pad."""
+        digest, size = hashlib.sha256(), 0
+        try:
+            fd = open_nofollow(self.path, os.O_RDONLY, None)
+        except FileNotFoundError:
+            raise KeystoreError(f"{self.path}: the sample file of this release record is missing") from None
+        with os.fdopen(fd, "rb") as fh:
+            while piece := fh.read(1 << 20):
+                digest.update(piece)
+                size += len(piece)
+        if size != self.count * np.dtype(self.dtype).itemsize or digest.hexdigest() != self.sha256:
+            raise KeystoreError(
+                f"{self.path} does not hold the sample its record names ({self.count} symbols, SHA-256 "
+                f"{self.sha256[:16]}...); a pad is never applied to other plaintext: restore it or abort the release"
+            )
+
+
+@dataclass(frozen=True)
 class ReleaseRecord:
     """What a curator must keep to resume a release and serve its key: the spec it registers,
     its pad, its sampled plaintext symbols, the table fingerprint, and when key service ends."""
@@ -85,6 +132,24 @@ class ReleaseRecord:
     retention_until: float | None = None  # set once the release is sealed
     sampling: SamplingMode = SamplingMode.SEED  # how the sample was shared (says where its randomness comes from)
     table_id: str = ""  # server-sampled: the stored table; ``sample`` then holds -v_p mod k, not plaintext
+    sample_file: SampleFile | None = None  # the sample in a file beside the record (``sample`` is then empty)
+
+    def sample_slice(self, start: int, count: int) -> SymbolArray:
+        """The sampled symbols [start, start + count) (from the sample file if there is one)."""
+        if self.sample_file is not None:
+            return self.sample_file.read(start, count)
+        return self.sample[start : start + count]
+
+    def ciphertext_chunk(self, seq: int) -> bytes:
+        """Upload chunk ``seq`` (CHUNK_ROWS symbols, the last one shorter): its slice of the
+        sample under its slice of the pad, packed. Only the chunk's pad range is computed, so a
+        chunk at a time needs memory for a chunk, whatever m."""
+        m, k = self.pad.length, self.pad.alphabet_size
+        start = seq * CHUNK_ROWS
+        count = min(CHUNK_ROWS, m - start)
+        if seq < 0 or count <= 0:
+            raise KeystoreError(f"chunk {seq} is outside the {-(-m // CHUNK_ROWS)} chunks of m = {m}")
+        return pack_symbols(encrypt(self.sample_slice(start, count), self.pad.pad(start, count), k), k)
 
     def ciphertext(self) -> SymbolArray:
         """The ciphertext this record always uploads: its pad over its own sample. Pad and
@@ -92,7 +157,7 @@ class ReleaseRecord:
         meets other plaintext. For a server-sampled release (``table_id``) ``sample`` holds the
         negated table pads at the server's positions, so this is the re-key column
         delta = (w - v_p) mod k (``server_sampling.curator_rekey``)."""
-        return encrypt(self.sample, self.pad.pad(), self.pad.alphabet_size)
+        return encrypt(self.sample_slice(0, self.pad.length), self.pad.pad(), self.pad.alphabet_size)
 
     def check_table(self, fingerprint: str) -> None:
         """:class:`TableChangedError` unless the table still hashes to the recorded fingerprint."""
@@ -117,7 +182,7 @@ class ReleaseRecord:
             "length": pad.length,
             **secret,
             "symbol_width": np.dtype(_symbol_dtype(pad.alphabet_size)).itemsize,
-            "sample": _u32(self.sample, pad.alphabet_size),
+            **self._sample_fields(),
             "table_fingerprint": self.table_fingerprint,
             "dataset_name": self.dataset_name,
             "seed_fingerprint": self.seed_fingerprint,
@@ -131,9 +196,16 @@ class ReleaseRecord:
             **({"table_id": self.table_id} if self.table_id else {}),
         }
 
+    def _sample_fields(self) -> dict[str, Any]:
+        """The sample in the record: inline (base64), or the file's name, count and SHA-256."""
+        if self.sample_file is None:
+            return {"sample": _u32(self.sample, self.pad.alphabet_size)}
+        f = self.sample_file
+        return {"sample_file": f.path.name, "sample_count": f.count, "sample_sha256": f.sha256}
+
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> ReleaseRecord:
-        """Inverse of :meth:`to_dict`."""
+    def from_dict(cls, data: dict[str, Any], directory: Path | None = None) -> ReleaseRecord:
+        """Inverse of :meth:`to_dict`; ``directory``: where a sample file is (the keystore)."""
         mode = CipherMode(data["mode"])
         k, length = int(data["alphabet_size"]), int(data["length"])
         width = k if "symbol_width" in data else 1 << 32  # records of older versions: 4 bytes a symbol
@@ -142,16 +214,23 @@ class ReleaseRecord:
         else:
             pad = ReleasePad(mode, k, length, pad_symbols=_from_u32(data["otp_pad"], width))
         until = data.get("retention_until")
+        sample_file = None
+        if "sample_file" in data:
+            name = str(data["sample_file"])
+            if directory is None or Path(name).name != name or not name.startswith("sample-"):
+                raise ValueError(f"sample file {name!r} is not a sample file of this keystore")
+            sample_file = SampleFile(directory / name, int(data["sample_count"]), k, str(data["sample_sha256"]))
         return cls(
             ReleaseSpec.from_dict(data["spec"]),
             pad,
-            _from_u32(data["sample"], width),
+            _from_u32(data["sample"], width) if sample_file is None else np.zeros(0, dtype=np.uint32),
             str(data["table_fingerprint"]),
             str(data["dataset_name"]),
             str(data["seed_fingerprint"]),
             None if until is None else float(until),
             SamplingMode.SEED if data.get("table_id") else SamplingMode.parse(str(data.get("sampling", "seed"))),
             str(data.get("table_id", "")),
+            sample_file,
         )
 
 
@@ -290,13 +369,36 @@ class Keystore:
         if data is None:
             return None
         try:
-            return ReleaseRecord.from_dict(data)
+            record = ReleaseRecord.from_dict(data, self.directory)
         except (KeyError, ValueError, TypeError) as exc:
             raise KeystoreError(f"release record of {release_id!r} is malformed ({type(exc).__name__})") from exc
+        if record.sample_file is not None:
+            record.sample_file.verify()
+        return record
+
+    def write_sample(self, release_id: str, pieces: Iterable[npt.NDArray[np.unsignedinteger]],
+                     alphabet_size: int) -> SampleFile:  # fmt: skip
+        """A release's sample written as its pieces arrive (in order) to ``sample-<id>.bin``
+        (atomically, 0600, fsync): one piece in memory at a time. Written before the record
+        that names it, and both before any upload."""
+        path = self.directory / f"sample-{_safe(release_id)}.bin"
+        digest, count = hashlib.sha256(), [0]
+        dtype = _symbol_dtype(alphabet_size)
+
+        def encoded() -> Iterator[bytes]:
+            for piece in pieces:
+                raw = np.asarray(piece).astype(dtype, copy=False).tobytes()
+                digest.update(raw)
+                count[0] += int(np.asarray(piece).size)
+                yield raw
+
+        atomic_write(path, encoded())
+        return SampleFile(path, count[0], alphabet_size, digest.hexdigest())
 
     def drop_record(self, release_id: str) -> None:
         """Remove a release record (its release was aborted: it is never resumed or served)."""
         self._path("release", release_id).unlink(missing_ok=True)
+        (self.directory / f"sample-{_safe(release_id)}.bin").unlink(missing_ok=True)
         self.drop_psi_key(release_id)
 
     # ------------------------------------------------------------ a follower's PSI scalar (ring to record)

@@ -33,14 +33,16 @@ import grpc
 import numpy as np
 import numpy.typing as npt
 
+from secure_release.curator.cluster.aligned import AlignedPieces, ShardRowSink, leader_pieces
 from secure_release.curator.cluster.engine import Engine
-from secure_release.curator.cluster.matching import ClusterLeader
+from secure_release.curator.cluster.matching import UNIT_BITS, ClusterLeader
+from secure_release.curator.cluster.sample import sample_runs
 from secure_release.curator.cluster.sharded import ShardedTable
 from secure_release.curator.config import CuratorConfig
 from secure_release.curator.errors import ReleaseAbortedError, ReleaseRefusedError, SpecRefusedError
 from secure_release.curator.leader import LeaderState
 from secure_release.curator.partitions import dataset_fingerprint
-from secure_release.curator.records.keystore import Keystore, ReleaseRecord
+from secure_release.curator.records.keystore import Keystore, ReleaseRecord, SampleFile
 from secure_release.curator.records.ledgersign import HeadSigner
 from secure_release.curator.records.witness import BudgetWitness
 from secure_release.curator.release.agreement import (
@@ -63,6 +65,7 @@ from secure_release.infra.logs import EventLog, peak_rss_mib
 from secure_release.infra.memory import release_free_memory
 from secure_release.infra.streams import AgreementError
 from secure_release.infra.tls import bind, make_grpc_server
+from secure_release.mechanism import sharding as sh
 from secure_release.mechanism.alignment import (
     TAG_DTYPE,
     DuplicateIdError,
@@ -78,7 +81,13 @@ from secure_release.mechanism.pads import new_release_pad
 from secure_release.mechanism.protocol import CuratorTable, curator_tags
 from secure_release.mechanism.schema import SymbolArray
 from secure_release.mechanism.spec import ReleaseSpec
-from secure_release.mechanism.variants import AlignmentMode, VariantAgreement, agreement_positions, sample_fingerprint
+from secure_release.mechanism.variants import (
+    AlignmentMode,
+    SamplingMode,
+    VariantAgreement,
+    agreement_positions,
+    sample_fingerprint,
+)
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
 
@@ -98,6 +107,7 @@ class OwnData:
     fingerprint: str = ""
     sorted_tags: SortedTags | None = None  # the tags sorted for align (and the repeat check)
     sharded: ShardedTable | None = None  # --engine dask: the rows as tag shards on the cluster
+    rows_sink: ShardRowSink | None = None  # a follower on a cluster: its row order, gathered as it arrives
 
     @property
     def alphabet_size(self) -> int:
@@ -210,14 +220,28 @@ def prepare(
     log: EventLog,
     leader_rows: RowOrder | None = None,
     aligned: SymbolArray | None = None,
+    pieces: AlignedPieces | None = None,
 ) -> ReleaseRecord:
     """Align to the common tags, take the agreed m rows (from the seed, or the leader's index
     tuple), encrypt them under a fresh pad and persist pad, sample and table fingerprint (0600,
     fsync) before anything is uploaded. ``aligned``: the symbols of the common rows in canonical
-    order, as a cluster gathered them (then nothing is aligned here)."""
+    order, as a cluster gathered them (then nothing is aligned here); ``pieces``: the same left
+    on the cluster, sampled there into the record's sample file (seed sampling)."""
     spec = agreement.base.spec
     positions: npt.NDArray[np.int64]
-    if aligned is not None:
+    sample_file: SampleFile | None = None
+    if pieces is not None:
+        log("aligned", matched=pieces.num_rows, rows=own.sharded.num_rows if own.sharded else None,
+            runs=len(pieces.sizes), peak_rss_mib=peak_rss_mib())  # fmt: skip
+        if agreement.sampling is SamplingMode.SEED:
+            runs = sample_runs(pieces, agreement.base.seed, spec.release_id, spec.m, log)
+            sample_file = keystore.write_sample(spec.release_id, runs, own.alphabet_size)
+        else:  # a leader's index tuple lists m positions: the column comes here
+            aligned = pieces.gather()
+        pieces.release()
+    if sample_file is not None:
+        sample = np.zeros(0, dtype=np.uint32)
+    elif aligned is not None:
         log("aligned", matched=int(aligned.size), rows=own.sharded.num_rows if own.sharded else None,
             peak_rss_mib=peak_rss_mib())  # fmt: skip
         positions = agreement_positions(agreement)
@@ -242,7 +266,8 @@ def prepare(
         sample = own.table.symbols()[alignment.row_order[positions]]  # gathers m rows, not n
     pad = new_release_pad(spec.cipher, own.alphabet_size, spec.m, config.test_pad_key)
     fingerprint = sample_fingerprint(agreement)
-    record = ReleaseRecord(spec, pad, sample, own.fingerprint, config.dataset, fingerprint, sampling=agreement.sampling)
+    record = ReleaseRecord(spec, pad, sample, own.fingerprint, config.dataset, fingerprint, sampling=agreement.sampling,
+                           sample_file=sample_file)  # fmt: skip
     keystore.save_record(record)
     log(
         "prepared",
@@ -327,7 +352,7 @@ def agree_on_release(
     if state is not None:
         state.own_sorted = own.sorted_tags
     try:
-        return agree(config, own.tag_source(), own.alphabet_size, state, log, link.deadline)
+        return agree(config, own.tag_source(), own.alphabet_size, state, log, link.deadline, own.rows_sink)
     except SpecRefusedError as exc:
         if state is None:
             refuse_visibly(link, exc.spec, f"{config.name} refuses the agreed spec: {exc}")  # a mismatch: exit 1
@@ -386,10 +411,27 @@ def prepare_own_part(
     engine gathers (:func:`cluster_aligned`), else from ``own``'s table, aligned here (a leader
     reuses the row order it matched); the record persisted."""
     if own.sharded is not None:
-        aligned = cluster_aligned(own.sharded, agreement, state, log)
-        return prepare(config, own, agreement, keystore, log, aligned=aligned)
+        return prepare(config, own, agreement, keystore, log, pieces=cluster_pieces(own, agreement, state))
     leader_rows = state.rows_of(config.name) if state is not None else None
     return prepare(config, own, agreement, keystore, log, leader_rows)
+
+
+def cluster_pieces(own: OwnData, agreement: VariantAgreement, state: LeaderState | None) -> AlignedPieces:
+    """The aligned column as runs left on the cluster: the leader's own matched symbols, shard
+    by shard, or the runs a follower's workers gathered as its row order arrived."""
+    assert own.sharded is not None
+    if isinstance(state, ClusterLeader):
+        assert state.engine is not None
+        dtype = sh.symbol_dtype(own.sharded.alphabet_size)
+        pieces = leader_pieces(state.engine, state.matches, 1 << UNIT_BITS, dtype, state.own_counts)
+        state.engine.release(state.matches)  # the runs hold what the release needs of them
+        state.matches = []
+        return pieces
+    sink = own.rows_sink
+    if sink is None or sink.pieces is None or agreement.count is None:
+        raise AgreementError("the leader sent the common tags, not this curator's row order; a curator on a "
+                             "cluster needs its rows (upgrade the leader)")  # fmt: skip
+    return sink.pieces
 
 
 def cluster_aligned(
@@ -702,7 +744,8 @@ def open_cluster_run(
             raise
     engine = starting.result() if starting is not None else None
     sharded = shard_table(config, log, spec, state, engine) if engine is not None else None
-    own = OwnData(None, np.zeros(0, dtype=TAG_DTYPE), fingerprint, None, sharded)
+    sink = ShardRowSink(sharded) if sharded is not None and state is None else None
+    own = OwnData(None, np.zeros(0, dtype=TAG_DTYPE), fingerprint, None, sharded, sink)
     return OpenedRun(own, keystore, link, witness, record, refusal)
 
 
