@@ -493,11 +493,9 @@ def upload_chunks(
 ) -> Iterator[pb.UploadChunk]:
     """The UploadCiphertext stream: every packed chunk not in ``skip`` (the server already holds
     those), then the commit with the digest and count over all chunks."""
-    for seq, data in enumerate(chunks):
-        if seq not in skip:
-            yield pb.UploadChunk(release_id=release_id, curator=curator, sequence=seq, symbols=data)
-    yield pb.UploadChunk(release_id=release_id, curator=curator, commit=True, digest=digest_of(list(chunks)),
-                         num_chunks=len(chunks))  # fmt: skip
+    wanted = (seq for seq in range(len(chunks)) if seq not in skip)
+    yield from upload_run(release_id, curator, wanted, chunks.__getitem__)
+    yield upload_commit(release_id, curator, len(chunks), digest_of(list(chunks)))
 
 
 @dataclass(frozen=True)
@@ -535,6 +533,31 @@ def upload_from_chunks(messages: Iterable[pb.UploadChunk]) -> Upload:
             raise UploadStreamError(f"chunk {msg.sequence} sent twice with different bytes")
         chunks[int(msg.sequence)] = bytes(msg.symbols)
     raise UploadStreamError("the upload stream ended without a commit")
+
+
+def upload_run(
+    release_id: str, curator: str, seqs: Iterable[int], chunk_of: Callable[[int], bytes]
+) -> Iterator[pb.UploadChunk]:
+    """The data messages of one UploadCiphertext stream: chunk ``seq`` for each of ``seqs``, in
+    that order, each packed (``chunk_of(seq)``) only when the stream asks for it, so a sender
+    holds one chunk a stream (no commit: :func:`upload_commit` ends the upload)."""
+    for seq in seqs:
+        yield pb.UploadChunk(release_id=release_id, curator=curator, sequence=seq, symbols=chunk_of(seq))
+
+
+def upload_commit(release_id: str, curator: str, num_chunks: int, digest: bytes) -> pb.UploadChunk:
+    """The commit of an upload: its chunk count and the SHA-256 over all its chunks in order
+    (:func:`upload_digest`). It may travel alone in a stream of its own."""
+    return pb.UploadChunk(release_id=release_id, curator=curator, commit=True, digest=digest, num_chunks=num_chunks)
+
+
+def upload_digest(num_chunks: int, chunk_of: Callable[[int], bytes]) -> bytes:
+    """The commit's digest over ``chunk_of(0)``, ..., ``chunk_of(num_chunks - 1)`` in one pass,
+    one chunk in memory at a time (what ``digest_of`` gives for the list of them)."""
+    hasher = hashlib.sha256()
+    for seq in range(num_chunks):
+        hasher.update(chunk_of(seq))
+    return hasher.digest()
 
 
 # ---------------------------------------------------------------------------------- stored tables
