@@ -209,6 +209,15 @@ class Release:
 
     def accept_chunk(self, curator: str, caller: str, seq: int, rows: int, sha: bytes) -> bool:
         """A validated chunk of ``rows`` symbols. True if new, False if an identical repeat."""
+        if not self.check_chunk(curator, caller, seq, rows, sha):
+            return False
+        self.add_chunk(curator, seq, sha)
+        return True
+
+    def check_chunk(self, curator: str, caller: str, seq: int, rows: int, sha: bytes) -> bool:
+        """Every check of :meth:`accept_chunk`, changing nothing (so the store can validate the
+        live release without copying it): True if the chunk is new and may be stored, False if
+        it is an identical repeat; a chunk that may not be stored raises."""
         part = self.check_member(curator, caller)
         if self.is_replay(curator, seq, sha):
             return False
@@ -224,10 +233,17 @@ class Release:
         want = self.spec.rows_in_chunk(seq)
         if rows != want:
             raise ChunkShapeError(f"chunk {seq} must hold exactly {want} symbols, got {rows}")
-        part.chunks[seq] = sha
-        if self.state == ReleaseState.REGISTERED:
-            self.state = ReleaseState.UPLOADING
         return True
+
+    def state_with_chunk(self) -> ReleaseState:
+        """The state a new chunk leaves the release in: the first one starts UPLOADING."""
+        return ReleaseState.UPLOADING if self.state == ReleaseState.REGISTERED else self.state
+
+    def add_chunk(self, curator: str, seq: int, sha: bytes) -> None:
+        """Record a chunk :meth:`check_chunk` found new (cannot fail, so a store that wrote it
+        first never leaves the release half-changed)."""
+        self.parts[curator].chunks[seq] = sha
+        self.state = self.state_with_chunk()
 
     def check_commit(self, curator: str, caller: str, num_chunks: int) -> bool:
         """Checks before the store computes the digest. False if already committed (no-op)."""

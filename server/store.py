@@ -6,7 +6,9 @@ curator, seq, bytes, sha256) and ``perturbed`` (release, seq, curator index, byt
 returns only after its transaction committed, so whatever it acknowledges survives a crash.
 Every check runs on a copy of the
 in-memory release state (server/state.py) before anything is written, so a rejected call stores
-nothing. Memory does not depend on m: upload, PRAM and fetch go one chunk at a time.
+nothing; a chunk (the one call made thousands of times a release) is checked on the live state
+without a copy, and recorded there only once its row is written. Memory does not depend on m:
+upload, PRAM and fetch go one chunk at a time.
 
 PRAM runs once per release: all perturbed chunks and the state change to PERTURBED are written
 in one transaction, which also erases the pre-PRAM ciphertext (only its SHA-256 stays); the
@@ -526,24 +528,26 @@ class Store:
             raise ChunkShapeError(f"a chunk holds at most {MAX_CHUNK_BYTES} bytes, got {len(data)}")
         sha = hashlib.sha256(data).digest()
         with self._lock:
-            rel = copy.deepcopy(self._find(release_id, curator))
+            # Checked on the live release, not a copy: a copy costs O(chunks stored) a chunk,
+            # O(chunks^2) an upload. Nothing changes in memory until the row is durable.
+            rel = self._find(release_id, curator)
             rel.check_member(curator, caller)  # who may upload, before decoding anything
             if rel.is_replay(curator, seq, sha):
                 return False  # an identical replay succeeds in every state
             rel.check_open()
             k = rel.spec.alphabet_of(curator)
             symbols = unpack_symbols(data, k)  # range and whole-symbol length
-            old_state = rel.state
-            if not rel.accept_chunk(curator, caller, seq, len(symbols), sha):
+            if not rel.check_chunk(curator, caller, seq, len(symbols), sha):
                 return False
+            new_state = rel.state_with_chunk()
             with self._tx():
                 self._db.execute(
                     "INSERT INTO chunks (release_id, curator, seq, data, sha256) VALUES (?, ?, ?, ?, ?)",
                     (release_id, curator, seq, data, sha),
                 )
-                if rel.state != old_state:
-                    self._set_state(rel)
-            self._keep(rel)
+                if new_state != rel.state:
+                    self._set_state(rel.spec, new_state)
+            rel.add_chunk(curator, seq, sha)
             return True
 
     def commit(self, release_id: str, curator: str, caller: str, num_chunks: int, digest: bytes) -> Release:
@@ -562,7 +566,7 @@ class Store:
                         "UPDATE parts SET committed = 1, digest = ? WHERE release_id = ? AND curator = ?",
                         (digest, release_id, curator),
                     )
-                    self._set_state(rel)
+                    self._set_state(rel.spec, rel.state)
                 self._keep(rel)
             return copy.deepcopy(rel)
 
@@ -584,10 +588,10 @@ class Store:
                 self._keep(rel)
             return copy.deepcopy(rel)
 
-    def _set_state(self, rel: Release) -> None:
+    def _set_state(self, spec: ReleaseSpec, state: ReleaseState) -> None:
         self._db.execute(
             "UPDATE releases SET state = ? WHERE release_id = ? AND spec_key = ?",
-            (int(rel.state), rel.spec.release_id, spec_key(rel.spec)),
+            (int(state), spec.release_id, spec_key(spec)),
         )
 
     def _chunk(self, release_id: str, curator: str, seq: int) -> bytes:

@@ -7,13 +7,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
 from support import SIZES, make_spec
 
-import secure_release.curator.release.upload as upload_mod
 from secure_release.curator.config import CuratorConfig
 from secure_release.curator.records.keystore import Keystore, ReleaseRecord, TableChangedError
 from secure_release.curator.release.runner import resumable_record
@@ -64,15 +62,15 @@ def _record(name: str) -> ReleaseRecord:
 def test_a_restarted_curator_sends_only_what_the_server_lacks(
     server: tuple[int, Store], certs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    port, _store = server
-    skipped: list[frozenset[int]] = []
-    original = upload_mod.upload_messages
+    port, store = server
+    received: list[tuple[str, int]] = []  # (curator, seq) of every chunk the server was sent
+    original = store.put_chunk
 
-    def spy(release_id: str, curator: str, chunks: Any, skip: frozenset[int] = frozenset()) -> Iterator[pb.UploadChunk]:
-        skipped.append(skip)
-        return original(release_id, curator, chunks, skip)
+    def spy(release_id: str, curator: str, caller: str, seq: int, data: bytes) -> bool:
+        received.append((curator, seq))
+        return original(release_id, curator, caller, seq, data)
 
-    monkeypatch.setattr(upload_mod, "upload_messages", spy)
+    monkeypatch.setattr(store, "put_chunk", spy)
     links = {n: ServerLink(_config(n, port, certs, tmp_path), LOG, Deadline(30.0)) for n in ("alice", "bob")}
     records = {n: _record(n) for n in links}
     try:
@@ -84,12 +82,12 @@ def test_a_restarted_curator_sends_only_what_the_server_lacks(
             iter([pb.UploadChunk(release_id="r1", curator="alice", sequence=0, symbols=first)]), timeout=30
         )
         links["alice"].upload(records["alice"].spec, records["alice"].ciphertext())  # the restarted run
-        assert skipped == [frozenset({0})]
+        assert received == [("alice", 0), ("alice", 1)]  # chunk 0 once (before the "crash"), then only 1
         links["bob"].upload(records["bob"].spec, records["bob"].ciphertext())
         sealed = links["alice"].wait_sealed()
         assert sealed.state in (pb.RELEASE_STATE_SEALED, pb.RELEASE_STATE_PERTURBED)
         links["alice"].upload(records["alice"].spec, records["alice"].ciphertext())  # a replay after the seal
-        assert len(skipped) == 2  # the server said "committed": nothing was sent the second time
+        assert len(received) == 4  # the server said "committed": nothing was sent the second time
         status, unknown = links["alice"].abort("too late")  # a sealed release cannot be aborted
         assert status is not None and status.state != pb.RELEASE_STATE_ABORTED and not unknown
     finally:
