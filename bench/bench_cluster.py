@@ -53,6 +53,7 @@ from secure_release.cluster import PARTIES, Cluster, get_estimate, launch_releas
 from secure_release.infra.pki import init_pki  # noqa: E402
 
 ROLES = ("server", "alice", "bob", "researcher")
+WORKER_MEMORY = ["2GiB"]  # --worker-memory of each curator's embedded workers (set from the command line)
 STAGES = ("engine_started", "partitions_read", "shards_sorted", "tags_submitted", "agreed", "aligned", "prepared",
           "committed", "released")  # fmt: skip
 
@@ -139,7 +140,7 @@ def run_release(root: Path, data: Path, certs: Path, akey: Path, m: int, engine:
     extra = {c: ["--data", str(d), "--schema", str(data / f"{c}.json"), "--engine", engine] for c, d in dirs.items()}
     if engine == "dask":
         for c in extra:
-            extra[c] += ["--workers", str(workers)]
+            extra[c] += ["--workers", str(workers), "--worker-memory", WORKER_MEMORY[0]]
     poller = Poller(cluster)
     poller.start()
     try:
@@ -171,6 +172,32 @@ def run_release(root: Path, data: Path, certs: Path, akey: Path, m: int, engine:
     }
 
 
+def peak_growth(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """How much each role's peak RSS grows per row of n between the smallest and the largest n
+    measured at the same fraction m / n (the first fraction of each): (peak at the larger n -
+    peak at the smaller) / (difference of n), in bytes. Workers (and other children of a role)
+    are summed by kind: the largest worker of each curator."""
+    firsts: dict[int, dict[str, Any]] = {}
+    for r in results:
+        firsts.setdefault(r["rows"], r)
+    if len(firsts) < 2:
+        return {}
+    small, big = firsts[min(firsts)], firsts[max(firsts)]
+
+    def by_kind(peaks: dict[str, float]) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for name, mib in peaks.items():
+            role, _, child = name.partition("/")
+            key = role if not child else f"{role}/{child.rsplit('-', 1)[0]}"
+            out[key] = max(out.get(key, 0.0), mib)
+        return out
+
+    lo, hi = by_kind(small["dask"]["peak_rss_mib"]), by_kind(big["dask"]["peak_rss_mib"])
+    rows = big["rows"] - small["rows"]
+    per_row = {k: round((hi[k] - lo[k]) * 2**20 / rows, 2) for k in sorted(hi) if k in lo}
+    return {"from": small["rows"], "to": big["rows"], "bytes_per_row": per_row}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", default="10000000,100000000", help="rows per curator, comma separated")
@@ -178,11 +205,13 @@ def main() -> int:
     ap.add_argument("--fractions", default="0.1,1", help="m as fractions of the common ids")
     ap.add_argument("--workers", type=int, default=2, help="Dask worker processes per curator")
     ap.add_argument("--data-root", default="/work/bench-data", help="where the generated data sets are kept")
+    ap.add_argument("--worker-memory", default="2GiB", help="memory limit of each worker (they spill above 60%%)")
     ap.add_argument("--no-local", action="store_true", help="skip the --engine local run at 10^7")
     ap.add_argument("--repeat", type=int, default=1,
                     help="at 10^7: this many dask/local pairs, each in turn; prints every ratio and the median")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args()
+    WORKER_MEMORY[0] = args.worker_memory
     rows = [int(r) for r in args.rows.split(",")]
     files = [int(f) for f in args.files.split(",")]
     fractions = [float(f) for f in args.fractions.split(",")]
@@ -227,6 +256,7 @@ def main() -> int:
                         entry["dask_over_local_median"] = round(statistics.median(ratios), 3)
                 results.append(entry)
                 sys.stderr.write(json.dumps({k: v for k, v in entry.items() if k != "duckdb"}, indent=1) + "\n")
+    growth = peak_growth(results)
     for n in rows:
         runs = [r for r in results if r["rows"] == n]
         if len(runs) >= 2:
@@ -234,7 +264,7 @@ def main() -> int:
             for role in ("server", "researcher"):
                 runs[-1].setdefault("flat_in_m", {})[role] = round(hi[role] / lo[role], 2)
     if args.json:
-        print(json.dumps(results, indent=1))
+        print(json.dumps({"runs": results, "peak_growth_bytes_per_row": growth}, indent=1))
     else:
         for r in results:
             print(f"n={r['rows']:,} m={r['m']:,}: dask {r['dask']['seconds']} s, duckdb {r['duckdb']['seconds']} s "
@@ -247,6 +277,11 @@ def main() -> int:
             print(f"  peak RSS MiB: {r['dask']['peak_rss_mib']}")
             if "flat_in_m" in r:
                 print(f"  server/researcher peak at m=n over m=n/10: {r['flat_in_m']}")
+        if growth:
+            print(f"peak growth in bytes per row of n, {growth['from']:,} -> {growth['to']:,} rows (m = n/10 "
+                  f"both; target <= 1 for every process but the workers, which spill at their memory limit):")
+            for role, value in growth["bytes_per_row"].items():
+                print(f"  {role}: {value}")
     return 0
 
 

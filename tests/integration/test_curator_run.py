@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar
@@ -21,6 +22,7 @@ from secure_release.curator.records.keystore import Keystore
 from secure_release.curator.records.ledgerfile import file_fingerprint
 from secure_release.curator.table import load_schema, read_table
 from secure_release.mechanism.keys import AlignmentKey, PadKey, PramKey, Seed
+from secure_release.mechanism.packing import unpack_symbols
 from secure_release.mechanism.pads import CipherMode
 from secure_release.mechanism.protocol import run_release
 from secure_release.mechanism.schema import SymbolArray
@@ -90,6 +92,12 @@ class FakeLink:
 
     def upload(self, spec: ReleaseSpec, ciphertext: SymbolArray) -> None:
         self.uploads[self.config.name] = (spec, ciphertext)
+
+    def upload_chunks(self, spec: ReleaseSpec, num_chunks: int, chunk_of: Callable[[int], bytes],
+                      streams: int = 1) -> None:  # fmt: skip
+        """What the server would store: the chunks joined and unpacked."""
+        packed = b"".join(chunk_of(seq) for seq in range(num_chunks))
+        self.upload(spec, unpack_symbols(packed, spec.alphabet_of(self.config.name)))
 
     def wait_sealed(self) -> pb.ReleaseStatus:
         return pb.ReleaseStatus(release_id=self.config.release_id, state=pb.RELEASE_STATE_PERTURBED)
