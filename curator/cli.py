@@ -310,6 +310,10 @@ def add_run_arguments(p: argparse.ArgumentParser, storing: bool) -> None:
     c.add_argument("--workers", type=int, help="embedded cluster: worker processes (default: one a core, at most 8)")
     c.add_argument("--worker-memory", help="embedded cluster: each worker's memory limit (spills above; default 2GiB)")
     c.add_argument("--shards", type=int, help="tag shards, a power of two (default: at most 4 M tags a shard)")
+    c.add_argument("--tag-streams", type=int,
+                   help="a follower: concurrent TLS streams its tags go to the leader in, one a run of shards "
+                   "(default 0: one a worker of the cluster, at most 8; 1: one stream; the leader needs this "
+                   "version to take more than one)")  # fmt: skip
     t = p.add_argument_group("testing only (need SECURE_RELEASE_TESTING=1)")
     t.add_argument("--insecure-test-seed", help=argparse.SUPPRESS)
     t.add_argument("--insecure-test-pad-key", help=argparse.SUPPRESS)

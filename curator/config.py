@@ -21,6 +21,7 @@ from typing import Any
 from secure_release.curator.partitions import dataset_name, require_data
 from secure_release.infra.config import ConfigError, require, split_address, testing_enabled
 from secure_release.infra.fileio import require_dir, require_file
+from secure_release.infra.streams import MAX_TAG_PARTS
 from secure_release.mechanism.accounting import check_epsilon
 from secure_release.mechanism.errors import UnknownCipherError
 from secure_release.mechanism.keys import AlignmentKey, PadKey, Seed
@@ -107,6 +108,7 @@ class CuratorConfig:
     workers: int | None = None  # --workers: an embedded cluster's worker processes
     worker_memory: str = "2GiB"  # --worker-memory: each embedded worker's memory limit
     shard_bits: int | None = None  # --shards (log2): tag shards (default about 10^6 tags a shard)
+    tag_streams: int = 0  # --tag-streams: a follower's concurrent tag streams (0: the cluster's workers, at most 8)
 
     @property
     def server_sampled(self) -> bool:
@@ -412,6 +414,7 @@ def _engine_settings(
             raise ConfigError(f"--shards must be a power of two from 1 to 65536, got {shards}")
         shard_bits = shards.bit_length() - 1
     return {
+        "tag_streams": _tag_streams(getattr(args, "tag_streams", None), engine),
         "engine": engine,
         "scheduler": scheduler,
         "scheduler_file": scheduler_file,
@@ -419,6 +422,20 @@ def _engine_settings(
         "worker_memory": _memory_size(str(getattr(args, "worker_memory", None) or "2GiB")),
         "shard_bits": shard_bits,
     }
+
+
+def _tag_streams(value: int | None, engine: str) -> int:
+    """``--tag-streams``: 0 (the default: one a worker of the cluster, at most 8), or 1 to
+    :data:`MAX_TAG_PARTS`; the in-process engine has its tags in one array and sends one stream."""
+    streams = 0 if value is None else int(value)
+    if not 0 <= streams <= MAX_TAG_PARTS:
+        raise ConfigError(f"--tag-streams must be an integer from 0 (one a worker) to {MAX_TAG_PARTS}, got {value}")
+    if engine == "local" and streams > 1:
+        raise ConfigError(
+            f"--tag-streams {streams} needs --engine dask: the in-process engine sends its tags in one stream "
+            "(--tag-streams 1, or leave it out)"
+        )
+    return streams
 
 
 def _dataset_name(args: argparse.Namespace, server_sampled: bool) -> str:

@@ -6,6 +6,7 @@ seed or by an OS-drawn index tuple; the tags are keyed-hash or PSI tags alike).
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -14,6 +15,7 @@ import numpy as np
 
 from secure_release.curator.errors import (
     AgreementFixedError,
+    AgreementNotReadyError,
     AlignmentModeMismatchError,
     AlphabetSizeMismatchError,
     PsiLimitError,
@@ -22,9 +24,17 @@ from secure_release.curator.errors import (
 )
 from secure_release.curator.records.keystore import tags_digest
 from secure_release.infra.exitcodes import is_refusal
-from secure_release.infra.streams import AgreementError, CallerNotAllowedError, PsiStreamError, TagBuffer
-from secure_release.mechanism.alignment import RowOrder, SortedTags, TagArray, align_all
-from secure_release.mechanism.errors import SecureReleaseError
+from secure_release.infra.streams import (
+    TAG_BYTES,
+    WHOLE_STREAM,
+    AgreementError,
+    CallerNotAllowedError,
+    PsiStreamError,
+    TagBuffer,
+    TagPart,
+)
+from secure_release.mechanism.alignment import TAG_DTYPE, RowOrder, SortedTags, TagArray, align_all
+from secure_release.mechanism.errors import SecureReleaseError, ShapeMismatchError
 from secure_release.mechanism.keys import Seed
 from secure_release.mechanism.pads import CipherMode
 from secure_release.mechanism.psi import POINT_BYTES, psi_leader_view
@@ -46,6 +56,109 @@ def psi_mismatch(curators: tuple[str, ...], tags: dict[str, TagArray]) -> PsiMis
         "a member sent group points that were not its honest re-blinding, or the tables share no id. The release "
         "is stopped; rerun it with the honest members only"
     )
+
+
+class TagPartsError(AgreementError):
+    """A follower's tag parts do not fit together: two of them name the same rows or hold tags of
+    the same shard, or, once every part ended, their row ranges leave a gap or do not start at
+    row 0 (parts must tile the rows 0 .. total in part order, each a run of whole shards)."""
+
+
+@dataclass
+class _PartRecord:
+    """One part of a follower's tags as it arrives (or arrived)."""
+
+    first_row: int
+    received: int = 0  # tags so far
+    digest: str = ""  # SHA-256 (hex) of the part's tag bytes, once it ended
+    ended: bool = False
+    streaming: bool = True
+    joined: TagBuffer | None = None  # the in-process leader's copy of the part's tags
+
+
+class TagParts:
+    """One follower's tags as they arrive in :class:`TagPart` s (concurrent streams, one a shard
+    range), held under the leader's ``cond``. The leader trusts a part's ``first_row`` for
+    nothing but this bookkeeping: the parts' row ranges may never overlap while they grow (so
+    together they hold at most the rows one stream may), and once every part ended they must
+    tile [0, total) in part order (:class:`TagPartsError` otherwise)."""
+
+    def __init__(self, curator: str, count: int) -> None:
+        self.curator, self.count = curator, count
+        self.records: dict[int, _PartRecord] = {}
+
+    def start(self, part: TagPart) -> bool:
+        """A stream of ``part`` begins; True if it replaces one already received (what was
+        matched of it must be matched again). :class:`AgreementNotReadyError` while that part's
+        own stream is still open."""
+        held = self.records.get(part.index)
+        if held is not None and held.streaming:
+            what = "its tags" if self.count == 1 else f"part {part.index} of its tags"
+            raise AgreementNotReadyError(f"{self.curator!r} is already sending {what}; retry when that stream ended")
+        self.records[part.index] = _PartRecord(part.first_row)
+        return held is not None
+
+    @property
+    def streaming(self) -> bool:
+        return any(r.streaming for r in self.records.values())
+
+    def grow(self, index: int, tags: int) -> None:
+        """``tags`` more tags of part ``index`` arrived: :class:`TagPartsError` if its rows now
+        overlap another part's."""
+        record = self.records[index]
+        record.received += tags
+        start, stop = record.first_row, record.first_row + record.received
+        if not record.received:  # an empty part names no row (the tiling places it)
+            return
+        for other, held in self.records.items():
+            if other != index and held.received and start < held.first_row + held.received and held.first_row < stop:
+                first, second = sorted((index, other))
+                raise TagPartsError(
+                    f"parts {first} and {second} of {self.curator!r}'s tags both name row "
+                    f"{max(start, held.first_row)}: the parts' rows must tile 0 .. total in part order, no row twice"
+                )
+
+    def end(self, index: int, digest: str = "") -> None:
+        record = self.records[index]
+        record.ended, record.streaming, record.digest = True, False, digest
+
+    def stop(self, index: int) -> None:
+        """Part ``index``'s stream broke off: it has not ended (the follower sends it again)."""
+        self.records[index].streaming = False
+
+    @property
+    def complete(self) -> bool:
+        return len(self.records) == self.count and all(r.ended for r in self.records.values())
+
+    def check_tiling(self) -> int:
+        """(Every part ended.) The total rows, if the parts tile [0, total) in part order, else
+        :class:`TagPartsError` naming the first part that does not start where the one before
+        it ended."""
+        total = 0
+        for index in range(self.count):
+            record = self.records[index]
+            if record.first_row != total:
+                before = "row 0 (the first part)" if index == 0 else f"row {total}, where part {index - 1} ended"
+                raise TagPartsError(
+                    f"part {index} of {self.curator!r}'s tags starts at row {record.first_row}, not at {before}: "
+                    "the parts' rows must tile 0 .. total in part order, with no gap and no row twice"
+                )
+            total += record.received
+        return total
+
+    def digest(self) -> str:
+        """The follower's tag digest: the one stream's own, or SHA-256 over the parts' digests in
+        part order (a resend of the same parts, in any arrival order, gives the same digest)."""
+        if self.count == 1:
+            return self.records[0].digest
+        joined = "".join(self.records[i].digest for i in range(self.count))
+        return hashlib.sha256(joined.encode("ascii")).hexdigest()
+
+    def joined_tags(self) -> TagArray:
+        """(Every part ended, in process.) The parts' tags joined in part order (as sent: a
+        plain concatenate would turn the big-endian tags native)."""
+        buffers = [self.records[i].joined for i in range(self.count)]
+        return np.concatenate([b.tags() for b in buffers if b is not None], dtype=TAG_DTYPE)
 
 
 @dataclass
@@ -83,6 +196,7 @@ class LeaderState:
     psi_counts: dict[str, int] = field(default_factory=dict)  # owner -> points of its list
     psi_public: dict[str, bytes] = field(default_factory=dict)  # sender -> its re-blinding public key
     psi_domain_tags: list[TagArray] | None = None  # PSI: the leader's own tags in every curator's domain
+    parts: dict[str, TagParts] = field(default_factory=dict)  # follower -> its tags' parts as they arrive
 
     def __post_init__(self) -> None:
         if self.expected_sizes is not None and len(self.expected_sizes) != len(self.curators):
@@ -299,16 +413,87 @@ class LeaderState:
             self.cond.notify_all()
 
     def add_tag_stream(
-        self, curator: str, pieces: Iterable[bytes], alphabet_size: int, alignment: AlignmentMode
-    ) -> int:
+        self, curator: str, pieces: Iterable[bytes], alphabet_size: int, alignment: AlignmentMode,
+        part: TagPart = WHOLE_STREAM,
+    ) -> int:  # fmt: skip
         """A follower's tags as they arrive (the byte pieces of its TagChunk stream), joined and
-        recorded by :meth:`add_tags`; returns how many arrived."""
-        joined = TagBuffer()
-        for piece in pieces:
-            joined.add(piece)
-        tags = joined.tags()
+        recorded by :meth:`add_tags`; returns how many arrived. A ``part`` of them (a follower on
+        a cluster sends its tags as concurrent streams) is held until every part ended; the
+        parts, checked to tile its rows, are then joined in part order and recorded."""
+        if part.whole:
+            joined = TagBuffer()
+            for piece in pieces:
+                joined.add(piece)
+            tags = joined.tags()
+            self.add_tags(curator, tags, alphabet_size, alignment)
+            return int(tags.size)
+        self.check_alignment(curator, alignment)
+        with self.cond:
+            parts = self._buffered_parts(curator, part)
+        joined = self._join_part(parts, part, pieces)
+        with self.cond:
+            parts.end(part.index)
+            parts.records[part.index].joined = joined
+            if self.parts.get(curator) is not parts or not parts.complete:
+                return len(joined) // TAG_BYTES
+            self._checked_tiling(parts)
+            tags = parts.joined_tags()
+            del self.parts[curator]  # joined: a later part starts the next set (a resend of every part)
         self.add_tags(curator, tags, alphabet_size, alignment)
-        return int(tags.size)
+        return len(joined) // TAG_BYTES
+
+    def _buffered_parts(self, curator: str, part: TagPart) -> TagParts:
+        """(Under ``cond``.) The in-process leader's set of ``curator``'s parts that ``part``
+        belongs to: a new set for another part count, or once the last set was joined."""
+        parts = self.parts.get(curator)
+        if parts is None or parts.count != part.count:
+            if parts is not None and parts.streaming:
+                raise AgreementNotReadyError(
+                    f"{curator!r} is already sending its tags in {parts.count} parts; retry when they ended"
+                )
+            parts = self.parts[curator] = TagParts(curator, part.count)
+        parts.start(part)
+        return parts
+
+    def _join_part(self, parts: TagParts, part: TagPart, pieces: Iterable[bytes]) -> TagBuffer:
+        """A part's tags joined as they arrive, its rows checked against the other parts' at
+        every piece (so the parts together hold at most the rows of one whole stream)."""
+        joined = TagBuffer()
+        try:
+            for piece in pieces:
+                if len(piece) % TAG_BYTES:
+                    raise ShapeMismatchError(f"{len(piece)} tag bytes is not a multiple of {TAG_BYTES}")
+                with self.cond:
+                    self._checked_growth(parts, part.index, len(piece) // TAG_BYTES)
+                joined.add(piece)
+        except BaseException:
+            with self.cond:
+                parts.stop(part.index)
+            raise
+        return joined
+
+    def _checked_growth(self, parts: TagParts, index: int, tags: int) -> None:
+        """(Under ``cond``.) :meth:`TagParts.grow`; parts that overlap fail the agreement."""
+        try:
+            parts.grow(index, tags)
+        except TagPartsError as exc:
+            self._part_failure(exc)
+            raise
+
+    def _checked_tiling(self, parts: TagParts) -> int:
+        """(Under ``cond``.) :meth:`TagParts.check_tiling`; parts that do not tile fail the agreement."""
+        try:
+            return parts.check_tiling()
+        except TagPartsError as exc:
+            self._part_failure(exc)
+            raise
+
+    def _part_failure(self, exc: TagPartsError) -> None:
+        """(Under ``cond``.) A follower whose parts do not fit together fails the agreement for
+        every party (it cannot be fixed by a resend), unless it is fixed already (a wrong resend
+        is only refused)."""
+        if self.agreement is None:
+            self._fail(f"release {self.release_id!r}: {type(exc).__name__}: {exc}")
 
     def wait_all_tags(self, timeout: float) -> bool:
         """Until every curator's tags arrived (True), the agreement failed, or the timeout."""

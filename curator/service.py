@@ -6,8 +6,9 @@ cannot know: the caller's certificate name against the ``curator`` field, member
 release, and this curator's grants. Every refusal is logged and sent as a named error.
 
 - ``SubmitTags`` / ``GetAgreement``: the leading curator collects every other curator's 16-byte
-  id tags and alphabet size (:class:`~secure_release.curator.leader.LeaderState`) and serves
-  the spec, the seed and the common tags in chunks of at most 1 MiB.
+  id tags and alphabet size (:class:`~secure_release.curator.leader.LeaderState`; a follower on
+  a cluster may send them as concurrent parts, each stream one part) and serves the spec, the
+  seed and the common tags in chunks of at most 1 MiB.
 - ``PsiSend`` / ``PsiReceive`` (``--alignment psi``): the leader is the mailbox of the ECDH ring;
   a curator sends the list it is due to hand on (sender, owner and hop checked against the ring,
   the point count against ``--max-rows`` and the owner's list, all before a point is buffered)
@@ -125,7 +126,9 @@ class CuratorService(pb_grpc.CuratorServicer):
             stream = TagStream(chunks, ident.name, admit)
             stream.start()
             state = self._leading_for(stream.release_id, ident.name)
-            count = state.add_tag_stream(ident.name, stream.pieces(), stream.alphabet_size, stream.alignment)
+            count = state.add_tag_stream(
+                ident.name, stream.pieces(), stream.alphabet_size, stream.alignment, stream.part
+            )
         except SecureReleaseError as exc:
             self._refuse(context, "tags_refused", str(ident), ident.name, state, exc)
         self.log(
@@ -134,6 +137,7 @@ class CuratorService(pb_grpc.CuratorServicer):
             curator=ident.name,
             tags=count,
             alphabet_size=state.sizes.get(ident.name, stream.alphabet_size),
+            **({} if stream.part.whole else {"part": stream.part.index, "parts": stream.part.count}),
         )
         return pb.SubmitTagsResponse(release_id=stream.release_id, tags_received=count)
 

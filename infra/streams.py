@@ -159,31 +159,57 @@ class TagBuffer:
         return np.frombuffer(self._buffer, dtype=TAG_DTYPE)
 
 
+#: Parts a follower's tags may arrive in (``TagChunk.parts``): concurrent streams, one a shard range.
+MAX_TAG_PARTS = 64
+
+
+@dataclass(frozen=True)
+class TagPart:
+    """Which part of a follower's tags one stream carries (``TagChunk.part``, ``parts``,
+    ``first_row``): part ``index`` of ``count``, its tags' rows ``first_row`` + their index in
+    the part. The whole tags in one stream are part 0 of 1 from row 0 (:data:`WHOLE_STREAM`)."""
+
+    index: int = 0
+    count: int = 1
+    first_row: int = 0
+
+    @property
+    def whole(self) -> bool:
+        return self.count == 1
+
+
+WHOLE_STREAM = TagPart()
+
+
 def tag_chunks(
     release_id: str,
     curator: str,
     tags: TagArray | Iterable[TagArray],
     alphabet_size: int,
     alignment: AlignmentMode = AlignmentMode.KEYED_HASH,
+    part: TagPart = WHOLE_STREAM,
 ) -> Iterator[pb.TagChunk]:
     """A curator's id tags (made by ``alignment``) as TagChunk messages of at most 1 MiB; ``tags``
-    may be one array or arrays made one at a time (a sharded table's shards, in order)."""
+    may be one array or arrays made one at a time (a sharded table's shards, in order). ``part``:
+    which part of the curator's tags they are (the whole stream sends no part fields, so a leader
+    from before parts reads it as always)."""
     arrays = [tags] if isinstance(tags, np.ndarray) else tags
     pieces = (piece for array in arrays for piece in _pieces(array) if piece)
     previous: bytes | None = None
     seq = 0
     for piece in pieces:
         if previous is not None:
-            yield _tag_chunk(release_id, curator, seq, previous, False, alphabet_size, alignment)
+            yield _tag_chunk(release_id, curator, seq, previous, False, alphabet_size, alignment, part)
             seq += 1
         previous = piece
-    yield _tag_chunk(release_id, curator, seq, previous or b"", True, alphabet_size, alignment)
+    yield _tag_chunk(release_id, curator, seq, previous or b"", True, alphabet_size, alignment, part)
 
 
 def _tag_chunk(
-    release_id: str, curator: str, seq: int, piece: bytes, last: bool, alphabet_size: int, alignment: AlignmentMode
-) -> pb.TagChunk:
-    return pb.TagChunk(
+    release_id: str, curator: str, seq: int, piece: bytes, last: bool, alphabet_size: int, alignment: AlignmentMode,
+    part: TagPart = WHOLE_STREAM,
+) -> pb.TagChunk:  # fmt: skip
+    chunk = pb.TagChunk(
         release_id=release_id,
         curator=curator,
         sequence=seq,
@@ -192,6 +218,27 @@ def _tag_chunk(
         alphabet_size=alphabet_size,
         alignment=alignment_to_pb(alignment),
     )
+    if not part.whole:
+        chunk.part, chunk.parts, chunk.first_row = part.index, part.count, part.first_row
+    return chunk
+
+
+def _part_of(chunk: pb.TagChunk) -> TagPart:
+    """The part a chunk says it carries, checked for shape (no part beyond ``parts``, at most
+    :data:`MAX_TAG_PARTS`, a whole stream from row 0); its rows are checked against the
+    leader's bound by :class:`TagStream` and against the other parts by the leader."""
+    if chunk.parts > MAX_TAG_PARTS:
+        raise TagStreamError(f"tags in {chunk.parts} parts; a leader takes at most {MAX_TAG_PARTS} parts a curator")
+    if chunk.parts <= 1:
+        if chunk.part or chunk.first_row:
+            raise TagStreamError(
+                f"a whole tag stream (parts = {chunk.parts}) is part 0 from row 0, not part {chunk.part} from row "
+                f"{chunk.first_row}"
+            )
+        return WHOLE_STREAM
+    if chunk.part >= chunk.parts:
+        raise TagStreamError(f"tag part {chunk.part} of {chunk.parts}: parts are numbered 0 to {chunk.parts - 1}")
+    return TagPart(int(chunk.part), int(chunk.parts), int(chunk.first_row))
 
 
 ROW_BYTES = 4  # a row index in an agreement: uint32, little-endian
@@ -250,6 +297,7 @@ class TagStream:
         self._sender, self._admit = sender, admit
         self.release_id, self.alphabet_size, self.received = "", 0, 0
         self.alignment = AlignmentMode.KEYED_HASH
+        self.part = WHOLE_STREAM  # which part of the sender's tags this stream carries
         self._first: pb.TagChunk | None = None
         self._limit = 0
 
@@ -268,21 +316,27 @@ class TagStream:
         if expected_seq == 0:
             self._limit = self._admit(chunk.release_id)
             self.alignment = alignment_from_pb(chunk.alignment)
+            self.part = _part_of(chunk)
         elif chunk.release_id != self.release_id:
             raise TagStreamError(f"one release per tag stream: {self.release_id!r}, then {chunk.release_id!r}")
+        elif _part_of(chunk) != self.part:
+            raise TagStreamError(f"one part per tag stream: {self.part}, then {_part_of(chunk)}")
         if chunk.sequence != expected_seq:
             raise TagStreamError(f"tag chunk {chunk.sequence} out of order (expected {expected_seq})")
         self.received += len(chunk.tags)
-        if self.received > self._limit:
+        if self.part.first_row * TAG_BYTES + self.received > self._limit:  # a part's rows stay below --max-rows
+            where = "" if self.part.whole else f" (part {self.part.index} of its tags, from row {self.part.first_row})"
             raise TagLimitError(
-                f"{self._sender!r} sent more than {self._limit // TAG_BYTES} tags for release {chunk.release_id!r}; "
-                "the leader accepts at most --max-rows tags a curator"
+                f"{self._sender!r} sent more than {self._limit // TAG_BYTES} tags for release {chunk.release_id!r}"
+                f"{where}; the leader accepts at most --max-rows tags a curator"
             )
         self.release_id = chunk.release_id
         self.alphabet_size = self.alphabet_size or int(chunk.alphabet_size)
 
     def pieces(self) -> Iterator[bytes]:
-        """Each chunk's tag bytes, checked, until the chunk marked last."""
+        """Each chunk's tag bytes, checked, until the chunk marked last (a stream that stops
+        before it is cut short: :class:`TagStreamError`, so a part cut short never counts as
+        ended)."""
         self.start()
         chunk = self._first
         assert chunk is not None
@@ -294,7 +348,7 @@ class TagStream:
             seq += 1
             nxt = next(self._chunks, None)
             if nxt is None:
-                return
+                raise TagStreamError(f"the tag stream stopped after chunk {seq - 1}, before its last chunk")
             self._check(nxt, seq)
             chunk = nxt
 

@@ -2,15 +2,17 @@
 follower's tags are spooled into the same shards as they arrive, and they are matched while
 the tags still arrive.
 
-A follower on a cluster streams its tags ascending, so the units of the leader's shards (a
-quarter of a shard each: :data:`UNIT_BITS` more tag bits) complete one after another. As soon as
-every follower's part of a unit has arrived, the matcher thread ships those parts straight to
+A follower on a cluster streams its tags ascending, in one stream or in P concurrent parts (one
+a run of whole shards: ``TagChunk.part``), so the units of the leader's shards (a quarter of a
+shard each: :data:`UNIT_BITS` more tag bits) complete one after another within each part. As
+soon as every follower's tags of a unit have arrived, the matcher thread ships them straight to
 the worker that holds the leader's shard (not through the scheduler) and intersects them there
 (:func:`~secure_release.curator.cluster.shards.match_shard`). The leader's symbols of the common tags
 stay on the workers until the release gathers them; each follower's row order comes back as
-uint32 and is appended to its rows file, unit by unit. A stream that is not ascending is
-matched once it has ended; a follower's second stream (a resend before the agreement is fixed)
-starts the matching over.
+uint32 and is appended to its rows file, unit by unit. A part that is not ascending is matched
+once it has ended; a part sent again (a resend before the agreement is fixed) starts the
+matching over. A part writes only the shards it holds (two parts holding one shard, or parts
+whose rows do not tile the follower's, fail the agreement: :class:`TagPartsError`).
 
 What this process holds: one unit's follower tags at a time (the spool is on disk: 20 bytes a
 tag in two files a shard, ``.tags`` and ``.rows``, under the keystore, 0700, removed at the end
@@ -29,7 +31,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import numpy.typing as npt
@@ -38,8 +40,8 @@ from secure_release.curator.cluster import shards as st
 from secure_release.curator.cluster.engine import Engine
 from secure_release.curator.cluster.sharded import WINDOW, ShardedTable, in_order
 from secure_release.curator.errors import AgreementNotReadyError
-from secure_release.curator.leader import LeaderState
-from secure_release.infra.streams import TAG_BYTES, AgreementError
+from secure_release.curator.leader import LeaderState, TagParts, TagPartsError
+from secure_release.infra.streams import TAG_BYTES, WHOLE_STREAM, AgreementError, TagPart
 from secure_release.mechanism import sharding as sh
 from secure_release.mechanism.alignment import TAG_DTYPE, TagArray
 from secure_release.mechanism.errors import ShapeMismatchError
@@ -90,64 +92,82 @@ def _read_spool(path: Path, start: int = 0, stop: int | None = None) -> tuple[Ta
 
 
 class _Spooler:
-    """One follower stream into the leader's shard files: ``<curator>-<shard>.tags`` (the tags as
-    they came, 16 bytes each) and ``.rows`` (each tag's index in the stream, uint32). An
-    ascending stream (a sharded follower's) is written as it arrives, slices of the received
-    bytes, and completes its units one after another; any other piece is split by shard."""
+    """One part of a follower's tags (the whole stream is part 0 of 1) into the leader's shard
+    files: ``<curator>-<shard>.tags`` (the tags as they came, 16 bytes each) and ``.rows`` (each
+    tag's row: the part's first row plus its index in the part, uint32). A part writes only the
+    shards it claimed (:meth:`ClusterLeader._claim`: a shard held by another part refuses it),
+    opening their files when it first writes one. An ascending part (a sharded follower's) is
+    written as it arrives, slices of the received bytes, claims every shard from its first tag's
+    (part 0: from shard 0) to its current one, and completes its units one after another; any
+    other piece is split by shard and completes nothing before the part ends."""
 
-    def __init__(self, leader: ClusterLeader, curator: str) -> None:
+    def __init__(self, leader: ClusterLeader, curator: str, part: TagPart) -> None:
         assert leader.own is not None
-        self.leader, self.curator, self.bits = leader, curator, leader.own.shard_bits
-        files = leader.shard_files(curator)
-        self.tags = [_suffixed(path, ".tags").open("wb") for path in files]
-        self.rows = [_suffixed(path, ".rows").open("wb") for path in files]
-        self.last: tuple[int, int] | None = (-1, -1)  # the last tag while the stream ascends, else None
-        self.done = 0  # units complete
-        self.written = [0] * len(files)  # tags in each shard's files
+        self.leader, self.curator, self.part, self.bits = leader, curator, part, leader.own.shard_bits
+        self.paths = leader.shard_files(curator)
+        self.files: dict[int, tuple[BinaryIO, BinaryIO]] = {}  # shard -> its (.tags, .rows), opened lazily
+        self.last: tuple[int, int] | None = (-1, -1)  # the last tag while the part ascends, else None
+        self.reach: int | None = 0 if part.index == 0 else None  # ascending: the first shard not claimed yet
+        self.done = 0  # units complete (ascending)
+        self.written = [0] * len(self.paths)  # tags in each shard's files
         self.starts: dict[int, int] = {}  # ascending: where each unit begins in its shard's files
-        with leader.cond:
-            leader.spoolers[curator] = self
 
     def add(self, piece: bytes, first: int) -> None:
+        """``piece``'s tags, the first of them at row ``first``."""
         tags = np.frombuffer(piece, dtype=TAG_DTYPE)
         hi, lo = sh.tag_words(tags)
         if self.last is not None and (int(hi[0]), int(lo[0])) > self.last and sh.ascending(hi, lo):
-            top = sh.top_bits(hi, self.bits)
-            low, high = int(top[0]), int(top[-1])
-            bounds = np.searchsorted(top, np.arange(low, high + 2)).tolist()  # ascending: one run a shard
-            view = memoryview(piece)
-            units = sh.top_bits(hi, self.bits + UNIT_BITS)
-            with self.leader.cond:
-                for unit in np.unique(units).tolist():  # a few a piece: where each new unit begins
-                    self.starts.setdefault(unit, self.written[unit >> UNIT_BITS] + int(np.searchsorted(units, unit)) -
-                                           bounds[(unit >> UNIT_BITS) - low])  # fmt: skip
-            for shard in range(low, high + 1):
-                start, stop = bounds[shard - low], bounds[shard - low + 1]
-                self._write(shard, view[TAG_BYTES * start : TAG_BYTES * stop], np.arange(first + start, first + stop))
-            self.last = (int(hi[-1]), int(lo[-1]))
-            for shard in range(low, high + 1):  # the matcher reads what is written, not what is buffered
-                self.tags[shard].flush()
-                self.rows[shard].flush()
-            self._complete(int(units[-1]))
+            self._add_ascending(piece, first, hi, lo)
             return
         if self.last is not None:  # no longer ascending: shards handed to the matcher may grow now
             self.last = None
             if self.done:
                 with self.leader.cond:
-                    self.leader._arrived(self.curator, 0, restart=True)
+                    self.leader._restart()
         rows = np.arange(first, first + tags.size, dtype=np.uint32)  # split with the tags, as symbols are
-        for shard, part in enumerate(sh.split_by_shard(tags, self.bits, rows)):
+        split = sh.split_by_shard(tags, self.bits, rows)
+        with self.leader.cond:
+            self.leader._claim(self.curator, self.part.index, [s for s, p in enumerate(split) if p.tags.size])
+        for shard, part in enumerate(split):
             if part.tags.size:
                 self._write(shard, part.tags.tobytes(), part.symbols)
 
+    def _add_ascending(self, piece: bytes, first: int, hi: npt.NDArray[np.uint64], lo: npt.NDArray[np.uint64]) -> None:
+        top = sh.top_bits(hi, self.bits)
+        low, high = int(top[0]), int(top[-1])
+        bounds = np.searchsorted(top, np.arange(low, high + 2)).tolist()  # ascending: one run a shard
+        view = memoryview(piece)
+        units = sh.top_bits(hi, self.bits + UNIT_BITS)
+        reach = low if self.reach is None else self.reach  # the shards it moved over are its own too
+        with self.leader.cond:
+            self.leader._claim(self.curator, self.part.index, range(reach, high + 1))
+            self.reach = high + 1
+            for unit in np.unique(units).tolist():  # a few a piece: where each new unit begins
+                self.starts.setdefault(unit, self.written[unit >> UNIT_BITS] + int(np.searchsorted(units, unit)) -
+                                       bounds[(unit >> UNIT_BITS) - low])  # fmt: skip
+        for shard in range(low, high + 1):
+            start, stop = bounds[shard - low], bounds[shard - low + 1]
+            self._write(shard, view[TAG_BYTES * start : TAG_BYTES * stop], np.arange(first + start, first + stop))
+        self.last = (int(hi[-1]), int(lo[-1]))
+        for shard in range(low, high + 1):  # the matcher reads what is written, not what is buffered
+            if shard in self.files:
+                for fh in self.files[shard]:
+                    fh.flush()
+        self._complete(int(units[-1]))
+
     def _write(self, shard: int, raw: bytes | memoryview, rows: npt.NDArray[np.integer]) -> None:
-        self.tags[shard].write(raw)
-        self.rows[shard].write(rows.astype("<u4").tobytes())
+        if shard not in self.files:  # claimed by this part: a file another part left is replaced
+            self.files[shard] = (_suffixed(self.paths[shard], ".tags").open("wb"),
+                                 _suffixed(self.paths[shard], ".rows").open("wb"))  # fmt: skip
+        tags, row_file = self.files[shard]
+        tags.write(raw)
+        row_file.write(rows.astype("<u4").tobytes())
         self.written[shard] += int(rows.size)
 
     def unit_range(self, unit: int) -> tuple[int, int] | None:
-        """(Under the leader's ``cond``, for a complete unit.) Where the unit's tags are in its
-        shard's files, if the stream ascends (else None: they may be anywhere in them)."""
+        """(Under the leader's ``cond``, for a complete unit of a shard this part holds.) Where
+        the unit's tags are in its shard's files, if the part ascends (else None: they may be
+        anywhere in them)."""
         if self.last is None:
             return None
         if unit not in self.starts:
@@ -156,16 +176,21 @@ class _Spooler:
         later = [at for other, at in self.starts.items() if other > unit and other >> UNIT_BITS == shard]
         return self.starts[unit], min(later, default=self.written[shard])
 
+    def moved_past(self, unit: int) -> bool:
+        """(Under the leader's ``cond``.) The part ascends and its tags have moved past ``unit``."""
+        return self.last is not None and self.done > unit
+
     def _complete(self, below: int) -> None:
-        """Units below ``below`` get no more tags (an ascending stream has moved past them)."""
+        """Units below ``below`` get no more tags of this part (it ascends and moved past them)."""
         if below > self.done:
             with self.leader.cond:
-                self.leader._arrived(self.curator, below)
-            self.done = below
+                self.done = below
+                self.leader.cond.notify_all()
 
     def close(self) -> None:
-        for fh in [*self.tags, *self.rows]:
-            fh.close()
+        for pair in self.files.values():
+            for fh in pair:
+                fh.close()
 
 
 class _RestartMatchingError(Exception):
@@ -182,10 +207,9 @@ class ClusterLeader(LeaderState):
     own_counts: list[int] = field(default_factory=list)  # common rows of each unit
     matches: list[Any] = field(default_factory=list)  # engine handles of shards.Match, in unit order
     row_files: dict[str, SpooledRows] = field(default_factory=dict)
-    streaming: set[str] = field(default_factory=set)  # followers whose tag stream is arriving now
-    complete: dict[str, int] = field(default_factory=dict)  # follower -> units whose tags all arrived
-    spoolers: dict[str, _Spooler] = field(default_factory=dict)  # follower -> its (last) stream's spooler
-    generation: int = 0  # counts stream starts: the matching restarts when it changes
+    spoolers: dict[tuple[str, int], _Spooler] = field(default_factory=dict)  # (follower, part) -> its last stream's
+    owners: dict[str, dict[int, int]] = field(default_factory=dict)  # follower -> shard -> the part that holds it
+    generation: int = 0  # counts restarts (a part sent again, a part no longer ascending): the matching starts over
     matched_generation: int = -1  # the generation whose matching finished
     matcher_error: BaseException | None = None
     closing: bool = False
@@ -216,55 +240,106 @@ class ClusterLeader(LeaderState):
         return [self.spool / f"{curator}-{s:05d}" for s in range(self.num_shards)]
 
     def add_tag_stream(
-        self, curator: str, pieces: Iterable[bytes], alphabet_size: int, alignment: AlignmentMode
-    ) -> int:
-        """A follower's tags, in any order, into the leader's shards; returns how many arrived."""
+        self, curator: str, pieces: Iterable[bytes], alphabet_size: int, alignment: AlignmentMode,
+        part: TagPart = WHOLE_STREAM,
+    ) -> int:  # fmt: skip
+        """A follower's tags, or one ``part`` of them (its parts arrive concurrently), in any
+        order, into the leader's shards; returns how many arrived. Recorded once every part
+        ended and the parts tile the follower's rows."""
         self.check_alignment(curator, alignment)
         if self.own is None:
             raise AgreementNotReadyError(f"the leader of {self.release_id!r} is still reading its own table; retry")
         with self.cond:
-            if curator in self.streaming:
-                raise AgreementNotReadyError(f"{curator!r} is already sending its tags for {self.release_id!r}; retry")
-            self.streaming.add(curator)
             spool = self.agreement is None  # once fixed, a resend is only compared (by digest), never stored
-            if spool:
-                self._arrived(curator, 0, restart=True)
+            parts = self._start_part(curator, part, spool)
+            spooler = self.spoolers[(curator, part.index)] if spool else None
         try:
-            digest, received = self._spool_stream(curator, pieces, spool)
-        finally:
+            digest, received = self._spool_stream(parts, part, pieces, spooler)
+        except BaseException:
             with self.cond:
-                self.streaming.discard(curator)
+                parts.stop(part.index)
+            raise
+        with self.cond:
+            parts.end(part.index, digest)
+            self.cond.notify_all()  # every unit of the part's shards is complete now
+            if not parts.complete:
+                return received
+            self._checked_tiling(parts)
+            digest = parts.digest()
         self._record(curator, digest, alphabet_size)
         return received
 
-    def _arrived(self, curator: str, units: int, restart: bool = False) -> None:
-        """(Under ``cond``.) ``curator``'s first ``units`` units are complete; ``restart``: its
-        stream starts (again), so the matching starts over."""
-        if restart:
-            self.generation += 1
-            self.complete[curator] = 0
-        self.complete[curator] = max(self.complete.get(curator, 0), units)
+    def _start_part(self, curator: str, part: TagPart, spool: bool) -> TagParts:
+        """(Under ``cond``.) ``curator``'s parts with ``part`` starting: a new set for another
+        part count (the old set's files removed). A part sent again replaces the one received
+        (its files removed, its shards free again) and restarts the matching; with ``spool``
+        the part gets its spooler."""
+        parts = self.parts.get(curator)
+        if parts is None or parts.count != part.count:
+            if parts is not None and parts.streaming:
+                raise AgreementNotReadyError(
+                    f"{curator!r} is already sending its tags in {parts.count} parts; retry when they ended"
+                )
+            if parts is not None and spool:
+                self._free_shards(curator, set(parts.records))
+                self._restart()
+            parts = self.parts[curator] = TagParts(curator, part.count)
+            self.owners[curator] = {}
+        if parts.start(part) and spool:
+            self._free_shards(curator, {part.index})
+            self._restart()
+        if spool:
+            self.spoolers[(curator, part.index)] = _Spooler(self, curator, part)
+        return parts
+
+    def _free_shards(self, curator: str, indices: set[int]) -> None:
+        """(Under ``cond``.) The shards parts ``indices`` of ``curator`` held: files removed,
+        free for any part again."""
+        owners = self.owners.get(curator, {})
+        paths = self.shard_files(curator)
+        for shard in [s for s, index in owners.items() if index in indices]:
+            del owners[shard]
+            _suffixed(paths[shard], ".tags").unlink(missing_ok=True)
+            _suffixed(paths[shard], ".rows").unlink(missing_ok=True)
+
+    def _claim(self, curator: str, index: int, shards: Iterable[int]) -> None:
+        """(Under ``cond``.) Part ``index`` of ``curator`` writes ``shards``: a shard another part
+        holds fails the agreement (:class:`TagPartsError` naming both) before a tag of it is written."""
+        owners = self.owners[curator]
+        for shard in shards:
+            held = owners.setdefault(shard, index)
+            if held != index:
+                exc = TagPartsError(
+                    f"parts {min(held, index)} and {max(held, index)} of {curator!r}'s tags both hold tags of shard "
+                    f"{shard}: each part is a run of whole shards, and no two parts share one"
+                )
+                self._part_failure(exc)
+                raise exc
+
+    def _restart(self) -> None:
+        """(Under ``cond``.) What was matched may change: the matching starts over."""
+        self.generation += 1
         self.cond.notify_all()
 
-    def _spool_stream(self, curator: str, pieces: Iterable[bytes], spool: bool) -> tuple[str, int]:
-        """The stream's digest and tag count; with ``spool``, each tag written to its shard's
-        files, and each unit marked complete once an ascending stream has moved past it."""
+    def _spool_stream(
+        self, parts: TagParts, part: TagPart, pieces: Iterable[bytes], spooler: _Spooler | None
+    ) -> tuple[str, int]:
+        """The part's digest and tag count; its rows checked against the other parts' at every
+        piece; with a ``spooler``, each tag written to its shard's files."""
         digest, received = hashlib.sha256(), 0
-        spooler = _Spooler(self, curator) if spool else None
         try:
             for piece in pieces:
                 digest.update(piece)
                 if len(piece) % TAG_BYTES:
                     raise ShapeMismatchError(f"{len(piece)} tag bytes is not a multiple of {TAG_BYTES}")
+                with self.cond:
+                    self._checked_growth(parts, part.index, len(piece) // TAG_BYTES)
                 if spooler is not None and piece:
-                    spooler.add(piece, received)
+                    spooler.add(piece, part.first_row + received)
                 received += len(piece) // TAG_BYTES
         finally:
             if spooler is not None:
                 spooler.close()
-        if spool:
-            with self.cond:
-                self._arrived(curator, self.num_units)
         return digest.hexdigest(), received
 
     def _record(self, curator: str, digest: str, alphabet_size: int) -> None:
@@ -326,7 +401,19 @@ class ClusterLeader(LeaderState):
                     self.cond.wait_for(partial(self._stale, generation))
 
     def _ready(self, unit: int) -> bool:
-        return all(self.complete.get(c, 0) > unit for c in self.curators[1:])
+        """(Under ``cond``.) Every follower's tags of ``unit`` arrived."""
+        return all(self._unit_complete(c, unit) for c in self.curators[1:])
+
+    def _unit_complete(self, curator: str, unit: int) -> bool:
+        """(Under ``cond``.) ``curator``'s tags of ``unit`` all arrived: the part holding its
+        shard ended or (ascending) moved past it; a shard no part holds, once every part ended."""
+        parts = self.parts.get(curator)
+        if parts is None:
+            return False
+        owner = self.owners[curator].get(unit >> UNIT_BITS)
+        if owner is None:
+            return parts.complete
+        return parts.records[owner].ended or self.spoolers[(curator, owner)].moved_past(unit)
 
     def _match_generation(self, generation: int) -> None:
         """Every unit matched once, at most :data:`WINDOW` in flight (the row files rewritten):
@@ -380,9 +467,9 @@ class ClusterLeader(LeaderState):
         others = []
         for c in self.curators[1:]:
             with self.cond:
-                spooler = self.spoolers.get(c)
-                where = spooler.unit_range(unit) if spooler is not None else None
-            if where is not None:  # an ascending stream: the unit's run of the files
+                owner = self.owners[c].get(shard)
+                where = (0, 0) if owner is None else self.spoolers[(c, owner)].unit_range(unit)
+            if where is not None:  # no part holds the shard, or an ascending one: the unit's run of the files
                 others.append(_read_spool(self.shard_files(c)[shard], *where))
                 continue
             part, at = _read_spool(self.shard_files(c)[shard])

@@ -66,6 +66,26 @@ class ShardedTable:
             self.engine.release([handle])
             yield tags
 
+    @property
+    def row_offsets(self) -> npt.NDArray[np.int64]:
+        """Where each shard's rows begin in the tags as sent (ascending), and the row count last
+        (``len(shards) + 1`` values): a run of shards ``a .. b`` is rows ``offsets[a] .. offsets[b]``."""
+        return np.concatenate([[0], np.cumsum(self.sizes, dtype=np.int64)]).astype(np.int64)
+
+    def tag_pieces_of(self, first_shard: int, stop_shard: int) -> Iterator[TagArray]:
+        """The tags of shards ``first_shard .. stop_shard - 1``, ascending, one shard at a time
+        (the next shard is fetched while this one is sent): one part of the tags, sent on its
+        own stream beside the others."""
+        shards = self.shards[first_shard:stop_shard]
+        pending = [self.engine.submit(st.shard_tags, shard) for shard in shards[:2]]
+        for s in range(len(shards)):
+            if s + 2 < len(shards):
+                pending.append(self.engine.submit(st.shard_tags, shards[s + 2]))
+            handle = pending.pop(0)
+            tags = self.engine.result(handle)
+            self.engine.release([handle])
+            yield tags
+
     def aligned_symbols(self, rows: npt.NDArray[np.integer], log: EventLog | None = None) -> npt.NDArray[Any]:
         """This curator's symbols of the common ids in canonical order, from the row order the
         leader sent: indices into the tags as this curator submitted them (ascending, so each

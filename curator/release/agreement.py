@@ -9,20 +9,25 @@ settings (:func:`spec_differences`) before it samples anything.
 
 from __future__ import annotations
 
+import itertools
+import queue
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
+from typing import Any, Protocol, runtime_checkable
 
 import grpc
 import numpy as np
+import numpy.typing as npt
 
 from secure_release.curator.config import CuratorConfig
 from secure_release.curator.errors import AlphabetSizeMismatchError, ReleaseRefusedError, SpecRefusedError
 from secure_release.curator.leader import LeaderState
 from secure_release.curator.waits import Deadline, retry_until
+from secure_release.infra.auth import CallLimits
 from secure_release.infra.exitcodes import REFUSED, exit_code_for, is_refusal
 from secure_release.infra.logs import EventLog, peak_rss_mib
-from secure_release.infra.streams import AgreementError, RowSink, agreement_from_chunks, tag_chunks
+from secure_release.infra.streams import AgreementError, RowSink, TagPart, agreement_from_chunks, tag_chunks
 from secure_release.infra.tls import secure_channel
 from secure_release.mechanism.alignment import TAG_DTYPE, Alignment, RowOrder, SortedTags, TagArray, align
 from secure_release.mechanism.errors import SecureReleaseError
@@ -36,6 +41,11 @@ from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_
 TagSource = TagArray | Callable[[], Iterable[TagArray]]
 
 SUBMIT_TIMEOUT_S = 60.0
+#: --tag-streams 0: one stream a worker of the curator's cluster, at most this many.
+AUTO_TAG_STREAMS = 8
+#: Calls a curator's service takes from one peer at once (``infra.auth.CallLimits``): a follower
+#: sends at most this many tag streams at once, or the leader would refuse the others.
+LEADER_CALLS_PER_PEER = CallLimits().calls_per_peer
 AGREEMENT_CALL_S = 20.0  # one GetAgreement call: the leader waits up to half of it, then streams
 
 
@@ -115,6 +125,106 @@ def own_alignment(
     return Alignment(rows.astype(np.int64, copy=False), num_rows, int(rows.size))
 
 
+@runtime_checkable
+class ShardRuns(Protocol):
+    """A curator's tags as shards it can send a run at a time
+    (:class:`~secure_release.curator.cluster.sharded.ShardedTable`)."""
+
+    engine: Any
+
+    @property
+    def row_offsets(self) -> npt.NDArray[np.int64]: ...
+
+    def tag_pieces_of(self, first_shard: int, stop_shard: int) -> Iterator[TagArray]: ...
+
+
+def sharded_source(tags: TagSource) -> ShardRuns | None:
+    """The sharded table behind ``tags`` (the run hands over its ``tag_pieces``), or None."""
+    owner = getattr(tags, "__self__", None) if callable(tags) else None
+    return owner if isinstance(owner, ShardRuns) else None
+
+
+def shard_runs(offsets: npt.NDArray[np.int64], streams: int) -> list[tuple[int, int]]:
+    """The shards (``offsets``: where each one's rows begin, then the row count) as at most
+    ``streams`` contiguous runs of about equal rows, ``(first_shard, stop_shard)`` each, every
+    run at least one shard (fewer runs than streams when there are fewer shards)."""
+    shards = offsets.size - 1
+    targets = int(offsets[-1]) * np.arange(1, max(1, streams)) / max(1, streams)
+    cuts = np.clip(np.searchsorted(offsets, targets), 1, shards)
+    bounds = np.unique(np.concatenate([[0], cuts, [shards]])).tolist()
+    return list(itertools.pairwise(bounds))
+
+
+def tag_streams(config: CuratorConfig, table: ShardRuns, log: EventLog) -> int:
+    """How many streams a follower on a cluster sends its tags in: ``--tag-streams``, or (0) one
+    a worker of its cluster, at most :data:`AUTO_TAG_STREAMS`; never more than the leader's
+    service takes from one peer at once (:data:`LEADER_CALLS_PER_PEER`)."""
+    wanted = config.tag_streams or min(AUTO_TAG_STREAMS, _cluster_workers(table.engine))
+    if wanted > LEADER_CALLS_PER_PEER:
+        note = f"the leader's service takes at most {LEADER_CALLS_PER_PEER} calls of one curator at once"
+        log.warning("tag_streams_capped", asked=wanted, streams=LEADER_CALLS_PER_PEER, note=note)
+    return max(1, min(wanted, LEADER_CALLS_PER_PEER))
+
+
+def _cluster_workers(engine: Any) -> int:
+    """The workers of a Dask engine's cluster (1 for an engine without a scheduler)."""
+    client = getattr(engine, "client", None)
+    if client is None:
+        return 1
+    return max(1, len(client.scheduler_info(n_workers=-1).get("workers", {})))
+
+
+def _leader_channel(config: CuratorConfig) -> grpc.Channel:
+    """A TLS channel of this curator's to the leader (the handshake fails against any other peer)."""
+    assert config.leader_address is not None
+    return secure_channel(config.leader_address, config.certs, config.name, config.insecure,
+                          role="curator", peer_role="curator", peer_name=config.curators[0])  # fmt: skip
+
+
+def submit_tags(
+    stub: pb_grpc.CuratorStub, config: CuratorConfig, tags: TagSource, own_size: int, timeout: float, log: EventLog
+) -> tuple[int, int]:
+    """Send this curator's tags to the leader: (tags the leader received, streams). A sharded
+    table's tags go as runs of whole shards, each one part over its own TLS channel, all at once
+    (:func:`submit_parts`); anything else (or one run) as one stream over ``stub``, as always."""
+    table = sharded_source(tags)
+    runs = shard_runs(table.row_offsets, tag_streams(config, table, log)) if table is not None else []
+    if table is None or len(runs) <= 1:
+        source = tags() if callable(tags) else tags  # a sharded table streams its shards afresh each time
+        resp: pb.SubmitTagsResponse = stub.SubmitTags(
+            tag_chunks(config.release_id, config.name, source, own_size, config.alignment), timeout=timeout
+        )
+        return int(resp.tags_received), 1
+    return submit_parts(config, table, runs, own_size, timeout), len(runs)
+
+
+def submit_parts(
+    config: CuratorConfig, table: ShardRuns, runs: list[tuple[int, int]], own_size: int, timeout: float
+) -> int:
+    """Each run of shards as part ``i`` of ``len(runs)`` (its first row: where its first shard's
+    rows begin), over its own TLS channel (so the streams' TLS work can use different cores),
+    all at once; returns the tags the leader received. The first part that fails cancels the
+    others and is raised (a retried submit sends every part again)."""
+    offsets = table.row_offsets
+    channels = [_leader_channel(config) for _ in runs]
+    calls: list[Any] = []
+    try:
+        for index, ((first, stop), channel) in enumerate(zip(runs, channels, strict=True)):
+            part = TagPart(index, len(runs), int(offsets[first]))
+            chunks = tag_chunks(config.release_id, config.name, table.tag_pieces_of(first, stop), own_size,
+                                config.alignment, part)  # fmt: skip
+            calls.append(pb_grpc.CuratorStub(channel).SubmitTags.future(chunks, timeout=timeout))
+        finished: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        for call in calls:
+            call.add_done_callback(finished.put)
+        return sum(int(finished.get().result().tags_received) for _ in calls)  # raises the first failure
+    finally:
+        for call in calls:
+            call.cancel()  # a no-op for a finished call
+        for channel in channels:
+            channel.close()
+
+
 def _fetch_agreement(
     stub: pb_grpc.CuratorStub, config: CuratorConfig, timeout: float, rows_sink: RowSink | None = None
 ) -> VariantAgreement:
@@ -146,13 +256,10 @@ def follow_leader(
     try:
         stub = pb_grpc.CuratorStub(channel)
 
-        def submit(timeout: float) -> pb.SubmitTagsResponse:
-            source = tags() if callable(tags) else tags  # a sharded table streams its shards afresh each time
-            resp: pb.SubmitTagsResponse = stub.SubmitTags(
-                tag_chunks(config.release_id, config.name, source, own_size, config.alignment), timeout=timeout
-            )
-            log("tags_submitted", leader=config.leader_address, tags=int(resp.tags_received))
-            return resp
+        def submit(timeout: float) -> int:
+            sent, streams = submit_tags(stub, config, tags, own_size, timeout, log)
+            log("tags_submitted", leader=config.leader_address, tags=sent, streams=streams)
+            return sent
 
         def fetch(timeout: float) -> VariantAgreement:
             try:

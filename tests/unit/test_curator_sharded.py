@@ -5,6 +5,8 @@ tests/integration/test_cluster_engine.py runs them on a real cluster."""
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -213,11 +215,22 @@ def test_a_leader_on_a_cluster_compares_a_late_resend_and_never_spools_it(world:
         leader.attach(tables["alice"], tmp_path)
         leader.add_tags("alice", np.zeros(0, dtype=TAG_DTYPE), tables["alice"].alphabet_size)
         bob = [t.tobytes() for t in tables["bob"].tag_pieces()]
-        leader.streaming.add("bob")  # a stream of bob's is arriving: a second one waits its turn
+        started, go_on = threading.Event(), threading.Event()
+
+        def arriving() -> Iterator[bytes]:
+            yield bob[0]
+            started.set()
+            go_on.wait(10.0)
+            yield from bob[1:]
+
+        first = threading.Thread(target=leader.add_tag_stream, args=("bob", arriving(), 4, leader.alignment))
+        first.start()
+        assert started.wait(10.0)  # a stream of bob's is arriving: a second one waits its turn
         with pytest.raises(AgreementNotReadyError, match="already sending"):
             leader.add_tag_stream("bob", bob, 4, leader.alignment)
-        leader.streaming.clear()
-        leader.add_tag_stream("bob", bob, 4, leader.alignment)
+        go_on.set()
+        first.join(10.0)
+        leader.add_tag_stream("bob", bob, 4, leader.alignment)  # once it ended, a second stream replaces it
         leader.agree()
         assert leader.add_tag_stream("bob", bob, 4, leader.alignment) == tables["bob"].num_rows  # same: a no-op
         assert not list(leader.spool.glob("bob-*.tags"))  # compared by digest, not written again
@@ -303,7 +316,7 @@ def test_the_leader_matches_a_stream_out_of_order_or_sent_twice_like_an_ascendin
             blocks = [np.arange(i, min(i + 700, tags.size)) for i in range(0, tags.size, 700)][::-1]
             order = np.concatenate(blocks)
             leader.add_tag_stream("bob", [tags[b].tobytes() for b in blocks], 4, leader.alignment)
-            assert leader.generation == 2  # the stream's start, then the restart when it stopped ascending
+            assert leader.generation == 1  # the restart when it stopped ascending (a first stream restarts nothing)
         else:
             leader.add_tag_stream("bob", pieces[: len(pieces) // 2], 4, leader.alignment)  # cut short, then resent
             leader.add_tag_stream("bob", pieces, 4, leader.alignment)

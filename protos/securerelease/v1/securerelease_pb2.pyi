@@ -873,6 +873,9 @@ class TagChunk(_message.Message):
     ALPHABET_SIZE_FIELD_NUMBER: _builtins.int
     ALIGNMENT_FIELD_NUMBER: _builtins.int
     FAILURE_FIELD_NUMBER: _builtins.int
+    PART_FIELD_NUMBER: _builtins.int
+    PARTS_FIELD_NUMBER: _builtins.int
+    FIRST_ROW_FIELD_NUMBER: _builtins.int
     release_id: _builtins.str
     curator: _builtins.str
     sequence: _builtins.int
@@ -887,6 +890,16 @@ class TagChunk(_message.Message):
     """Set (with last, no tags) by a curator that cannot take part (bad rows, a wrong schema, no
     budget): its reason. The leader fails the agreement for every party at once with it.
     """
+    part: _builtins.int
+    """A follower on a cluster may send its tags as `parts` concurrent streams (one per shard range;
+    0 or 1: the whole stream, as curators before parts send it). Part `part` (0 .. parts - 1) is
+    a contiguous run of the follower's ascending tags that starts at a shard boundary; its tags'
+    row indices are first_row + their index within the part. Every chunk of a stream carries the
+    same three values. The leader takes first_row for nothing but the rows it names: the parts'
+    row ranges must tile [0, total) in part order, and no two parts may hold tags of one shard.
+    """
+    parts: _builtins.int
+    first_row: _builtins.int
     def __init__(
         self,
         *,
@@ -898,10 +911,13 @@ class TagChunk(_message.Message):
         alphabet_size: _builtins.int = ...,
         alignment: Global___AlignmentMode.ValueType = ...,
         failure: _builtins.str = ...,
+        part: _builtins.int = ...,
+        parts: _builtins.int = ...,
+        first_row: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["alignment", b"alignment", "alphabet_size", b"alphabet_size", "curator", b"curator", "failure", b"failure", "last", b"last", "release_id", b"release_id", "sequence", b"sequence", "tags", b"tags"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["alignment", b"alignment", "alphabet_size", b"alphabet_size", "curator", b"curator", "failure", b"failure", "first_row", b"first_row", "last", b"last", "part", b"part", "parts", b"parts", "release_id", b"release_id", "sequence", b"sequence", "tags", b"tags"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
