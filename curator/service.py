@@ -57,6 +57,10 @@ from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
 
 SERVICE_NAME = "securerelease.v1.Curator"
+#: Calls the Curator service takes from one peer at once: a follower's tag streams (at most
+#: :data:`TAG_STREAMS_PER_PEER`, one per run of its shards), its GetAgreement and a failure report.
+CALLS_PER_PEER = 10
+TAG_STREAMS_PER_PEER = CALLS_PER_PEER - 2
 MAX_AGREEMENT_WAIT_S = 600.0
 DEFAULT_MAX_ROWS = 1 << 24  # --max-rows: tags a follower may send (16 bytes each: 256 MiB)
 

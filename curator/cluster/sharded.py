@@ -29,6 +29,8 @@ from secure_release.mechanism.alignment import TAG_DTYPE, TagArray
 from secure_release.mechanism.keys import AlignmentKey
 
 MAX_REPORTED = 50  # repeated ids located and named in one report
+#: Tags the curator process fetches from a worker at once to send them on (16 MiB).
+TAG_SLICE = 1 << 20
 #: Rows a partition holds at most (row groups of one file grouped up to it): 4 M rows is about
 #: 250 MB of Arrow data in a worker, and keeps partitions x shards tasks few (2,048 at 10^8).
 PARTITION_ROWS = 1 << 22
@@ -55,16 +57,8 @@ class ShardedTable:
         return self.spec.schema.alphabet_size
 
     def tag_pieces(self) -> Iterator[TagArray]:
-        """Every tag, ascending, one shard at a time (the next shard is fetched while this one is
-        sent)."""
-        pending = [self.engine.submit(st.shard_tags, sh) for sh in self.shards[:2]]
-        for s in range(len(self.shards)):
-            if s + 2 < len(self.shards):
-                pending.append(self.engine.submit(st.shard_tags, self.shards[s + 2]))
-            handle = pending.pop(0)
-            tags = self.engine.result(handle)
-            self.engine.release([handle])
-            yield tags
+        """Every tag, ascending (:meth:`tag_pieces_of` all shards)."""
+        return self.tag_pieces_of(0, len(self.shards))
 
     @property
     def row_offsets(self) -> npt.NDArray[np.int64]:
@@ -73,18 +67,21 @@ class ShardedTable:
         return np.concatenate([[0], np.cumsum(self.sizes, dtype=np.int64)]).astype(np.int64)
 
     def tag_pieces_of(self, first_shard: int, stop_shard: int) -> Iterator[TagArray]:
-        """The tags of shards ``first_shard .. stop_shard - 1``, ascending, one shard at a time
-        (the next shard is fetched while this one is sent): one part of the tags, sent on its
-        own stream beside the others."""
-        shards = self.shards[first_shard:stop_shard]
-        pending = [self.engine.submit(st.shard_tags, shard) for shard in shards[:2]]
-        for s in range(len(shards)):
-            if s + 2 < len(shards):
-                pending.append(self.engine.submit(st.shard_tags, shards[s + 2]))
-            handle = pending.pop(0)
-            tags = self.engine.result(handle)
-            self.engine.release([handle])
-            yield tags
+        """The tags of shards ``first_shard .. stop_shard - 1``, ascending, in slices of at most
+        :data:`TAG_SLICE` tags fetched straight from the workers holding them, :data:`WINDOW` ahead
+        of the one being sent: what this process holds of its tags (a few slices) does not grow
+        with n or with the shards. One part of the tags, sent on its own stream beside the
+        others."""
+        slices = [
+            (shard, start, min(start + TAG_SLICE, size))
+            for shard, size in zip(self.shards[first_shard:stop_shard], self.sizes[first_shard:stop_shard], strict=True)
+            for start in range(0, size, TAG_SLICE)
+        ]
+
+        def fetch(i: int) -> Any:
+            return self.engine.submit(st.shard_tag_slice, *slices[i])
+
+        yield from in_order(self.engine, fetch, len(slices), window=2)
 
     def aligned_symbols(self, rows: npt.NDArray[np.integer], log: EventLog | None = None) -> npt.NDArray[Any]:
         """This curator's symbols of the common ids in canonical order, from the row order the

@@ -84,6 +84,12 @@ def shard_tags(shard: Shard) -> TagArray:
     return shard.tags.astype(TAG_DTYPE)
 
 
+def shard_tag_slice(shard: Shard, start: int, stop: int) -> TagArray:
+    """Tags ``start .. stop - 1`` of a shard (ascending), as the wire carries them: a slice at a
+    time, so what the curator process holds of its tags does not grow with the shard."""
+    return shard.tags[start:stop].astype(TAG_DTYPE)
+
+
 def merge_shard(pieces: Sequence[Piece]) -> Shard:
     """Stage 2: :func:`~secure_release.mechanism.sharding.merge_pieces`, then the worker hands the
     freed pages back (its memory limit counts them)."""

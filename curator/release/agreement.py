@@ -23,8 +23,8 @@ import numpy.typing as npt
 from secure_release.curator.config import CuratorConfig
 from secure_release.curator.errors import AlphabetSizeMismatchError, ReleaseRefusedError, SpecRefusedError
 from secure_release.curator.leader import LeaderState
+from secure_release.curator.service import TAG_STREAMS_PER_PEER
 from secure_release.curator.waits import Deadline, retry_until
-from secure_release.infra.auth import CallLimits
 from secure_release.infra.exitcodes import REFUSED, exit_code_for, is_refusal
 from secure_release.infra.logs import EventLog, peak_rss_mib
 from secure_release.infra.streams import AgreementError, RowSink, TagPart, agreement_from_chunks, tag_chunks
@@ -43,9 +43,9 @@ TagSource = TagArray | Callable[[], Iterable[TagArray]]
 SUBMIT_TIMEOUT_S = 60.0
 #: --tag-streams 0: one stream a worker of the curator's cluster, at most this many.
 AUTO_TAG_STREAMS = 8
-#: Calls a curator's service takes from one peer at once (``infra.auth.CallLimits``): a follower
-#: sends at most this many tag streams at once, or the leader would refuse the others.
-LEADER_CALLS_PER_PEER = CallLimits().calls_per_peer
+#: Tag streams a follower sends at once: the leader's service takes at most this many of one peer
+#: beside its other calls (``service.CALLS_PER_PEER``), or it would refuse the others.
+LEADER_CALLS_PER_PEER = TAG_STREAMS_PER_PEER
 AGREEMENT_CALL_S = 20.0  # one GetAgreement call: the leader waits up to half of it, then streams
 
 

@@ -53,7 +53,7 @@ from secure_release.curator.release.agreement import (
     report_failure_to_leader,
 )
 from secure_release.curator.release.upload import ServerLink
-from secure_release.curator.service import SERVICE_NAME, CuratorService
+from secure_release.curator.service import CALLS_PER_PEER, SERVICE_NAME, CuratorService
 from secure_release.curator.table import EncodedTable, TableSpec, load_schema, raise_repeats, read_table
 from secure_release.infra import metrics
 from secure_release.infra.config import ConfigError, write_port_file
@@ -202,7 +202,9 @@ def settle(config: CuratorConfig, keystore: Keystore, sealed: bool, log: EventLo
 
 def start_server(config: CuratorConfig, service: CuratorService, log: EventLog) -> grpc.Server:
     """The Curator service with health and reflection, listening (port written if asked)."""
-    server = make_grpc_server(insecure=config.insecure, interceptors=metrics.interceptors())
+    server = make_grpc_server(
+        insecure=config.insecure, interceptors=metrics.interceptors(), calls_per_peer=CALLS_PER_PEER
+    )
     pb_grpc.add_CuratorServicer_to_server(service, server)
     add_health_and_reflection(server, [SERVICE_NAME])
     port = bind(server, config.listen_host, config.listen_port, config.certs, config.name, config.insecure)
