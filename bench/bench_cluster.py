@@ -54,6 +54,7 @@ from secure_release.infra.pki import init_pki  # noqa: E402
 
 ROLES = ("server", "alice", "bob", "researcher")
 WORKER_MEMORY = ["2GiB"]  # --worker-memory of each curator's embedded workers (set from the command line)
+TAG_STREAMS = ["0"]  # --tag-streams of the follower (0: one a worker)
 STAGES = ("engine_started", "partitions_read", "shards_sorted", "tags_submitted", "agreed", "aligned", "prepared",
           "committed", "released")  # fmt: skip
 
@@ -141,6 +142,7 @@ def run_release(root: Path, data: Path, certs: Path, akey: Path, m: int, engine:
     if engine == "dask":
         for c in extra:
             extra[c] += ["--workers", str(workers), "--worker-memory", WORKER_MEMORY[0]]
+            extra[c] += ["--tag-streams", TAG_STREAMS[0]]
     poller = Poller(cluster)
     poller.start()
     try:
@@ -206,12 +208,13 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=2, help="Dask worker processes per curator")
     ap.add_argument("--data-root", default="/work/bench-data", help="where the generated data sets are kept")
     ap.add_argument("--worker-memory", default="2GiB", help="memory limit of each worker (they spill above 60%%)")
+    ap.add_argument("--tag-streams", default="0", help="the follower's tag streams (0: one a worker)")
     ap.add_argument("--no-local", action="store_true", help="skip the --engine local run at 10^7")
     ap.add_argument("--repeat", type=int, default=1,
                     help="at 10^7: this many dask/local pairs, each in turn; prints every ratio and the median")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args()
-    WORKER_MEMORY[0] = args.worker_memory
+    WORKER_MEMORY[0], TAG_STREAMS[0] = args.worker_memory, args.tag_streams
     rows = [int(r) for r in args.rows.split(",")]
     files = [int(f) for f in args.files.split(",")]
     fractions = [float(f) for f in args.fractions.split(",")]

@@ -253,3 +253,30 @@ def test_new_pads_are_fresh_per_release_so_a_sample_file_never_meets_another_pad
     second = new_release_pad(CipherMode.CHACHA20, 300, 10)
     assert first.key is not None and second.key is not None
     assert first.key.reveal() != second.key.reveal()
+
+
+def test_tags_leave_in_slices_that_do_not_grow_with_the_shards(
+    world: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The curator process fetches at most TAG_SLICE tags at once (here 300), and the slices in
+    order are every shard's tags in order; a run of shards gives its own slice of them."""
+    from secure_release.curator.cluster import sharded
+
+    monkeypatch.setattr(sharded, "TAG_SLICE", 300)
+    engine = InlineEngine(2)
+    try:
+        table = load_sharded(engine, str(split_parquet(world / "bob.csv", tmp_path / "bob", 2)),
+                             load_schema(world / "bob.json"), KEY, LOG, shard_bits=2)  # fmt: skip
+        whole = [engine.result(engine.submit(lambda s: s.tags.copy(), shard)) for shard in table.shards]
+        pieces = list(table.tag_pieces())
+        run = list(table.tag_pieces_of(1, 3))
+    finally:
+        engine.close()
+    assert max(p.size for p in pieces) == 300 and len(pieces) > len(whole)
+    assert all(p.dtype == TAG_DTYPE for p in pieces)  # as the wire carries them
+
+    def words(arrays: list[np.ndarray]) -> list[tuple[int, int]]:
+        return [(int(h), int(lo)) for a in arrays for h, lo in zip(a["hi"], a["lo"], strict=True)]
+
+    assert words(pieces) == words(whole)
+    assert words(run) == words(whole[1:3])
