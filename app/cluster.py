@@ -156,12 +156,13 @@ def launch_release(
     sampling: str = "seed",
     alignment: str = "hash",
     budgets: bool = True,
+    researcher_extra: Sequence[str] = (),
 ) -> dict[str, str]:
     """Start the server, the curators (the first one leads; each reads ``data/<name>.csv`` and
     ``.json``) and the researcher; return their addresses. ``alice_extra``/``bob_extra`` are
     shorthands for ``curator_extra``; ``sampling`` (seed|indices) and ``alignment`` (hash|psi)
-    go to every curator. ``certs`` is a PKI root as ``init_pki`` writes it: each process gets
-    only ``certs/NAME``."""
+    go to every curator; ``researcher_extra`` to the researcher. ``certs`` is a PKI root as
+    ``init_pki`` writes it: each process gets only ``certs/NAME``."""
     root = cluster.root
     grants = grants or {c: [researcher] for c in curators}
     extras = {"alice": list(alice_extra), "bob": list(bob_extra)}
@@ -175,7 +176,7 @@ def launch_release(
         addrs = {name: f"127.0.0.1:{free_port()}" for name in names}
         commands = _commands(
             addrs, data, certs, root, release_id, epsilon, m, cipher, align_key_file,
-            alphabet_sizes, grants, extras, server_extra, researcher, curators, sampling, alignment,
+            alphabet_sizes, grants, extras, server_extra, researcher, curators, sampling, alignment, researcher_extra,
         )  # fmt: skip
         for name in names:
             cluster.spawn(name, commands[name])
@@ -197,7 +198,7 @@ def _commands(
     addrs: Mapping[str, str], data: Path, certs: Path, root: Path, release_id: str, epsilon: float, m: int | None,
     cipher: str, align_key_file: Path, alphabet_sizes: str | None, grants: Mapping[str, list[str]],
     extras: Mapping[str, list[str]], server_extra: Sequence[str], researcher: str, curators: Sequence[str],
-    sampling: str, alignment: str,
+    sampling: str, alignment: str, researcher_extra: Sequence[str] = (),
 ) -> dict[str, list[str]]:  # fmt: skip
     """The command line of every process of one release (each listens on ``addrs[name]``; each
     gets only its own certificate directory ``certs/NAME``, as ``init_pki`` writes them)."""
@@ -227,7 +228,7 @@ def _commands(
         "-m", "secure_release.researcher", "serve", "--listen", addrs["researcher"], "--certs", str(certs / researcher),
         "--name", researcher, "--server", addrs["server"],
         *(x for c in curators for x in ("--curator", f"{c}={addrs[c]}")),
-        "--out", str(root / "results"), "--analyst", "analyst", "--allow-partial",
+        "--out", str(root / "results"), "--analyst", "analyst", "--allow-partial", *researcher_extra,
     ]  # fmt: skip
     return commands
 

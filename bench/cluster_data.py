@@ -21,7 +21,9 @@ and pyarrow: peak RSS does not grow with N. Measured: wall seconds of the whole 
 generator's peak RSS (``ru_maxrss`` of this process, printed by the CLI).
 
 Reference (``duckdb_reference``): a fresh interpreter running DuckDB (``threads`` threads,
-memory_limit 16GB, spill to ``OUT_DIR/.duckdb_tmp``) reads both directories, joins them on id,
+memory_limit 16GB (``DUCKDB_MEMORY_LIMIT``), preserve_insertion_order off, spill to
+``OUT_DIR/.duckdb_tmp``; a failure, such as running out of memory, is raised with DuckDB's
+reason, and bench_cluster.py reports it and measures the release all the same) reads both directories, joins them on id,
 keeps the m joined rows with the smallest ``hash(id)`` (``ORDER BY hash(id) LIMIT m``, a top-n) and
 counts their joint cells (``GROUP BY ALL``; the result is fetched). By default (``--query codes``)
 each side's attributes are turned into one small integer cell code as the Parquet is read, so the
@@ -47,6 +49,7 @@ import resource
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -215,8 +218,11 @@ def write_partitioned(
 
 # --- DuckDB reference -----------------------------------------------------------------------
 
+#: DuckDB's memory limit in the reference (this machine: 24 GiB, nothing else running then).
+DUCKDB_MEMORY_LIMIT = "16GB"
 _DUCKDB_CHILD = r"""
 import json, sys, time
+MEMORY_LIMIT = sys.argv[5]
 t_start = time.perf_counter()
 import duckdb
 threads, temp, sql, count_sql = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
@@ -230,7 +236,8 @@ def hwm():
 
 con = duckdb.connect()
 con.execute(f"PRAGMA threads={threads}")
-con.execute("SET memory_limit='16GB'")
+con.execute(f"SET memory_limit='{MEMORY_LIMIT}'")
+con.execute("SET preserve_insertion_order=false")  # DuckDB's advice for joins past memory
 con.execute("SET enable_progress_bar=false")
 con.execute(f"SET temp_directory='{temp}'")
 t_ready = time.perf_counter()
@@ -319,17 +326,22 @@ def duckdb_reference(root: Path, m: int, threads: int = 2, query: str = "codes")
     sql, count_sql = duckdb_sql(root, m, query)
     temp = root / ".duckdb_tmp"
     temp.mkdir(exist_ok=True)
-    cmd = [sys.executable, "-c", _DUCKDB_CHILD, str(threads), str(temp), sql, count_sql]
+    cmd = [sys.executable, "-c", _DUCKDB_CHILD, str(threads), str(temp), sql, count_sql, DUCKDB_MEMORY_LIMIT]
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None
-    out = proc.stdout.read()
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
+    with tempfile.TemporaryFile("w+") as errors:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=errors, text=True)
+        assert proc.stdout is not None
+        out = proc.stdout.read()
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        errors.seek(0)
+        why = [line for line in errors.read().splitlines() if "Error" in line or "Exception" in line]
     wall = time.perf_counter() - t0
     shutil.rmtree(temp, ignore_errors=True)
     if proc.returncode:
-        raise RuntimeError(f"the DuckDB reference failed (exit {proc.returncode})")
+        reason = why[-1] if why else f"exit {proc.returncode}"
+        raise RuntimeError(f"the DuckDB reference failed after {wall:.0f} s at memory_limit {DUCKDB_MEMORY_LIMIT}: "
+                           f"{reason}")  # fmt: skip
     res: dict[str, Any] = json.loads(out.strip().splitlines()[-1])  # the last line is the child's summary
     rows = res.pop("rows")
     if query == "codes":

@@ -27,6 +27,7 @@ from secure_release.infra.config import ConfigError, apply_env_and_config, subco
 from secure_release.infra.entry import run_main
 from secure_release.infra.exitcodes import USAGE
 from secure_release.infra.logs import add_log_format_flag, pop_log_format, setup_logging
+from secure_release.infra.memory import return_freed_memory_promptly
 from secure_release.mechanism.errors import (
     InvalidNameError,
     NonFiniteInputError,
@@ -342,6 +343,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             from secure_release.curator.cluster.forkserver import start_forkserver
 
             start_forkserver(in_process=program)
+        if getattr(args, "engine", "local") == "dask":  # after the forkserver: not inherited by the workers
+            return_freed_memory_promptly()
         setup_logging(log_format=log_format)
         metrics.start_metrics(metrics_address, "curator")
         with bad_rows_to(getattr(args, "bad_rows", None)):  # refused rows: every cell to the owner's file
