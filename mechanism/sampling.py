@@ -16,6 +16,7 @@ the same tuple; :data:`KNOWN_ANSWERS` in the tests pin the rule.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable
 from functools import partial
@@ -84,8 +85,8 @@ def sample_positions(
     if n > MAX_POSITIONS:
         raise InvalidSampleSizeError(f"n = {n} exceeds {MAX_POSITIONS} positions")
     chunk = max(_WORDS_PER_BLOCK, chunk - chunk % _WORDS_PER_BLOCK)
-    key = seed.derive("sampling", release_id)
-    fraction = (m + 8.0 * m**0.5 + 64.0) / n
+    key = sampling_key(seed, release_id)
+    fraction = kept_bound(m) / n
     if fraction >= 0.5 and n >= LOW_MEMORY_MIN:  # m close to large n: 8 bytes a position
         return _ranged_positions(key, n, m, chunk)
     if fraction >= 0.5 and n <= _FULL_SORT_MAX:  # m close to n: one keystream, one numeric sort
@@ -362,6 +363,17 @@ def _resort_runs(out: npt.NDArray[np.int64], at: npt.NDArray[np.intp], run: npt.
 RANGE_KEYS = 1 << 22
 
 
+#: The largest 64-bit position key: a cut at it keeps every key.
+MAX_KEY = (1 << 64) - 1
+
+
+def kept_bound(m: int) -> float:
+    """m + 8 sqrt(m) + 64 (DESIGN 3.2, the sampler's fast path): of n uniform 64-bit keys, at
+    least m lie at or below t0 = 2^64 kept_bound(m) / n except with probability < 1e-15, and
+    about kept_bound(m) do."""
+    return float(m + 8.0 * math.sqrt(m) + 64.0)
+
+
 def sampling_key(seed: Seed, release_id: str) -> bytes:
     """The ChaCha20 key of the position keys r_i (DESIGN 3.2): HKDF(seed, "sampling", release_id)."""
     return seed.derive("sampling", release_id)
@@ -372,8 +384,8 @@ def sample_cut(n: int, m: int) -> int:
     2^64 - 1): the m-th smallest of n uniform keys lies at or below it except with probability
     < 1e-15. Keeping only keys <= t0 never changes the tuple when at least m are kept."""
     check_sample_size(n, m)
-    fraction = (m + 8.0 * m**0.5 + 64.0) / n
-    return (1 << 64) - 1 if fraction >= 1.0 else min((1 << 64) - 1, int(fraction * 2.0**64))
+    fraction = kept_bound(m) / n
+    return MAX_KEY if fraction >= 1.0 else min(MAX_KEY, int(fraction * 2.0**64))
 
 
 def keys_at_positions(key: bytes, start: int, count: int) -> npt.NDArray[np.uint64]:
@@ -387,7 +399,7 @@ def keys_at_positions(key: bytes, start: int, count: int) -> npt.NDArray[np.uint
 
 def num_key_ranges(n: int, m: int, range_keys: int = RANGE_KEYS) -> int:
     """How many key ranges split the kept keys (about ``range_keys`` each; at least 1)."""
-    expected = min(n, m + 8.0 * m**0.5 + 64.0)
+    expected = min(n, kept_bound(m))
     return max(1, int(-(-expected // range_keys)))
 
 
@@ -403,7 +415,7 @@ def split_kept_keys(
     """For each key range, the indices (ascending) of ``keys`` that are <= ``cut`` and fall in
     it: one stable counting pass, no sort of the keys."""
     kept = np.flatnonzero(keys <= np.uint64(cut))
-    if width > (1 << 64) - 1:  # one range holding every key
+    if width > MAX_KEY:  # one range holding every key
         return [kept]
     small = np.uint16 if num_ranges <= 1 << 16 else np.intp  # numpy's stable sort of 16-bit ints is a radix sort
     ranges = (keys[kept] // np.uint64(width)).astype(small)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -167,3 +168,20 @@ def child_env(testing: bool = False) -> dict[str, str]:
     if testing:
         env["SECURE_RELEASE_TESTING"] = "1"
     return env
+
+
+@dataclass(frozen=True)
+class SplitWorld:
+    """The demo's two curators' tables: the CSVs and schemas under ``root``, and each table split
+    into three Parquet files (``folders[curator]``)."""
+
+    root: Path
+    folders: dict[str, Path]
+
+
+def split_world(root: Path, rows: int, seed: int) -> SplitWorld:
+    """:class:`SplitWorld` of ``rows`` demo rows a curator (``seed``) written under ``root``."""
+    from secure_release.demo_data import write_demo_data
+
+    write_demo_data(root, rows=rows, seed=seed)
+    return SplitWorld(root, {c: split_parquet(root / f"{c}.csv", root / c, 3) for c in ("alice", "bob")})

@@ -23,10 +23,9 @@ import numpy.typing as npt
 
 from secure_release.curator.cluster import shards as st
 from secure_release.curator.cluster.engine import Engine
-from secure_release.curator.cluster.sharded import ShardedTable, in_order
+from secure_release.curator.cluster.sharded import ShardedTable
 from secure_release.infra.streams import AgreementError
 from secure_release.mechanism import sharding as sh
-from secure_release.mechanism.schema import SymbolArray
 
 
 @dataclass
@@ -47,13 +46,6 @@ class AlignedPieces:
     def starts(self) -> list[int]:
         """Where each run begins in the canonical order."""
         return [0, *np.cumsum(self.sizes).tolist()][:-1]
-
-    def gather(self) -> SymbolArray:
-        """The whole column in this process (index sampling only: the leader's tuple of m
-        positions is a list, not a rule a worker can evaluate)."""
-        engine = self.engine
-        parts = list(in_order(engine, lambda i: engine.submit(st.joined_symbols, self.sources[i]), len(self.sources)))
-        return np.concatenate(parts).astype(self.dtype, copy=False) if parts else np.zeros(0, dtype=self.dtype)
 
     def release(self) -> None:
         self.engine.release([h for run in self.sources for h in run])

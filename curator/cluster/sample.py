@@ -37,6 +37,7 @@ from secure_release.infra.memory import release_free_memory
 from secure_release.mechanism.errors import InvalidSampleSizeError
 from secure_release.mechanism.keys import Seed
 from secure_release.mechanism.sampling import (
+    MAX_KEY,
     key_range_width,
     keys_at_positions,
     num_key_ranges,
@@ -49,7 +50,6 @@ from secure_release.mechanism.sampling import (
 
 U64 = npt.NDArray[np.uint64]
 Symbols = npt.NDArray[np.unsignedinteger]
-ALL_KEYS = (1 << 64) - 1
 
 
 @dataclass(frozen=True)
@@ -103,7 +103,7 @@ def sample_runs(pieces: AlignedPieces, seed: Seed, release_id: str, m: int, log:
     kept, takes = _kept_runs(pieces, key, cut, num_ranges, m)
     if takes is None:  # fewer than m keys at or below the cut: keep every key
         engine.release(kept)
-        kept, takes = _kept_runs(pieces, key, ALL_KEYS, num_ranges, m)
+        kept, takes = _kept_runs(pieces, key, MAX_KEY, num_ranges, m)
         if takes is None:
             raise InvalidSampleSizeError(f"m = {m} exceeds the {n} aligned rows")
     if log is not None:

@@ -125,11 +125,6 @@ def match_symbols(match: Match) -> npt.NDArray[np.unsignedinteger]:
     return match.own_symbols
 
 
-def joined_symbols(runs: Sequence[npt.NDArray[np.unsignedinteger]]) -> npt.NDArray[np.unsignedinteger]:
-    """One run of the aligned column from its parts (the matched units of one shard), in order."""
-    return runs[0] if len(runs) == 1 else np.concatenate(list(runs))
-
-
 def hash_partition(
     index: int, partition: Any, spec: Any, alignment_key_bytes: bytes, shard_bits: int, alphabet_size: int
 ) -> PartitionResult:

@@ -235,11 +235,10 @@ def prepare(
     if pieces is not None:
         log("aligned", matched=pieces.num_rows, rows=own.sharded.num_rows if own.sharded else None,
             runs=len(pieces.sizes), peak_rss_mib=peak_rss_mib())  # fmt: skip
-        if agreement.sampling is SamplingMode.SEED:
-            runs = sample_runs(pieces, agreement.base.seed, spec.release_id, spec.m, log)
-            sample_file = keystore.write_sample(spec.release_id, runs, own.alphabet_size)
-        else:  # a leader's index tuple lists m positions: the column comes here
-            aligned = pieces.gather()
+        if agreement.sampling is not SamplingMode.SEED:  # config refuses --sampling indices on a cluster
+            raise AgreementError("a curator on a cluster samples by seed only (--sampling seed)")
+        runs = sample_runs(pieces, agreement.base.seed, spec.release_id, spec.m, log)
+        sample_file = keystore.write_sample(spec.release_id, runs, own.alphabet_size)
         pieces.release()
     if sample_file is not None:
         sample = np.zeros(0, dtype=np.uint32)

@@ -10,13 +10,13 @@ import logging
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from support import split_parquet
+from support import SplitWorld as World
+from support import split_world
 
 from secure_release.curator.cluster.engine import InlineEngine
 from secure_release.curator.cluster.matching import ClusterLeader
@@ -28,7 +28,6 @@ from secure_release.curator.release.runner import start_server
 from secure_release.curator.service import CuratorService
 from secure_release.curator.table import load_schema
 from secure_release.curator.waits import Deadline
-from secure_release.demo_data import write_demo_data
 from secure_release.infra.logs import EventLog
 from secure_release.mechanism.alignment import TAG_DTYPE
 from secure_release.mechanism.keys import AlignmentKey, Seed
@@ -39,17 +38,9 @@ KEY = AlignmentKey(bytes(range(32)))
 LOG = EventLog("curator", "test")
 
 
-@dataclass(frozen=True)
-class World:
-    root: Path
-    folders: dict[str, Path]
-
-
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> World:
-    root = tmp_path_factory.mktemp("streams")
-    write_demo_data(root, rows=4000, seed=5)
-    return World(root, {c: split_parquet(root / f"{c}.csv", root / c, 3) for c in ("alice", "bob")})
+    return split_world(tmp_path_factory.mktemp("streams"), rows=4000, seed=5)
 
 
 @pytest.fixture(scope="module")

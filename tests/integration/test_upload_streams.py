@@ -14,8 +14,8 @@ from typing import Any
 import grpc
 import pytest
 from support import SIZES, code_of, columns, make_spec
+from test_lifecycle_resume import _config
 
-from secure_release.curator.config import CuratorConfig
 from secure_release.curator.errors import ReleaseAbortedError, UploadRefusedError
 from secure_release.curator.release.upload import (
     ServerLink,
@@ -28,9 +28,8 @@ from secure_release.curator.waits import Deadline
 from secure_release.infra import tls
 from secure_release.infra.logs import EventLog
 from secure_release.mechanism.errors import ShapeMismatchError
-from secure_release.mechanism.keys import AlignmentKey, PramKey
+from secure_release.mechanism.keys import PramKey
 from secure_release.mechanism.packing import CHUNK_ROWS
-from secure_release.mechanism.pads import CipherMode
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
 from secure_release.server.service import ReleaseService
@@ -97,16 +96,6 @@ class Served:
     service: RecordingService
     store: Store
     links: dict[str, ServerLink]
-
-
-def _config(name: str, port: int, certs: Path, tmp_path: Path) -> CuratorConfig:
-    return CuratorConfig(
-        name=name, release_id="r1", epsilon=1.0, m=None, cipher=CipherMode.CHACHA20, curators=("alice", "bob"),
-        leader=name == "alice", leader_address=None, expected_sizes=None, notify="researcher", grants=(),
-        data=tmp_path / "x.csv", schema=tmp_path / "x.json", dataset="d", keystore=tmp_path / f"ks-{name}",
-        server=f"127.0.0.1:{port}", certs=certs / name, listen_host="127.0.0.1", listen_port=0, port_file=None,
-        insecure=False, timeout=30.0, exit_after_keys=True, alignment_key=AlignmentKey(bytes(32)),
-    )  # fmt: skip
 
 
 @pytest.fixture

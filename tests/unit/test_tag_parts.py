@@ -17,7 +17,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from support import split_parquet
+from support import SplitWorld as World
+from support import split_world
 
 from secure_release.curator.cli import build_parser
 from secure_release.curator.cluster.engine import InlineEngine
@@ -28,7 +29,6 @@ from secure_release.curator.errors import AgreementFixedError
 from secure_release.curator.leader import LeaderState, TagPartsError
 from secure_release.curator.release.agreement import shard_runs
 from secure_release.curator.table import load_schema
-from secure_release.demo_data import write_demo_data
 from secure_release.infra.config import ConfigError, apply_env_and_config, subcommand_parser
 from secure_release.infra.logs import EventLog
 from secure_release.infra.streams import (
@@ -53,12 +53,6 @@ SHARD_BITS = 3  # 8 shards
 
 
 @dataclass(frozen=True)
-class World:
-    root: Path
-    folders: dict[str, Path]
-
-
-@dataclass(frozen=True)
 class OneStream:
     """What the leader on a cluster makes of bob's tags in one ascending stream."""
 
@@ -70,9 +64,7 @@ class OneStream:
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> World:
-    root = tmp_path_factory.mktemp("parts")
-    write_demo_data(root, rows=5000, seed=11)
-    return World(root, {c: split_parquet(root / f"{c}.csv", root / c, 3) for c in ("alice", "bob")})
+    return split_world(tmp_path_factory.mktemp("parts"), rows=5000, seed=11)
 
 
 @pytest.fixture(scope="module")
