@@ -145,6 +145,12 @@ def _argv(command: str | list[str], rewrite: Any, name: str) -> list[str]:
     return shlex.split(rewrite(name, _interpolate(command)))
 
 
+def _output(logs: Path, name: str) -> str:
+    """The last lines a service printed, standard output and then standard error (a service
+    refusing its flags or its port says so on standard error only)."""
+    return f"{_tail(logs / name)}\n--- stderr ---\n{_tail(logs / f'{name}.err')}"
+
+
 def _tail(path: Path, n: int = 30) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
@@ -168,10 +174,25 @@ def test_compose_services_run_locally(tmp_path: Path) -> None:
 def run_profile(
     tmp_path: Path, profile: str | None, final: str, expect_release: str, cells: int, deadline: float = DEADLINE_S
 ) -> tuple[dict[str, Any], Rewriter, dict[str, subprocess.Popen[bytes]], Path]:
+    """:func:`run_profile_once`, again in a fresh directory with fresh ports if a service lost
+    its port to another program between the pick and its bind (the ports are picked free, then
+    released for the services to bind: a test running beside this one may take one meanwhile)."""
+    try:
+        return run_profile_once(tmp_path / "run-1", profile, final, expect_release, cells, deadline)
+    except AssertionError as exc:
+        if "in use" not in str(exc):
+            raise
+        return run_profile_once(tmp_path / "run-2", profile, final, expect_release, cells, deadline)
+
+
+def run_profile_once(
+    tmp_path: Path, profile: str | None, final: str, expect_release: str, cells: int, deadline: float = DEADLINE_S
+) -> tuple[dict[str, Any], Rewriter, dict[str, subprocess.Popen[bytes]], Path]:
     """Run one profile's services as local processes until ``final`` (the one-shot fetch) prints
     its JSON, within ``deadline`` seconds; check it is a joint estimate of ``cells`` cells; return
     it with the rewriter, the processes (already stopped) and the log directory."""
     t0 = time.monotonic()
+    tmp_path.mkdir(parents=True, exist_ok=True)
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
     services = profile_services(compose, profile)
     order = _order(services)
@@ -205,7 +226,7 @@ def run_profile(
         for _ in range(retries):
             deadline_left()
             if procs[name].poll() is not None:
-                raise AssertionError(f"{name} exited {procs[name].returncode}:\n{_tail(logs / name)}")
+                raise AssertionError(f"{name} exited {procs[name].returncode}:\n{_output(logs, name)}")
             check = subprocess.run(
                 argv, env=_env(services[name], rewrite, name), capture_output=True, timeout=15, cwd=tmp_path
             )
@@ -213,14 +234,14 @@ def run_profile(
                 healthy.add(name)
                 return
             time.sleep(min(interval, 0.5))
-        raise AssertionError(f"{name} never became healthy:\n{_tail(logs / name)}")
+        raise AssertionError(f"{name} never became healthy:\n{_output(logs, name)}")
 
     def wait_completed(name: str) -> None:
         try:
             rc = procs[name].wait(timeout=deadline_left())
         except subprocess.TimeoutExpired:
-            raise AssertionError(f"{name} did not finish:\n{_tail(logs / name)}") from None
-        assert rc == 0, f"{name} exited {rc}:\n{_tail(logs / name)}"
+            raise AssertionError(f"{name} did not finish:\n{_output(logs, name)}") from None
+        assert rc == 0, f"{name} exited {rc}:\n{_output(logs, name)}"
         completed.add(name)
 
     try:
