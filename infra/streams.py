@@ -306,7 +306,7 @@ class TagStream:
         if self._first is None:
             first = next(self._chunks, None)
             if first is None:
-                raise TagStreamError("an empty tag stream")
+                raise TagStreamError("an empty tag stream (no chunk came: the sender sent none or cancelled the call)")
             self._check(first, 0)
             self._first = first
 

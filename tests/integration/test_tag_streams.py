@@ -190,8 +190,10 @@ def test_a_retried_submit_sends_every_part_again(
     refused = [r for r in caplog.records if r.getMessage() == "tags_refused"]
     reasons = [str(r.reason) for r in refused]  # type: ignore[attr-defined]
     # the first attempt's parts are refused as not ready; a part of it that arrived just after the
-    # leader became ready may still be open when the retry's part comes (also not ready: retried)
+    # leader became ready may still be open when the retry's part comes (also not ready: retried);
+    # a part the follower cancelled (another part failed) before its first chunk left is empty
     assert any("still reading its own table" in r for r in reasons)
-    assert all(r.startswith("AgreementNotReadyError") for r in reasons), reasons
+    allowed = ("AgreementNotReadyError", "TagStreamError: an empty tag stream")
+    assert all(r.startswith(allowed) for r in reasons), reasons
     assert _parts_received(caplog) == [(0, 3), (1, 3), (2, 3)]
     state.cleanup()
