@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import threading
 from functools import cache
 from typing import Any
 
@@ -63,3 +64,72 @@ def return_freed_memory_promptly(mmap_threshold: int = MMAP_THRESHOLD) -> bool:
     if mallopt is None:
         return False
     return bool(mallopt(_M_MMAP_THRESHOLD, mmap_threshold)) and bool(mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+
+
+#: A worker's resident set above this fraction of its memory limit makes :class:`TrimWatch` hand
+#: its free heap back: just before Dask's own line (at 70% of the limit it spills managed data
+#: until the process is below 60%, but it cannot spill free heap). Below it, nothing is trimmed,
+#: so a worker with room never pays the page faults of memory given back and taken again.
+TRIM_ABOVE = 0.65
+#: How often a :class:`TrimWatch` reads the resident set, and the least time between two trims.
+TRIM_POLL_S, TRIM_GAP_S = 0.25, 1.0
+
+
+def resident_bytes() -> int | None:
+    """This process's resident set from ``/proc/self/statm`` (None where there is none)."""
+    try:
+        with open("/proc/self/statm", encoding="ascii") as fh:
+            return int(fh.read().split()[1]) * _page_size()
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+@cache
+def _page_size() -> int:
+    import os
+
+    return os.sysconf("SC_PAGE_SIZE")
+
+
+class TrimWatch:
+    """A daemon thread that calls :func:`release_free_memory` whenever the process's resident set
+    passes ``fraction`` of ``limit_bytes`` (at most once every :data:`TRIM_GAP_S`).
+
+    Why: a Dask worker spills a shuffle's pieces (hundreds of KB each) to disk when it passes 60%
+    of its limit, but glibc keeps the freed pieces in its heap, where the holes between live
+    blocks stay resident; the worker counts them as "unmanaged memory", cannot spill them, and is
+    paused and then killed by its nanny. Measured at 3 * 10^8 rows a curator on 2 workers of
+    2 GiB: a worker at 1.45 GiB resident, of it 1.25 GiB "unmanaged", fell to 0.45 GiB with one
+    ``malloc_trim(0)``. The nanny's ``MALLOC_TRIM_THRESHOLD_`` does not reach a worker forked from
+    the forkserver (glibc read its settings in the forkserver), and it trims only the heap's top.
+    Trimming only above the fraction costs nothing below it (page faults come back only after a
+    trim)."""
+
+    def __init__(self, limit_bytes: int, fraction: float = TRIM_ABOVE) -> None:
+        self.threshold = int(limit_bytes * fraction)
+        self.trims = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="trim-watch", daemon=True)
+
+    def start(self) -> TrimWatch:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def check(self) -> bool:
+        """One look: trim if the resident set is above the threshold (True if it did)."""
+        rss = resident_bytes()
+        if rss is None or rss <= self.threshold:
+            return False
+        release_free_memory()
+        self.trims += 1
+        return True
+
+    def _run(self) -> None:
+        while not self._stop.wait(TRIM_POLL_S):
+            if self.check():
+                self._stop.wait(TRIM_GAP_S)

@@ -47,13 +47,14 @@ from secure_release.mechanism.sampling import (
     sampling_key,
     split_kept_keys,
 )
+from secure_release.mechanism.sharding import HoldsArrays, owned
 
 U64 = npt.NDArray[np.uint64]
 Symbols = npt.NDArray[np.unsignedinteger]
 
 
 @dataclass(frozen=True)
-class KeptRun:
+class KeptRun(HoldsArrays):
     """One run's keys at or below the cut and their symbols, split by key range (each in
     position order)."""
 
@@ -80,7 +81,7 @@ def kept_counts(kept: KeptRun) -> list[int]:
 
 def kept_part(kept: KeptRun, key_range: int) -> tuple[U64, Symbols]:
     """One key range's part of a kept run (a tiny task where the run is)."""
-    return kept.keys[key_range], kept.symbols[key_range]
+    return owned(kept.keys[key_range]), owned(kept.symbols[key_range])  # not views into a run read back
 
 
 def merge_range(parts: Sequence[tuple[U64, Symbols]], take: int) -> Symbols:

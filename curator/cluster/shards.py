@@ -38,11 +38,13 @@ from secure_release.mechanism.alignment import TAG_DTYPE, TagArray, id_tags
 from secure_release.mechanism.keys import AlignmentKey
 from secure_release.mechanism.sharding import (
     WORK_DTYPE,
+    HoldsArrays,
     Piece,
     Shard,
     gather_symbols,
     intersect_shard,
     merge_pieces,
+    owned,
     split_by_shard,
     symbol_dtype,
 )
@@ -58,7 +60,7 @@ class RowProblem:
 
 
 @dataclass(frozen=True)
-class PartitionResult:
+class PartitionResult(HoldsArrays):
     """One partition after :func:`hash_partition`: its rows split by shard, or its bad rows."""
 
     pieces: tuple[Piece, ...]
@@ -71,7 +73,8 @@ def piece_of(result: PartitionResult, shard: int) -> Piece:
     empty for a partition with bad rows (the table is refused once every partition is read)."""
     if result.problems:
         return Piece(np.zeros(0, dtype=WORK_DTYPE), np.zeros(0, dtype=np.uint8))
-    return result.pieces[shard]
+    piece = result.pieces[shard]
+    return Piece(owned(piece.tags), owned(piece.symbols))  # not a view into a partition read back from disk
 
 
 def shard_summary(shard: Shard) -> tuple[int, TagArray]:
@@ -99,7 +102,7 @@ def merge_shard(pieces: Sequence[Piece]) -> Shard:
 
 
 @dataclass(frozen=True)
-class Match:
+class Match(HoldsArrays):
     """One shard matched, as a worker keeps it: the leader's symbols of the common tags and
     each follower's stream indices of them (uint32), both in canonical order."""
 

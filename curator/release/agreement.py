@@ -27,7 +27,14 @@ from secure_release.curator.service import TAG_STREAMS_PER_PEER
 from secure_release.curator.waits import Deadline, retry_until
 from secure_release.infra.exitcodes import REFUSED, exit_code_for, is_refusal
 from secure_release.infra.logs import EventLog, peak_rss_mib
-from secure_release.infra.streams import AgreementError, RowSink, TagPart, agreement_from_chunks, tag_chunks
+from secure_release.infra.streams import (
+    TAG_BYTES,
+    AgreementError,
+    RowSink,
+    TagPart,
+    agreement_from_chunks,
+    tag_chunks,
+)
 from secure_release.infra.tls import secure_channel
 from secure_release.mechanism.alignment import TAG_DTYPE, Alignment, RowOrder, SortedTags, TagArray, align
 from secure_release.mechanism.errors import SecureReleaseError
@@ -47,6 +54,27 @@ AUTO_TAG_STREAMS = 8
 #: beside its other calls (``service.CALLS_PER_PEER``), or it would refuse the others.
 LEADER_CALLS_PER_PEER = TAG_STREAMS_PER_PEER
 AGREEMENT_CALL_S = 20.0  # one GetAgreement call: the leader waits up to half of it, then streams
+#: The slowest rate at which a follower's tags, or its row order back, may move before the call is
+#: given up and tried again: each such call's deadline is its fixed part plus its bytes at this
+#: rate (at 10^8 rows the tags moved at about 60 MB/s here). A fixed 60 s could never carry the
+#: 4.8 GB of tags of 3 * 10^8 rows: every attempt ran out and started again.
+SLOWEST_BYTES_PER_S = 8 << 20
+#: Upper bound of the agreement's bytes a follower's row: its row (4 bytes) and a common tag (16).
+AGREEMENT_BYTES_PER_ROW = 20
+
+
+def call_seconds(fixed_s: float, nbytes: int) -> float:
+    """A data-moving call's deadline: ``fixed_s`` plus ``nbytes`` at :data:`SLOWEST_BYTES_PER_S`
+    (the release's own --timeout still bounds every call)."""
+    return fixed_s + nbytes / SLOWEST_BYTES_PER_S
+
+
+def tag_count(tags: TagSource) -> int:
+    """How many tags ``tags`` holds (a sharded table: its rows; a function of unknown size: 0)."""
+    table = sharded_source(tags)
+    if table is not None:
+        return int(table.row_offsets[-1])
+    return 0 if callable(tags) else int(np.asarray(tags).size)
 
 
 def leader_state(config: CuratorConfig, own_size: int, kind: type[LeaderState] = LeaderState) -> LeaderState:
@@ -266,19 +294,20 @@ def follow_leader(
                 return _fetch_agreement(stub, config, timeout, rows_sink)
             except grpc.RpcError as exc:
                 if "TagsMissingError" in (exc.details() or ""):  # the leader restarted: send again
-                    submit(min(timeout, SUBMIT_TIMEOUT_S))
+                    submit(max(0.05, min(deadline.left(), call_seconds(SUBMIT_TIMEOUT_S, rows * TAG_BYTES))))
                 raise
 
+        rows = tag_count(tags)
         retry_until(
             submit, f"the leader {leader} at {config.leader_address} to take our tags", deadline, log,
-            per_call_s=SUBMIT_TIMEOUT_S,
+            per_call_s=call_seconds(SUBMIT_TIMEOUT_S, rows * TAG_BYTES),
         )  # fmt: skip
         return retry_until(
             fetch,
             f"the agreement of the leader {leader}",
             deadline,
             log,
-            per_call_s=AGREEMENT_CALL_S,
+            per_call_s=call_seconds(AGREEMENT_CALL_S, rows * AGREEMENT_BYTES_PER_ROW),
         )
     except grpc.RpcError as exc:
         if exit_code_for(exc) == REFUSED or is_refusal(exc.details() or ""):

@@ -197,3 +197,43 @@ def test_a_retried_submit_sends_every_part_again(
     assert all(r.startswith(allowed) for r in reasons), reasons
     assert _parts_received(caplog) == [(0, 3), (1, 3), (2, 3)]
     state.cleanup()
+
+
+def test_the_tag_and_agreement_calls_get_time_for_their_bytes(
+    engine: InlineEngine, world: World, expected: tuple[int, bytes], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each call that moves a follower's tags, or its row order back, may take its fixed time
+    plus its bytes at the slowest rate allowed (a fixed 60 s could not carry the 4.8 GB of tags
+    of 3 * 10^8 rows: every attempt ran out and started again). With no fixed time at all the
+    tags' call here still has time for its 4,005 tags at 16 kB/s."""
+    from secure_release.curator.release import agreement
+
+    calls: list[float] = []
+    real = agreement.retry_until
+
+    def spy(fn: Any, what: str, deadline: Any, log: Any, per_call_s: float) -> Any:
+        calls.append(per_call_s)
+        return real(fn, what, deadline, log, per_call_s=per_call_s)
+
+    monkeypatch.setattr(agreement, "retry_until", spy)
+    monkeypatch.setattr(agreement, "SUBMIT_TIMEOUT_S", 0.0)
+    monkeypatch.setattr(agreement, "SLOWEST_BYTES_PER_S", 16_000)
+    bob, alice = _table(engine, world, "bob", 3), _table(engine, world, "alice", 3)
+    rows = bob.num_rows
+    assert agreement.tag_count(bob.tag_pieces) == rows > 0
+    state = ClusterLeader("r1", ("alice", "bob"), None, 1.0, None, CipherMode.CHACHA20, ("res",), Seed(bytes(32)))
+    state.attach(alice, tmp_path)
+    state.add_tags("alice", np.zeros(0, dtype=TAG_DTYPE), alice.alphabet_size)
+    variant = _follow(state, world, bob, tmp_path, 2)
+    assert variant.own_rows is not None and variant.own_rows.astype("<u4").tobytes() == expected[1]
+    assert calls == [rows * 16 / 16_000, agreement.AGREEMENT_CALL_S + rows * 20 / 16_000]
+    state.cleanup()
+
+
+def test_a_call_deadline_is_its_fixed_part_and_its_bytes_at_the_slowest_rate() -> None:
+    from secure_release.curator.release.agreement import SLOWEST_BYTES_PER_S, call_seconds, tag_count
+
+    assert SLOWEST_BYTES_PER_S == 8 << 20
+    assert call_seconds(60.0, 0) == 60.0
+    assert call_seconds(60.0, 300_000_000 * 16) == 60.0 + 300_000_000 * 16 / (8 << 20)  # 632 s at 3 * 10^8
+    assert tag_count(np.zeros(7, dtype=TAG_DTYPE)) == 7 and tag_count(lambda: iter(())) == 0

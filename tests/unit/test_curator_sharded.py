@@ -61,6 +61,58 @@ def test_merge_sorts_a_shard_ascending_and_names_repeated_tags() -> None:
     assert np.array_equal(np.sort(doubled.repeated), np.sort(pieces[0].tags))
 
 
+def test_what_a_worker_holds_counts_its_arrays_for_dask() -> None:
+    """Dask sizes a task's result with its own ``sizeof`` (``sys.getsizeof`` for a type it does
+    not know): a piece, a partition's pieces, a shard, a match and a sample run each count the
+    bytes of their arrays (before: 56 bytes each, so a worker's memory looked "unmanaged")."""
+    from dask.sizeof import sizeof
+
+    from secure_release.curator.cluster.sample import KeptRun
+
+    tags = id_tags(np.array([f"id{i}" for i in range(30000)]), KEY)
+    pieces = sh.split_by_shard(tags, 3, np.arange(30000, dtype=np.uint32))
+    arrays = sum(p.tags.nbytes + p.symbols.nbytes for p in pieces)
+    assert arrays == 30000 * (16 + 4)
+    assert sizeof(pieces[0]) >= pieces[0].tags.nbytes + pieces[0].symbols.nbytes
+    result = st.PartitionResult(pieces, 30000)
+    assert arrays <= sizeof(result) <= arrays + 4096
+    shard = st.merge_shard(list(pieces))
+    assert sizeof(shard) >= shard.tags.nbytes + shard.symbols.nbytes + shard.repeated.nbytes
+    rows = np.arange(1000, dtype=np.uint32)
+    match = st.Match(np.zeros(1000, dtype=np.uint8), (rows, rows))
+    assert sizeof(match) >= 1000 + 2 * 4000
+    keys = np.arange(500, dtype=np.uint64)
+    assert sizeof(KeptRun((keys, keys), (rows, rows))) >= 2 * 4000 + 2 * 4000
+
+
+def test_a_piece_of_a_partition_read_back_from_disk_holds_only_its_own_bytes() -> None:
+    """Dask reads a spilled object back into one writable buffer and its arrays are views into
+    it: the piece a task hands on is an owned copy (else it keeps every piece of its partition
+    alive), and so is a key range of a sample run; an array that owns its memory is not copied."""
+    from distributed.protocol import deserialize_bytes, serialize_bytes
+
+    from secure_release.curator.cluster.sample import KeptRun, kept_part
+
+    tags = id_tags(np.array([f"id{i}" for i in range(30000)]), KEY)
+    pieces = sh.split_by_shard(tags, 3, np.arange(30000, dtype=np.uint32))
+    back = deserialize_bytes(bytearray(serialize_bytes(st.PartitionResult(pieces, 30000))))
+    viewed = back.pieces[2].tags
+    while isinstance(viewed.base, np.ndarray):
+        viewed = viewed.base
+    assert isinstance(viewed.base, memoryview) and viewed.base.obj.__len__() > 5 * back.pieces[2].tags.nbytes
+    piece = st.piece_of(back, 2)
+    assert piece.tags.base is None and piece.symbols.base is None
+    assert np.array_equal(piece.tags, pieces[2].tags) and np.array_equal(piece.symbols, pieces[2].symbols)
+    fresh = np.arange(10, dtype=np.uint64)
+    whole_view = fresh.view(np.int64)
+    assert sh.owned(fresh) is fresh and sh.owned(whole_view) is whole_view  # a view of all of it: not copied
+    assert sh.owned(fresh[2:5]).base is None
+    keys = np.arange(4000, dtype=np.uint64)
+    run = deserialize_bytes(bytearray(serialize_bytes(KeptRun((keys[:2000], keys[2000:]), (keys[:2000], keys[2000:])))))
+    got_keys, got_symbols = kept_part(run, 1)
+    assert got_keys.base is None and got_symbols.base is None and np.array_equal(got_keys, keys[2000:])
+
+
 @pytest.mark.parametrize("shard_bits", [0, 2, 5])
 def test_intersection_by_shard_gives_the_rows_align_all_gives(shard_bits: int) -> None:
     rng = np.random.default_rng(5)

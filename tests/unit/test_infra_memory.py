@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pyarrow  # noqa: F401  (imported first, so its own memory does not enter the figures)
 import pytest
@@ -26,7 +28,6 @@ def test_freed_heap_pages_go_back_to_the_os() -> None:
     assert before - after > 200, (before, after)  # about 305 MiB were free but still resident
 
 
-
 def test_glibc_takes_the_fixed_thresholds_and_a_libc_without_mallopt_is_not_claimed(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -37,3 +38,19 @@ def test_glibc_takes_the_fixed_thresholds_and_a_libc_without_mallopt_is_not_clai
     assert memory.return_freed_memory_promptly() is True
     monkeypatch.setattr(memory, "_libc", lambda: object())
     assert memory.return_freed_memory_promptly() is False
+
+
+def test_the_trim_watch_trims_above_its_threshold_only() -> None:
+    """One look of the watch: above its fraction of the limit it trims (and counts it), below it
+    does nothing; the thread stops when told."""
+    rss = memory.resident_bytes()
+    assert rss is not None and rss > 0
+    low, high = memory.TrimWatch(rss, fraction=0.5), memory.TrimWatch(rss, fraction=4.0)
+    assert low.threshold == rss // 2 and low.check() is True and low.trims == 1
+    assert high.check() is False and high.trims == 0
+    started = memory.TrimWatch(rss, fraction=0.5).start()
+    deadline = time.monotonic() + 5
+    while started.trims == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    started.stop()
+    assert started.trims >= 1
