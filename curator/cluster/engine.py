@@ -179,7 +179,19 @@ class DaskEngine:
         return self.client.scatter([value], direct=self._direct, hash=False, workers=workers or None)[0]
 
     def result(self, handle: Any) -> Any:
-        return _lost_worker_named(lambda: handle.result())
+        """``handle``'s value; :class:`StoppedError` within a second of SIGTERM (the task is
+        cancelled), as :meth:`results`."""
+
+        def wait() -> Any:
+            while True:
+                try:
+                    return handle.result(timeout=1.0)
+                except TimeoutError:
+                    if self._stop.is_set():
+                        self.client.cancel([handle])
+                        raise StoppedError("stopped (SIGTERM) while waiting for the cluster") from None
+
+        return _lost_worker_named(wait)
 
     def results(self, handles: Sequence[Any], stage: str) -> list[Any]:
         """Every handle's value, in order; progress as they complete; :class:`StoppedError`

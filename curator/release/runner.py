@@ -741,7 +741,7 @@ def open_cluster_run(
     keystore = open_keystore(config)
     resuming = keystore.load_record(config.release_id) is not None
     with ThreadPoolExecutor(1, thread_name_prefix="engine") as pool:
-        starting = None if resuming else pool.submit(start_engine, config, log)
+        starting = None if resuming else pool.submit(start_engine, config, log, stop)
         try:
             fingerprint = dataset_fingerprint(config.data)
             record = resumable_record(config, keystore, fingerprint)
@@ -805,25 +805,27 @@ def own_data(config: CuratorConfig, table: CuratorTable, fingerprint: str) -> Ow
     return OwnData(table, sorted_tags.tags, fingerprint, sorted_tags)
 
 
-def start_engine(config: CuratorConfig, log: EventLog) -> Engine:
-    """The engine ``--engine`` names, its workers warmed up (the stage modules imported)."""
+def start_engine(config: CuratorConfig, log: EventLog, stop: threading.Event | None = None) -> Engine:
+    """The engine ``--engine`` names, its workers warmed up (the stage modules imported); ``stop``
+    (SIGTERM) ends any stage it waits for within a second."""
     from secure_release.curator.cluster.engine import open_engine
 
     return open_engine(config.engine, scheduler=config.scheduler, scheduler_file=config.scheduler_file,
                        workers=config.workers, worker_memory=config.worker_memory, log=log,
-                       spill_dir=spill_dir(config))  # fmt: skip
+                       spill_dir=spill_dir(config), stop=stop)  # fmt: skip
 
 
 def shard_table(
-    config: CuratorConfig, log: EventLog, spec: TableSpec, state: LeaderState | None, engine: Engine | None = None
-) -> ShardedTable:
+    config: CuratorConfig, log: EventLog, spec: TableSpec, state: LeaderState | None, engine: Engine | None = None,
+    stop: threading.Event | None = None,
+) -> ShardedTable:  # fmt: skip
     """The table read, hashed and sharded by the curator's engine (started here unless given;
     closed again if that fails); a cluster leader spools its followers' tags in the keystore
     directory."""
     from secure_release.curator.cluster.sharded import load_sharded
 
     assert config.alignment_key is not None
-    engine = engine if engine is not None else start_engine(config, log)
+    engine = engine if engine is not None else start_engine(config, log, stop)
     try:
         sharded = load_sharded(engine, str(config.data), spec, config.alignment_key, log, config.shard_bits)
     except BaseException:

@@ -247,7 +247,7 @@ def _cluster_aligned(
     config: CuratorConfig, spec: TableSpec, state: LeaderState | None, log: EventLog, deadline: Deadline
 ) -> tuple[VariantAgreement, SymbolArray]:
     """:func:`_aligned` on the curator's cluster (``--engine dask``): the same column."""
-    sharded = shard_table(config, log, spec, state)
+    sharded = shard_table(config, log, spec, state, stop=deadline.stop)
     try:
         agreement = agree(config, sharded.tag_pieces, spec.schema.alphabet_size, state, log, deadline)
         if state is not None:

@@ -297,3 +297,29 @@ def test_every_worker_hands_its_free_heap_back_when_it_runs_high(tmp_path: Path)
         assert now < threshold and trims >= 1, (peak, now, trims)
     finally:
         engine.close()
+
+
+def test_sigterm_ends_a_wait_on_the_cluster_within_a_second_or_two(tmp_path: Path) -> None:
+    """The stop event (SIGTERM) ends a wait for one task, as for a stage: StoppedError and the
+    task cancelled (before, the curator's run never handed its stop event to the engine, and a
+    SIGTERM during the read waited for the whole shuffle)."""
+    import threading
+
+    from secure_release.curator.cluster.engine import DaskEngine, StoppedError, open_engine
+
+    stop = threading.Event()
+    engine = open_engine("dask", workers=1, worker_memory="1GiB", spill_dir=str(tmp_path), stop=stop)
+    try:
+        assert isinstance(engine, DaskEngine)
+        sleeping = engine.submit(time.sleep, 60)
+        threading.Timer(0.5, stop.set).start()
+        started = time.monotonic()
+        with pytest.raises(StoppedError, match="SIGTERM"):
+            engine.result(sleeping)
+        assert time.monotonic() - started < 3.0
+        deadline = time.monotonic() + 5
+        while sleeping.status != "cancelled" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert sleeping.status == "cancelled"
+    finally:
+        engine.close()

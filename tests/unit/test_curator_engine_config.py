@@ -15,6 +15,7 @@ from secure_release.curator.cluster.engine import DaskEngine, EngineError, check
 from secure_release.curator.config import CuratorConfig, config_from_args
 from secure_release.curator.errors import StoppedError
 from secure_release.infra.config import ConfigError, apply_env_and_config, subcommand_parser
+from secure_release.infra.logs import EventLog
 
 
 @pytest.fixture()
@@ -119,6 +120,20 @@ def test_sigterm_stops_a_cluster_stage_within_a_second(monkeypatch: pytest.Monke
     with pytest.raises(StoppedError, match="during the shuffle stage"):
         engine.results(handles, "shuffle")
     assert sorted(map(id, cancelled)) == sorted(map(id, handles))
+
+
+def test_the_runs_stop_event_reaches_the_engine(base: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run's SIGTERM event is the engine's stop event (before, the run never handed it over:
+    a SIGTERM during the read stage waited for the whole shuffle)."""
+    import secure_release.curator.cluster.engine as engine_module
+    from secure_release.curator.release import runner
+
+    given: dict[str, Any] = {}
+    monkeypatch.setattr(engine_module, "open_engine", lambda engine, **kw: given.update(kw) or "an engine")
+    stop = threading.Event()
+    config = _config([*base, "--engine", "dask"])
+    assert runner.start_engine(config, EventLog("curator", "t"), stop) == "an engine"
+    assert given["stop"] is stop
 
 
 def test_a_leader_on_a_cluster_takes_a_billion_tags_by_default(base: list[str]) -> None:
