@@ -127,22 +127,30 @@ def in_order(engine: Engine, task: Callable[[int], Any], count: int, window: int
 
 
 def load_sharded(
-    engine: Engine, data: str, spec: TableSpec, key: AlignmentKey, log: EventLog, shard_bits: int | None = None
-) -> ShardedTable:
+    engine: Engine, data: str, spec: TableSpec, key: AlignmentKey, log: EventLog, shard_bits: int | None = None,
+    group_bits: int | None = None,
+) -> ShardedTable:  # fmt: skip
     """Read, check, hash and shard the table at ``data`` (a file, directory or glob) on the
     engine. Bad rows anywhere refuse the whole table (:class:`BadRowsError`, each problem with
-    its file and line), and so do repeated ids, before any tag leaves the process."""
+    its file and line), and so do repeated ids, before any tag leaves the process.
+    ``group_bits``: the shuffle's two levels (:func:`~secure_release.mechanism.sharding.group_bits_for`
+    by default; 0: one level); the shards are the same either way."""
     from secure_release.curator.partitions import discover
 
     partitions = discover(data, PARTITION_ROWS)
     known = sum(int(p.num_rows or 0) for p in partitions)
     bits = sh.shard_bits_for(known or len(partitions) << 20) if shard_bits is None else shard_bits
+    groups = sh.group_bits_for(len(partitions), bits) if group_bits is None else group_bits
+    if not 0 <= groups <= bits:
+        raise sh.ShardError(f"group bits {groups} must be between 0 and the shard bits {bits}")
     size = spec.schema.alphabet_size
-    results = [engine.submit(st.hash_partition, i, p, spec, key.reveal(), bits, size) for i, p in enumerate(partitions)]
+    results = [engine.submit(st.hash_partition, i, p, spec, key.reveal(), groups or bits, size)
+               for i, p in enumerate(partitions)]  # fmt: skip
     summaries = [engine.submit(st.problems_of, r) for r in results]
     # the merges are queued at once: a piece moves to its shard's worker as soon as its partition
-    # is read (nothing leaves the cluster before every partition is checked, below)
-    pieces = [[engine.submit(st.piece_of, r, s) for r in results] for s in range(1 << bits)]
+    # (or its group's batch of partitions) is read; nothing leaves the cluster before every
+    # partition is checked, below
+    pieces = _shard_pieces(engine, results, bits, groups)
     shards = [engine.submit(st.merge_shard, shard_pieces) for shard_pieces in pieces]
     engine.release(results)  # each partition is dropped once its pieces are taken
     del pieces
@@ -160,6 +168,25 @@ def load_sharded(
         _raise_repeats(table, key, np.asarray(repeated, dtype=TAG_DTYPE)[:MAX_REPORTED], len(repeated))
     log("shards_sorted", shards=len(shards), rows=table.num_rows, peak_rss_mib=peak_rss_mib())
     return table
+
+
+def _shard_pieces(engine: Engine, results: list[Any], bits: int, groups: int) -> list[list[Any]]:
+    """Every shard's pieces, shard by shard. One level: one piece a partition. Two levels: each
+    partition split into ``2^groups`` groups; the group's pieces of ``2^groups`` partitions at a
+    time joined and split into the group's shards (:func:`~secure_release.curator.cluster.shards.regroup`);
+    a shard's pieces are then one a batch."""
+    if groups == 0:
+        return [[engine.submit(st.piece_of, r, s) for r in results] for s in range(1 << bits)]
+    batch, per_group = 1 << groups, 1 << (bits - groups)
+    pieces: list[list[Any]] = [[] for _ in range(1 << bits)]
+    for first in range(0, len(results), batch):
+        for group in range(1 << groups):
+            parts = [engine.submit(st.piece_of, r, group) for r in results[first : first + batch]]
+            block = engine.submit(st.regroup, parts, bits, groups)
+            for sub in range(per_group):
+                pieces[group * per_group + sub].append(engine.submit(st.piece_of, block, sub))
+            engine.release([*parts, block])  # dropped once the group's shards took their pieces
+    return pieces
 
 
 def _raise_repeats(table: ShardedTable, key: AlignmentKey, wanted: TagArray, total: int) -> None:

@@ -77,6 +77,18 @@ def piece_of(result: PartitionResult, shard: int) -> Piece:
     return Piece(owned(piece.tags), owned(piece.symbols))  # not a view into a partition read back from disk
 
 
+def regroup(pieces: Sequence[Piece], shard_bits: int, group_bits: int) -> PartitionResult:
+    """The second level of a two-level shuffle: one group's pieces from a batch of partitions
+    (their tags share the top ``group_bits`` bits), joined and split into the
+    ``2^(shard_bits - group_bits)`` shards of the group."""
+    tags = np.concatenate([p.tags for p in pieces]) if pieces else np.zeros(0, dtype=WORK_DTYPE)
+    symbols = np.concatenate([p.symbols for p in pieces]) if pieces else np.zeros(0, dtype=np.uint8)
+    split = split_by_shard(tags, shard_bits, symbols, skip_bits=group_bits)
+    del tags, symbols
+    release_free_memory()
+    return PartitionResult(split, sum(int(p.tags.size) for p in split))
+
+
 def shard_summary(shard: Shard) -> tuple[int, TagArray]:
     """What the driver needs of a shard: its size and its repeated tags (not its rows)."""
     return shard.size, shard.repeated

@@ -157,6 +157,35 @@ def _local_aligned(root: Path, seed: Seed) -> tuple[int, dict[str, np.ndarray]]:
     return agreement.num_common, {c: t.symbols()[leader.rows[c][positions]] for c, t in tables.items()}
 
 
+def test_a_two_level_shuffle_gives_the_shards_of_one_level(world: Path, tmp_path: Path) -> None:
+    """Groups first, then the group's shards (7 partitions: batches of 4 and 3, and of 2 for
+    one group bit): every shard the same rows, tags and symbols as the one-level shuffle, for
+    every number of group bits; the default takes two levels only past TWO_LEVEL_PIECES."""
+    assert sh.group_bits_for(64, 5) == 0 and sh.group_bits_for(96, 7) == 3 and sh.group_bits_for(320, 8) == 4
+    assert sh.group_bits_for(10_000, 1) == 0  # one shard bit: nothing to split in two
+    data = str(split_parquet(world / "alice.csv", tmp_path / "alice", 7, groups=1))
+    schema = load_schema(world / "alice.json")
+    engine = InlineEngine(2)
+    try:
+
+        def shards(group_bits: int) -> list[sh.Shard]:
+            table = load_sharded(engine, data, schema, KEY, LOG, shard_bits=4, group_bits=group_bits)
+            return [engine.result(h) for h in table.shards]
+
+        one = shards(0)
+        assert sum(s.size for s in one) == 5005 and all(s.size for s in one)  # the demo table: 5005 rows
+        for groups in (1, 2, 4):
+            two = shards(groups)
+            assert len(two) == 16
+            for a, b in zip(one, two, strict=True):
+                assert np.array_equal(a.tags, b.tags) and np.array_equal(a.symbols, b.symbols)
+                assert a.repeated.size == b.repeated.size == 0
+        with pytest.raises(sh.ShardError, match="between 0 and"):
+            load_sharded(engine, data, schema, KEY, LOG, shard_bits=4, group_bits=5)
+    finally:
+        engine.close()
+
+
 @pytest.mark.parametrize("files", [1, 7, 64])
 def test_the_sharded_release_samples_the_same_rows_as_the_in_process_one(
     world: Path, tmp_path: Path, files: int
