@@ -11,7 +11,9 @@ The stages of one curator:
 1. :func:`hash_partition`: read one partition against the schema (the same checks as a whole
    table; bad rows come back with their file and line), hash its ids into tags, and split
    ``(tag, symbol)`` by shard.
-2. :func:`merge_shard`: one shard's pieces from every partition, sorted by tag; equal adjacent
+2. :func:`merge_shard`: one shard's pieces from every partition (or, past
+   :data:`~secure_release.mechanism.sharding.TWO_LEVEL_PIECES`, from every batch of partitions
+   :func:`regroup` joined), sorted by tag; equal adjacent
    tags are repeated ids (their tags come back; :func:`locate_tags` then finds each one's file
    and line, on the error path only).
 3. The tags leave the curator shard by shard, ascending (:func:`shard_tags`); the leader spools
