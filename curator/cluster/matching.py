@@ -133,21 +133,22 @@ class _Spooler:
                 self._write(shard, part.tags.tobytes(), part.symbols)
 
     def _add_ascending(self, piece: bytes, first: int, hi: npt.NDArray[np.uint64], lo: npt.NDArray[np.uint64]) -> None:
-        top = sh.top_bits(hi, self.bits)
+        units = sh.top_bits(hi, self.bits + UNIT_BITS)
+        top = units >> UNIT_BITS  # the shard of each tag: its top bits
         low, high = int(top[0]), int(top[-1])
         bounds = np.searchsorted(top, np.arange(low, high + 2)).tolist()  # ascending: one run a shard
         view = memoryview(piece)
-        units = sh.top_bits(hi, self.bits + UNIT_BITS)
         reach = low if self.reach is None else self.reach  # the shards it moved over are its own too
         with self.leader.cond:
             self.leader._claim(self.curator, self.part.index, range(reach, high + 1))
             self.reach = high + 1
-            for unit in np.unique(units).tolist():  # a few a piece: where each new unit begins
+            for unit in units[np.flatnonzero(np.diff(units, prepend=-1))].tolist():  # ascending: each unit once
                 self.starts.setdefault(unit, self.written[unit >> UNIT_BITS] + int(np.searchsorted(units, unit)) -
                                        bounds[(unit >> UNIT_BITS) - low])  # fmt: skip
         for shard in range(low, high + 1):
             start, stop = bounds[shard - low], bounds[shard - low + 1]
-            self._write(shard, view[TAG_BYTES * start : TAG_BYTES * stop], np.arange(first + start, first + stop))
+            self._write(shard, view[TAG_BYTES * start : TAG_BYTES * stop],
+                        np.arange(first + start, first + stop, dtype="<u4"))  # fmt: skip
         self.last = (int(hi[-1]), int(lo[-1]))
         for shard in range(low, high + 1):  # the matcher reads what is written, not what is buffered
             if shard in self.files:
@@ -161,7 +162,7 @@ class _Spooler:
                                  _suffixed(self.paths[shard], ".rows").open("wb"))  # fmt: skip
         tags, row_file = self.files[shard]
         tags.write(raw)
-        row_file.write(rows.astype("<u4").tobytes())
+        row_file.write(np.ascontiguousarray(rows, dtype="<u4").data)
         self.written[shard] += int(rows.size)
 
     def unit_range(self, unit: int) -> tuple[int, int] | None:
