@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from support import INPUT_TESTS, PARTIES
 
+from secure_release.curator.cluster.engine import InlineEngine
 from secure_release.infra import tls
 from secure_release.infra.pki import init_pki
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
@@ -50,3 +51,12 @@ def server_port(certs: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     yield port
     server.stop(0).wait()
     store.close()
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[InlineEngine]:
+    """The in-process engine of a curator (two threads), for one test module."""
+
+    engine = InlineEngine(2)
+    yield engine
+    engine.close()

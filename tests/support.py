@@ -6,6 +6,7 @@ import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import numpy as np
@@ -19,6 +20,12 @@ from secure_release.mechanism.plan import plan_release
 from secure_release.mechanism.spec import ReleaseSpec
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
+
+if TYPE_CHECKING:
+    from secure_release.curator.cluster.engine import Engine
+    from secure_release.curator.cluster.sharded import ShardedTable
+    from secure_release.curator.config import CuratorConfig
+    from secure_release.mechanism.keys import AlignmentKey
 
 #: Every party the tests use: three curators, the server, a granted and an ungranted
 #: researcher, and an analyst.
@@ -177,6 +184,32 @@ class SplitWorld:
 
     root: Path
     folders: dict[str, Path]
+
+    def sharded(self, engine: Engine, curator: str, key: AlignmentKey, shard_bits: int) -> ShardedTable:
+        """``curator``'s Parquet files read, hashed under ``key`` and sharded on ``engine``."""
+        from secure_release.curator.cluster.sharded import load_sharded
+        from secure_release.curator.table import load_schema
+        from secure_release.infra.logs import EventLog
+
+        schema = load_schema(self.root / f"{curator}.json")
+        return load_sharded(engine, str(self.folders[curator]), schema, key, EventLog("curator", "test"),
+                            shard_bits=shard_bits)  # fmt: skip
+
+
+def curator_config(name: str, **changes: Any) -> CuratorConfig:
+    """A ``CuratorConfig`` of curator ``name`` of release ``r1`` (alice leads; bob follows), for
+    services run in the test process: no files are read, plaintext, ``changes`` over the rest."""
+    from secure_release.curator.config import CuratorConfig
+    from secure_release.mechanism.keys import AlignmentKey
+
+    base: dict[str, Any] = dict(
+        name=name, release_id="r1", epsilon=1.0, m=None, cipher=CipherMode.OTP, curators=("alice", "bob"),
+        leader=name == "alice", leader_address=None, expected_sizes=None, notify="res", grants=(),
+        data=Path("x.csv"), schema=Path("x.json"), dataset="d", keystore=Path("ks"),
+        server="127.0.0.1:1", certs=None, listen_host="127.0.0.1", listen_port=0, port_file=None,
+        insecure=True, timeout=10.0, exit_after_keys=True, alignment_key=AlignmentKey(bytes(32)),
+    )  # fmt: skip
+    return CuratorConfig(**{**base, **changes})
 
 
 def split_world(root: Path, rows: int, seed: int) -> SplitWorld:

@@ -13,6 +13,7 @@ from typing import Any, NoReturn
 import grpc
 import numpy as np
 import pytest
+from support import curator_config
 
 from secure_release.curator.config import CuratorConfig
 from secure_release.curator.leader import LeaderState
@@ -35,7 +36,7 @@ from secure_release.infra.streams import (
 from secure_release.infra.tls import secure_channel
 from secure_release.infra.wire import cipher_from_pb, spec_from_pb
 from secure_release.mechanism.alignment import TAG_DTYPE, TagArray, align
-from secure_release.mechanism.keys import AlignmentKey, Seed
+from secure_release.mechanism.keys import Seed
 from secure_release.mechanism.packing import CHUNK_ROWS, unpack_symbols
 from secure_release.mechanism.pads import CipherMode, new_release_pad
 from secure_release.mechanism.schema import Attribute, CuratorSchema
@@ -275,14 +276,7 @@ def test_release_key_chacha20_is_one_chunk() -> None:
 
 
 def _config(name: str, **kw: Any) -> CuratorConfig:
-    base: dict[str, Any] = dict(
-        name=name, release_id="r1", epsilon=1.0, m=None, cipher=CipherMode.OTP, curators=("alice", "bob"),
-        leader=name == "alice", leader_address=None, expected_sizes=None, notify="res", grants=(),
-        data=Path("x.csv"), schema=Path("x.json"), dataset="d", keystore=Path("ks"),
-        server="127.0.0.1:1", certs=None, listen_host="127.0.0.1", listen_port=0, port_file=None,
-        insecure=True, timeout=10.0, exit_after_keys=True, alignment_key=AlignmentKey(bytes(32)),
-    )  # fmt: skip
-    return CuratorConfig(**{**base, **kw})
+    return curator_config(name, **kw)
 
 
 def test_follower_gets_the_leaders_agreement_over_grpc(tmp_path: Path) -> None:

@@ -9,18 +9,17 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 from support import SplitWorld as World
-from support import split_world
+from support import curator_config, split_world
 
 from secure_release.curator.cluster.engine import InlineEngine
 from secure_release.curator.cluster.matching import ClusterLeader
-from secure_release.curator.cluster.sharded import ShardedTable, load_sharded
+from secure_release.curator.cluster.sharded import ShardedTable
 from secure_release.curator.config import CuratorConfig
 from secure_release.curator.leader import LeaderState
 from secure_release.curator.release.agreement import LEADER_CALLS_PER_PEER, follow_leader
@@ -43,16 +42,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> World:
     return split_world(tmp_path_factory.mktemp("streams"), rows=4000, seed=5)
 
 
-@pytest.fixture(scope="module")
-def engine() -> Iterator[InlineEngine]:
-    engine = InlineEngine(2)
-    yield engine
-    engine.close()
-
-
 def _table(engine: InlineEngine, world: World, curator: str, shard_bits: int) -> ShardedTable:
-    schema = load_schema(world.root / f"{curator}.json")
-    return load_sharded(engine, str(world.folders[curator]), schema, KEY, LOG, shard_bits=shard_bits)
+    return world.sharded(engine, curator, KEY, shard_bits)
 
 
 def _one_stream_rows(engine: InlineEngine, world: World) -> tuple[int, bytes]:
@@ -71,14 +62,8 @@ def expected(engine: InlineEngine, world: World) -> tuple[int, bytes]:
 
 
 def _config(name: str, **kw: Any) -> CuratorConfig:
-    base: dict[str, Any] = dict(
-        name=name, release_id="r1", epsilon=1.0, m=None, cipher=CipherMode.CHACHA20, curators=("alice", "bob"),
-        leader=name == "alice", leader_address=None, expected_sizes=None, notify="res", grants=(),
-        data=Path("x.csv"), schema=Path("x.json"), dataset="d", keystore=Path("ks"),
-        server="127.0.0.1:1", certs=None, listen_host="127.0.0.1", listen_port=0, port_file=None,
-        insecure=True, timeout=30.0, exit_after_keys=True, alignment_key=KEY, engine="dask",
-    )  # fmt: skip
-    return CuratorConfig(**{**base, **kw})
+    changes = dict(cipher=CipherMode.CHACHA20, timeout=30.0, alignment_key=KEY, engine="dask")
+    return curator_config(name, **{**changes, **kw})
 
 
 def _follow(

@@ -23,12 +23,11 @@ from support import split_world
 from secure_release.curator.cli import build_parser
 from secure_release.curator.cluster.engine import InlineEngine
 from secure_release.curator.cluster.matching import ClusterLeader
-from secure_release.curator.cluster.sharded import ShardedTable, load_sharded
+from secure_release.curator.cluster.sharded import ShardedTable
 from secure_release.curator.config import config_from_args
 from secure_release.curator.errors import AgreementFixedError
 from secure_release.curator.leader import LeaderState, TagPartsError
 from secure_release.curator.release.agreement import shard_runs
-from secure_release.curator.table import load_schema
 from secure_release.infra.config import ConfigError, apply_env_and_config, subcommand_parser
 from secure_release.infra.logs import EventLog
 from secure_release.infra.streams import (
@@ -67,16 +66,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> World:
     return split_world(tmp_path_factory.mktemp("parts"), rows=5000, seed=11)
 
 
-@pytest.fixture(scope="module")
-def engine() -> Iterator[InlineEngine]:
-    engine = InlineEngine(2)
-    yield engine
-    engine.close()
-
-
 def _table(engine: InlineEngine, world: World, curator: str, shard_bits: int = SHARD_BITS) -> ShardedTable:
-    schema = load_schema(world.root / f"{curator}.json")
-    return load_sharded(engine, str(world.folders[curator]), schema, KEY, LOG, shard_bits=shard_bits)
+    return world.sharded(engine, curator, KEY, shard_bits)
 
 
 @pytest.fixture(scope="module")
