@@ -185,15 +185,18 @@ class SplitWorld:
     root: Path
     folders: dict[str, Path]
 
-    def sharded(self, engine: Engine, curator: str, key: AlignmentKey, shard_bits: int) -> ShardedTable:
-        """``curator``'s Parquet files read, hashed under ``key`` and sharded on ``engine``."""
+    def sharded(
+        self, engine: Engine, curator: str, key: AlignmentKey, shard_bits: int, group_bits: int | None = None
+    ) -> ShardedTable:
+        """``curator``'s Parquet files read, hashed under ``key`` and sharded on ``engine``
+        (``group_bits``: the shuffle's levels, as ``load_sharded`` takes them)."""
         from secure_release.curator.cluster.sharded import load_sharded
         from secure_release.curator.table import load_schema
         from secure_release.infra.logs import EventLog
 
         schema = load_schema(self.root / f"{curator}.json")
         return load_sharded(engine, str(self.folders[curator]), schema, key, EventLog("curator", "test"),
-                            shard_bits=shard_bits)  # fmt: skip
+                            shard_bits=shard_bits, group_bits=group_bits)  # fmt: skip
 
 
 def curator_config(name: str, **changes: Any) -> CuratorConfig:

@@ -323,3 +323,23 @@ def test_sigterm_ends_a_wait_on_the_cluster_within_a_second_or_two(tmp_path: Pat
         assert sleeping.status == "cancelled"
     finally:
         engine.close()
+
+
+def test_a_two_level_shuffle_on_dask_gives_the_shards_of_one_level(tmp_path: Path) -> None:
+    """The two-level shuffle releases its intermediate handles as soon as they are queued: on a
+    real cluster (2 workers) every shard is still the one-level shard, tag for tag."""
+    import numpy as np
+    from support import split_world
+
+    from secure_release.curator.cluster.engine import open_engine
+
+    world = split_world(tmp_path / "world", rows=3000, seed=3)
+    engine = open_engine("dask", workers=2, worker_memory="1GiB", spill_dir=str(tmp_path / "spill"))
+    try:
+        one, two = (world.sharded(engine, "bob", AlignmentKey(bytes(32)), 4, group_bits=g) for g in (0, 2))
+        assert one.num_rows == two.num_rows > 2900
+        for a, b in zip(one.shards, two.shards, strict=True):
+            left, right = engine.result(a), engine.result(b)
+            assert left.size and np.array_equal(left.tags, right.tags) and np.array_equal(left.symbols, right.symbols)
+    finally:
+        engine.close()
