@@ -15,8 +15,13 @@ matching over. A part writes only the shards it holds (two parts holding one sha
 whose rows do not tile the follower's, fail the agreement: :class:`TagPartsError`).
 
 What this process holds: one unit's follower tags at a time (the spool is on disk: 20 bytes a
-tag in two files a shard, ``.tags`` and ``.rows``, under the keystore, 0700, removed at the end
-of the run), the row orders as files, and the aligned column once gathered.
+tag in two files a shard, ``.tags`` and ``.rows``, under the keystore, 0700), the row orders as
+files (one a unit), and the aligned column once gathered. A shard's spool files are removed as
+soon as its units are matched, so the spool holds what has arrived and is not matched yet, not
+every follower tag (20 GB at 10^9 rows). A resend then re-matches only the shards it rewrites;
+it fails the agreement (:class:`TagPartsError`) only where a re-match would need removed tags
+(another follower's, or a part's own tags when it stops ascending after they were matched).
+The rest is removed at the end of the run.
 """
 
 from __future__ import annotations
@@ -53,21 +58,35 @@ from secure_release.mechanism.variants import AlignmentMode, SamplingMode, Varia
 
 
 class SpooledRows:
-    """A follower's row order as the leader keeps it: uint32 in a file, read a slice at a time
-    (``row_pieces`` asks for ``size`` and slices)."""
+    """A follower's row order as the leader keeps it: uint32 in one file a unit (``counts[i]``
+    rows in ``paths[i]``, in unit order), read a slice at a time (``row_pieces`` asks for
+    ``size`` and slices)."""
 
-    def __init__(self, path: Path, size: int) -> None:
-        self.path, self.size = path, size
+    def __init__(self, paths: list[Path], counts: list[int]) -> None:
+        self.paths = paths
+        self.ends = np.cumsum(np.asarray(counts, dtype=np.int64))
+        self.size = int(self.ends[-1]) if len(counts) else 0
 
     def __getitem__(self, part: slice) -> npt.NDArray[np.uint32]:
         start, stop, _ = part.indices(self.size)
-        with self.path.open("rb") as fh:
-            fh.seek(4 * start)
-            return np.fromfile(fh, dtype="<u4", count=max(0, stop - start))
+        out = [np.zeros(0, dtype="<u4")]
+        unit = int(np.searchsorted(self.ends, start, side="right"))
+        while start < stop:  # one read a unit the slice touches
+            first = int(self.ends[unit - 1]) if unit else 0
+            count = min(stop, int(self.ends[unit])) - start
+            with self.paths[unit].open("rb") as fh:
+                fh.seek(4 * (start - first))
+                out.append(np.fromfile(fh, dtype="<u4", count=count))
+            start, unit = start + count, unit + 1
+        return np.concatenate(out)
 
 
 def _suffixed(path: Path, suffix: str) -> Path:
     return path.with_name(path.name + suffix)
+
+
+def _opened(path: Path, append: bool) -> BinaryIO:
+    return path.open("ab") if append else path.open("wb")
 
 
 #: Each shard is matched in 2^UNIT_BITS units (ranges of the next tag bits), so that the last
@@ -106,6 +125,7 @@ class _Spooler:
         self.leader, self.curator, self.part, self.bits = leader, curator, part, leader.own.shard_bits
         self.paths = leader.shard_files(curator)
         self.files: dict[int, tuple[BinaryIO, BinaryIO]] = {}  # shard -> its (.tags, .rows), opened lazily
+        self.opened: set[int] = set()  # shards whose files this part created (later opens append)
         self.last: tuple[int, int] | None = (-1, -1)  # the last tag while the part ascends, else None
         self.reach: int | None = 0 if part.index == 0 else None  # ascending: the first shard not claimed yet
         self.done = 0  # units complete (ascending)
@@ -123,7 +143,7 @@ class _Spooler:
             self.last = None
             if self.done:
                 with self.leader.cond:
-                    self.leader._restart()
+                    self.leader._invalidate(self.curator, self.leader.shards_of(self.curator, {self.part.index}), False)
         rows = np.arange(first, first + tags.size, dtype=np.uint32)  # split with the tags, as symbols are
         split = sh.split_by_shard(tags, self.bits, rows)
         with self.leader.cond:
@@ -154,12 +174,17 @@ class _Spooler:
             if shard in self.files:
                 for fh in self.files[shard]:
                     fh.flush()
+        for shard in [s for s in self.files if s < high]:  # moved past (so never written again): closed
+            for fh in self.files.pop(shard):  # before the matcher may remove them (an open file keeps its disk)
+                fh.close()
         self._complete(int(units[-1]))
 
     def _write(self, shard: int, raw: bytes | memoryview, rows: npt.NDArray[np.integer]) -> None:
         if shard not in self.files:  # claimed by this part: a file another part left is replaced
-            self.files[shard] = (_suffixed(self.paths[shard], ".tags").open("wb"),
-                                 _suffixed(self.paths[shard], ".rows").open("wb"))  # fmt: skip
+            append = shard in self.opened
+            self.files[shard] = (_opened(_suffixed(self.paths[shard], ".tags"), append),
+                                 _opened(_suffixed(self.paths[shard], ".rows"), append))  # fmt: skip
+            self.opened.add(shard)
         tags, row_file = self.files[shard]
         tags.write(raw)
         row_file.write(np.ascontiguousarray(rows, dtype="<u4").data)
@@ -207,6 +232,9 @@ class ClusterLeader(LeaderState):
     spool: Path | None = None
     own_counts: list[int] = field(default_factory=list)  # common rows of each unit
     matches: list[Any] = field(default_factory=list)  # engine handles of shards.Match, in unit order
+    results: dict[int, tuple[Any, int]] = field(default_factory=dict)  # unit -> (its Match, common rows) so far
+    stale: set[int] = field(default_factory=set)  # shards whose matches the next generation drops
+    removed: dict[int, dict[str, int]] = field(default_factory=dict)  # shard -> follower -> its tags removed
     row_files: dict[str, SpooledRows] = field(default_factory=dict)
     spoolers: dict[tuple[str, int], _Spooler] = field(default_factory=dict)  # (follower, part) -> its last stream's
     owners: dict[str, dict[int, int]] = field(default_factory=dict)  # follower -> shard -> the part that holds it
@@ -282,26 +310,51 @@ class ClusterLeader(LeaderState):
                     f"{curator!r} is already sending its tags in {parts.count} parts; retry when they ended"
                 )
             if parts is not None and spool:
-                self._free_shards(curator, set(parts.records))
-                self._restart()
+                self._invalidate(curator, self._free_shards(curator, set(parts.records)), True)
             parts = self.parts[curator] = TagParts(curator, part.count)
             self.owners[curator] = {}
         if parts.start(part) and spool:
-            self._free_shards(curator, {part.index})
-            self._restart()
+            self._invalidate(curator, self._free_shards(curator, {part.index}), True)
         if spool:
             self.spoolers[(curator, part.index)] = _Spooler(self, curator, part)
         return parts
 
-    def _free_shards(self, curator: str, indices: set[int]) -> None:
+    def shards_of(self, curator: str, indices: set[int]) -> list[int]:
+        """(Under ``cond``.) The shards parts ``indices`` of ``curator`` hold."""
+        return [s for s, index in self.owners.get(curator, {}).items() if index in indices]
+
+    def _free_shards(self, curator: str, indices: set[int]) -> list[int]:
         """(Under ``cond``.) The shards parts ``indices`` of ``curator`` held: files removed,
-        free for any part again."""
+        free for any part again; returns them."""
         owners = self.owners.get(curator, {})
         paths = self.shard_files(curator)
-        for shard in [s for s, index in owners.items() if index in indices]:
+        freed = self.shards_of(curator, indices)
+        for shard in freed:
             del owners[shard]
             _suffixed(paths[shard], ".tags").unlink(missing_ok=True)
             _suffixed(paths[shard], ".rows").unlink(missing_ok=True)
+        return freed
+
+    def _invalidate(self, curator: str, shards: Iterable[int], rewritten: bool) -> None:
+        """(Under ``cond``.) ``curator``'s tags of ``shards`` change: sent again from the start
+        (``rewritten``) or growing in place (a part that stopped ascending). Their matches are
+        dropped and the matching starts over (:meth:`_restart`). If a re-match would need tags
+        whose spool was removed once matched (another follower's; or, growing in place, the
+        part's own), the agreement fails: :class:`TagPartsError`."""
+        shards = list(shards)
+        lost = sorted(s for s in shards for c, count in self.removed.get(s, {}).items()
+                      if count and (c != curator or not rewritten))  # fmt: skip
+        if lost:
+            how = "were sent again" if rewritten else "no longer ascend"
+            exc = TagPartsError(
+                f"{curator!r}'s tags of shard(s) {lost[:8]} {how} after those shards were matched and their spooled "
+                "tags removed (the leader keeps no follower tags it has matched): start the release again"
+            )
+            self._part_failure(exc)
+            raise exc
+        for shard in shards:
+            self.removed.pop(shard, None)
+        self._restart(shards)
 
     def _claim(self, curator: str, index: int, shards: Iterable[int]) -> None:
         """(Under ``cond``.) Part ``index`` of ``curator`` writes ``shards``: a shard another part
@@ -317,8 +370,10 @@ class ClusterLeader(LeaderState):
                 self._part_failure(exc)
                 raise exc
 
-    def _restart(self) -> None:
-        """(Under ``cond``.) What was matched may change: the matching starts over."""
+    def _restart(self, shards: Iterable[int]) -> None:
+        """(Under ``cond``.) What was matched of ``shards`` may change: their matches are dropped
+        and the matching starts over (the units of other shards keep theirs)."""
+        self.stale.update(shards)
         self.generation += 1
         self.cond.notify_all()
 
@@ -417,42 +472,66 @@ class ClusterLeader(LeaderState):
         return parts.records[owner].ended or self.spoolers[(curator, owner)].moved_past(unit)
 
     def _match_generation(self, generation: int) -> None:
-        """Every unit matched once, at most :data:`WINDOW` in flight (the row files rewritten):
-        :class:`_RestartMatchingError` if the generation changes or the leader closes first."""
+        """Every unit not matched yet (or whose shard is stale) matched once, in order, at most
+        :data:`WINDOW` in flight, each follower's rows of it written to the unit's row file; a
+        shard's spool removed once its units are matched: :class:`_RestartMatchingError` if the
+        generation changes or the leader closes first."""
         assert self.spool is not None and self.engine is not None
         followers = list(self.curators[1:])
-        self.engine.release(self.matches)
-        self.matches, self.own_counts = [], []
-        outs = {c: (self.spool / f"rows-{c}.u32").open("wb") for c in followers}
-        pending: deque[tuple[Any, Any]] = deque()
-        submitted = 0
+        with self.cond:
+            stale, self.stale = self.stale, set()
+        dropped = [u for u in self.results if u >> UNIT_BITS in stale]
+        self.engine.release([self.results.pop(u)[0] for u in dropped])
+        queue = deque(u for u in range(self.num_units) if u not in self.results)
+        pending: deque[tuple[int, Any, Any]] = deque()
         try:
-            while len(self.matches) < self.num_units:
+            while queue or pending:
                 with self.cond:
                     if not pending:
-                        self.cond.wait_for(partial(self._stale_or_ready, generation, submitted))
+                        self.cond.wait_for(partial(self._stale_or_ready, generation, queue[0]))
                     if self._stale(generation):
                         raise _RestartMatchingError
                     ready = 0
-                    while submitted + ready < self.num_units and len(pending) + ready < WINDOW:
-                        if not self._ready(submitted + ready):
-                            break
+                    while ready < len(queue) and len(pending) + ready < WINDOW and self._ready(queue[ready]):
                         ready += 1
-                for s in range(submitted, submitted + ready):
-                    pending.append(self._submit_match(s))
-                submitted += ready
-                match, rows = pending.popleft()
+                for _ in range(ready):
+                    unit = queue.popleft()
+                    pending.append((unit, *self._submit_match(unit)))
+                unit, match, rows = pending.popleft()
                 count, follower_rows = self.engine.result(rows)
                 self.engine.release([rows])
-                self.matches.append(match)
-                self.own_counts.append(int(count))
                 for c, part in zip(followers, follower_rows, strict=True):
-                    outs[c].write(np.asarray(part, dtype="<u4").tobytes())
+                    self.unit_rows(c, unit).write_bytes(np.asarray(part, dtype="<u4").tobytes())
+                with self.cond:
+                    self.results[unit] = (match, int(count))
+                    self._remove_matched(unit >> UNIT_BITS, generation)
+                    self.cond.notify_all()
         finally:
-            for fh in outs.values():
-                fh.close()
-            for match, rows in pending:
+            for _, match, rows in pending:
                 self.engine.release([match, rows])
+
+    def unit_rows(self, curator: str, unit: int) -> Path:
+        """The file of ``curator``'s rows of the common tags of ``unit`` (uint32, in order)."""
+        assert self.spool is not None
+        return self.spool / f"rows-{curator}-{unit:06d}.u32"
+
+    def _remove_matched(self, shard: int, generation: int) -> None:
+        """(Under ``cond``.) Once every unit of ``shard`` is matched in this generation, the
+        followers' spooled tags of it are removed (how many each had is kept: a re-match that
+        needs them fails, :meth:`_invalidate`). No part writes the shard again: its units were
+        complete (each part holding it ended or ascended past it, and closed its files), and a
+        part that stops ascending invalidates its shards, under ``cond``, before it writes."""
+        units = range(shard << UNIT_BITS, (shard + 1) << UNIT_BITS)
+        if generation != self.generation or not all(u in self.results for u in units):
+            return
+        removed = self.removed.setdefault(shard, {})
+        for c in self.curators[1:]:
+            path = self.shard_files(c)[shard]
+            rows = _suffixed(path, ".rows")
+            with contextlib.suppress(FileNotFoundError):
+                removed[c] = removed.get(c, 0) + rows.stat().st_size // 4
+            rows.unlink(missing_ok=True)
+            _suffixed(path, ".tags").unlink(missing_ok=True)
 
     def _stale(self, generation: int) -> bool:
         return self.closing or self.error is not None or self.generation != generation
@@ -515,8 +594,12 @@ class ClusterLeader(LeaderState):
                 _suffixed(path, ".tags").unlink(missing_ok=True)
                 _suffixed(path, ".rows").unlink(missing_ok=True)
         self.own.close()  # the own shards too: the matches hold the leader's common symbols
+        units = range(self.num_units)
+        self.matches = [self.results[u][0] for u in units]
+        self.own_counts = [self.results[u][1] for u in units]
+        self.results = {}  # the release takes the matches from here on (a resend is only compared now)
         self.count = sum(self.own_counts)
-        self.row_files = {c: SpooledRows(self.spool / f"rows-{c}.u32", self.count) for c in followers}
+        self.row_files = {c: SpooledRows([self.unit_rows(c, u) for u in units], self.own_counts) for c in followers}
         plan = plan_release(self.count, [self.sizes[c] for c in self.curators], self.epsilon, self.m)
         spec = ReleaseSpec(self.release_id, self.curators, self.cipher, plan, self.researchers).validate()
         base = Agreement(spec, self.seed or Seed.generate(), np.zeros(0, dtype=TAG_DTYPE))

@@ -216,6 +216,8 @@ def test_a_part_sent_again_restarts_the_matching_and_gives_the_same_rows(
     parts = _parts(bob, shard_runs(bob.row_offsets, 3))
     leader = _leader(engine, world, tmp_path)
     assert _send(leader, parts, _round_robin_from_last(parts)) == []
+    _wait_matched(leader, leader.num_units)
+    assert not list(leader.spool.glob("bob-*.tags"))  # every shard matched: its spool removed
     digest = leader.tag_digests()["bob"]
     part, pieces = parts[1]
 
@@ -252,8 +254,8 @@ def test_a_leader_on_a_cluster_refuses_two_parts_that_hold_one_shard_before_writ
     errors = _send(leader, parts, [0] * 5 + [1] * 4)
     assert len(errors) == 1 and isinstance(errors[0], TagPartsError)
     assert "parts 0 and 1 of 'bob'" in str(errors[0]) and "shard 4" in str(errors[0])
-    shard_four = leader.shard_files("bob")[4].with_name("bob-00004.tags")
-    assert shard_four.stat().st_size == bob.sizes[4] * TAG_BYTES  # part 1 wrote nothing of it
+    assert leader.spoolers[("bob", 1)].written[4] == 0  # part 1 wrote nothing of it
+    assert leader.spoolers[("bob", 0)].written[4] == bob.sizes[4]  # (the file may be matched and removed by now)
     with pytest.raises(AgreementError, match="shard 4"):  # the agreement failed for every party
         leader.agree()
     leader.cleanup()
@@ -301,6 +303,78 @@ def test_a_new_part_count_starts_the_parts_afresh(
     assert _send(leader, three, _round_robin_from_last(three)) == []
     assert leader.generation >= 1
     assert _outcome(leader) == (one_stream.count, one_stream.rows, one_stream.own)
+    leader.cleanup()
+
+
+# ------------------------------------------------------------------------------------ the spool, removed as matched
+def _wait_matched(leader: ClusterLeader, units: int) -> None:
+    with leader.cond:
+        assert leader.cond.wait_for(lambda: len(leader.results) >= units or leader.error is not None, 30.0)
+
+
+def _spooled(leader: ClusterLeader, curator: str = "bob") -> set[int]:
+    return {int(p.name.split("-")[1].split(".")[0]) for p in leader.spool.glob(f"{curator}-*.tags")}
+
+
+def test_a_shard_is_removed_from_the_spool_once_matched_and_the_rows_are_those_of_one_stream(
+    engine: InlineEngine, world: World, bob: ShardedTable, one_stream: OneStream, tmp_path: Path
+) -> None:
+    """One ascending stream: once it is past shard 3, shards 0-2 are matched and their spool
+    files gone (the spool holds what is not matched yet, not every tag), and the agreement and
+    rows are still those of one stream."""
+    leader = _leader(engine, world, tmp_path)
+    seen: list[set[int]] = []
+
+    def pieces() -> Iterator[bytes]:
+        yield from (t.tobytes() for t in bob.tag_pieces_of(0, 4))
+        _wait_matched(leader, 3 << 2)  # 4 units a shard
+        seen.append(_spooled(leader))
+        yield from (t.tobytes() for t in bob.tag_pieces_of(4, 1 << SHARD_BITS))
+
+    assert leader.add_tag_stream("bob", pieces(), 4, leader.alignment) == bob.num_rows
+    assert seen[0] <= {3} and {0, 1, 2}.isdisjoint(seen[0])
+    assert {s: leader.removed[s]["bob"] for s in range(3)} == {s: int(bob.sizes[s]) for s in range(3)}
+    assert _outcome(leader) == (one_stream.count, one_stream.rows, one_stream.own)
+    leader.cleanup()
+
+
+def test_a_resend_that_needs_another_followers_removed_tags_fails_the_agreement(
+    engine: InlineEngine, world: World, bob: ShardedTable, tmp_path: Path
+) -> None:
+    """Three curators (carol sends bob's tags): once every shard is matched and removed, bob's
+    stream sent again would need carol's tags of its shards again: a named failure for every
+    party, not a silent match against nothing."""
+    leader = ClusterLeader("r1", ("alice", "bob", "carol"), None, 1.0, None, CipherMode.CHACHA20, ("researcher",),
+                           seed=Seed(bytes(32)))  # fmt: skip
+    alice = _table(engine, world, "alice")
+    leader.attach(alice, tmp_path)
+    leader.add_tags("alice", np.zeros(0, dtype=TAG_DTYPE), alice.alphabet_size)
+    pieces = [t.tobytes() for t in bob.tag_pieces()]
+    for curator in ("bob", "carol"):
+        assert leader.add_tag_stream(curator, pieces, 4, leader.alignment) == bob.num_rows
+    _wait_matched(leader, leader.num_units)
+    with pytest.raises(TagPartsError, match=r"'bob'.s tags of shard\(s\) \[0, 1, .*were sent again after"):
+        leader.add_tag_stream("bob", pieces, 4, leader.alignment)
+    with pytest.raises(AgreementError, match="start the release again"):
+        leader.agree()
+    leader.cleanup()
+
+
+def test_a_part_that_stops_ascending_after_its_tags_were_removed_fails_the_agreement(
+    engine: InlineEngine, world: World, bob: ShardedTable, tmp_path: Path
+) -> None:
+    leader = _leader(engine, world, tmp_path)
+    first = [t.tobytes() for t in bob.tag_pieces_of(0, 4)]
+
+    def pieces() -> Iterator[bytes]:
+        yield from first
+        _wait_matched(leader, 3 << 2)
+        yield first[0]  # shard 0 again: not ascending, into a shard already matched and removed
+
+    with pytest.raises(TagPartsError, match=r"shard\(s\) \[0, 1, 2\] no longer ascend"):
+        leader.add_tag_stream("bob", pieces(), 4, leader.alignment)
+    with pytest.raises(AgreementError, match="no longer ascend"):
+        leader.agree()
     leader.cleanup()
 
 
