@@ -27,6 +27,8 @@ import importlib
 import importlib.util
 import json
 import os
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -58,6 +60,13 @@ class Engine(Protocol):
 
     name: str
     description: str
+    #: Whether the workers read and write this host's files (the leader's spool): an embedded
+    #: cluster's, and the in-process engine's; not a cluster elsewhere
+    shares_files: bool
+    #: A private directory (0700) where workers leave a large result for this process to read,
+    #: rather than send it over the cluster's TLS connection (an embedded cluster's: 2-4 times
+    #: the CPU a gigabyte, both ends, measured here); None: results come as results
+    handoff: Path | None
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> Any: ...
 
@@ -100,9 +109,11 @@ class InlineEngine:
 
     name = "inline"
 
-    def __init__(self, threads: int = 2, log: EventLog | None = None) -> None:
+    def __init__(self, threads: int = 2, log: EventLog | None = None, shares_files: bool = True) -> None:
         self._pool = ThreadPoolExecutor(max(1, threads), thread_name_prefix="stage")
         self._log = log
+        self.shares_files = shares_files
+        self.handoff: Path | None = None  # a result here is the object itself
         self.description = f"in-process, {max(1, threads)} threads"
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
@@ -163,6 +174,8 @@ class DaskEngine:
         self.client = client
         self._direct = direct
         self.embedded = cluster is not None
+        self.shares_files = self.embedded  # its workers are this host's processes, as this user
+        self.handoff: Path | None = None  # set by open_engine for an embedded cluster
         self._cluster = cluster
         self._log = log
         self.description = description
@@ -220,6 +233,8 @@ class DaskEngine:
         self.client.close()
         if self._cluster is not None:
             self._cluster.close()
+        if self.handoff is not None:
+            shutil.rmtree(self.handoff, ignore_errors=True)
 
 
 def _lost_worker_named(get: Callable[[], Any]) -> Any:
@@ -340,6 +355,7 @@ def open_engine(
             client = Client(cluster, security=security, direct_to_workers=True)  # results: worker to here, once
             desc = f"an embedded Dask cluster of {count} workers x {threads} threads, {worker_memory} each"
             eng = DaskEngine(client, cluster, log, desc, stop, direct=True)
+            eng.handoff = Path(tempfile.mkdtemp(prefix="handoff-", dir=spill_dir))  # 0700, removed at close
     except (OSError, TimeoutError) as exc:
         raise EngineError(f"cannot reach the Dask scheduler ({type(exc).__name__}: {exc})") from None
     eng.client.run(warm_up, eng.embedded)  # each worker imports the stage modules now, not in its first task

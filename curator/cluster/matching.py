@@ -44,6 +44,7 @@ import numpy.typing as npt
 from secure_release.curator.cluster import shards as st
 from secure_release.curator.cluster.engine import Engine
 from secure_release.curator.cluster.sharded import WINDOW, ShardedTable, in_order
+from secure_release.curator.cluster.spool import SpoolRange, suffixed
 from secure_release.curator.errors import AgreementNotReadyError
 from secure_release.curator.leader import LeaderState, TagParts, TagPartsError
 from secure_release.infra.streams import TAG_BYTES, WHOLE_STREAM, AgreementError, TagPart
@@ -81,10 +82,6 @@ class SpooledRows:
         return np.concatenate(out)
 
 
-def _suffixed(path: Path, suffix: str) -> Path:
-    return path.with_name(path.name + suffix)
-
-
 def _opened(path: Path, append: bool) -> BinaryIO:
     return path.open("ab") if append else path.open("wb")
 
@@ -92,22 +89,6 @@ def _opened(path: Path, append: bool) -> BinaryIO:
 #: Each shard is matched in 2^UNIT_BITS units (ranges of the next tag bits), so that the last
 #: unit of an ascending stream is all that is left to match once the stream ends.
 UNIT_BITS = 2
-
-
-def _read_spool(path: Path, start: int = 0, stop: int | None = None) -> tuple[TagArray, npt.NDArray[np.uint32]]:
-    """A follower's part of a shard as spooled so far (records ``start`` to ``stop``): the tags
-    and their stream indices, as many records as both files hold whole (the stream may be
-    appending to them)."""
-    parts = []
-    for suffix, size in ((".tags", TAG_BYTES), (".rows", 4)):
-        file = _suffixed(path, suffix)
-        with contextlib.suppress(FileNotFoundError), file.open("rb") as fh:
-            fh.seek(size * start)
-            parts.append(fh.read(-1 if stop is None else size * (stop - start)))
-            continue
-        parts.append(b"")
-    count = min(len(parts[0]) // TAG_BYTES, len(parts[1]) // 4)
-    return np.frombuffer(parts[0], TAG_DTYPE, count), np.frombuffer(parts[1], "<u4", count)
 
 
 class _Spooler:
@@ -182,8 +163,8 @@ class _Spooler:
     def _write(self, shard: int, raw: bytes | memoryview, rows: npt.NDArray[np.integer]) -> None:
         if shard not in self.files:  # claimed by this part: a file another part left is replaced
             append = shard in self.opened
-            self.files[shard] = (_opened(_suffixed(self.paths[shard], ".tags"), append),
-                                 _opened(_suffixed(self.paths[shard], ".rows"), append))  # fmt: skip
+            self.files[shard] = (_opened(suffixed(self.paths[shard], ".tags"), append),
+                                 _opened(suffixed(self.paths[shard], ".rows"), append))  # fmt: skip
             self.opened.add(shard)
         tags, row_file = self.files[shard]
         tags.write(raw)
@@ -331,8 +312,8 @@ class ClusterLeader(LeaderState):
         freed = self.shards_of(curator, indices)
         for shard in freed:
             del owners[shard]
-            _suffixed(paths[shard], ".tags").unlink(missing_ok=True)
-            _suffixed(paths[shard], ".rows").unlink(missing_ok=True)
+            suffixed(paths[shard], ".tags").unlink(missing_ok=True)
+            suffixed(paths[shard], ".rows").unlink(missing_ok=True)
         return freed
 
     def _invalidate(self, curator: str, shards: Iterable[int], rewritten: bool) -> None:
@@ -472,36 +453,37 @@ class ClusterLeader(LeaderState):
         return parts.records[owner].ended or self.spoolers[(curator, owner)].moved_past(unit)
 
     def _match_generation(self, generation: int) -> None:
-        """Every unit not matched yet (or whose shard is stale) matched once, in order, at most
-        :data:`WINDOW` in flight, each follower's rows of it written to the unit's row file; a
-        shard's spool removed once its units are matched: :class:`_RestartMatchingError` if the
-        generation changes or the leader closes first."""
+        """Every unit not matched yet (or whose shard is stale) matched once, at most
+        :data:`WINDOW` in flight, each as soon as it is ready whatever the others (concurrent
+        parts complete units in different places: matched in order, a later part's units would
+        wait in the spool for the earlier part to end), each follower's rows of it written to
+        the unit's row file; a shard's spool removed once its units are matched:
+        :class:`_RestartMatchingError` if the generation changes or the leader closes first."""
         assert self.spool is not None and self.engine is not None
         followers = list(self.curators[1:])
         with self.cond:
             stale, self.stale = self.stale, set()
         dropped = [u for u in self.results if u >> UNIT_BITS in stale]
         self.engine.release([self.results.pop(u)[0] for u in dropped])
-        queue = deque(u for u in range(self.num_units) if u not in self.results)
+        waiting = [u for u in range(self.num_units) if u not in self.results]  # ascending
         pending: deque[tuple[int, Any, Any]] = deque()
         try:
-            while queue or pending:
+            while waiting or pending:
                 with self.cond:
                     if not pending:
-                        self.cond.wait_for(partial(self._stale_or_ready, generation, queue[0]))
+                        self.cond.wait_for(partial(self._stale_or_ready, generation, waiting))
                     if self._stale(generation):
                         raise _RestartMatchingError
-                    ready = 0
-                    while ready < len(queue) and len(pending) + ready < WINDOW and self._ready(queue[ready]):
-                        ready += 1
-                for _ in range(ready):
-                    unit = queue.popleft()
+                    ready = self._ready_units(waiting, WINDOW - len(pending))
+                for unit in ready:
+                    waiting.remove(unit)
                     pending.append((unit, *self._submit_match(unit)))
                 unit, match, rows = pending.popleft()
                 count, follower_rows = self.engine.result(rows)
                 self.engine.release([rows])
-                for c, part in zip(followers, follower_rows, strict=True):
-                    self.unit_rows(c, unit).write_bytes(np.asarray(part, dtype="<u4").tobytes())
+                for c, part in zip(followers, follower_rows or [None] * len(followers), strict=True):
+                    if part is not None:  # else the worker wrote them (match_spooled)
+                        self.unit_rows(c, unit).write_bytes(np.asarray(part, dtype="<u4").tobytes())
                 with self.cond:
                     self.results[unit] = (match, int(count))
                     self._remove_matched(unit >> UNIT_BITS, generation)
@@ -527,37 +509,52 @@ class ClusterLeader(LeaderState):
         removed = self.removed.setdefault(shard, {})
         for c in self.curators[1:]:
             path = self.shard_files(c)[shard]
-            rows = _suffixed(path, ".rows")
+            rows = suffixed(path, ".rows")
             with contextlib.suppress(FileNotFoundError):
                 removed[c] = removed.get(c, 0) + rows.stat().st_size // 4
             rows.unlink(missing_ok=True)
-            _suffixed(path, ".tags").unlink(missing_ok=True)
+            suffixed(path, ".tags").unlink(missing_ok=True)
 
     def _stale(self, generation: int) -> bool:
         return self.closing or self.error is not None or self.generation != generation
 
-    def _stale_or_ready(self, generation: int, unit: int) -> bool:
-        return self._stale(generation) or self._ready(unit)
+    def _ready_units(self, waiting: list[int], most: int) -> list[int]:
+        """(Under ``cond``.) The first ``most`` units of ``waiting`` that are ready."""
+        ready: list[int] = []
+        for unit in waiting:
+            if len(ready) >= most:
+                break
+            if self._ready(unit):
+                ready.append(unit)
+        return ready
+
+    def _stale_or_ready(self, generation: int, waiting: list[int]) -> bool:
+        return self._stale(generation) or bool(self._ready_units(waiting, 1))
 
     def _submit_match(self, unit: int) -> tuple[Any, Any]:
-        """Unit ``unit``'s follower tags to the worker that holds the leader's shard, matched
-        there (the shard's own rows of the unit's tag range, in order)."""
+        """Unit ``unit``'s follower tags matched on the worker that holds the leader's shard
+        (the shard's own rows of the unit's tag range, in order). On an engine whose workers
+        share this host's files (an embedded cluster) the worker reads them from the spool and
+        writes each follower's rows to the unit's row file: neither crosses a connection.
+        Else they are sent to it, and the rows come back."""
         assert self.own is not None and self.engine is not None
         shard, bits = unit >> UNIT_BITS, self.own.shard_bits + UNIT_BITS
-        others = []
+        ranges = []
         for c in self.curators[1:]:
             with self.cond:
                 owner = self.owners[c].get(shard)
                 where = (0, 0) if owner is None else self.spoolers[(c, owner)].unit_range(unit)
-            if where is not None:  # no part holds the shard, or an ascending one: the unit's run of the files
-                others.append(_read_spool(self.shard_files(c)[shard], *where))
-                continue
-            part, at = _read_spool(self.shard_files(c)[shard])
-            inside = np.flatnonzero(sh.top_bits(sh.tag_words(part)[0], bits) == unit)
-            others.append((part[inside], at[inside]))
-        payload = self.engine.put(others, near=self.own.shards[shard])
+            path = str(self.shard_files(c)[shard])
+            # no part holds the shard, or an ascending one: the unit's run of the files; else all of them
+            ranges.append(SpoolRange(path, *where) if where is not None else SpoolRange(path, unit=unit, bits=bits))
         dtype = sh.symbol_dtype(self.own.alphabet_size)
-        match = self.engine.submit(st.match_shard, self.own.shards[shard], payload, dtype)
+        own = self.own.shards[shard]
+        if self.engine.shares_files:
+            rows = [str(self.unit_rows(c, unit)) for c in self.curators[1:]]
+            match = self.engine.submit(st.match_spooled, own, ranges, dtype, rows)
+        else:
+            sent = self.engine.put([r.read() for r in ranges], near=own)
+            match = self.engine.submit(st.match_shard, own, sent, dtype)
         return match, self.engine.submit(st.match_rows, match)
 
     # ------------------------------------------------------------------------------ agreement
@@ -591,8 +588,8 @@ class ClusterLeader(LeaderState):
         followers = list(self.curators[1:])
         for c in followers:  # matched: the spooled tags are not needed again
             for path in self.shard_files(c):
-                _suffixed(path, ".tags").unlink(missing_ok=True)
-                _suffixed(path, ".rows").unlink(missing_ok=True)
+                suffixed(path, ".tags").unlink(missing_ok=True)
+                suffixed(path, ".rows").unlink(missing_ok=True)
         self.own.close()  # the own shards too: the matches hold the leader's common symbols
         units = range(self.num_units)
         self.matches = [self.results[u][0] for u in units]

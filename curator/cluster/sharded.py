@@ -11,6 +11,8 @@ ciphertext is the same bytes.
 
 from __future__ import annotations
 
+import os
+import secrets
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -78,10 +80,15 @@ class ShardedTable:
             for start in range(0, size, TAG_SLICE)
         ]
 
-        def fetch(i: int) -> Any:
-            return self.engine.submit(st.shard_tag_slice, *slices[i])
+        handoff, name = self.engine.handoff, secrets.token_hex(8)
 
-        yield from in_order(self.engine, fetch, len(slices), window=2)
+        def fetch(i: int) -> Any:
+            if handoff is None:
+                return self.engine.submit(st.shard_tag_slice, *slices[i])
+            return self.engine.submit(st.shard_tag_slice_to, *slices[i], str(handoff / f"tags-{name}-{i}"))
+
+        for value in in_order(self.engine, fetch, len(slices), window=2):
+            yield value if handoff is None else _taken(value)
 
     def aligned_symbols(self, rows: npt.NDArray[np.integer], log: EventLog | None = None) -> npt.NDArray[Any]:
         """This curator's symbols of the common ids in canonical order, from the row order the
@@ -106,6 +113,13 @@ class ShardedTable:
 
     def close(self) -> None:
         self.engine.release(self.shards)
+
+
+def _taken(path: str) -> TagArray:
+    """The tags a worker left at ``path`` (:func:`~.shards.shard_tag_slice_to`), the file removed."""
+    tags = np.fromfile(path, dtype=TAG_DTYPE)
+    os.unlink(path)
+    return tags
 
 
 WINDOW = 4  # tasks in flight whose arguments the driver ships (bounds what the scheduler holds)

@@ -30,11 +30,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from secure_release.curator.cluster.spool import SpoolRange
 from secure_release.infra.memory import release_free_memory
 from secure_release.mechanism.alignment import TAG_DTYPE, TagArray, id_tags
 from secure_release.mechanism.keys import AlignmentKey
@@ -107,6 +109,13 @@ def shard_tag_slice(shard: Shard, start: int, stop: int) -> TagArray:
     return shard.tags[start:stop].astype(TAG_DTYPE)
 
 
+def shard_tag_slice_to(shard: Shard, start: int, stop: int, path: str) -> str:
+    """:func:`shard_tag_slice` written to ``path`` (in the engine's handoff directory, which
+    the curator process reads and removes) rather than sent: returns ``path``."""
+    shard_tag_slice(shard, start, stop).tofile(path)
+    return path
+
+
 def merge_shard(pieces: Sequence[Piece]) -> Shard:
     """Stage 2: :func:`~secure_release.mechanism.sharding.merge_pieces`, then the worker hands the
     freed pages back (its memory limit counts them)."""
@@ -132,8 +141,19 @@ def match_shard(own: Shard, others: Sequence[tuple[TagArray, npt.NDArray[np.inte
     return Match(gather_symbols(own, own_rows, dtype), tuple(r.astype(np.uint32) for r in follower_rows))
 
 
+def match_spooled(own: Shard, ranges: Sequence[SpoolRange], dtype: str, row_files: Sequence[str]) -> Match:
+    """:func:`match_shard` on a worker that shares the leader's files (an embedded cluster):
+    each follower's tags read from the leader's spool (``ranges``), each follower's rows
+    written to its file in ``row_files`` (uint32) rather than kept or sent back."""
+    match = match_shard(own, [r.read() for r in ranges], dtype)
+    for path, rows in zip(row_files, match.follower_rows, strict=True):
+        Path(path).write_bytes(rows.astype("<u4", copy=False).tobytes())
+    return Match(match.own_symbols, ())
+
+
 def match_rows(match: Match) -> tuple[int, tuple[npt.NDArray[np.uint32], ...]]:
-    """What the leader's process takes of a match: its common-row count and the followers' rows."""
+    """What the leader's process takes of a match: its common-row count and the followers' rows
+    (none if the worker wrote them: :func:`match_spooled`)."""
     return int(match.own_symbols.size), match.follower_rows
 
 

@@ -186,6 +186,37 @@ def test_a_two_level_shuffle_gives_the_shards_of_one_level(world: Path, tmp_path
         engine.close()
 
 
+def test_tags_left_in_the_handoff_directory_are_the_tags_sent_and_are_removed(
+    world: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An embedded cluster's workers leave each tag slice as a file for the curator process
+    (``Engine.handoff``) rather than send it over TLS: the same tags, in the same slices, and
+    nothing left behind once they are read."""
+    data = str(split_parquet(world / "bob.csv", tmp_path / "bob", 3))
+    engine = InlineEngine(2)
+    written: list[str] = []
+    original = st.shard_tag_slice_to
+
+    def spy(shard: sh.Shard, start: int, stop: int, path: str) -> str:
+        written.append(path)
+        return original(shard, start, stop, path)
+
+    try:
+        table = load_sharded(engine, data, load_schema(world / "bob.json"), KEY, LOG, shard_bits=3)
+        sent = [t.copy() for t in table.tag_pieces()]
+        engine.handoff = tmp_path / "handoff"
+        engine.handoff.mkdir()
+        monkeypatch.setattr(st, "shard_tag_slice_to", spy)
+        left = list(table.tag_pieces_of(0, 8))
+        assert len(written) == len(sent) and all(Path(p).parent == engine.handoff for p in written)
+        assert [t.dtype for t in left] == [TAG_DTYPE] * len(sent)
+        assert len(left) == len(sent) and all(np.array_equal(a, b) for a, b in zip(left, sent, strict=True))
+        assert sum(t.size for t in left) == table.num_rows
+        assert not list(engine.handoff.iterdir())
+    finally:
+        engine.close()
+
+
 @pytest.mark.parametrize("files", [1, 7, 64])
 def test_the_sharded_release_samples_the_same_rows_as_the_in_process_one(
     world: Path, tmp_path: Path, files: int

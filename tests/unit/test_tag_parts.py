@@ -210,6 +210,23 @@ def test_parts_give_the_agreement_and_rows_of_one_stream(
     leader.cleanup()
 
 
+@pytest.mark.parametrize("shares_files", [True, False], ids=["workers read the spool", "tags sent to the workers"])
+def test_the_leaders_workers_match_the_same_whether_they_read_the_spool_or_are_sent_the_tags(
+    world: World, bob: ShardedTable, one_stream: OneStream, tmp_path: Path, shares_files: bool
+) -> None:
+    """An embedded cluster's workers read the follower tags from the leader's spool and write
+    its rows; a cluster elsewhere is sent the tags and sends the rows back: the same rows."""
+    engine = InlineEngine(2, shares_files=shares_files)
+    try:
+        parts = _parts(bob, shard_runs(bob.row_offsets, 3))
+        leader = _leader(engine, world, tmp_path)
+        assert _send(leader, parts, _round_robin_from_last(parts)) == []
+        assert _outcome(leader) == (one_stream.count, one_stream.rows, one_stream.own)
+        leader.cleanup()
+    finally:
+        engine.close()
+
+
 def test_a_part_sent_again_restarts_the_matching_and_gives_the_same_rows(
     engine: InlineEngine, world: World, bob: ShardedTable, one_stream: OneStream, tmp_path: Path
 ) -> None:
@@ -334,6 +351,22 @@ def test_a_shard_is_removed_from_the_spool_once_matched_and_the_rows_are_those_o
     assert leader.add_tag_stream("bob", pieces(), 4, leader.alignment) == bob.num_rows
     assert seen[0] <= {3} and {0, 1, 2}.isdisjoint(seen[0])
     assert {s: leader.removed[s]["bob"] for s in range(3)} == {s: int(bob.sizes[s]) for s in range(3)}
+    assert _outcome(leader) == (one_stream.count, one_stream.rows, one_stream.own)
+    leader.cleanup()
+
+
+def test_a_later_parts_shards_are_matched_and_removed_before_an_earlier_part_arrives(
+    engine: InlineEngine, world: World, bob: ShardedTable, one_stream: OneStream, tmp_path: Path
+) -> None:
+    """Concurrent parts complete units in different places: the units of part 1 (shards 4-7)
+    are matched, and their spool removed, while part 0 has not sent a tag (matched in order
+    they would wait in the spool for all of part 0)."""
+    (first, first_pieces), (second, second_pieces) = _parts(bob, [(0, 4), (4, 8)])
+    leader = _leader(engine, world, tmp_path)
+    assert leader.add_tag_stream("bob", second_pieces, 4, leader.alignment, second) > 0
+    _wait_matched(leader, 4 << 2)
+    assert set(leader.results) == set(range(4 << 2, 8 << 2)) and not _spooled(leader)
+    assert leader.add_tag_stream("bob", first_pieces, 4, leader.alignment, first) > 0
     assert _outcome(leader) == (one_stream.count, one_stream.rows, one_stream.own)
     leader.cleanup()
 
