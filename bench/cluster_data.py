@@ -381,18 +381,11 @@ def vm_hwm_mib(pid: int, field: str = "VmHWM") -> float | None:
     return None
 
 
-def children(pid: int) -> list[int]:
-    """The live direct children of ``pid`` (psutil if installed, else a scan of /proc/*/stat)."""
-    try:
-        import psutil  # type: ignore[import-untyped, import-not-found, unused-ignore]
-    except ImportError:
-        pass
-    else:
-        try:
-            return [c.pid for c in psutil.Process(pid).children()]
-        except psutil.Error:
-            return []
-    kids = []
+def child_map() -> dict[int, list[int]]:
+    """Every live process's direct children, from one scan of /proc/*/stat (psutil's
+    ``children()`` scans all of /proc once a call: polling a tree of 15 processes every 50 ms
+    that way took a fifth of a core here, CPU the measured release lost and DuckDB did not)."""
+    kids: dict[int, list[int]] = {}
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
@@ -401,20 +394,26 @@ def children(pid: int) -> list[int]:
                 ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
         except (OSError, IndexError, ValueError):
             continue
-        if ppid == pid:
-            kids.append(int(entry.name))
+        kids.setdefault(ppid, []).append(int(entry.name))
     return kids
 
 
-def descendants(pid: int) -> list[int]:
-    """``pid`` and every live process below it (children, their children, ...)."""
+def children(pid: int) -> list[int]:
+    """The live direct children of ``pid``."""
+    return child_map().get(pid, [])
+
+
+def descendants(pid: int, kids: dict[int, list[int]] | None = None) -> list[int]:
+    """``pid`` and every live process below it (children, their children, ...); ``kids``: a
+    :func:`child_map` to use (one scan for many trees)."""
+    kids = child_map() if kids is None else kids
     seen, todo = [], [pid]
     while todo:
         p = todo.pop()
         if p in seen:
             continue
         seen.append(p)
-        todo.extend(children(p))
+        todo.extend(kids.get(p, []))
     return seen
 
 
