@@ -44,7 +44,7 @@ import numpy.typing as npt
 from secure_release.curator.cluster import shards as st
 from secure_release.curator.cluster.engine import Engine
 from secure_release.curator.cluster.sharded import WINDOW, ShardedTable, in_order
-from secure_release.curator.cluster.spool import SpoolRange, suffixed
+from secure_release.curator.cluster.spool import SpoolError, SpoolRange, suffixed
 from secure_release.curator.errors import AgreementNotReadyError
 from secure_release.curator.leader import LeaderState, TagParts, TagPartsError
 from secure_release.infra.streams import TAG_BYTES, WHOLE_STREAM, AgreementError, TagPart
@@ -342,6 +342,10 @@ class ClusterLeader(LeaderState):
         holds fails the agreement (:class:`TagPartsError` naming both) before a tag of it is written."""
         owners = self.owners[curator]
         for shard in shards:
+            units = range(shard << UNIT_BITS, (shard + 1) << UNIT_BITS)
+            if shard not in owners and shard not in self.stale and any(u in self.results for u in units):
+                # matched while no part held it (against none of this curator's tags): again
+                self._invalidate(curator, [shard], True)
             held = owners.setdefault(shard, index)
             if held != index:
                 exc = TagPartsError(
@@ -488,6 +492,11 @@ class ClusterLeader(LeaderState):
                     self.results[unit] = (match, int(count))
                     self._remove_matched(unit >> UNIT_BITS, generation)
                     self.cond.notify_all()
+        except SpoolError:
+            with self.cond:  # a resend removed the files under a match: that match was stale anyway
+                if self._stale(generation):
+                    raise _RestartMatchingError from None
+            raise
         finally:
             for _, match, rows in pending:
                 self.engine.release([match, rows])
@@ -543,10 +552,12 @@ class ClusterLeader(LeaderState):
         for c in self.curators[1:]:
             with self.cond:
                 owner = self.owners[c].get(shard)
-                where = (0, 0) if owner is None else self.spoolers[(c, owner)].unit_range(unit)
+                spooler = None if owner is None else self.spoolers[(c, owner)]
+                where = (0, 0) if spooler is None else spooler.unit_range(unit)
+                written = 0 if spooler is None else spooler.written[shard]
             path = str(self.shard_files(c)[shard])
-            # no part holds the shard, or an ascending one: the unit's run of the files; else all of them
-            ranges.append(SpoolRange(path, *where) if where is not None else SpoolRange(path, unit=unit, bits=bits))
+            # no part holds the shard, or an ascending one: the unit's run of the files; else all it wrote
+            ranges.append(SpoolRange(path, *where) if where is not None else SpoolRange(path, 0, written, unit, bits))
         dtype = sh.symbol_dtype(self.own.alphabet_size)
         own = self.own.shards[shard]
         if self.engine.shares_files:

@@ -14,8 +14,14 @@ import numpy.typing as npt
 
 from secure_release.mechanism import sharding as sh
 from secure_release.mechanism.alignment import TAG_DTYPE, TagArray
+from secure_release.mechanism.errors import SecureReleaseError
 
 TAG_BYTES = TAG_DTYPE.itemsize
+
+
+class SpoolError(SecureReleaseError):
+    """A match needs follower tags the spool no longer holds (a shard's are removed once its
+    units are matched: a worker that lost a match after that cannot recompute it)."""
 
 
 def suffixed(path: Path, suffix: str) -> Path:
@@ -41,17 +47,26 @@ def read_spool(path: Path, start: int = 0, stop: int | None = None) -> tuple[Tag
 @dataclass(frozen=True)
 class SpoolRange:
     """Where one unit's tags of one follower are: records ``start`` to ``stop`` of the shard's
-    files ``path`` (an ascending part's run), or (``unit`` given) the tags of the whole files
-    whose top ``bits`` bits are ``unit`` (a part that did not ascend)."""
+    files ``path`` (an ascending part's run), or (``unit`` given) those of them whose top
+    ``bits`` bits are ``unit`` (all the part wrote, if it did not ascend)."""
 
     path: str
-    start: int = 0
-    stop: int | None = None
+    start: int
+    stop: int
     unit: int | None = None
     bits: int = 0
 
     def read(self) -> tuple[TagArray, npt.NDArray[np.uint32]]:
-        tags, rows = read_spool(Path(self.path), self.start, self.stop)
+        """The unit's tags and rows; :class:`SpoolError` if the spool no longer holds them all
+        (never a match against fewer tags than arrived)."""
+        path = Path(self.path)
+        tags, rows = read_spool(path, self.start, self.stop)
+        if tags.size != self.stop - self.start:
+            raise SpoolError(
+                f"the leader's spool {path.name} holds {tags.size} of the {self.stop - self.start} tags a match needs "
+                "(a shard's tags are removed once it is matched: a worker that lost its match cannot redo it); "
+                "start the release again"
+            )
         if self.unit is None:
             return tags, rows
         inside = np.flatnonzero(sh.top_bits(sh.tag_words(tags)[0], self.bits) == self.unit)

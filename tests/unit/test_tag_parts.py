@@ -24,6 +24,7 @@ from secure_release.curator.cli import build_parser
 from secure_release.curator.cluster.engine import InlineEngine
 from secure_release.curator.cluster.matching import ClusterLeader
 from secure_release.curator.cluster.sharded import ShardedTable
+from secure_release.curator.cluster.spool import SpoolError, SpoolRange
 from secure_release.curator.config import config_from_args
 from secure_release.curator.errors import AgreementFixedError
 from secure_release.curator.leader import LeaderState, TagPartsError
@@ -41,6 +42,7 @@ from secure_release.infra.streams import (
     TagStreamError,
     tag_chunks,
 )
+from secure_release.mechanism import sharding as sh
 from secure_release.mechanism.alignment import TAG_DTYPE
 from secure_release.mechanism.keys import AlignmentKey, Seed
 from secure_release.mechanism.pads import CipherMode
@@ -333,6 +335,27 @@ def _spooled(leader: ClusterLeader, curator: str = "bob") -> set[int]:
     return {int(p.name.split("-")[1].split(".")[0]) for p in leader.spool.glob(f"{curator}-*.tags")}
 
 
+def test_a_match_never_reads_fewer_spooled_tags_than_arrived(bob: ShardedTable, tmp_path: Path) -> None:
+    """A worker reads a unit's run of the spool (or, filtered by unit, all a part wrote); once a
+    shard's files are removed, a match redone there (a worker lost) is a SpoolError, never a
+    match against no tags."""
+    tags = np.concatenate(list(bob.tag_pieces_of(0, 1))).astype(TAG_DTYPE)
+    rows = np.arange(5, 5 + tags.size, dtype="<u4")
+    path = tmp_path / "bob-00000"
+    Path(f"{path}.tags").write_bytes(tags.tobytes())
+    Path(f"{path}.rows").write_bytes(rows.tobytes())
+    got_tags, got_rows = SpoolRange(str(path), 2, 7).read()
+    assert got_tags.tobytes() == tags[2:7].tobytes() and np.array_equal(got_rows, rows[2:7])
+    unit = int(sh.top_bits(sh.tag_words(tags)[0], SHARD_BITS + 2)[-1])
+    in_unit, _ = SpoolRange(str(path), 0, tags.size, unit, SHARD_BITS + 2).read()
+    assert 0 < in_unit.size < tags.size and in_unit.tobytes() == tags[-in_unit.size :].tobytes()
+    Path(f"{path}.tags").unlink()
+    Path(f"{path}.rows").unlink()
+    assert SpoolRange(str(path), 0, 0).read()[0].size == 0  # a unit no part sent a tag of
+    with pytest.raises(SpoolError, match="holds 0 of the 5 tags a match needs"):
+        SpoolRange(str(path), 2, 7).read()
+
+
 def test_a_shard_is_removed_from_the_spool_once_matched_and_the_rows_are_those_of_one_stream(
     engine: InlineEngine, world: World, bob: ShardedTable, one_stream: OneStream, tmp_path: Path
 ) -> None:
@@ -367,6 +390,24 @@ def test_a_later_parts_shards_are_matched_and_removed_before_an_earlier_part_arr
     _wait_matched(leader, 4 << 2)
     assert set(leader.results) == set(range(4 << 2, 8 << 2)) and not _spooled(leader)
     assert leader.add_tag_stream("bob", first_pieces, 4, leader.alignment, first) > 0
+    assert _outcome(leader) == (one_stream.count, one_stream.rows, one_stream.own)
+    leader.cleanup()
+
+
+def test_a_shard_matched_while_no_part_held_it_is_matched_again_once_a_part_claims_it(
+    engine: InlineEngine, world: World, bob: ShardedTable, one_stream: OneStream, tmp_path: Path
+) -> None:
+    """Two parts end, the second cut short: shards no part held are matched against none of
+    bob's tags. The same tags then come in 3 parts, which claim those shards: they are matched
+    again, and the rows are those of one stream (not of the empty matches kept)."""
+    leader = _leader(engine, world, tmp_path)
+    two = _parts(bob, shard_runs(bob.row_offsets, 2))
+    assert _send(leader, [two[0], (two[1][0], two[1][1][:1])], [0] * len(two[0][1]) + [1]) == []
+    _wait_matched(leader, leader.num_units)  # all of them, the unheld shards against nothing
+    unheld = set(range(1 << SHARD_BITS)) - set(leader.owners["bob"])
+    assert unheld
+    three = _parts(bob, shard_runs(bob.row_offsets, 3))
+    assert _send(leader, three, _round_robin_from_last(three)) == []
     assert _outcome(leader) == (one_stream.count, one_stream.rows, one_stream.own)
     leader.cleanup()
 
