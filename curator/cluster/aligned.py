@@ -14,6 +14,7 @@ soon as the stream moved past it, so the follower's process holds one shard's ro
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -130,6 +131,11 @@ class ShardRowSink:
             return
         local = (rows.astype(np.int64) - int(self._offsets[shard])).astype(np.uint32)
         engine, handle = self.table.engine, self.table.shards[shard]
-        run = engine.submit(sh.gather_symbols, handle, engine.put(local, near=handle), self.pieces.dtype)
+        if engine.handoff is not None:  # left for the worker in a file, not sent over TLS (kept until
+            path = engine.handoff / f"rows-{secrets.token_hex(8)}-{shard}"  # the cluster stops: a
+            local.astype("<u4", copy=False).tofile(path)  # worker lost redoes the gather from it)
+            run = engine.submit(st.gather_symbols_from, handle, str(path), self.pieces.dtype)
+        else:
+            run = engine.submit(sh.gather_symbols, handle, engine.put(local, near=handle), self.pieces.dtype)
         self.pieces.sources.append([run])
         self.pieces.sizes.append(int(rows.size))

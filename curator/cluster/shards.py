@@ -116,6 +116,12 @@ def shard_tag_slice_to(shard: Shard, start: int, stop: int, path: str) -> str:
     return path
 
 
+def gather_symbols_from(shard: Shard, path: str, dtype: str) -> npt.NDArray[np.unsignedinteger]:
+    """:func:`~secure_release.mechanism.sharding.gather_symbols` at the rows (uint32) the curator
+    process left at ``path`` in the engine's handoff directory."""
+    return gather_symbols(shard, np.fromfile(path, dtype="<u4"), dtype)
+
+
 def merge_shard(pieces: Sequence[Piece]) -> Shard:
     """Stage 2: :func:`~secure_release.mechanism.sharding.merge_pieces`, then the worker hands the
     freed pages back (its memory limit counts them)."""

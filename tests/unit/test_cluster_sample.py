@@ -116,16 +116,22 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-@pytest.mark.parametrize("piece_rows", [1, 97, 4096, 10**6])
+@pytest.mark.parametrize(
+    ("piece_rows", "handoff"), [(1, False), (97, False), (4096, False), (10**6, False), (97, True), (10**6, True)]
+)
 def test_the_leader_and_a_follower_sample_on_their_clusters_what_the_local_path_samples(
-    world: Path, tmp_path: Path, piece_rows: int
+    world: Path, tmp_path: Path, piece_rows: int, handoff: bool
 ) -> None:
     """Alice leads, bob follows; bob's row order arrives in pieces of ``piece_rows`` (shard
     boundaries fall inside pieces, and pieces inside shards); both samples equal the in-process
-    path's."""
+    path's. ``handoff``: as on an embedded cluster, the tags and each shard's rows pass between
+    the curator process and the workers as files in the engine's handoff directory."""
     seed = Seed(bytes(32))
     n, expected = _local_aligned(world, seed)
     engine = InlineEngine(2)
+    if handoff:
+        engine.handoff = tmp_path / "handoff"
+        engine.handoff.mkdir()
     try:
         tables = {
             c: load_sharded(engine, str(split_parquet(world / f"{c}.csv", tmp_path / c, 3, groups=2)),
@@ -148,6 +154,7 @@ def test_the_leader_and_a_follower_sample_on_their_clusters_what_the_local_path_
             sink.add(rows[start : start + piece_rows])
         sink.finish(rows.size)
         assert sink.pieces is not None
+        assert len(list(tmp_path.glob("handoff/rows-*"))) == (len(sink.pieces.sizes) if handoff else 0)
         bob = np.concatenate(list(cs.sample_runs(sink.pieces, seed, "r1", m)))
         dtype = str(expected["alice"].dtype) if expected["alice"].dtype.itemsize < 4 else "uint16"
         alice_pieces = leader_pieces(engine, leader.matches, 1 << UNIT_BITS, dtype, leader.own_counts)
