@@ -221,7 +221,8 @@ def same_data(manifest: Path, n: int, files: int, compression: str) -> bool:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rows", default="10000000,100000000", help="rows per curator, comma separated")
+    ap.add_argument("--rows", default="10000000,100000000",
+                    help="rows per curator, comma separated (one n twice: two runs of it)")
     ap.add_argument("--files", default="16,64", help="Parquet files per curator for each --rows entry")
     ap.add_argument("--fractions", default="0.1,1", help="m as fractions of the common ids")
     ap.add_argument("--workers", type=int, default=2, help="Dask worker processes per curator")
@@ -252,7 +253,9 @@ def main() -> int:
         init_pki(certs, list(PARTIES))
         akey = work / "align.key"
         akey.write_text(secrets.token_hex(32))
-        for n, nfiles in zip(rows, files, strict=False):
+        for index, (n, nfiles) in enumerate(zip(rows, files, strict=False)):
+            again = rows[:index].count(n)  # --rows may name one n more than once: each run its own name
+            run = f"-r{again}" if again else ""
             data = root / f"n{n}"
             if not same_data(data / "manifest.json", n, nfiles, args.compression):
                 sys.stderr.write(f"generating {n} rows a curator, {nfiles} {args.compression} files each, in {data}\n")
@@ -268,20 +271,21 @@ def main() -> int:
                 except RuntimeError as exc:  # reported, not fatal: the release is measured all the same
                     ref = {"seconds": None, "error": str(exc)}
                 sys.stderr.write(f"n={n} m={m}: dask ... (duckdb {ref['seconds'] or ref.get('error')})\n")
-                dask = run_release(work, data, certs, akey, m, "dask", args.workers, f"dask-{n}-{m}")
+                dask = run_release(work, data, certs, akey, m, "dask", args.workers, f"dask-{n}-{m}{run}")
                 ratio = round(dask["seconds"] / ref["seconds"], 2) if ref["seconds"] else None
                 entry: dict[str, Any] = {"rows": n, "m": m, "duckdb": ref, "dask": dask, "dask_over_duckdb": ratio}
                 if n <= 10**7 and not args.no_local:
                     sys.stderr.write(f"n={n} m={m}: local ...\n")
-                    local = run_release(work, data, certs, akey, m, "local", args.workers, f"local-{n}-{m}")
+                    local = run_release(work, data, certs, akey, m, "local", args.workers, f"local-{n}-{m}{run}")
                     entry["local"] = local
                     entry["dask_over_local"] = round(dask["seconds"] / local["seconds"], 2)
                     pairs = [(dask["seconds"], local["seconds"])]
                     for i in range(1, args.repeat):  # the machine is shared: more pairs, each in turn
                         sys.stderr.write(f"n={n} m={m}: pair {i + 1} of {args.repeat} ...\n")
-                        again = [run_release(work, data, certs, akey, m, engine, args.workers, f"{engine}-{n}-{m}-{i}")
-                                 for engine in ("dask", "local")]  # fmt: skip
-                        pairs.append((again[0]["seconds"], again[1]["seconds"]))
+                        name = f"{n}-{m}{run}-{i}"
+                        pair = [run_release(work, data, certs, akey, m, engine, args.workers, f"{engine}-{name}")
+                                for engine in ("dask", "local")]  # fmt: skip
+                        pairs.append((pair[0]["seconds"], pair[1]["seconds"]))
                     if len(pairs) > 1:
                         ratios = sorted(round(d / loc, 2) for d, loc in pairs)
                         entry["pairs"] = [{"dask": d, "local": loc, "ratio": round(d / loc, 2)} for d, loc in pairs]
