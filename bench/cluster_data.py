@@ -329,7 +329,8 @@ def duckdb_reference(root: Path, m: int, threads: int = 2, query: str = "codes")
     schemas = {c: json.loads((root / f"{c}.json").read_text()) for c in CURATORS}
     sql, count_sql = duckdb_sql(root, m, query)
     temp = root / ".duckdb_tmp"
-    temp.mkdir(exist_ok=True)
+    shutil.rmtree(temp, ignore_errors=True)  # what a killed run left (36 GB once, at 10^9)
+    temp.mkdir()
     cmd = [sys.executable, "-c", _DUCKDB_CHILD, str(threads), str(temp), sql, count_sql, DUCKDB_MEMORY_LIMIT]
     t0 = time.perf_counter()
     with tempfile.TemporaryFile("w+") as errors:

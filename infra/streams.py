@@ -39,6 +39,7 @@ from secure_release.infra.wire import (
     spec_from_pb,
     spec_to_pb,
 )
+from secure_release.mechanism.alignment import TAG_BYTES as TAG_BYTES  # the wire's tag size, defined once
 from secure_release.mechanism.alignment import TAG_DTYPE, TagArray
 from secure_release.mechanism.errors import ErrorKind, SecureReleaseError, ShapeMismatchError
 from secure_release.mechanism.index_sharing import (
@@ -58,7 +59,6 @@ from secure_release.mechanism.spec import ReleaseSpec, check_name, check_names, 
 from secure_release.mechanism.variants import AlignmentMode, SamplingMode, VariantAgreement
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
 
-TAG_BYTES = TAG_DTYPE.itemsize
 #: At most 1 MiB of tags a message.
 TAGS_PER_CHUNK = (1 << 20) // TAG_BYTES
 #: At most 1 MiB of payload bytes a message (packed indices, PSI points).

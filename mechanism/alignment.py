@@ -51,6 +51,7 @@ U64 = npt.NDArray[np.uint64]
 I64 = npt.NDArray[np.int64]
 ByteMatrix = npt.NDArray[np.uint8]
 TAG_DTYPE = np.dtype([("hi", ">u8"), ("lo", ">u8")])
+TAG_BYTES = TAG_DTYPE.itemsize  # 16: a tag on the wire and in the leader's spool
 TagArray = npt.NDArray[np.void]
 #: numpy text/bytes/integer arrays, sequences of str, or pyarrow string/binary/integer
 #: (Chunked)Arrays (typed Any: pyarrow has no type stubs).

@@ -465,11 +465,11 @@ class ClusterLeader(LeaderState):
         :class:`_RestartMatchingError` if the generation changes or the leader closes first."""
         assert self.spool is not None and self.engine is not None
         followers = list(self.curators[1:])
-        with self.cond:
+        with self.cond:  # results change under cond only: a part's claim reads them (_claim)
             stale, self.stale = self.stale, set()
-        dropped = [u for u in self.results if u >> UNIT_BITS in stale]
-        self.engine.release([self.results.pop(u)[0] for u in dropped])
-        waiting = [u for u in range(self.num_units) if u not in self.results]  # ascending
+            dropped = [self.results.pop(u)[0] for u in list(self.results) if u >> UNIT_BITS in stale]
+            waiting = [u for u in range(self.num_units) if u not in self.results]  # ascending
+        self.engine.release(dropped)
         pending: deque[tuple[int, Any, Any]] = deque()
         try:
             while waiting or pending:

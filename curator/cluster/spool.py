@@ -5,7 +5,6 @@ worker task imports this."""
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,10 +12,8 @@ import numpy as np
 import numpy.typing as npt
 
 from secure_release.mechanism import sharding as sh
-from secure_release.mechanism.alignment import TAG_DTYPE, TagArray
+from secure_release.mechanism.alignment import TAG_BYTES, TAG_DTYPE, TagArray
 from secure_release.mechanism.errors import SecureReleaseError
-
-TAG_BYTES = TAG_DTYPE.itemsize
 
 
 class SpoolError(SecureReleaseError):
@@ -28,18 +25,17 @@ def suffixed(path: Path, suffix: str) -> Path:
     return path.with_name(path.name + suffix)
 
 
-def read_spool(path: Path, start: int = 0, stop: int | None = None) -> tuple[TagArray, npt.NDArray[np.uint32]]:
-    """A follower's part of a shard as spooled so far (records ``start`` to ``stop``): the tags
-    and their stream indices, as many records as both files hold whole (the stream may be
-    appending to them)."""
+def read_spool(path: Path, start: int, stop: int) -> tuple[TagArray, npt.NDArray[np.uint32]]:
+    """Records ``start`` to ``stop`` of a follower's part of a shard: the tags and their stream
+    indices, as many of them as both files hold whole (none if the files are gone)."""
     parts = []
     for suffix, size in ((".tags", TAG_BYTES), (".rows", 4)):
-        file = suffixed(path, suffix)
-        with contextlib.suppress(FileNotFoundError), file.open("rb") as fh:
-            fh.seek(size * start)
-            parts.append(fh.read(-1 if stop is None else size * (stop - start)))
-            continue
-        parts.append(b"")
+        try:
+            with suffixed(path, suffix).open("rb") as fh:
+                fh.seek(size * start)
+                parts.append(fh.read(size * (stop - start)))
+        except FileNotFoundError:
+            parts.append(b"")
     count = min(len(parts[0]) // TAG_BYTES, len(parts[1]) // 4)
     return np.frombuffer(parts[0], TAG_DTYPE, count), np.frombuffer(parts[1], "<u4", count)
 

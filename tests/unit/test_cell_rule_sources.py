@@ -194,6 +194,8 @@ def _files(t: Logical, folder: Path) -> dict[str, tuple[Path, str | None]]:
         feather.write_feather(_arrow(t, variant), out[f"arrow ipc ({variant})"][0], compression="uncompressed")
     out["parquet by pandas"] = (folder / "pandas.parquet", None)
     _pandas_default(t).to_parquet(out["parquet by pandas"][0], index=False)
+    out["parquet (zstd)"] = (folder / "zstd.parquet", None)  # as bench_cluster writes its data
+    pq.write_table(_arrow(t, "wide"), out["parquet (zstd)"][0], compression="zstd")
     out["parquet by polars"] = (folder / "polars.parquet", None)
     _polars(t, True).write_parquet(out["parquet by polars"][0])
     out["duckdb"] = (folder / "t.duckdb", "SELECT * FROM t")
