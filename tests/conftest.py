@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,6 +29,27 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(getattr(pytest.mark, tier))
         if any(fnmatch.fnmatch(item.path.name, pattern) for pattern in INPUT_TESTS):
             item.add_marker(pytest.mark.inputs)
+
+
+# What pytest itself may leave in the directory it runs in; anything else a test wrote there.
+_RUNNER_FILES = (".pytest_cache", ".coverage*", "__pycache__", ".hypothesis")
+_CWD_AT_START: set[str] = set()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    _CWD_AT_START.update(os.listdir())
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """A test writes under its ``tmp_path``, never into the directory the suite runs in (a
+    relative default such as ``keystore-alice`` did): the session fails and names what appeared."""
+    left = sorted(
+        name for name in set(os.listdir()) - _CWD_AT_START
+        if not any(fnmatch.fnmatch(name, pattern) for pattern in _RUNNER_FILES)
+    )  # fmt: skip
+    if left:
+        print(f"\nthe tests left {left} in {os.getcwd()}: write under tmp_path")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture(scope="session")

@@ -16,7 +16,9 @@ and symbols (never a key other than the alignment key, never a pad). Only tags (
 row orders (from the leader) and ciphertext (to the server) leave the curator, through the
 curator process, exactly as with the in-process path.
 
-Both engines expose one interface: ``submit(fn, *args) -> handle``, ``result(handle)``,
+Both engines expose one interface: ``submit(fn, *args) -> handle``, ``submit_many(fn,
+arg_lists) -> handles`` (many tasks of one function in one message: a Dask scheduler's cost is
+per message as much as per task), ``result(handle)``,
 ``results(handles, stage)`` (with progress), ``release(handles)`` and ``close()``. A handle is an
 opaque future; arguments that are handles are resolved where the task runs.
 """
@@ -69,6 +71,8 @@ class Engine(Protocol):
     handoff: Path | None
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> Any: ...
+
+    def submit_many(self, fn: Callable[..., Any], arg_lists: Sequence[Sequence[Any]]) -> list[Any]: ...
 
     def put(self, value: Any, near: Any = None) -> Any: ...
 
@@ -129,6 +133,10 @@ class InlineEngine:
             dep.result()
         return self._pool.submit(run)
 
+    def submit_many(self, fn: Callable[..., Any], arg_lists: Sequence[Sequence[Any]]) -> list[Future[Any]]:
+        """:meth:`submit` of ``fn`` on each argument list, in order."""
+        return [self.submit(fn, *args) for args in arg_lists]
+
     def put(self, value: Any, near: Any = None) -> Future[Any]:
         """``value`` as a handle (an argument of later tasks; ``near``: a handle of their other
         argument, ignored here)."""
@@ -183,6 +191,15 @@ class DaskEngine:
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> Any:
         return self.client.submit(fn, *args, pure=False)
+
+    def submit_many(self, fn: Callable[..., Any], arg_lists: Sequence[Sequence[Any]]) -> list[Any]:
+        """``[submit(fn, *args) for args in arg_lists]`` as one graph (``Client.map``): one
+        message to the scheduler, not one a task. The shuffle's 2,048 small tasks at 10^8 rows,
+        submitted one by one, cost the curator process (where an embedded scheduler runs) 2-3
+        times the CPU (measured: 5.6-7.4 against 2.2-2.8 CPU seconds for 2,200 tasks)."""
+        if not arg_lists:
+            return []
+        return list(self.client.map(fn, *zip(*arg_lists, strict=True), pure=False))
 
     def put(self, value: Any, near: Any = None) -> Any:
         """``value`` sent to one worker (straight to it on an embedded cluster: a task's own

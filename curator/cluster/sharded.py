@@ -158,14 +158,15 @@ def load_sharded(
     if not 0 <= groups <= bits:
         raise sh.ShardError(f"group bits {groups} must be between 0 and the shard bits {bits}")
     size = spec.schema.alphabet_size
-    results = [engine.submit(st.hash_partition, i, p, spec, key.reveal(), groups or bits, size)
-               for i, p in enumerate(partitions)]  # fmt: skip
-    summaries = [engine.submit(st.problems_of, r) for r in results]
+    results = engine.submit_many(
+        st.hash_partition, [(i, p, spec, key.reveal(), groups or bits, size) for i, p in enumerate(partitions)]
+    )
+    summaries = engine.submit_many(st.problems_of, [(r,) for r in results])
     # the merges are queued at once: a piece moves to its shard's worker as soon as its partition
     # (or its group's batch of partitions) is read; nothing leaves the cluster before every
     # partition is checked, below
     pieces = _shard_pieces(engine, results, bits, groups)
-    shards = [engine.submit(st.merge_shard, shard_pieces) for shard_pieces in pieces]
+    shards = engine.submit_many(st.merge_shard, [(shard_pieces,) for shard_pieces in pieces])
     engine.release(results)  # each partition is dropped once its pieces are taken
     del pieces
     read = engine.results(summaries, "read")
@@ -175,7 +176,7 @@ def load_sharded(
         raise BadRowsError(str(data), [(p.line, f"{p.path}: {p.message}") for p in problems])
     log("partitions_read", partitions=len(partitions), rows=sum(n for n, _ in read), shards=1 << bits,
         peak_rss_mib=peak_rss_mib())  # fmt: skip
-    merged = engine.results([engine.submit(st.shard_summary, sh) for sh in shards], "shuffle")
+    merged = engine.results(engine.submit_many(st.shard_summary, [(shard,) for shard in shards]), "shuffle")
     table = ShardedTable(engine, str(data), partitions, spec, bits, shards, [n for n, _ in merged])
     repeated = [t for _, tags in merged for t in tags]
     if repeated:
@@ -190,16 +191,20 @@ def _shard_pieces(engine: Engine, results: list[Any], bits: int, groups: int) ->
     time joined and split into the group's shards (:func:`~secure_release.curator.cluster.shards.regroup`);
     a shard's pieces are then one a batch."""
     if groups == 0:
-        return [[engine.submit(st.piece_of, r, s) for r in results] for s in range(1 << bits)]
+        flat = engine.submit_many(st.piece_of, [(r, s) for s in range(1 << bits) for r in results])
+        return [flat[s * len(results) : (s + 1) * len(results)] for s in range(1 << bits)]
     batch, per_group = 1 << groups, 1 << (bits - groups)
     pieces: list[list[Any]] = [[] for _ in range(1 << bits)]
     for first in range(0, len(results), batch):
-        for group in range(1 << groups):
-            parts = [engine.submit(st.piece_of, r, group) for r in results[first : first + batch]]
-            block = engine.submit(st.regroup, parts, bits, groups)
-            for sub in range(per_group):
-                pieces[group * per_group + sub].append(engine.submit(st.piece_of, block, sub))
-            engine.release([*parts, block])  # dropped once the group's shards took their pieces
+        members = results[first : first + batch]
+        parts = engine.submit_many(st.piece_of, [(r, group) for group in range(1 << groups) for r in members])
+        blocks = engine.submit_many(
+            st.regroup, [(parts[g * len(members) : (g + 1) * len(members)], bits, groups) for g in range(1 << groups)]
+        )
+        subs = engine.submit_many(st.piece_of, [(block, sub) for block in blocks for sub in range(per_group)])
+        for shard, piece in enumerate(subs):  # block g's sub-pieces are shards g * per_group ...
+            pieces[shard].append(piece)
+        engine.release([*parts, *blocks])  # dropped once the group's shards took their pieces
     return pieces
 
 

@@ -259,6 +259,34 @@ def test_an_embedded_cluster_takes_no_work_from_a_client_without_its_certificate
         engine.close()
 
 
+def test_many_tasks_reach_the_scheduler_in_one_message(tmp_path: Path) -> None:
+    """``submit_many`` is one ``update-graph`` message to the scheduler however many tasks it
+    holds (one a task cost the curator process 2-3 times the CPU at 10^8 rows), and its tasks
+    resolve handles nested in lists as ``submit`` does: the shuffle's merges take lists of pieces."""
+    from secure_release.curator.cluster.engine import DaskEngine, open_engine
+
+    engine = open_engine("dask", workers=1, worker_memory="1GiB", spill_dir=str(tmp_path))
+    try:
+        assert isinstance(engine, DaskEngine) and engine._cluster is not None
+        scheduler = engine._cluster.scheduler
+        messages = []
+        handler = scheduler.stream_handlers["update-graph"]
+
+        async def counted(**kw: Any) -> Any:  # the scheduler awaits a coroutine function's result
+            messages.append(1)
+            return await handler(**kw)
+
+        scheduler.stream_handlers["update-graph"] = counted
+        parts = engine.submit_many(sum, [([i, i + 1],) for i in range(40)])
+        totals = engine.submit_many(sum, [(parts[:20],), (parts[20:],)])
+        assert engine.results(totals, "t") == [sum(2 * i + 1 for i in range(20)), sum(2 * i + 1 for i in range(20, 40))]
+        assert len(messages) == 2  # 40 tasks, then 2
+        assert engine.submit_many(sum, []) == [] and len(messages) == 2
+        assert engine.result(engine.submit(sum, parts[:2])) == 4 and len(messages) == 3  # submit: one a task
+    finally:
+        engine.close()
+
+
 def test_every_worker_hands_its_free_heap_back_when_it_runs_high(tmp_path: Path) -> None:
     """A worker's freed pieces stay in glibc's heap (Dask counts them as unmanaged memory and
     cannot spill them): the trim plugin on every worker hands them back once the worker passes

@@ -26,7 +26,7 @@ def base(tmp_path: Path) -> list[str]:
     return [
         "--data", str(tmp_path / "alice.csv"), "--schema", str(tmp_path / "alice.json"), "--release-id", "r1",
         "--epsilon", "0.5", "--server", "127.0.0.1:7000", "--name", "alice", "--curators", "alice,bob", "--leader",
-        "--insecure", "--alignment-key-file", str(tmp_path / "align.key"),
+        "--insecure", "--alignment-key-file", str(tmp_path / "align.key"), "--keystore", str(tmp_path / "ks"),
     ]  # fmt: skip
 
 
@@ -134,6 +134,7 @@ def test_the_runs_stop_event_reaches_the_engine(base: list[str], monkeypatch: py
     config = _config([*base, "--engine", "dask"])
     assert runner.start_engine(config, EventLog("curator", "t"), stop) == "an engine"
     assert given["stop"] is stop
+    assert given["spill_dir"] == str(config.keystore / "dask-spill")  # under the keystore, never the cwd
 
 
 def test_a_leader_on_a_cluster_takes_a_billion_tags_by_default(base: list[str]) -> None:
