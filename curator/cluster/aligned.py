@@ -59,7 +59,7 @@ def leader_pieces(engine: Engine, matches: Sequence[Any], units_per_shard: int, 
     sources, sizes = [], []
     for first in range(0, len(matches), units_per_shard):
         units = range(first, min(first + units_per_shard, len(matches)))
-        sources.append([engine.submit(st.match_symbols, matches[u]) for u in units])
+        sources.append(engine.submit_many(st.match_symbols, [(matches[u],) for u in units]))
         sizes.append(int(sum(counts[u] for u in units)))
     return AlignedPieces(engine, sources, sizes, dtype)
 

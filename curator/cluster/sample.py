@@ -112,7 +112,7 @@ def sample_runs(pieces: AlignedPieces, seed: Seed, release_id: str, m: int, log:
 
     def merge(i: int) -> Any:
         key_range, _, take = takes[i]
-        parts = [engine.submit(kept_part, run, key_range) for run in kept]
+        parts = engine.submit_many(kept_part, [(run, key_range) for run in kept])
         return engine.submit(merge_range, parts, take)
 
     try:
@@ -126,11 +126,9 @@ def _kept_runs(pieces: AlignedPieces, key: bytes, cut: int, num_ranges: int,
     """Step 1 on every run and step 2: the kept runs' handles and the ranges' takes (None if
     fewer than m keys were kept)."""
     engine, width = pieces.engine, key_range_width(cut, num_ranges)
-    kept = [
-        engine.submit(keep_run, sources, start, key, cut, width, num_ranges)
-        for sources, start in zip(pieces.sources, pieces.starts, strict=True)
-    ]
-    counts = engine.results([engine.submit(kept_counts, k) for k in kept], "sample")
+    runs = zip(pieces.sources, pieces.starts, strict=True)
+    kept = engine.submit_many(keep_run, [(sources, start, key, cut, width, num_ranges) for sources, start in runs])
+    counts = engine.results(engine.submit_many(kept_counts, [(k,) for k in kept]), "sample")
     totals = np.sum(np.asarray(counts, dtype=np.int64).reshape(len(kept), num_ranges), axis=0)
     try:
         return kept, range_takes(totals, m)
