@@ -263,6 +263,24 @@ def intersect_shard(own: Shard, others: Sequence[tuple[TagArray, I64]]) -> tuple
     return own_rows, other_rows
 
 
+def unit_run(tags: TagArray, unit: int, bits: int) -> tuple[int, int]:
+    """Where the tags whose top ``bits`` bits are ``unit`` (a shard's unit: its shard's bits and
+    a few more) are in ascending ``tags``: rows ``start .. stop - 1``."""
+    hi = tag_words(tags)[0]
+    if bits == 0:
+        return 0, int(hi.size)
+    shift = 64 - bits
+    start = int(np.searchsorted(hi, np.uint64(unit << shift)))
+    stop = int(hi.size) if unit + 1 == 1 << bits else int(np.searchsorted(hi, np.uint64((unit + 1) << shift)))
+    return start, stop
+
+
+def within_unit(tags: TagArray, unit: int, bits: int) -> bool:
+    """Whether every tag's top ``bits`` bits are ``unit``."""
+    hi = tag_words(tags)[0]
+    return not hi.size or bool(np.all(top_bits(hi, bits) == unit))
+
+
 def ascending(hi: U64, lo: U64) -> bool:
     """Whether (hi, lo) pairs are strictly ascending."""
     if hi.size < 2:

@@ -562,10 +562,10 @@ class ClusterLeader(LeaderState):
         own = self.own.shards[shard]
         if self.engine.shares_files:
             rows = [str(self.unit_rows(c, unit)) for c in self.curators[1:]]
-            match = self.engine.submit(st.match_spooled, own, ranges, dtype, rows)
+            match = self.engine.submit(st.match_spooled, own, ranges, dtype, rows, (unit, bits))
         else:
             sent = self.engine.put([r.read() for r in ranges], near=own)
-            match = self.engine.submit(st.match_shard, own, sent, dtype)
+            match = self.engine.submit(st.match_shard, own, sent, dtype, (unit, bits))
         return match, self.engine.submit(st.match_rows, match)
 
     # ------------------------------------------------------------------------------ agreement

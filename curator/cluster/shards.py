@@ -45,12 +45,15 @@ from secure_release.mechanism.sharding import (
     HoldsArrays,
     Piece,
     Shard,
+    ShardError,
     gather_symbols,
     intersect_shard,
     merge_pieces,
     owned,
     split_by_shard,
     symbol_dtype,
+    unit_run,
+    within_unit,
 )
 
 
@@ -139,19 +142,31 @@ class Match(HoldsArrays):
     follower_rows: tuple[npt.NDArray[np.uint32], ...]
 
 
-def match_shard(own: Shard, others: Sequence[tuple[TagArray, npt.NDArray[np.integer]]], dtype: str) -> Match:
+def match_shard(
+    own: Shard, others: Sequence[tuple[TagArray, npt.NDArray[np.integer]]], dtype: str,
+    unit: tuple[int, int] | None = None,
+) -> Match:  # fmt: skip
     """Stage 3 at the leader: :func:`~secure_release.mechanism.sharding.intersect_shard` of its
     shard with every follower's part of it, then its own symbols gathered at once (the rows
-    never leave the worker)."""
-    own_rows, follower_rows = intersect_shard(own, [(tags, np.asarray(sub, dtype=np.int64)) for tags, sub in others])
-    return Match(gather_symbols(own, own_rows, dtype), tuple(r.astype(np.uint32) for r in follower_rows))
+    never leave the worker). ``unit``: ``(unit, bits)``, the followers' tags are the unit's (their
+    top ``bits`` bits are ``unit``; :class:`ShardError` if one is not), so only the shard's run of
+    the unit is searched: a unit is a quarter of a shard, and each of its matches went over the
+    whole shard before."""
+    start, stop = (0, own.size) if unit is None else unit_run(own.tags, *unit)
+    if unit is not None and not all(within_unit(tags, *unit) for tags, _ in others):
+        raise ShardError(f"a follower's tags of unit {unit[0]} lie outside it")
+    part = own if (start, stop) == (0, own.size) else Shard(own.tags[start:stop], own.symbols[start:stop], own.repeated)
+    own_rows, follower_rows = intersect_shard(part, [(tags, np.asarray(sub, dtype=np.int64)) for tags, sub in others])
+    return Match(gather_symbols(part, own_rows, dtype), tuple(r.astype(np.uint32) for r in follower_rows))
 
 
-def match_spooled(own: Shard, ranges: Sequence[SpoolRange], dtype: str, row_files: Sequence[str]) -> Match:
+def match_spooled(
+    own: Shard, ranges: Sequence[SpoolRange], dtype: str, row_files: Sequence[str], unit: tuple[int, int] | None = None
+) -> Match:
     """:func:`match_shard` on a worker that shares the leader's files (an embedded cluster):
     each follower's tags read from the leader's spool (``ranges``), each follower's rows
     written to its file in ``row_files`` (uint32) rather than kept or sent back."""
-    match = match_shard(own, [r.read() for r in ranges], dtype)
+    match = match_shard(own, [r.read() for r in ranges], dtype, unit)
     for path, rows in zip(row_files, match.follower_rows, strict=True):
         Path(path).write_bytes(rows.astype("<u4", copy=False).tobytes())
     return Match(match.own_symbols, ())

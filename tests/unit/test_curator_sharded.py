@@ -142,6 +142,51 @@ def test_a_tag_sent_twice_is_refused_at_the_intersection() -> None:
         sh.intersect_shard(own, [(np.concatenate([tags, tags[:1]]), np.arange(3))])
 
 
+@pytest.mark.parametrize("bits", [0, 1, 3, 6])
+def test_a_units_run_is_the_rows_whose_top_bits_are_the_unit(bits: int) -> None:
+    """Exact, for every unit (the last one included: its end is the shard's), and for tags whose
+    high words sit on the units' edges."""
+    rng = np.random.default_rng(5)
+    tags = np.zeros(3000, dtype=sh.WORK_DTYPE)
+    tags["hi"] = rng.integers(0, 1 << 63, 3000, dtype=np.uint64) << np.uint64(1)
+    if bits:  # tags on each unit's first and last high word
+        edges = np.arange(1 << bits, dtype=np.uint64) << np.uint64(64 - bits)
+        tags["hi"][: 1 << bits] = edges
+        tags["hi"][1 << bits : 2 << bits] = edges + ((np.uint64(1) << np.uint64(64 - bits)) - np.uint64(1))
+    tags["lo"] = rng.integers(0, 1 << 63, 3000, dtype=np.uint64)
+    tags = np.sort(tags, order=["hi", "lo"])
+    top = sh.top_bits(tags["hi"], bits)
+    for unit in range(1 << bits):
+        start, stop = sh.unit_run(tags, unit, bits)
+        assert np.array_equal(np.arange(start, stop), np.flatnonzero(top == unit))
+        assert sh.within_unit(tags[start:stop], unit, bits)
+        assert sh.within_unit(tags[:0], unit, bits)  # no tags: none outside
+        assert stop - start == tags.size or not sh.within_unit(tags, unit, bits)
+
+
+def test_a_units_match_searches_only_its_run_and_matches_as_the_whole_shard() -> None:
+    """match_shard with the unit gives the Match of the whole shard, unit by unit (the leader's
+    symbols and the follower's rows, in order); a follower tag outside the unit is refused."""
+    own_tags = id_tags(np.array([f"p{i}" for i in range(6000)]), KEY)
+    shard = st.merge_shard(sh.split_by_shard(own_tags, 0, np.arange(6000, dtype=np.uint32) % 7)[:1])
+    rng = np.random.default_rng(9)
+    theirs = id_tags(np.array([f"p{i}" for i in rng.permutation(9000)[:5000]]), KEY)  # ids beyond 6000 too
+    theirs = np.sort(theirs.astype(sh.WORK_DTYPE), order=["hi", "lo"]).astype(TAG_DTYPE)
+    rows = np.arange(theirs.size, dtype=np.int64) + 11
+    bits = 2
+    top = sh.top_bits(sh.tag_words(theirs)[0], bits)
+    whole = st.match_shard(shard, [(theirs, rows)], "uint8")
+    parts = []
+    for unit in range(1 << bits):
+        mine = np.flatnonzero(top == unit)
+        parts.append(st.match_shard(shard, [(theirs[mine], rows[mine])], "uint8", (unit, bits)))
+    assert sum(p.own_symbols.size for p in parts) == whole.own_symbols.size > 2000
+    assert np.array_equal(np.concatenate([p.own_symbols for p in parts]), whole.own_symbols)
+    assert np.array_equal(np.concatenate([p.follower_rows[0] for p in parts]), whole.follower_rows[0])
+    with pytest.raises(sh.ShardError, match="outside"):
+        st.match_shard(shard, [(theirs[top == 1][:5], rows[:5])], "uint8", (0, bits))
+
+
 def _leader(curators: tuple[str, ...] = ("alice", "bob")) -> ClusterLeader:
     return ClusterLeader("r1", curators, None, 1.0, None, CipherMode.CHACHA20, ("researcher",), seed=Seed(bytes(32)))
 
