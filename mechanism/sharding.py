@@ -275,10 +275,15 @@ def unit_run(tags: TagArray, unit: int, bits: int) -> tuple[int, int]:
     return start, stop
 
 
+def in_unit(tags: TagArray, unit: int, bits: int) -> npt.NDArray[np.bool_]:
+    """Which tags' top ``bits`` bits are ``unit`` (a shard's unit: its shard's bits and a few more)."""
+    inside: npt.NDArray[np.bool_] = top_bits(tag_words(tags)[0], bits) == unit
+    return inside
+
+
 def within_unit(tags: TagArray, unit: int, bits: int) -> bool:
-    """Whether every tag's top ``bits`` bits are ``unit``."""
-    hi = tag_words(tags)[0]
-    return not hi.size or bool(np.all(top_bits(hi, bits) == unit))
+    """Whether every tag's top ``bits`` bits are ``unit`` (no tags: true)."""
+    return bool(np.all(in_unit(tags, unit, bits)))
 
 
 def ascending(hi: U64, lo: U64) -> bool:

@@ -65,5 +65,5 @@ class SpoolRange:
             )
         if self.unit is None:
             return tags, rows
-        inside = np.flatnonzero(sh.top_bits(sh.tag_words(tags)[0], self.bits) == self.unit)
+        inside = np.flatnonzero(sh.in_unit(tags, self.unit, self.bits))
         return tags[inside], rows[inside]
