@@ -4,7 +4,7 @@
     1    runtime failure: a peer unreachable, a timeout, an aborted release, a digest mismatch
     2    usage: bad flags, bad settings or bad input (a named error says what and what is allowed)
     3    refused: the request was understood and said no (budget exhausted, permission denied,
-         a curator refused its key, a release that cannot be changed any more)
+         a curator refused its key, a release that cannot be changed any more, a reused seed)
     130  interrupted (Ctrl-C)
 """
 

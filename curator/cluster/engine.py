@@ -44,6 +44,7 @@ from secure_release.curator.cluster.forkserver import (
     start_forkserver,
     start_method,
 )
+from secure_release.curator.cluster.trim import trim_plugin
 from secure_release.curator.errors import StoppedError
 from secure_release.infra.logs import EventLog
 from secure_release.mechanism.errors import SecureReleaseError
@@ -376,7 +377,7 @@ def open_engine(
     except (OSError, TimeoutError) as exc:
         raise EngineError(f"cannot reach the Dask scheduler ({type(exc).__name__}: {exc})") from None
     eng.client.run(warm_up, eng.embedded)  # each worker imports the stage modules now, not in its first task
-    eng.client.register_plugin(importlib.import_module("secure_release.curator.cluster.trim").TrimPlugin())
+    eng.client.register_plugin(trim_plugin())
     if log is not None:
         link = eng.client.dashboard_link if _has_bokeh() or scheduler or scheduler_file else None
         dashboard = link or "not running (pip install bokeh for Dask's dashboard)"

@@ -283,10 +283,13 @@ def prepare(
 
 
 def refuse_visibly(link: ServerLink, spec: object, reason: str) -> None:
-    """A follower's refusal through ``link``: join the leader's candidate ``spec`` at the server
-    (registering uploads and reserves nothing; it makes the release bound, so researchers see its
-    status too), then abort it with ``reason``; the leader and the researcher poll the status and
-    stop."""
+    """A refusal of the agreed ``spec`` through ``link``: join its candidate at the server
+    (registering uploads and reserves nothing; the server then shows researchers the candidate's
+    status even before it is bound), then abort it with ``reason``. A follower's refusal reaches
+    the leader and the researcher this way (they poll the status and stop); a leader's reaches
+    the researcher, who would otherwise wait for a release the server never heard of (the
+    followers hear it from the leader). Only the caller's own candidate is aborted: the server
+    lets a curator abort only a release whose spec names it."""
     assert isinstance(spec, ReleaseSpec)
     with contextlib.suppress(SecureReleaseError, grpc.RpcError):
         link.register(spec)
@@ -315,7 +318,7 @@ def setup_release(
     agreement = agree_on_release(config, own, state, link, log)
     if state is not None and not isinstance(state, ClusterLeader):  # a cluster leader never resumes one
         persist_agreement(config, keystore, agreement, own.tags, state)
-    reserve_or_refuse(config, keystore, own.fingerprint, agreement, link, witness, log, is_leader=state is not None)
+    reserve_or_refuse(config, keystore, own.fingerprint, agreement, link, witness, log, state)
     if state is not None:  # followers may align while the leader prepares its own part
         publish_agreement(link, state, agreement)
     return prepare_own_part(config, own, agreement, state, keystore, log)
@@ -380,16 +383,21 @@ def reserve_or_refuse(
     link: ServerLink,
     witness: BudgetWitness,
     log: EventLog,
-    is_leader: bool,
+    state: LeaderState | None = None,
 ) -> None:
-    """:func:`reserve` the agreed release's epsilon for the table of ``fingerprint``; a follower
-    that cannot aborts the release visibly through ``link`` before raising (a leader's failure
-    reaches its followers through :func:`fail_release`)."""
+    """:func:`reserve` the agreed release's epsilon for the table of ``fingerprint``; a curator
+    that cannot aborts the release visibly through ``link`` before raising. The leader (``state``
+    given) has not registered the release yet (it registers once reserved), so it tells its
+    followers first, then registers only to abort: the researcher sees the refusal (a reused
+    seed, a budget spent meanwhile) at once, not at the end of its --timeout."""
     try:
         reserve(config, keystore, fingerprint, sample_fingerprint(agreement), log, witness)
     except SecureReleaseError as exc:
-        if not is_leader:
-            refuse_visibly(link, agreement.base.spec, refusal_reason(exc, f"{config.name} cannot reserve its budget"))
+        log.warning("ledger_refuses", release_id=config.release_id, reason=f"{type(exc).__name__}: {exc}")
+        reason = refusal_reason(exc, f"{config.name} cannot reserve its budget")
+        if state is not None:
+            state.fail(reason)  # the followers stop now, whatever the server takes to answer
+        refuse_visibly(link, agreement.base.spec, reason)
         raise
 
 
