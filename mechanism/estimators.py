@@ -14,6 +14,7 @@ from statistics import NormalDist
 import numpy as np
 import numpy.typing as npt
 
+from secure_release.mechanism import unified
 from secure_release.mechanism.accounting import cell_variance, channel_cell_variance
 from secure_release.mechanism.errors import (
     EmptySampleError,
@@ -196,9 +197,12 @@ def l2_error(estimate: npt.ArrayLike, truth: npt.ArrayLike) -> float:
 
 # --- confidence intervals whose coverage holds at every m ----------------------------------
 
-INTERVAL_METHODS = ("clopper-pearson", "score-cc", "score", "normal")
-DEFAULT_INTERVAL_METHOD = "clopper-pearson"
+INTERVAL_METHODS = ("unified", "clopper-pearson", "score-cc", "score", "normal")
+DEFAULT_INTERVAL_METHOD = "unified"
 INTERVAL_METHOD_DESCRIPTIONS = {
+    "unified": "Feldman-Cousins unified (likelihood-ratio-ordered) interval for the cell's observed rate "
+    "within the physical range [b, a + b], mapped through the channel's affine inverse: never empty and "
+    "always holding the clipped A^-1 estimate (mechanism/unified.py)",
     "clopper-pearson": "Clopper-Pearson exact binomial interval for the cell's observed rate, "
     "mapped through the channel's affine inverse and intersected with [0, 1]",
     "score-cc": "Wilson score interval with continuity correction and the finite-population "
@@ -487,12 +491,18 @@ def cell_intervals(
     K_S cells: b = (1 - a)/K_S). Each interval depends on N_c alone. O(K) after deduplicating
     counts; no scipy.
 
-    Why Clopper-Pearson by default: every one of the m rows lands in cell c with probability
-    p = a T_c + b, and the rows' indicators are exchangeable and negatively correlated (sampling
-    without replacement), so N_c is below Binomial(m, p) in convex order (Hoeffding 1963); an
-    exact binomial interval for p is then conservative, and its exact coverage, enumerated in
-    tests/unit/test_mech_coverage_exact.py, is >= 95% for every cell of Adult at m* and of a K = 1000
-    Zipf table at m*. ``simultaneous`` applies Bonferroni over the cells.
+    Every one of the m rows lands in cell c with probability p = a T_c + b, and the rows'
+    indicators are exchangeable and negatively correlated (sampling without replacement), so N_c
+    is below Binomial(m, p) in convex order (Hoeffding 1963); the exact binomial intervals
+    ("unified", "clopper-pearson") are built for Binomial(m, p), and their exact coverage under
+    the real (hypergeometric, then PRAM) law is enumerated in tests/unit/test_mech_coverage_exact.py:
+    >= 95% for every cell of Adult at m* and of a K = 1000 Zipf table at m*.
+
+    Why "unified" by default (issue: intervals at the boundary): Clopper-Pearson ignores that
+    T in [0, 1] confines p to [b, a + b]; a count below b m then gives a rate interval below b and
+    the share interval [0, 0], excluding the estimate. The unified interval
+    (:mod:`~secure_release.mechanism.unified`, Feldman & Cousins 1998) is never empty and always
+    holds clip(raw, 0, 1). ``simultaneous`` applies Bonferroni over the cells.
     """
     check_interval_method(method)
     k = np.asarray(counts)
@@ -517,7 +527,9 @@ def share_intervals(
         raise InvalidLevelError(f"per-cell miss probability must be in (0, 1), got {alpha!r}")
     if method == "normal":
         return normal_share_interval(counts, n, m, keep, off_diagonal, alpha)
-    if method == "clopper-pearson":
+    if method == "unified":
+        rlo, rhi = unified.unified_rate_interval(_check_cell_counts(counts, m), m, keep, off_diagonal, alpha)
+    elif method == "clopper-pearson":
         rlo, rhi = clopper_pearson_rate_interval(counts, m, alpha)
     else:
         rlo, rhi = score_rate_interval(counts, n, m, keep, off_diagonal, alpha, continuity=method == "score-cc")

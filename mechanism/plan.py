@@ -74,8 +74,9 @@ class ReleasePlan:
         head = (
             f"predicted per-cell RMSE {rmse / root_k:.3g} (l2 RMSE {rmse:.3g} / sqrt K) exceeds "
             f"the typical cell share 1/K = {typical:.3g}: a typical cell's estimate is mostly "
-            "noise. Read the estimate column (the headline, the projection: never further from the truth "
-            "than raw, the A^-1 estimate, which can be negative here) and its intervals, not single raw cells."
+            "noise. Read the estimate column (the headline, each table's projection of its own raw estimate: never "
+            "further from that table's true shares than its raw column, the A^-1 estimate, which can be negative "
+            "here) and its intervals, not single raw cells."
         )
         m_best, best = accounting.best_rmse_at_epsilon(self.n, K, self.epsilon, sum_sq)
         if best / root_k <= typical:

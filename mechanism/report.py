@@ -18,6 +18,7 @@ from secure_release.mechanism.guarantee import plan_report
 from secure_release.mechanism.plan import ReleasePlan
 from secure_release.mechanism.protocol import ReleaseEstimate
 from secure_release.mechanism.schema import JointSchema
+from secure_release.mechanism.unified import hold_estimate
 
 #: The per-cell fields of :class:`ReleaseReport` (and of the proto's ``Cell``), by their own
 #: names: ``estimate`` here is the raw A^-1 estimate. Outputs use :data:`OUTPUT_COLUMNS` instead.
@@ -30,8 +31,10 @@ OUTPUT_COLUMNS = ("estimate", "raw", "mle", "se", "ci_low", "ci_high", "observed
 
 #: What each output column holds; the rule for the intervals is in ``ci_low``'s line.
 COLUMN_MEANINGS = {
-    "estimate": "the headline: the raw estimate projected onto the probability simplex (>= 0, summing to 1); "
-    "never further from the true shares than raw (docs/estimators.md)",
+    "estimate": "the headline: this table's raw estimate projected onto its own probability simplex (>= 0, "
+    "summing to 1), so never further (l2) from this table's true shares than its raw column; a marginal or "
+    "conditional table projects its own raw estimate, so tables need not sum exactly into one another "
+    "(docs/estimators.md)",
     "raw": "the unbiased A^-1 estimate of the share (noise can make it negative); for unbiased aggregation",
     "mle": "the maximum-likelihood estimate (EM), >= 0 and summing to 1",
     "se": "the standard error of raw (the exact variance formula at the estimate)",
@@ -202,7 +205,11 @@ class ReleaseReport:
             standard_error=column("standard_error", np.float64),
             ci_low=column("ci_low", np.float64),
             ci_high=column("ci_high", np.float64),
-            observed=column("observed", np.int64),
+            # a file from before reports carried the observed counts has none: the analyses refuse it
+            # by name (OldResultError); everything else still reads
+            observed=(
+                column("observed", np.int64) if not cells or key["observed"] in cells[0] else np.zeros(0, np.int64)
+            ),
             mle_iterations=int(d.get("mle_iterations", 0)),
             interval_method=str(d.get("interval_method", NORMAL_INTERVAL)),
             refused=dict(d.get("refused", {})),
@@ -218,7 +225,15 @@ def build_report(
     refused: Mapping[str, str] | None = None,
 ) -> ReleaseReport:
     """Label an estimate with the covered curators' schema (``schema`` spans exactly the
-    curators in ``estimate.curators``)."""
+    curators in ``estimate.curators``). Each cell's interval is widened, where needed, to the
+    smallest one holding the headline too (:func:`~secure_release.mechanism.unified.hold_estimate`:
+    the projection depends on every cell and can fall below a cell's own interval; a superset
+    keeps the coverage); the label then says in how many cells."""
+    headline = getattr(estimate, {"estimate": "raw"}.get(DEFAULT_ESTIMATOR, DEFAULT_ESTIMATOR))
+    ci_low, ci_high, moved = hold_estimate(estimate.ci_low, estimate.ci_high, headline)
+    label = estimate.interval_label
+    if moved:
+        label += f"; widened to hold the headline estimate in {moved} cell{'s' if moved > 1 else ''}"
     return ReleaseReport(
         release_id=release_id,
         plan=plan,
@@ -230,10 +245,10 @@ def build_report(
         projected=estimate.projected,
         mle=estimate.mle,
         standard_error=estimate.standard_errors,
-        ci_low=estimate.ci_low,
-        ci_high=estimate.ci_high,
+        ci_low=ci_low,
+        ci_high=ci_high,
         observed=estimate.counts,
         mle_iterations=int(estimate.mle_iterations),
-        interval_method=estimate.interval_label,
+        interval_method=label,
         refused=dict(refused or {}),
     )

@@ -43,6 +43,7 @@ from secure_release.mechanism.errors import (
     SearchTooLargeError,
 )
 from secure_release.mechanism.plan import ReleasePlan, plan_release
+from secure_release.mechanism.power import DEFAULT_ALPHA, DEFAULT_POWER, PowerPlan, power_plan
 from secure_release.mechanism.schema import Attribute, CuratorSchema, attribute_to_dict, bin_labels
 
 #: The most option combinations the search enumerates (after thinning the bin merges).
@@ -386,3 +387,37 @@ def suggest_for_alphabets(
     current = plan_figures(n, alphabet_sizes, epsilon, target)
     return SuggestionReport(n, float(epsilon), target, current, (), 0,
                             sufficient_epsilon(n, alphabet_sizes, epsilon, target), 0)  # fmt: skip
+
+
+# ------------------------------------------------------------------ the power view (--power)
+@dataclass(frozen=True)
+class PairPowerView:
+    """What the schemas now and each suggestion do to the detectable dependence of one pair of
+    attributes (:func:`mechanism.power.power_plan` at each one's m = m*, the figures' m); a
+    suggestion that drops one of the pair has None: the pair cannot be tested after it."""
+
+    attributes: tuple[str, str]
+    current: PowerPlan
+    suggestions: tuple[PowerPlan | None, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "attributes": list(self.attributes),
+            "current": self.current.to_dict(),
+            "suggestions": [None if p is None else p.to_dict() for p in self.suggestions],
+        }
+
+
+def pair_power_view(
+    schemas: Sequence[CuratorSchema], report: SuggestionReport, a_name: str, b_name: str,
+    alpha: float = DEFAULT_ALPHA, power: float = DEFAULT_POWER,
+) -> PairPowerView:  # fmt: skip
+    """The :class:`PairPowerView` of attributes ``a_name`` and ``b_name`` for ``report``, the
+    suggestions of :func:`suggest_changes` on ``schemas``. Public inputs only."""
+    current = power_plan(report.n, list(schemas), report.epsilon, a_name, b_name, alpha=alpha, power=power)
+    plans: list[PowerPlan | None] = []
+    for suggestion in report.suggestions:
+        names = {a.name for s in suggestion.schemas for a in s.attributes}
+        plans.append(power_plan(report.n, list(suggestion.schemas), report.epsilon, a_name, b_name, alpha=alpha,
+                                power=power) if {a_name, b_name} <= names else None)  # fmt: skip
+    return PairPowerView((a_name, b_name), current, tuple(plans))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -12,12 +13,15 @@ from secure_release import display
 from secure_release.mechanism.errors import SecureReleaseError
 from secure_release.mechanism.guarantee import plan_report, privacy_guarantee, utility_check
 from secure_release.mechanism.plan import plan_release
+from secure_release.mechanism.power import PowerPlan, power_plan
 from secure_release.mechanism.schema import CuratorSchema
 from secure_release.mechanism.suggest import (
     DEFAULT_LIMIT,
     MAX_SUGGESTED_EPSILON,
     Figures,
+    PairPowerView,
     SuggestionReport,
+    pair_power_view,
     suggest_changes,
     suggest_for_alphabets,
 )
@@ -42,6 +46,13 @@ def _alphabet(text: str) -> list[int]:
     return sizes
 
 
+def _pair(text: str) -> tuple[str, str]:
+    names = [part.strip() for part in text.split(",")]
+    if len(names) != 2 or not all(names):
+        raise argparse.ArgumentTypeError(f"--power takes two attribute names separated by a comma (A,B), got {text!r}")
+    return names[0], names[1]
+
+
 def register(sub: Any) -> None:
     p = sub.add_parser(
         "plan",
@@ -58,7 +69,8 @@ def register(sub: Any) -> None:
         ),
         epilog="Examples:\n  secure-release plan --n 45222 --alphabet 6,4 --epsilon 0.5 --json\n"
         "  secure-release plan --n 300 --schema alice.json --schema bob.json --epsilon 1 --suggest\n"
-        "  secure-release plan --n 300 --schema alice.json --schema bob.json --epsilon 1 --suggest --target 0.01",
+        "  secure-release plan --n 300 --schema alice.json --schema bob.json --epsilon 1 --suggest --target 0.01\n"
+        "  secure-release plan --n 45222 --schema alice.json --schema bob.json --epsilon 0.5 --power education,sex",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--n", type=int, required=True, help="number of aligned records (n >= 1)")
@@ -104,6 +116,16 @@ def register(sub: Any) -> None:
         metavar="N",
         help=f"with --suggest: list at most N suggestions (default: {DEFAULT_LIMIT}; the rest are counted)",
     )
+    p.add_argument(
+        "--power",
+        type=_pair,
+        default=None,
+        metavar="A,B",
+        help="also print the power of the researcher's likelihood-ratio test of independence of attributes A and B "
+        "(names from the --schema files): the smallest Cramer's V it detects with probability 0.8 at level 0.05, at "
+        "m, at the m that maximises it and at m*, assuming uniform marginals; with --suggest, that V for every "
+        "suggestion. Public inputs only",
+    )
     p.set_defaults(func=run)
 
 
@@ -115,6 +137,10 @@ def run(args: argparse.Namespace) -> int:
         raise PlanFlagsError("--target and --max-suggestions go with --suggest (without it, plan prints the plan)")
     specs = [load_schema(require_file(path, "--schema")) for path in args.schema]
     schemas = [spec.schema for spec in specs]
+    if args.power is not None and (args.alphabet or not schemas):
+        raise PlanFlagsError("--power A,B names attributes of the --schema files: give one --schema FILE per curator "
+                             f"{'instead of' if args.alphabet else 'with'} --alphabet (alphabet sizes carry no "
+                             "attribute names)")  # fmt: skip
     if args.suggest:
         return run_suggest(args, schemas, [spec.id_column for spec in specs])
     alphabet = args.alphabet or [s.alphabet_size for s in schemas]
@@ -126,8 +152,12 @@ def run(args: argparse.Namespace) -> int:
     if preprocessing:
         report["guarantee"] = privacy_guarantee(plan, preprocessing)
     utility = utility_check(plan)
+    pair = None
+    if args.power is not None:
+        pair = power_plan(args.n, schemas, args.epsilon, args.power[0], args.power[1], m=args.m)
     if args.json:
-        print(json.dumps({**report, "utility": utility}, sort_keys=True))
+        extra = {} if pair is None else {"power": pair.to_dict()}
+        print(json.dumps({**report, "utility": utility, **extra}, sort_keys=True))
         return 0
     rows = [
         ("records n", f"{plan.n}"),
@@ -152,7 +182,35 @@ def run(args: argparse.Namespace) -> int:
     print("\n".join(display.guarantee_lines(plan, preprocessing)))
     for line in display.warning_lines(plan):
         print("\n" + line)
+    if pair is not None:
+        print("\n" + "\n".join(power_lines(pair)))
     return 0
+
+
+def _v(value: float) -> str:
+    return f"{value:.3g}" if math.isfinite(value) else "none (no table is dependent enough)"
+
+
+def power_lines(pair: PowerPlan) -> list[str]:
+    """The ``plan --power`` block."""
+    (a, b), (n_i, n_j) = pair.attributes, pair.levels
+    rows = [(f"at m = {pair.m}" + (" (m*)" if pair.m == pair.m_star else "") + f", a = {pair.keep:.3g}",
+             pair.min_detectable_cramers_v, pair.method)]  # fmt: skip
+    if pair.best_m != pair.m:
+        rows.append((f"at best m = {pair.best_m}, a = {pair.best_keep:.3g}", pair.min_detectable_cramers_v_at_best_m,
+                     pair.method_at_best_m))  # fmt: skip
+    if pair.m_star not in (pair.m, pair.best_m):
+        rows.append((f"at m* = {pair.m_star}", pair.min_detectable_cramers_v_at_m_star, pair.method_at_m_star))
+    width = max(len(r[0]) for r in rows)
+    lines = [
+        f"Power: likelihood-ratio test of independence of {a} x {b} ({n_i} x {n_j} levels, df = {pair.df})",
+        f"smallest Cramer's V detected with probability {pair.power:g} at level {pair.alpha:g}; assumes "
+        f"{pair.assumption}",
+        *(f"  {label:<{width}}  V = {_v(v)}  ({how})" for label, v, how in rows),
+    ]
+    if math.isfinite(pair.ratio_m_star_to_best_m) and pair.best_m != pair.m_star:
+        lines.append(f"  V at m* / V at best m = {pair.ratio_m_star_to_best_m:.4f}")
+    return lines + textwrap.wrap(pair.note, 100, initial_indent="  ", subsequent_indent="  ")
 
 
 def run_suggest(args: argparse.Namespace, schemas: list[CuratorSchema], id_columns: list[str]) -> int:
@@ -173,14 +231,19 @@ def run_suggest(args: argparse.Namespace, schemas: list[CuratorSchema], id_colum
     else:
         limit = DEFAULT_LIMIT if args.max_suggestions is None else args.max_suggestions
         report = suggest_changes(schemas, args.n, args.epsilon, args.target, limit)
+    view = None if args.power is None else pair_power_view(schemas, report, args.power[0], args.power[1])
     if args.json:
         out = report.to_dict()
         for suggestion in out["suggestions"]:
             for schema, id_column in zip(suggestion["schemas"], id_columns, strict=True):
                 schema["id_column"] = id_column
+        if view is not None:
+            out["power"] = view.current.to_dict()
+            for suggestion, pair in zip(out["suggestions"], view.suggestions, strict=True):
+                suggestion["power"] = None if pair is None else pair.to_dict()
         print(json.dumps(out, sort_keys=True))
         return 0
-    print("\n".join(suggestion_lines(report)))
+    print("\n".join(suggestion_lines(report, view)))
     return 0
 
 
@@ -189,13 +252,30 @@ def _figures_text(f: Figures) -> str:
             f"{f.predicted_rmse_per_cell:.3g} {'<=' if f.meets_target else '>'} target {f.target:.3g}")  # fmt: skip
 
 
-def suggestion_lines(report: SuggestionReport) -> list[str]:
-    """The text of ``plan --suggest``."""
+def _pair_text(pair: PowerPlan | None, view: PairPowerView) -> str:
+    a, b = view.attributes
+    if pair is None:
+        return f"{a} x {b}: not testable (drops one of them)"
+    now = view.current.min_detectable_cramers_v
+    change = "" if pair.levels == view.current.levels else f", levels {pair.levels[0]} x {pair.levels[1]}"
+    ratio = pair.min_detectable_cramers_v / now if math.isfinite(now) and math.isfinite(pair.min_detectable_cramers_v) \
+        else math.nan  # fmt: skip
+    versus = f", {ratio:.2f} x now" if math.isfinite(ratio) and pair is not view.current else ""
+    same = " (one curator holds both)" if pair.same_curator else ""
+    return f"{a} x {b}{same}: detectable Cramer's V {_v(pair.min_detectable_cramers_v)} at m = {pair.m}{change}{versus}"
+
+
+def suggestion_lines(report: SuggestionReport, view: PairPowerView | None = None) -> list[str]:
+    """The text of ``plan --suggest`` (with ``view``: the --power pair's detectable V now and
+    after each suggestion)."""
     target = "half the typical share, 1/(2K)" if report.target is None else f"{report.target:g}"
     lines = [
         f"n = {report.n}, epsilon = {report.epsilon:g}; target: per-cell RMSE <= {target}",
         f"now: {_figures_text(report.current)}",
     ]
+    if view is not None:
+        lines.append(f"     {_pair_text(view.current, view)} (power {view.current.power:g}, level "
+                     f"{view.current.alpha:g}, {view.current.assumption})")  # fmt: skip
     if report.current.meets_target:
         return [*lines, "The schemas meet the target as they are: nothing to give up."]
     if report.grid_size == 0:
@@ -209,6 +289,8 @@ def suggestion_lines(report: SuggestionReport) -> list[str]:
         lines.append(f"{rank:>2}. {_figures_text(suggestion.figures)}")
         lines.append(f"    keeps {', '.join(suggestion.keeps)}")
         lines += [f"    gives up {item}" for item in suggestion.gives_up]
+        if view is not None:
+            lines.append(f"    {_pair_text(view.suggestions[rank - 1], view)}")
     if report.omitted:
         lines.append(f"... and {report.omitted} more (--max-suggestions)")
     lines.append("")

@@ -78,7 +78,8 @@ def test_the_report_headlines_the_default_and_keeps_the_raw_estimate() -> None:
 def test_the_utility_warning_says_which_estimate_to_trust() -> None:
     noisy = plan_release(45222, (20, 20), 0.05)
     warning = noisy.utility_warning()
-    assert warning is not None and "Read the estimate column (the headline, the projection" in warning
+    assert warning is not None
+    assert "Read the estimate column (the headline, each table's projection of its own raw" in warning
     assert plan_release(45222, (6, 4), 1.0).utility_warning() is None
 
 

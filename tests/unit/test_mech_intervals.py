@@ -89,7 +89,7 @@ def test_cell_intervals_methods_levels_and_labels() -> None:
     counts = np.r_[np.arange(24) * 3]
     n = 10_000
     per = est.joint_intervals(counts, n, ch)
-    assert per.method == "clopper-pearson" and per.label == "clopper-pearson, 95% per cell"
+    assert per.method == "unified" and per.label == "unified, 95% per cell"
     assert np.all((per.low >= 0) & (per.low <= per.high) & (per.high <= 1))
     sim = est.joint_intervals(counts, n, ch, simultaneous=True)
     assert sim.per_cell_level == pytest.approx(1 - 0.05 / 24)
@@ -128,8 +128,8 @@ def test_normal_method_is_the_old_interval_clipped() -> None:
 def test_report_fields_name_the_method() -> None:
     ch = PramChannel(40.0, 24)
     fields = est.joint_intervals(np.arange(24), 10_000, ch, simultaneous=True).report_fields()
-    assert fields["interval_method"] == "clopper-pearson"
+    assert fields["interval_method"] == "unified"
     assert fields["interval_simultaneous"] is True and fields["interval_level"] == 0.95
-    assert "Bonferroni" in str(fields["interval_label"]) and "Clopper-Pearson" in str(
+    assert "Bonferroni" in str(fields["interval_label"]) and "Feldman-Cousins" in str(
         fields["interval_description"]
     )

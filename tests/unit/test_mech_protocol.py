@@ -94,12 +94,12 @@ def test_alignment_counts_and_plan(deterministic_pad_keys: None) -> None:
     # convergence); it must still be a distribution
     assert r.estimate.mle_iterations == 0 and r.estimate.mle_converged  # closed form
     assert abs(r.estimate.mle.sum() - 1) < 1e-9 and r.estimate.mle.min() >= 0
-    # Clopper-Pearson intervals on the observed rate, mapped through A^-1 and cut to [0, 1]:
-    # they hold the raw estimate clipped to [0, 1]
+    # unified intervals on the observed rate within [b, a + b], mapped through A^-1: they hold
+    # the raw estimate clipped to [0, 1]
     clipped = np.clip(r.estimate.raw, 0.0, 1.0)
     assert np.all(r.estimate.ci_low >= 0) and np.all(r.estimate.ci_high <= 1)
     assert np.all(r.estimate.ci_low <= clipped) and np.all(clipped <= r.estimate.ci_high)
-    assert r.estimate.interval_label == "clopper-pearson, 95% per cell"
+    assert r.estimate.interval_label == "unified, 95% per cell"
     # the server never sees plaintext: its view holds only ciphertexts, perturbed rows, the plan
     assert set(r.server_view) == {"plan", "ciphertexts", "perturbed"}
 

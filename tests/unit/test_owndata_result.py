@@ -72,7 +72,7 @@ def test_html_shows_the_cells_and_each_marginal_with_intervals(result: api.Resul
 
     parser = Page()
     parser.feed(result._repr_html_())
-    assert parser.tables == 2  # the plan and the cells
+    assert parser.tables == 3  # the associations (issue 42), the plan and the cells
     pairs = [f"{a},{b}" for i, a in enumerate(result.attributes) for b in result.attributes[i + 1 :]]
     assert parser.charts == [*result.attributes, *pairs]  # a bar chart each, a heat map a pair (3 attributes)
     assert {"svg", "dl"} <= parser.tags and "script" not in parser.tags and "html" not in parser.tags
