@@ -24,8 +24,14 @@ order of a release:
 - :mod:`mechanism.packing`         the packed wire form of symbol columns (1, 2 or 4 bytes a symbol)
 - :mod:`mechanism.pram`            gamma-diagonal PRAM on joint rows (DESIGN 3.4)
 - :mod:`mechanism.estimators`      A^-1, standard errors, intervals, simplex projection, MLE (DESIGN 3.5-3.6)
+- :mod:`mechanism.unified`         unified (Feldman-Cousins) cell intervals: never empty, holding the estimate
 - :mod:`mechanism.marginals`       marginals and conditional tables of an estimate, with standard errors
 - :mod:`mechanism.report`          ReleaseReport, the researcher's typed result
+- :mod:`mechanism.subtables`       a release's observed counts summed onto named attributes (DESIGN 11)
+- :mod:`mechanism.association`     calibrated tests of (conditional) independence on perturbed counts (DESIGN 11)
+- :mod:`mechanism.effects`         effect sizes of an association with intervals that cover (DESIGN 11)
+- :mod:`mechanism.regression`      logistic and multinomial models fitted on the perturbed likelihood (DESIGN 11)
+- :mod:`mechanism.power`           the power of a test planned from public inputs, before the budget is spent
 - :mod:`mechanism.protocol`        the whole protocol in memory, one call, and each role's step functions
 - :mod:`mechanism.variants`        the other architectures of Sec. V-B in memory (index sharing, PSI)
 - :mod:`mechanism.server_sampling` server-side sampling from a stored encrypted table (Sec. V-B)
