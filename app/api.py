@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from secure_release import analysis
 from secure_release.curator.columnar import BadRowsError as BadRowsError  # the refusal of a bad table
 from secure_release.frames import (
     Backend,
@@ -40,6 +41,7 @@ from secure_release.mechanism.guarantee import plan_report, privacy_guarantee, u
 from secure_release.mechanism.keys import AlignmentKey, PadKey, PramKey, Seed
 from secure_release.mechanism.pads import CipherMode
 from secure_release.mechanism.plan import ReleasePlan, plan_release
+from secure_release.mechanism.power import PowerPlan, power_plan
 from secure_release.mechanism.protocol import CuratorTable, run_release
 from secure_release.mechanism.report import ReleaseReport, build_report
 from secure_release.mechanism.schema import (
@@ -126,6 +128,28 @@ def suggest(
     ``plan --suggest --json``; each suggestion's ``schemas`` are the changed schemas."""
     parsed = [_as_spec(f"curator{j + 1}", spec, None)[0] for j, spec in enumerate(schemas)]
     return suggest_changes(parsed, n, epsilon, target, limit)
+
+
+def power(
+    n: int,
+    schemas: Sequence[CuratorSchema | Mapping[str, Any] | str | Path],
+    epsilon: float,
+    a: str,
+    b: str,
+    m: int | None = None,
+    *,
+    alpha: float = 0.05,
+    power: float = 0.8,
+) -> PowerPlan:
+    """The power of the test of association of attributes ``a`` and ``b`` before the budget is
+    spent (``secure-release plan --power A,B``), from public inputs only: the curators' schemas
+    (files, schema dicts or :class:`CuratorSchema`, in release order), n and epsilon. Gives
+    ``min_detectable_cramers_v`` (the smallest Cramer's V the test finds with probability ``power``
+    at level ``alpha``) at m (default m*), ``best_m`` (the m that minimises it) with the V there,
+    and the V at m*, which minimises the error of the whole joint: the ``note`` says when the
+    two differ and by how much. Uniform marginals are assumed (``assumption`` says so)."""
+    parsed = [_as_spec(f"curator{j + 1}", spec, None)[0] for j, spec in enumerate(schemas)]
+    return power_plan(n, parsed, epsilon, a, b, m, alpha=alpha, power=power)
 
 
 # -------------------------------------------------------------------------------------- schema
@@ -418,19 +442,12 @@ class Result:
         return self.cells("polars", include_truth)
 
     def marginal_table(self, *attributes: str) -> marginals.Marginal:
-        """The marginal over ``attributes`` as arrays (``Marginal.columns()`` names them)."""
+        """The marginal over ``attributes`` as arrays (``Marginal.columns()`` names them): its
+        headline is its own raw estimate projected onto its own simplex, its MLE that of its own
+        counts (:func:`mechanism.marginals.marginal`)."""
         r = self.report
         return marginals.marginal(
-            r.attributes,
-            r.labels,
-            r.estimate,
-            r.projected,
-            attributes,
-            r.plan.n,
-            r.plan.m,
-            r.plan.channel.keep,
-            r.observed,
-            r.mle,
+            r.attributes, r.labels, r.estimate, attributes, r.plan.n, r.plan.m, r.plan.channel.keep, r.observed
         )
 
     def marginal_columns(self, *attributes: str) -> dict[str, npt.NDArray[Any]]:
@@ -449,17 +466,17 @@ class Result:
         self, target: Sequence[str] | str, given: Sequence[str] | str
     ) -> dict[str, npt.NDArray[Any]]:
         """P(target | given), one row per (given, target) combination: ``estimate`` from the
-        headline (projected) shares, ``mle`` from the MLE, and a conservative 95% interval of the
-        true probability (ci_low, ci_high: the ratio of the exact intervals of the joint and the
-        given shares, each at 97.5%; :func:`mechanism.marginals.conditional_intervals`). No raw
-        and no se: a ratio of shares that may be negative is no probability."""
+        (given, target) table's own headline (its raw estimate projected onto its own simplex),
+        ``mle`` from that table's own MLE, and a conservative 95% interval of the true probability
+        (ci_low, ci_high: the ratio of the exact intervals of the joint and the given shares, each
+        at 97.5%, widened where needed to hold the estimate;
+        :func:`mechanism.marginals.conditional_table`). No raw and no se: a ratio of shares that
+        may be negative is no probability."""
         tgt = [target] if isinstance(target, str) else list(target)
         giv = [given] if isinstance(given, str) else list(given)
         r = self.report
-        labels, prob = marginals.conditional(r.attributes, r.labels, r.headline, tgt, giv)
-        _, prob_mle = marginals.conditional(r.attributes, r.labels, r.mle, tgt, giv)
-        low, high = marginals.conditional_intervals(
-            r.attributes, r.labels, r.observed, tgt, giv, r.plan.n, r.plan.m, r.plan.channel.keep
+        labels, prob, prob_mle, low, high = marginals.conditional_table(
+            r.attributes, r.labels, r.estimate, r.observed, tgt, giv, r.plan.n, r.plan.m, r.plan.channel.keep
         )
         cols: dict[str, npt.NDArray[Any]] = {a: labels[:, j] for j, a in enumerate([*giv, *tgt])}
         cols.update(estimate=prob, mle=prob_mle, ci_low=low, ci_high=high)
@@ -471,6 +488,70 @@ class Result:
         """:meth:`conditional_columns` as a DataFrame: P(target | given) with ``estimate`` (from the
         headline), ``mle``, ``ci_low`` and ``ci_high``."""
         return to_frame(self.conditional_columns(target, given), backend)
+
+    # --------------------------------------------------------------- analyses (docs/analysis.md)
+    # Post-processing of the released counts: none of these spends privacy budget.
+
+    def test_independence(
+        self,
+        a: Sequence[str] | str,
+        b: Sequence[str] | str,
+        given: Sequence[str] | str | None = None,
+        *,
+        method: str = "auto",
+        draws: int = 999,
+        seed: int = 0,
+    ) -> analysis.AssociationTest:
+        """Test H0: ``a`` and ``b`` are independent (within every level of ``given``). Each is an
+        attribute name or a list of names, from any curators. A likelihood-ratio test of the
+        perturbed multinomial, its null fitted by EM; the p-value from a seeded parametric
+        bootstrap wherever the chi-square approximation is not trustworthy (``method`` says
+        which). Returns ``statistic``, ``df``, ``p_value`` and ``method``."""
+        return analysis.test_independence(self.report, a, b, given, method=method, draws=draws, seed=seed)
+
+    def association(
+        self,
+        a: Sequence[str] | str,
+        b: Sequence[str] | str,
+        *,
+        ordered: Sequence[str] = (),
+        level: float = 0.95,
+        seed: int = 0,
+    ) -> analysis.Association:
+        """How strongly ``a`` and ``b`` are associated: ``cramers_v`` with ``ci_low`` and
+        ``ci_high``, the mutual information, the odds ratio and risk difference of two binary
+        attributes, Kendall's tau-b of two ordered ones (binned numbers, or named in ``ordered``),
+        each with its interval at ``level``."""
+        return analysis.association(self.report, a, b, ordered=ordered, level=level, seed=seed)
+
+    def association_rows(self, *, seed: int = 0, draws: int = 999) -> list[analysis.AssociationRow]:
+        """Every pair of attributes held by different curators, tested and measured, sorted by the
+        Holm-adjusted p-value."""
+        return analysis.associations(self.report, seed=seed, draws=draws)
+
+    def associations(self, backend: Backend = "pandas", *, seed: int = 0, draws: int = 999) -> Any:
+        """:meth:`association_rows` as a DataFrame: a, b, the curators holding them, statistic,
+        df, p_value, p_holm (Holm-adjusted over the pairs), cramers_v with v_ci_low and
+        v_ci_high, mutual_information with its interval; sorted by p_holm."""
+        return to_frame(analysis.association_columns(self.association_rows(seed=seed, draws=draws)), backend)
+
+    def logistic(
+        self,
+        outcome: str,
+        covariates: Sequence[str] | str,
+        *,
+        interactions: Sequence[tuple[str, str]] = (),
+        level: float = 0.95,
+    ) -> analysis.Model:
+        """A logistic regression of ``outcome`` (two levels; more: a multinomial logit) on
+        ``covariates`` (main effects, dummy-coded against their first category, and the named
+        pairwise ``interactions``), fitted on the likelihood of the perturbed counts by EM over
+        the true cells: coefficients with standard errors and intervals."""
+        return analysis.logistic(self.report, outcome, covariates, interactions=interactions, level=level)
+
+    def compare_models(self, reduced: analysis.Model, full: analysis.Model) -> analysis.ModelComparison:
+        """The deviance test of a reduced model against a fuller one (both from :meth:`logistic`)."""
+        return analysis.compare_models(self.report, reduced, full)
 
     def plot_marginal(self, attribute: str, ax: Any = None) -> Any:
         """A bar chart of one attribute's marginal (needs matplotlib): the headline estimate on

@@ -80,6 +80,9 @@ def _guarantee(result: Any) -> tuple[list[tuple[str, str]], list[dict[str, str]]
         ("Mechanism", g["mechanism"]),
         ("Theorem", g["theorem"]),
         ("Composition", g["composition"]),
+        ("Analyses", "The associations on this page, and every test, effect size and model of "
+         "`secure-release analyst test` and the notebook's Result, are post-processing of the released "
+         "counts: they spend no privacy budget."),
     ]
     recipes = [
         {"name": name, "agreement": g[key]["agreement"], "code": "\n".join(g[key]["recipe"])}
@@ -112,6 +115,39 @@ def _charts(result: Any) -> list[dict[str, Any]]:
             for c in report_charts(result)]  # fmt: skip
 
 
+#: The associations table's numeric columns, in order, and how each is shown.
+ASSOCIATION_COLUMNS = (("statistic", "%.3f"), ("df", "%d"), ("p_value", "%.4f"), ("p_holm", "%.4f"),
+                       ("cramers_v", "%.4f"), ("v_ci_low", "%.4f"), ("v_ci_high", "%.4f"),
+                       ("mutual_information", "%.4f"))  # fmt: skip
+
+
+def _associations(result: Any) -> dict[str, Any]:
+    """The Associations section: every cross-curator pair (``analysis.associations``), or why not."""
+    from secure_release.analysis import ADJUSTMENT
+    from secure_release.mechanism.errors import SecureReleaseError
+
+    try:
+        rows = result.association_rows()
+    except SecureReleaseError as exc:
+        return {"associations": [], "associations_missing": f"no associations: {exc}", "association_method": "",
+                "association_level": "", "association_interval": "", "association_adjustment": ""}  # fmt: skip
+    table = [r.to_dict() for r in rows]
+    out = [
+        {"a": d["a"], "b": d["b"],
+         "numbers": [(repr(d[k]), fmt % (int(d[k]) if fmt == "%d" else d[k])) for k, fmt in ASSOCIATION_COLUMNS]}
+        for d in table
+    ]  # fmt: skip
+    first = rows[0] if rows else None
+    return {
+        "associations": out,
+        "associations_missing": None,
+        "association_method": first.test.method if first else "",
+        "association_level": f"{100 * first.effect.effects.level:g}%" if first else "",
+        "association_interval": first.effect.effects.method if first else "",
+        "association_adjustment": ADJUSTMENT,
+    }
+
+
 def render(result: Any, standalone: bool, charts_missing: str | None = None) -> str:
     """The page of ``result`` (an :class:`~secure_release.api.Result`), a whole document when
     ``standalone``; ``charts_missing`` replaces the charts with that message."""
@@ -130,6 +166,7 @@ def render(result: Any, standalone: bool, charts_missing: str | None = None) -> 
             warnings=[*result.warnings, *notes],
             charts=[] if charts_missing else _charts(result),
             charts_missing=charts_missing,
+            **_associations(result),
             guarantee=terms,
             recipes=recipes,
             plan=_plan(result),

@@ -120,9 +120,11 @@ class PolicyEpsilonError(SecureReleaseError):
 
 
 class SeedReuseError(SecureReleaseError):
-    """A sampling seed was used for a second release; a reused sample gets no amplification."""
+    """A sampling seed was used for a second release; a reused sample gets no amplification.
+    A refusal (exit 3 at every party, ALREADY_EXISTS on the wire): the seed or release id is
+    already spent."""
 
-    kind = ErrorKind.FAILED_PRECONDITION
+    kind = ErrorKind.ALREADY_EXISTS
 
 
 class ShapeMismatchError(SecureReleaseError):
@@ -158,3 +160,65 @@ class SearchTooLargeError(SecureReleaseError):
 class InvalidSuggestionLimitError(SecureReleaseError):
     """How many suggestions ``plan --suggest`` lists (``limit``, ``--max-suggestions``) must be an
     integer >= 1."""
+
+
+class UnknownAttributeError(UnknownCategoryError):
+    """An analysis names an attribute the release does not have (the message lists those it has)."""
+
+
+class RepeatedAttributeError(SecureReleaseError):
+    """An analysis names one attribute twice: twice in a list, or in both a and given."""
+
+
+class OldResultError(SecureReleaseError):
+    """A saved result written before reports carried the observed counts: it cannot be analysed;
+    the message says how to fetch it again."""
+
+
+class NotNestedModelsError(SecureReleaseError):
+    """A deviance test of two models that are not nested (same outcome, the reduced model's terms
+    a strict subset of the full model's)."""
+
+
+class TooFewLevelsError(SecureReleaseError):
+    """An independence test needs at least two levels on each of the two tested attributes."""
+
+
+class EmptyStratumError(SecureReleaseError):
+    """A stratum of the conditioning attribute has no observed records; merge its levels or test
+    without conditioning on it."""
+
+
+class InvalidKeepError(SecureReleaseError):
+    """A PRAM keep probability a must be a finite number in (0, 1]."""
+
+
+class UnknownTestMethodError(SecureReleaseError):
+    """A p-value method other than the supported ones (auto, bootstrap, chi2)."""
+
+
+class InvalidDrawsError(SecureReleaseError):
+    """A parametric bootstrap needs an integer number of draws >= 1."""
+
+
+class TooFewOutcomeLevelsError(TooFewLevelsError):
+    """A regression's outcome needs at least two levels (logistic: 2, multinomial: more)."""
+
+
+class DesignRowsError(ShapeMismatchError):
+    """A regression's design matrix must have one row per covariate cell (the columns of the
+    observed table) and one name per column."""
+
+
+class RankDeficientDesignError(SecureReleaseError):
+    """A regression's design matrix (or its rows with observed records, at keep = 1) is not of
+    full column rank: some coefficient is not identified; drop or merge a column."""
+
+
+class InvalidInteractionError(SecureReleaseError):
+    """A design's interaction must name two distinct attributes by their index."""
+
+
+class DifferentTablesError(NotNestedModelsError):
+    """A deviance test of two fits of different observed tables (or keep probabilities): the
+    likelihoods are not comparable."""

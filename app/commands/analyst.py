@@ -30,6 +30,8 @@ EPILOG = (
     f"  secure-release analyst marginal r1 education --plot education.png {_CONN}\n"
     f"  secure-release analyst conditional r1 --target salary --given education {_CONN}\n"
     f"  secure-release analyst export r1 r1.parquet {_CONN}\n"
+    f"  secure-release analyst test r1 --between education --and salary --given sex {_CONN}\n"
+    f"  secure-release analyst associations r1 {_CONN}\n"
     f"  secure-release analyst report r1 --out r1.html {_CONN}\n"
 )
 
@@ -53,6 +55,25 @@ EXPORT_HELP = (
     "  .json             the whole result: cells, plan, guarantee, warnings, what each column means\n"
     "  .parquet (.pq)    the columns below and ci_spans_zero; the guarantee in the file's metadata\n"
     "FILE is written where it names (its directory must exist; an old file is replaced whole).\n\n" + _COLUMNS_HELP
+)
+
+
+TEST_HELP = (
+    "Test whether attributes A and B are associated in the population the release sampled, within\n"
+    "every level of C if --given names it. A, B and C may come from any curators. The test is a\n"
+    "likelihood-ratio test of the perturbed counts (the PRAM channel and the sample size are in the\n"
+    "model), its null fitted by EM; at small m, where the chi-square approximation fails, the p-value\n"
+    "comes from a seeded parametric bootstrap, and the output says which. Then the effect sizes of A\n"
+    "and B with 95% intervals: Cramer's V, the mutual information, and for two binary attributes the\n"
+    "odds ratio and the risk difference, for two binned numbers Kendall's tau-b.\n\n"
+    "A chi-square test on the estimate or on the observed counts ignores the noise: do not use one.\n"
+    "This reads only the released counts: it spends no privacy budget. docs/analysis.md has the\n"
+    "methods and their calibration."
+)
+ASSOCIATIONS_HELP = (
+    "Test every pair of attributes held by different curators, as `analyst test` does, with raw and\n"
+    "Holm-adjusted p-values (the family-wise error over all pairs stays under alpha) and Cramer's V\n"
+    "with its 95% interval, sorted by the adjusted p-value. Spends no privacy budget."
 )
 
 
@@ -105,13 +126,39 @@ def register(sub: Any) -> None:
     marg.add_argument("--plot", type=Path, help="write a bar chart with 95%% CIs (PNG; one attribute; matplotlib)")
     _connection(marg)
     marg.set_defaults(func=run_marginal)
-    cond = asub.add_parser("conditional", help="P(target | given) from the headline estimate, with 95%% intervals")
+    cond = asub.add_parser("conditional", help="P(target | given) from the headline estimate, with 95% intervals")
     cond.add_argument("release_id")
     cond.add_argument("--target", required=True, help="comma-separated target attributes")
     cond.add_argument("--given", required=True, help="comma-separated conditioning attributes")
     cond.add_argument("--json", action="store_true", help="print JSON rows")
     _connection(cond)
     cond.set_defaults(func=run_conditional)
+    tst = asub.add_parser(
+        "test", help="is A associated with B (given C)? a calibrated test on the perturbed counts",
+        description=TEST_HELP, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )  # fmt: skip
+    tst.add_argument("release_id", help="the release's id (secure-release analyst list shows them)")
+    tst.add_argument("--between", required=True, metavar="A", help="comma-separated attributes of one side")
+    tst.add_argument("--and", dest="and_", required=True, metavar="B",
+                     help="comma-separated attributes of the other side")  # fmt: skip
+    tst.add_argument("--given", default="", metavar="C", help="comma-separated attributes to stratify by (optional)")
+    tst.add_argument("--method", choices=("auto", "bootstrap", "chi2"), default="auto",
+                     help="how the p-value is made (default auto: a parametric bootstrap unless the "
+                     "chi-square approximation is trustworthy)")  # fmt: skip
+    tst.add_argument("--draws", type=int, default=999, help="bootstrap draws (default 999)")
+    tst.add_argument("--seed", type=int, default=0, help="the bootstrap's seed (default 0: the same p each run)")
+    tst.add_argument("--json", action="store_true", help="print the test and the effect sizes as JSON")
+    _connection(tst)
+    tst.set_defaults(func=run_test)
+    assoc = asub.add_parser(
+        "associations", help="test every pair of attributes held by different curators (Holm-adjusted)",
+        description=ASSOCIATIONS_HELP, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )  # fmt: skip
+    assoc.add_argument("release_id", help="the release's id (secure-release analyst list shows them)")
+    assoc.add_argument("--seed", type=int, default=0, help="the bootstrap's seed (default 0)")
+    assoc.add_argument("--json", action="store_true", help="print JSON rows")
+    _connection(assoc)
+    assoc.set_defaults(func=run_associations)
     rep = asub.add_parser(
         "report", help="write one self-contained HTML page to send (--out r.html; the plot extra)",
         description=REPORT_HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -226,4 +273,37 @@ def run_export(args: argparse.Namespace) -> int:
     else:
         result.to_parquet(args.file)
     sys.stderr.write(f"wrote {args.file}\n")
+    return 0
+
+
+def _list(text: str) -> list[str]:
+    return [a.strip() for a in text.split(",") if a.strip()]
+
+
+def run_test(args: argparse.Namespace) -> int:
+    """``analyst test ID --between A --and B [--given C]``: the test, then the effect sizes of A and B."""
+    from secure_release import analysis
+
+    result = fetch(args)
+    a, b, given = _list(args.between), _list(args.and_), _list(args.given)
+    test = result.test_independence(a, b, given or None, method=args.method, draws=args.draws, seed=args.seed)
+    effect = result.association(a, b, seed=args.seed)
+    if args.json:
+        print(json.dumps({"release_id": args.release_id, "test": test.to_dict(), "association": effect.to_dict()}))
+        return 0
+    print("\n".join([*analysis.test_lines(test), "", *analysis.association_lines(effect)]))
+    return 0
+
+
+def run_associations(args: argparse.Namespace) -> int:
+    """``analyst associations ID``: every cross-curator pair, sorted by the Holm-adjusted p."""
+    from secure_release import analysis
+
+    result = fetch(args)
+    rows = result.association_rows(seed=args.seed)
+    if args.json:
+        print(json.dumps({"release_id": args.release_id, "adjustment": analysis.ADJUSTMENT,
+                          "rows": [r.to_dict() for r in rows]}))  # fmt: skip
+        return 0
+    print("\n".join(analysis.associations_lines(rows)))
     return 0

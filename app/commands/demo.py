@@ -149,10 +149,18 @@ def run(args: argparse.Namespace) -> int:
         resp = get_estimate(addrs["researcher"], root / "certs", "demo-1")
         report, truth = _report(resp, info, sizes)
         result = _summary(report, truth, info)
+        question = _question(report)
+        if question is not None:
+            result["association"] = {"test": question[0].to_dict(), "effects": question[1].to_dict()}
         if args.json:
             print(json.dumps(result))
         else:
             print(display.explain(report, truth, result["l2_error"]))
+            if question is not None:
+                from secure_release import analysis
+
+                print("\nThe paper's question: is salary associated with education? (docs/analysis.md)")
+                print("\n".join([*analysis.test_lines(question[0]), *analysis.association_lines(question[1])[1:-1]]))
         return 0
     except KeyboardInterrupt:
         progress("interrupted; stopping every process")
@@ -274,6 +282,17 @@ def _report(resp: Any, info: dict[str, Any], sizes: tuple[int, ...]) -> tuple[An
     report = replace(report, plan=replace(report.plan, alphabet_sizes=sizes), curators=tuple(info["curators"]))
     truth = [float(info["truth"].get("|".join(labels), 0.0)) for labels in report.labels]
     return report, truth
+
+
+def _question(report: Any) -> tuple[Any, Any] | None:
+    """The test and the effect sizes of education with salary, when the release has both (the
+    synthetic tables of 5 to 8 curators do not)."""
+    from secure_release import analysis
+
+    if not {"education", "salary"} <= set(report.attributes):
+        return None
+    pair = ("education", "salary")
+    return analysis.test_independence(report, *pair), analysis.association(report, *pair)
 
 
 def _summary(report: Any, truth: list[float], info: dict[str, Any]) -> dict[str, Any]:

@@ -151,6 +151,28 @@ def test_analyst_reads_lists_and_exports(
     assert len(pd.read_csv(tmp_path / "r1.csv")) == 6
 
 
+def test_analyst_test_and_associations(result: api.Result, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 42: the test and every cross-curator pair over the wire; bad names exit 2 by name."""
+    with researcher(result, frozenset({"analyst/analyst"})) as address:
+        assert main(_analyst(address, "analyst", "test", "r1", "--between", "x", "--and", "y", "--draws", "99")) == 0
+        text = capsys.readouterr().out
+        assert "H0: x independent of y" in text and "Cramer's V" in text and "spends no privacy budget" in text
+        assert main(_analyst(address, "analyst", "test", "r1", "--between", "x", "--and", "y", "--json")) == 0
+        shown = json.loads(capsys.readouterr().out)
+        direct = result.test_independence("x", "y")
+        assert shown["test"]["p_value"] == direct.p_value and shown["test"]["df"] == 2
+        assert main(_analyst(address, "analyst", "associations", "r1", "--json")) == 0
+        rows = json.loads(capsys.readouterr().out)["rows"]
+        assert [(r["a"], r["b"]) for r in rows] == [("x", "y")]
+        assert main(_analyst(address, "analyst", "associations", "r1")) == 0
+        assert "p (Holm)" in capsys.readouterr().out
+        for bad, says in ((["--between", "z", "--and", "y"], "UnknownAttributeError"),
+                          (["--between", "x", "--and", "x"], "RepeatedAttributeError"),
+                          (["--between", "x", "--and", "y", "--given", "y"], "RepeatedAttributeError")):  # fmt: skip
+            assert main(_analyst(address, "analyst", "test", "r1", *bad)) == 2
+            assert says in capsys.readouterr().err
+
+
 def test_analyst_refused_exits_3_and_unreachable_exits_1(result: api.Result) -> None:
     with researcher(result, frozenset({"analyst/someone-else"})) as address:
         assert main(_analyst(address, "analyst", "show", "r1")) == 3

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -50,6 +51,7 @@ def test_release_matches_in_memory_protocol_exactly(setup: dict[str, object]) ->
             bob_extra=["--insecure-test-pad-key", pad_keys[1].reveal().hex()],
             server_extra=["--insecure-test-pram-key", pram.reveal().hex()])
         resp = get_estimate(addrs["researcher"], root / "certs", "r-exact", timeout=120)
+        analyses = _analyses(addrs["researcher"], root / "certs", "r-exact")
     finally:
         cluster.close()
     tables = [read_table(root / "data" / f"{c}.csv", load_schema(root / "data" / f"{c}.json"))
@@ -68,10 +70,36 @@ def test_release_matches_in_memory_protocol_exactly(setup: dict[str, object]) ->
     out = json.loads((root / "results" / "r-exact.json").read_text())
     assert out["cells"][3]["raw"] == ref.estimate.raw[3] and out["cells"][3]["estimate"] == ref.estimate.projected[3]
     assert (root / "results" / "r-exact.csv").read_text().startswith("education,marital,sex,salary")
+    # the analyst's questions, asked of the deployed researcher over mutual TLS (issue 42)
+    test = analyses["test"]
+    assert test["test"]["a"] == ["education"] and test["test"]["b"] == ["salary"] and test["test"]["given"] == ["sex"]
+    assert test["test"]["df"] == 2 * 1 * 2 and 0.0 <= test["test"]["p_value"] <= 1.0
+    assert "cramers_v" in test["association"]["effects"]
+    pairs = {(r["a"], r["b"]) for r in analyses["associations"]["rows"]}
+    assert pairs == {(a, b) for a in ("education", "marital") for b in ("sex", "salary")}
+    assert analyses["unknown"] == 2 and "the release has" in analyses["unknown_err"]
     # the curators' logs never carry key or seed bytes
     for name in ("alice", "bob"):
         text = (root / f"{name}.log").read_text()
         assert seed.reveal().hex() not in text and pad_keys[0].reveal().hex() not in text
+
+
+def _analyses(address: str, certs: Path, release_id: str) -> dict[str, Any]:
+    """``analyst test`` and ``analyst associations`` (JSON) and a test of an unknown attribute,
+    each a child process with the analyst's certificate."""
+    conn = ["--researcher", address, "--certs", str(certs / "analyst"), "--name", "analyst", "--timeout", "60"]
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "secure_release", "analyst", *args, *conn],
+                              capture_output=True, text=True, timeout=120, env=_env())  # fmt: skip
+
+    test = cli("test", release_id, "--between", "education", "--and", "salary", "--given", "sex", "--json")
+    assert test.returncode == 0, test.stderr[-2000:]
+    assoc = cli("associations", release_id, "--json")
+    assert assoc.returncode == 0, assoc.stderr[-2000:]
+    unknown = cli("test", release_id, "--between", "educ", "--and", "salary")
+    return {"test": json.loads(test.stdout), "associations": json.loads(assoc.stdout),
+            "unknown": unknown.returncode, "unknown_err": unknown.stderr}  # fmt: skip
 
 
 def test_researcher_without_grant_gets_marginal(setup: dict[str, object]) -> None:
@@ -105,3 +133,6 @@ def test_demo_json_runs(tmp_path: Path) -> None:
         assert key in data
     assert data["K"] == 24 and len(data["cells"]) == 24 and data["epsilon"] == 1.0
     assert data["n"] == 5000
+    # the paper's question, answered by the demo (issue 42)
+    assert data["association"]["test"]["a"] == ["education"] and data["association"]["test"]["b"] == ["salary"]
+    assert set(data["association"]["effects"]["effects"]) >= {"cramers_v", "mutual_information"}

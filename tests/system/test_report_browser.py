@@ -160,6 +160,34 @@ def test_every_table_number_is_the_results(page: Any, result: api.Result) -> Non
     assert result.warnings and all(any(w in s for s in shown) for w in result.warnings), shown
 
 
+def test_the_associations_section_shows_the_results_tests(page: Any, result: api.Result) -> None:
+    """Issue 42: after the charts, every cross-curator pair with its test, the Holm-adjusted p and
+    Cramer's V with its interval, as ``Result.association_rows`` gives them, and what the
+    adjustment was; the guarantee says the analyses spend no budget."""
+    order = page.execute_script("return [...document.querySelectorAll('section')].map(s => s.id)")
+    assert order.index("associations") == order.index("charts") + 1
+    head = page.execute_script(
+        "return [...document.querySelectorAll('#associations-table thead th')].map(e => e.innerText)"
+    )
+    assert head[:2] == ["a", "b"] and "p (Holm)" in head and "Cramer's V" in head
+    shown = page.execute_script(
+        "return [...document.querySelectorAll('#associations-table tbody tr')]"
+        ".map(r => [...r.cells].map(c => c.innerText))"
+    )
+    rows = [r.to_dict() for r in result.association_rows()]
+    assert {(d["a"], d["b"]) for d in rows} == {("education", "sex"), ("education", "salary")}
+    assert len(shown) == len(rows)
+    keys = ("statistic", "df", "p_value", "p_holm", "cramers_v", "v_ci_low", "v_ci_high", "mutual_information")
+    for row, expected in zip(shown, rows, strict=True):
+        assert (row[0], row[1]) == (expected["a"], expected["b"])
+        for text, key in zip(row[2:], keys, strict=True):
+            assert _close(text, float(expected[key])), (row[:2], key, text, expected[key])
+    text = page.execute_script("return document.getElementById('associations').innerText")
+    assert "Holm" in text and "spend no privacy budget" in text
+    guarantee = page.execute_script("return document.getElementById('guarantee').innerText")
+    assert "spend no privacy budget" in guarantee
+
+
 def _chart_texts(page: Any, chart_id: str) -> dict[str, str]:
     """The text of every SVG group of a chart whose id starts with the chart's id."""
     found: dict[str, str] = page.execute_script(
