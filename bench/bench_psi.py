@@ -2,6 +2,14 @@
 
 Run:  PYTHONPATH=. python bench/bench_psi.py [--sizes 10000,100000] [--json]
       PYTHONPATH=. python bench/bench_psi.py --deployed [--curators 2] [--workers 1] [--sizes ...]
+      PYTHONPATH=. python bench/bench_psi.py --groups [--count 2000]
+
+``--groups`` (issue 41): CPU microseconds per variable-base scalar multiplication (parse, multiply,
+encode) and per hash to the group, in one run, for the group in use (secp256k1 through
+libsecp256k1, :mod:`mechanism.psi_group`) and the candidates that are installed: libsodium's
+edwards25519 through PyNaCl (the group before issue 41), ristretto255 through pysodium, X25519
+through ``cryptography`` (clamped scalars: no inverses, so not usable for the ring's masks), and
+coincurve's public API.
 
 ``--deployed``: each curator's side of the ring in its own process, as deployed (the lists pass
 between the processes through pipes, standing in for the leader's mailbox). Per curator, in the
@@ -18,7 +26,7 @@ For each size s: two curators with s ids each, half of them shared. Reported in 
 - keyed hash: mechanism.alignment.id_tags for both curators + common_tags (seconds);
 - PSI: mechanism.psi.run_psi (both curators' ring, in one process: the sum of both curators'
   work) + common_tags; per-curator time is about half (each curator does s hashes and 2 s
-  scalar multiplications);
+  scalar multiplications at N = 2);
 - server-sampled (rekeyed path): the one upload's bytes and seconds, and seconds per release
   (sample, gather, re-key, PRAM, decrypt, estimate) at n = s, m = n / 10.
 """
@@ -26,6 +34,7 @@ For each size s: two curators with s ids each, half of them shared. Reported in 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import multiprocessing
 import os
@@ -95,7 +104,7 @@ def _curator(j: int, num: int, size: int, workers: int, akey: bytes, inbox: Any,
         start.wait()
         cpu0 = time.process_time()
         t0 = busy = time.perf_counter()
-        own = psi_start(ids, key, pool)
+        own = psi_start(ids, key, pool, num)  # N = 2: unmasked (mechanism/psi.py)
         busy = time.perf_counter() - busy
         outbox.put((j, 1, own.sent))
         for hop in range(1, num):
@@ -156,7 +165,77 @@ def bench_deployed(size: int, num: int = 2, workers: int = 1) -> dict[str, Any]:
     }
 
 
-def bench_server_sampled(n: int, releases: int = 3) -> dict[str, object]:
+def _per_op(fn: Any, items: list[Any]) -> float:
+    """CPU microseconds per call of ``fn`` over ``items`` (process time: the load does not count)."""
+    t0 = time.process_time()
+    for item in items:
+        fn(item)
+    return 1e6 * (time.process_time() - t0) / len(items)
+
+
+def bench_groups(count: int = 2000) -> dict[str, float]:
+    """Per-operation CPU cost of the group in use and of the installed candidates (module doc)."""
+    import hashlib
+
+    from secure_release.mechanism import psi_group as grp
+
+    ids = [b"person-%09d" % i for i in range(count)]
+    out: dict[str, float] = {}
+    scalar = PsiKey.generate().scalar()
+    points = [grp.hash_to_point(b"d", i) for i in ids]
+    out["secp256k1 (libsecp256k1 cffi, in use): parse + tweak_mul + encode"] = _per_op(
+        lambda p: grp.blind_packed(scalar, p), points)  # fmt: skip
+    packed = b"".join(points)
+    t0 = time.process_time()
+    grp.blind_packed(scalar, packed)
+    out["secp256k1 (in use): the same, one packed list"] = 1e6 * (time.process_time() - t0) / count
+    t0 = time.process_time()
+    grp.hash_packed(b"d", ids)
+    out["secp256k1 (in use): hash to group, SHA-512 + SwiftEC, one list"] = 1e6 * (time.process_time() - t0) / count
+    try:
+        import coincurve
+
+        out["secp256k1 (coincurve public API): PublicKey(p).multiply(k).format()"] = _per_op(
+            lambda p: coincurve.PublicKey(p).multiply(scalar).format(), points)  # fmt: skip
+    except ImportError:
+        pass
+    try:
+        from nacl import bindings as so
+
+        s25519 = so.crypto_core_ed25519_scalar_reduce(os.urandom(64))
+        epoints = [so.crypto_core_ed25519_from_uniform(hashlib.sha512(i).digest()[:32]) for i in ids]
+        out["edwards25519 (PyNaCl, before issue 41): crypto_scalarmult_ed25519_noclamp"] = _per_op(
+            lambda p: so.crypto_scalarmult_ed25519_noclamp(s25519, p), epoints)  # fmt: skip
+
+        def nacl_hash(i: bytes) -> bytes:
+            d = hashlib.sha512(i).digest()
+            return bytes(so.crypto_core_ed25519_add(so.crypto_core_ed25519_from_uniform(d[:32]),
+                                                    so.crypto_core_ed25519_from_uniform(d[32:])))  # fmt: skip
+
+        out["edwards25519 (PyNaCl, before issue 41): hash, SHA-512 + 2 Elligator 2 + add"] = _per_op(nacl_hash, ids)
+    except ImportError:
+        pass
+    try:
+        ps: Any = importlib.import_module("pysodium")  # optional, not a dependency
+
+        rs = ps.crypto_core_ristretto255_scalar_random()
+        rpoints = [ps.crypto_core_ristretto255_from_hash(hashlib.sha512(i).digest()) for i in ids]
+        out["ristretto255 (pysodium): crypto_scalarmult_ristretto255"] = _per_op(
+            lambda p: ps.crypto_scalarmult_ristretto255(rs, p), rpoints)  # fmt: skip
+        out["ristretto255 (pysodium): hash, SHA-512 + from_hash"] = _per_op(
+            lambda i: ps.crypto_core_ristretto255_from_hash(hashlib.sha512(i).digest()), ids)  # fmt: skip
+    except (ImportError, OSError, ValueError):
+        pass
+    from cryptography.hazmat.primitives.asymmetric import x25519
+
+    xk = x25519.X25519PrivateKey.generate()
+    xpub = [x25519.X25519PrivateKey.generate().public_key().public_bytes_raw() for _ in range(count)]
+    out["X25519 (cryptography, clamped): load + exchange"] = _per_op(
+        lambda q: xk.exchange(x25519.X25519PublicKey.from_public_bytes(q)), xpub)  # fmt: skip
+    return out
+
+
+def bench_server_sampled(n: int, releases: int = 3) -> dict[str, Any]:
     rng = np.random.default_rng(0)
     ids = _ids(n, 0)
     alice = CuratorTable(
@@ -184,7 +263,15 @@ def main() -> int:
     parser.add_argument("--deployed", action="store_true", help="each curator in its own process (module doc)")
     parser.add_argument("--curators", type=int, default=2, help="--deployed: curators in the ring")
     parser.add_argument("--workers", type=int, default=1, help="--deployed: processes per curator")
+    parser.add_argument("--groups", action="store_true", help="per-operation cost of the group candidates")
+    parser.add_argument("--count", type=int, default=2000, help="--groups: operations per candidate")
     args = parser.parse_args()
+    if args.groups:
+        costs = bench_groups(args.count)
+        load = [round(x, 2) for x in os.getloadavg()]
+        print(json.dumps({"us_cpu_per_op": costs, "load": load}, indent=2) if args.json else "\n".join(
+            [*(f"{v:8.1f} us  {k}" for k, v in costs.items()), f"load {load}"]))  # fmt: skip
+        return 0
     if args.deployed:
         for s in args.sizes.split(","):
             r = bench_deployed(int(s), args.curators, args.workers)

@@ -371,9 +371,9 @@ ENGINE_REFUSALS = {
     "indices": "--sampling indices ships the packed index tuple through the leader (ceil(log2 n) bits a sampled "
     "row: 34 MB at m = 10^7, n = 10^8) and every follower holds and checks all of it; it has no sharded form yet: "
     "use --sampling seed (32 bytes whatever n) with --engine dask",
-    "psi": "--alignment psi costs about 575 us of one core per id per curator here (docs/architectures.md: 9.6 "
-    "core-minutes at 10^6 ids, 16 core-hours at 10^8, against 0.6 s for the keyed hash of 10^6) and has no "
-    "sharded form yet; use keyed-hash alignment with --engine dask",
+    "psi": "--alignment psi costs about 120 us (two curators) to 220 us (three) of one core per id per curator "
+    "here (docs/architectures.md: about 3.5 core-hours a curator at 10^8 ids with two curators, against 0.6 s "
+    "for the keyed hash of 10^6) and has no sharded form yet; use keyed-hash alignment with --engine dask",
 }
 
 

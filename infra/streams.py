@@ -63,7 +63,7 @@ from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
 TAGS_PER_CHUNK = (1 << 20) // TAG_BYTES
 #: At most 1 MiB of payload bytes a message (packed indices, PSI points).
 PIECE_BYTES = 1 << 20
-#: At most 1 MiB of 32-byte PSI points a message.
+#: At most 1 MiB of PSI points (33 bytes each, mechanism.psi.POINT_BYTES) a message.
 POINTS_PER_CHUNK = PIECE_BYTES // POINT_BYTES
 
 
@@ -362,7 +362,7 @@ class TagStream:
 def point_chunks(
     release_id: str, curator: str, owner: str, hop: int, points: bytes, proof: bytes = b"", public_key: bytes = b""
 ) -> Iterator[pb.PsiChunk]:
-    """One PSI ring list (concatenated 32-byte points) as PsiChunk messages of at most 1 MiB;
+    """One PSI ring list (concatenated POINT_BYTES-byte points) as PsiChunk messages of at most 1 MiB;
     the first carries the list's point count (and a re-blinding's proof and public key)."""
     if len(points) % POINT_BYTES:
         raise ShapeMismatchError(f"{len(points)} bytes is not a whole number of {POINT_BYTES}-byte points")
@@ -400,7 +400,7 @@ def read_point_stream(
     """Join a PsiChunk stream. ``admit(first chunk)`` runs before any point is kept (membership,
     route, count bound); every chunk must name the same release, owner and hop (and, when
     ``sender`` is given, that sender), come in order, hold at most 1 MiB, and together exactly
-    the announced number of 32-byte points."""
+    the announced number of POINT_BYTES-byte points."""
     pieces: list[bytes] = []
     first: pb.PsiChunk | None = None
     received = 0

@@ -1,17 +1,15 @@
 """Private alignment: an N-party ECDH private set intersection (Sec. V-B "synchronization").
 
-Group: the prime-order subgroup (order L = 2^252 + 27742317777372353535851937790883648493) of
-edwards25519, through libsodium as PyNaCl binds it. PyNaCl 1.6 exposes no ristretto255 calls, so
-the group is edwards25519's main subgroup with libsodium's checks instead: every received point
-goes through ``crypto_scalarmult_ed25519_noclamp``, which rejects non-canonical encodings, points
-of small order and points outside the main subgroup (:class:`InvalidPointError`). Scalars are
-uniform in [1, L) (64 HKDF bytes reduced mod L), never clamped, so blinding commutes exactly:
-(P^a)^b = (P^b)^a.
+Group (issue 41): secp256k1, prime order, cofactor 1, through libsecp256k1 as coincurve bundles it
+(:mod:`mechanism.psi_group`: 33-byte compressed points, every received point parsed and refused
+unless it is a canonical encoding of a curve point, :class:`InvalidPointError`; the identity has
+no encoding). Scalars are uniform in [1, ORDER) (64 HKDF bytes reduced mod ORDER), so blinding
+commutes exactly: (P^a)^b = (P^b)^a, and masks have inverses mod ORDER. Before issue 41 the group
+was edwards25519's prime-order subgroup through libsodium: 2.6 to 4 times the CPU per id.
 
-Hash to the group (:func:`hash_to_group`): d = SHA-512("secure-release/v1|psi-id|" || id);
-H(id) = from_uniform(d[0:32]) + from_uniform(d[32:64]) (two Elligator 2 maps with cofactor
-clearing, then a point addition: the random-oracle construction of RFC 9380, with SHA-512 in
-place of expand_message_xmd).
+Hash to the group (:func:`hash_to_group`): H(id) = SwiftEC(SHA-512("secure-release/v1|psi-id|" ||
+id)), the ElligatorSwift decoding of libsecp256k1, a random oracle into the group
+(:mod:`mechanism.psi_group` gives the argument).
 
 Protocol for curators 0 .. N-1 (curator 0 leads), each with a fresh secret :class:`PsiKey` that
 gives two scalars, s_j (its share of the common exponent) and r_j (a one-time mask used on its own
@@ -21,13 +19,13 @@ list only):
    permutation of its rows, so the order says nothing) -> :func:`psi_start`;
 2. the list travels the ring j -> j+1 -> ... -> j+N-1 (mod N); each curator i raises every point
    to its s_i and forwards the list in the same order -> :func:`psi_reblind`;
-3. back at j, the list holds H(x)^{r_j prod_{i != j} s_i}; j raises it to s_j / r_j (mod L), which
-   removes its mask and applies its own scalar last: F(x) = H(x)^{s_0 s_1 ... s_{N-1}} for j's ids,
-   in j's sorted order -> :func:`psi_finish`. Only j ever holds F of j's ids: every list another
-   party sees carries the mask r_j, which nobody else knows, so (DDH) it is unlinkable to anything
-   that party holds. (Before issue 23 the owner blinded with s_j itself: the ring predecessor then
-   computed F of the owner's ids and matched them with its own, learning their pairwise
-   intersection, and the leader, the mailbox, saw every F.)
+3. back at j, the list holds H(x)^{r_j prod_{i != j} s_i}; j raises it to s_j / r_j (mod ORDER),
+   which removes its mask and applies its own scalar last: F(x) = H(x)^{s_0 s_1 ... s_{N-1}} for
+   j's ids, in j's sorted order -> :func:`psi_finish`. Only j ever holds F of j's ids: every list
+   another party sees carries the mask r_j, which nobody else knows, so (DDH) it is unlinkable to
+   anything that party holds. (Before issue 23 the owner blinded with s_j itself: the ring
+   predecessor then computed F of the owner's ids and matched them with its own, learning their
+   pairwise intersection, and the leader, the mailbox, saw every F.)
 4. tags: curator j sends the leader T_j(x) = BLAKE2b-128(F(x); salt = j) (:func:`psi_tags`, the
    layout of :func:`mechanism.alignment.id_tags`), a tag *in its own domain j*. The leader computes
    its own F in every domain, so it matches follower j's tags against its own rows only
@@ -36,16 +34,25 @@ list only):
    The agreement is the leader's rows held by every follower (canonical order = ascending domain-0
    tag), and each follower receives only its own rows in that order, i.e. the N-way intersection.
 
-What each party learns (semi-honest, DDH in the prime-order group, BLAKE2b as a random oracle):
-a follower, the N-way intersection (as its own rows) and the list sizes; the leader, in addition,
-its pairwise intersection with each curator. ``tests/unit/test_claims_psi.py`` plays every party as the
-attacker with 3 and 4 curators and planted pairwise-only overlaps.
+N = 2 (issue 41): the mask buys nothing there, so :func:`psi_start` with ``num_curators=2`` blinds
+with s_j directly (r_j = s_j, unmask = 1) and :func:`psi_finish_points` only validates the returned
+list (no multiplication): 2 multiplications an id per curator instead of 3. The other curator then
+holds F of the owner's ids (its hop of the owner's list is F), so each of the two learns their
+pairwise intersection - which at N = 2 is the N-way intersection both are told anyway. Nothing
+else changes: a list still carries s_j, which the other party does not know (DDH).
 
-Costs (per element, measured on the 2-core machine): hash to group ~120 us, one scalar
-multiplication ~180 us; a curator with s ids does s (hash + N + 1 multiplications) in total
-(its own list twice, masked and unmasked, plus N - 1 hops of the others' lists); the leader also
-computes N - 1 more BLAKE2b tags per own id. libsodium has no batch call, so each is one
-call in a tight comprehension; that per-element loop is the unavoidable cost of the mode.
+What each party learns (semi-honest, DDH in the prime-order group, SHA-512 and BLAKE2b as random
+oracles): a follower, the N-way intersection (as its own rows) and the list sizes; the leader, in
+addition, its pairwise intersection with each curator (at N = 2 both are the intersection).
+``tests/unit/test_claims_psi.py`` plays every party as the attacker with 2, 3 and 4 curators and
+planted pairwise-only overlaps.
+
+Costs (per element, CPU on the loaded 2-core machine, issue 41): hash to group ~15 us, one scalar
+multiplication ~46 us (parse, multiply, encode); a curator with s ids does s (hash + N + 1
+multiplications) in total at N >= 3 (its own list twice, masked and unmasked, plus N - 1 hops of
+the others' lists), s (hash + 2) at N = 2; the leader also computes N - 1 more BLAKE2b tags per
+own id. libsecp256k1 has no batch call, so each list is one loop over C calls
+(:mod:`mechanism.psi_group`); that per-element loop is the unavoidable cost of the mode.
 """
 
 from __future__ import annotations
@@ -60,24 +67,30 @@ from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
-from nacl import bindings as sodium
 
 from secure_release.mechanism.alignment import TAG_DTYPE, TagArray
-from secure_release.mechanism.errors import SecureReleaseError, ShapeMismatchError
+from secure_release.mechanism.errors import ShapeMismatchError
 from secure_release.mechanism.keys import Secret
+from secure_release.mechanism.psi_group import (
+    GROUP_NAME,
+    ONE,
+    POINT_BYTES,
+    SCALAR_BYTES,
+    InvalidPointError,
+    blind_packed,
+    check_points,
+    hash_packed,
+    scalar_from_uniform,
+    scalar_inverse,
+    scalar_mul,
+)
 
-POINT_BYTES = 32
-SCALAR_BYTES = 32
-GROUP_NAME = "edwards25519 prime-order subgroup (libsodium via PyNaCl)"
+__all__ = ["GROUP_NAME", "POINT_BYTES", "SCALAR_BYTES", "InvalidPointError"]  # re-exported: the wire checks use them
+
 _ID_DOMAIN = b"secure-release/v1|psi-id|"
 _TAG_PERSON = b"sr-psi-tag-v1"
 _T = TypeVar("_T")
 _R = TypeVar("_R")
-
-
-class InvalidPointError(SecureReleaseError):
-    """A received list is not a whole number of 32-byte points, or holds a point that is not a
-    canonical element of the prime-order subgroup (or is the identity)."""
 
 
 class PsiKey(Secret):
@@ -86,19 +99,16 @@ class PsiKey(Secret):
     kind = "psi key"
 
     def scalar(self) -> bytes:
-        """The scalar s in [1, L): 64 HKDF bytes reduced mod L."""
+        """The scalar s in [1, ORDER): 64 HKDF bytes reduced mod the group order (32 bytes, big-endian)."""
         return self._scalar("psi-scalar")
 
     def mask(self) -> bytes:
-        """The one-time mask r in [1, L) of the owner's own list (another HKDF label than s, so a
+        """The one-time mask r in [1, ORDER) of the owner's own list (another HKDF label than s, so a
         follower restarted with its kept key sends the identical list)."""
         return self._scalar("psi-mask")
 
     def _scalar(self, label: str) -> bytes:
-        s = sodium.crypto_core_ed25519_scalar_reduce(self.derive(label, length=64))
-        if s == bytes(SCALAR_BYTES):  # probability 2^-252
-            raise InvalidPointError("the derived PSI scalar is zero; draw a fresh PsiKey")
-        return bytes(s)
+        return scalar_from_uniform(self.derive(label, length=64))  # zero (probability 2^-256) is refused
 
 
 def _encode_ids(ids: Sequence[str] | npt.NDArray[np.str_]) -> list[bytes]:
@@ -109,21 +119,24 @@ def _encode_ids(ids: Sequence[str] | npt.NDArray[np.str_]) -> list[bytes]:
 
 
 def _hash_piece(raw_ids: Sequence[bytes]) -> bytes:
-    """H(id) for encoded ids, packed (the per-element libsodium calls; runs in a worker too)."""
-    add, from_uniform, sha512 = sodium.crypto_core_ed25519_add, sodium.crypto_core_ed25519_from_uniform, hashlib.sha512
-    digests = [sha512(_ID_DOMAIN + raw).digest() for raw in raw_ids]
-    return b"".join([add(from_uniform(d[:32]), from_uniform(d[32:])) for d in digests])
+    """H(id) for encoded ids, packed (the per-element libsecp256k1 calls; runs in a worker too)."""
+    return hash_packed(_ID_DOMAIN, raw_ids)
+
+
+def _hash_blind_piece(args: tuple[bytes, Sequence[bytes]]) -> bytes:
+    """H(id)^s for encoded ids, packed, in one pass (runs in a worker too)."""
+    scalar, raw_ids = args
+    return hash_packed(_ID_DOMAIN, raw_ids, scalar)
 
 
 def _blind_piece(scalar: bytes, packed: bytes) -> bytes:
-    """P^s for every point of a packed list, packed; libsodium validates each point."""
-    mult = sodium.crypto_scalarmult_ed25519_noclamp
-    try:
-        return b"".join([mult(scalar, packed[i : i + POINT_BYTES]) for i in range(0, len(packed), POINT_BYTES)])
-    except (RuntimeError, TypeError, ValueError) as exc:  # libsodium returns -1 on a bad point
-        raise InvalidPointError(
-            "a received point is not a canonical, non-identity element of the prime-order subgroup"
-        ) from exc
+    """P^s for every point of a packed list, packed; libsecp256k1 validates each point."""
+    return blind_packed(scalar, packed)
+
+
+def _check_piece(packed: bytes) -> bytes:
+    """The packed list itself, every point validated (runs in a worker too)."""
+    return check_points(packed)
 
 
 class PsiWorkers:
@@ -188,6 +201,16 @@ def _blind_args(args: tuple[bytes, bytes]) -> bytes:
     return _blind_piece(*args)
 
 
+def _hash_blind_packed(raw_ids: list[bytes], scalar: bytes, workers: PsiWorkers) -> bytes:
+    cuts = workers.pieces(len(raw_ids))
+    return b"".join(workers.run(_hash_blind_piece, [(scalar, raw_ids[a:b]) for a, b in cuts]))
+
+
+def _check_packed_points(packed: bytes, workers: PsiWorkers) -> bytes:
+    cuts = workers.pieces(len(packed) // POINT_BYTES)
+    return b"".join(workers.run(_check_piece, [packed[a * POINT_BYTES : b * POINT_BYTES] for a, b in cuts]))
+
+
 def hash_to_group(ids: Sequence[str] | npt.NDArray[np.str_], workers: PsiWorkers = _IN_PROCESS) -> list[bytes]:
     """H(id) for every id (random-oracle hash to the prime-order subgroup; module doc)."""
     return _unpack(_hash_packed(_encode_ids(ids), workers))
@@ -198,31 +221,34 @@ def _unpack(packed: bytes) -> list[bytes]:
 
 
 def check_packed(data: bytes) -> None:
-    """:class:`InvalidPointError` unless ``data`` is a whole number of 32-byte encodings."""
+    """:class:`InvalidPointError` unless ``data`` is a whole number of 33-byte encodings."""
     if not isinstance(data, bytes | bytearray) or len(data) % POINT_BYTES:
         size = len(data) if isinstance(data, bytes | bytearray) else type(data).__name__
         raise InvalidPointError(f"a point list must be a whole number of {POINT_BYTES}-byte points, got {size}")
 
 
 def split_points(data: bytes) -> list[bytes]:
-    """A packed list (concatenated 32-byte encodings) as a list of points; checks the length."""
+    """A packed list (concatenated 33-byte encodings) as a list of points; checks the length."""
     check_packed(data)
     return [bytes(data[i : i + POINT_BYTES]) for i in range(0, len(data), POINT_BYTES)]
 
 
 def blind(points: Sequence[bytes], key: PsiKey, workers: PsiWorkers = _IN_PROCESS) -> list[bytes]:
-    """P^s for every point, in the same order; each point is validated by libsodium."""
+    """P^s for every point, in the same order; each point is validated by libsecp256k1."""
     if any(len(p) != POINT_BYTES for p in points):
         raise InvalidPointError(f"a point must be {POINT_BYTES} bytes")
     return _unpack(_blind_packed(b"".join(points), key.scalar(), workers))
 
 
 def _sort_order_packed(packed: bytes) -> npt.NDArray[np.int64]:
-    """Indices that sort the 32-byte encodings of a packed list ascending (four big-endian 64-bit words)."""
+    """Indices that sort the 33-byte encodings of a packed list ascending (the prefix byte, then x
+    as four big-endian 64-bit words)."""
     if not packed:
         return np.zeros(0, dtype=np.int64)
-    words = np.frombuffer(packed, dtype=">u8").reshape(-1, 4).astype(np.uint64)
-    return np.asarray(np.lexsort(words.T[::-1]), dtype=np.int64)
+    rows = np.frombuffer(packed, dtype=np.uint8).reshape(-1, POINT_BYTES)
+    words = np.ascontiguousarray(rows[:, 1:]).view(">u8").astype(np.uint64)
+    keys = np.stack([words[:, 3], words[:, 2], words[:, 1], words[:, 0], rows[:, 0].astype(np.uint64)])
+    return np.asarray(np.lexsort(keys), dtype=np.int64)  # lexsort: the last key (the prefix) first
 
 
 @dataclass(frozen=True)
@@ -230,22 +256,27 @@ class PsiOwnList:
     """A curator's own list after step 1: what it sends, and how to link the answer back."""
 
     sent: bytes
-    """H(x)^{r_j} (the one-time mask), sorted ascending by encoding: the message to the next curator."""
+    """H(x)^{r_j} (the one-time mask; s_j at N = 2), sorted ascending by encoding: the message to the next curator."""
     row_of: npt.NDArray[np.int64]
     """row_of[i] = the own row whose point is the i-th of ``sent``."""
     unmask: bytes = field(default=bytes(SCALAR_BYTES), repr=False)
-    """s_j / r_j mod L: turns the returned list into F (secret; never leaves the owner)."""
+    """s_j / r_j mod ORDER: turns the returned list into F (secret; never leaves the owner); 1 at N = 2."""
 
 
 def psi_start(
-    ids: Sequence[str] | npt.NDArray[np.str_], key: PsiKey, workers: PsiWorkers = _IN_PROCESS
+    ids: Sequence[str] | npt.NDArray[np.str_],
+    key: PsiKey,
+    workers: PsiWorkers = _IN_PROCESS,
+    num_curators: int | None = None,
 ) -> PsiOwnList:
-    """Step 1: hash the own ids to the group, blind with the one-time mask r_j, sort."""
-    mask = key.mask()
-    blinded = _blind_packed(_hash_packed(_encode_ids(ids), workers), mask, workers)
+    """Step 1: hash the own ids to the group, blind with the one-time mask r_j, sort. With
+    ``num_curators == 2`` the mask buys nothing (module doc): blind with s_j, unmask = 1."""
+    unmasked = num_curators == 2
+    first = key.scalar() if unmasked else key.mask()
+    blinded = _hash_blind_packed(_encode_ids(ids), first, workers)
     order = _sort_order_packed(blinded)
     rows = np.frombuffer(blinded, dtype=np.dtype((np.void, POINT_BYTES)))
-    unmask = bytes(sodium.crypto_core_ed25519_scalar_mul(key.scalar(), sodium.crypto_core_ed25519_scalar_invert(mask)))
+    unmask = ONE if unmasked else scalar_mul(key.scalar(), scalar_inverse(first))
     return PsiOwnList(rows[order].tobytes(), order, unmask)
 
 
@@ -265,7 +296,8 @@ def blinded_tags(points: Sequence[bytes], domain: int = 0) -> TagArray:
 
 def psi_finish_points(own: PsiOwnList, returned: bytes, workers: PsiWorkers = _IN_PROCESS) -> bytes:
     """Step 3: F(x) of every own row, packed in own row order, from the own list back after
-    N - 1 hops (raised to s_j / r_j; libsodium rejects any point outside the group)."""
+    N - 1 hops (raised to s_j / r_j; at N = 2 the list is F already and is only validated; every
+    point that is not a canonical curve point is refused)."""
     check_packed(returned)
     count = len(returned) // POINT_BYTES
     if count != own.row_of.size:
@@ -273,7 +305,9 @@ def psi_finish_points(own: PsiOwnList, returned: bytes, workers: PsiWorkers = _I
     if own.unmask == bytes(SCALAR_BYTES):
         raise InvalidPointError("this own list carries no unmasking scalar (made by psi_start?)")
     point = np.dtype((np.void, POINT_BYTES))
-    finished = np.frombuffer(_blind_packed(bytes(returned), own.unmask, workers), dtype=point)
+    back = bytes(returned)
+    done = _check_packed_points(back, workers) if own.unmask == ONE else _blind_packed(back, own.unmask, workers)
+    finished = np.frombuffer(done, dtype=point)
     out = np.empty_like(finished)
     out[own.row_of] = finished
     return out.tobytes()
@@ -353,7 +387,7 @@ def run_psi(
     num = len(id_lists)
     if num < 2 or len(keys) != num:
         raise ShapeMismatchError(f"PSI needs N >= 2 curators and one key each; got {num} and {len(keys)}")
-    own = [psi_start(ids, k, workers) for ids, k in zip(id_lists, keys, strict=True)]
+    own = [psi_start(ids, k, workers, num) for ids, k in zip(id_lists, keys, strict=True)]
     received: list[list[tuple[int, int, bytes]]] = [[] for _ in range(num)]
     finished = []
     for j in range(num):

@@ -1,6 +1,7 @@
 """A curator's proof that it re-blinded a PSI ring list honestly (issue 24, item 8): pure.
 
-A hop takes a list X_1..X_n to Y_i = k X_i under the curator's scalar k. The curator publishes
+A hop takes a list X_1..X_n to Y_i = k X_i under the curator's scalar k (written additively, in
+the PSI's group: secp256k1, :mod:`mechanism.psi_group`; scalars mod its prime order). The curator publishes
 B = k G and proves, without revealing k, that the same k maps a random linear combination of
 ``PROOF_POSITIONS`` positions of the input onto the same combination of the output:
 X = sum c_i X_{p_i}, Y = sum c_i Y_{p_i} with positions p and coefficients c derived from a hash
@@ -12,7 +13,8 @@ What it catches: a list replaced or re-blinded under another scalar in more than
 of its points (a fraction f escapes with probability (1 - f)^64 per try: all of them, never; a
 sender grinding 2^g list variants gets about f = g/92 past). Altering a few points only drops
 those ids from the intersection, which a member could do anyway by leaving rows out of its own
-table. The check costs 2 x 64 scalar multiplications per list, not n.
+table. The check costs 2 x 64 scalar multiplications per list, not n. A proof is T1 || T2 || s:
+two 33-byte compressed points and a 32-byte big-endian scalar (98 bytes).
 """
 
 from __future__ import annotations
@@ -20,14 +22,22 @@ from __future__ import annotations
 import hashlib
 import os
 
-from nacl import bindings as sodium
-
 from secure_release.mechanism.errors import SecureReleaseError
 from secure_release.mechanism.psi import POINT_BYTES, PsiKey
+from secure_release.mechanism.psi_group import (
+    SCALAR_BYTES,
+    InvalidPointError,
+    base_mul,
+    point_mul,
+    point_sum,
+    scalar_bytes,
+    scalar_from_uniform,
+    scalar_int,
+)
 
 PROOF_POSITIONS = 64
-PROOF_BYTES = 3 * 32  # T1, T2 (points) and s (scalar)
-_DOMAIN = b"secure-release psi reblind proof v1\n"
+PROOF_BYTES = 2 * POINT_BYTES + SCALAR_BYTES  # T1, T2 (points) and s (scalar)
+_DOMAIN = b"secure-release psi reblind proof v2 secp256k1\n"
 
 
 class ReblindProofError(SecureReleaseError):
@@ -40,12 +50,13 @@ def proof_context(owner: str, hop: int) -> bytes:
 
 
 def public_point(key: PsiKey) -> bytes:
-    """B = k G, the curator's public key for this alignment."""
-    return bytes(sodium.crypto_scalarmult_ed25519_base_noclamp(key.scalar()))
+    """B = k G, the curator's public key for this alignment (33 bytes)."""
+    return base_mul(key.scalar())
 
 
 def _scalar(*parts: bytes) -> bytes:
-    return bytes(sodium.crypto_core_ed25519_scalar_reduce(hashlib.sha512(_DOMAIN + b"".join(parts)).digest()))
+    """A Fiat-Shamir scalar: SHA-512 of the parts reduced mod the group order (never zero)."""
+    return scalar_from_uniform(hashlib.sha512(_DOMAIN + b"".join(parts)).digest())
 
 
 def _combination(context: bytes, inp: bytes, out: bytes) -> tuple[bytes, bytes]:
@@ -56,43 +67,39 @@ def _combination(context: bytes, inp: bytes, out: bytes) -> tuple[bytes, bytes]:
         int.from_bytes(hashlib.sha256(seed + i.to_bytes(4, "big")).digest()[:8], "big") % count
         for i in range(PROOF_POSITIONS)
     ]  # fmt: skip
-    x = y = b""
+    xs, ys = [], []
     for i, p in enumerate(picks):
         c = _scalar(seed, i.to_bytes(4, "big"))
-        xi = sodium.crypto_scalarmult_ed25519_noclamp(c, inp[p * POINT_BYTES : (p + 1) * POINT_BYTES])
-        yi = sodium.crypto_scalarmult_ed25519_noclamp(c, out[p * POINT_BYTES : (p + 1) * POINT_BYTES])
-        x = xi if not x else sodium.crypto_core_ed25519_add(x, xi)
-        y = yi if not y else sodium.crypto_core_ed25519_add(y, yi)
-    return bytes(x), bytes(y)
+        xs.append(point_mul(c, inp[p * POINT_BYTES : (p + 1) * POINT_BYTES]))
+        ys.append(point_mul(c, out[p * POINT_BYTES : (p + 1) * POINT_BYTES]))
+    return point_sum(xs), point_sum(ys)
 
 
 def prove_reblind(key: PsiKey, context: bytes, inp: bytes, out: bytes) -> bytes:
     """The proof (T1 || T2 || s) that ``out`` is ``inp`` raised to ``key``; ``context`` binds it to
     the release, owner and hop."""
     x, y = _combination(context, inp, out)
-    r = bytes(sodium.crypto_core_ed25519_scalar_reduce(os.urandom(64)))
-    t1 = sodium.crypto_scalarmult_ed25519_base_noclamp(r)
-    t2 = sodium.crypto_scalarmult_ed25519_noclamp(r, x)
+    r = scalar_from_uniform(os.urandom(64))
+    t1, t2 = base_mul(r), point_mul(r, x)
     e = _scalar(public_point(key), x, y, t1, t2)
-    s = sodium.crypto_core_ed25519_scalar_add(r, sodium.crypto_core_ed25519_scalar_mul(e, key.scalar()))
-    return bytes(t1) + bytes(t2) + bytes(s)
+    s = scalar_bytes(scalar_int(r) + scalar_int(e) * scalar_int(key.scalar()))
+    return t1 + t2 + s
 
 
 def verify_reblind(public: bytes, context: bytes, inp: bytes, out: bytes, proof: bytes) -> None:
     """:class:`ReblindProofError` unless ``proof`` shows ``out`` = ``inp`` under the scalar of ``public``."""
-    if len(proof) != PROOF_BYTES or len(public) != 32 or len(inp) != len(out) or not inp:
+    if len(proof) != PROOF_BYTES or len(public) != POINT_BYTES or len(inp) != len(out) or not inp:
         raise ReblindProofError(
-            "a re-blinded PSI list needs a 96-byte proof, a 32-byte key and as many points as its input"
+            f"a re-blinded PSI list needs a {PROOF_BYTES}-byte proof, a {POINT_BYTES}-byte key and as many points as "
+            "its input"
         )
-    t1, t2, s = proof[:32], proof[32:64], proof[64:]
+    t1, t2, s = proof[:POINT_BYTES], proof[POINT_BYTES : 2 * POINT_BYTES], proof[2 * POINT_BYTES :]
     try:
         x, y = _combination(context, inp, out)
         e = _scalar(public, x, y, t1, t2)
-        left1 = sodium.crypto_scalarmult_ed25519_base_noclamp(s)
-        right1 = sodium.crypto_core_ed25519_add(t1, sodium.crypto_scalarmult_ed25519_noclamp(e, public))
-        left2 = sodium.crypto_scalarmult_ed25519_noclamp(s, x)
-        right2 = sodium.crypto_core_ed25519_add(t2, sodium.crypto_scalarmult_ed25519_noclamp(e, y))
-    except (RuntimeError, TypeError, ValueError) as exc:  # libsodium refuses a malformed point
-        raise ReblindProofError(f"the re-blinding proof is malformed ({type(exc).__name__})") from exc
+        left1, right1 = base_mul(s), point_sum([t1, point_mul(e, public)])
+        left2, right2 = point_mul(s, x), point_sum([t2, point_mul(e, y)])
+    except InvalidPointError as exc:  # a malformed point or scalar, or a sum at the identity
+        raise ReblindProofError(f"the re-blinding proof is malformed ({exc})") from exc
     if left1 != right1 or left2 != right2:
         raise ReblindProofError("the re-blinded list is not its input raised to the sender's key")

@@ -18,8 +18,9 @@ same flags after a kill during the ring, it takes the kept scalar, so every list
 identical and the leader's mailbox (which keeps every list for the release) serves it again; the
 leader keeps no scalar (its mailbox dies with it). Only point counts and timings are logged.
 
-Per element: a hash to the group and N scalar multiplications (about 0.6 ms per id per curator at
-N = 2 on one core; ``--psi-workers`` spreads them over processes; ``docs/architectures.md``).
+Per element: a hash to the group and N + 1 scalar multiplications (2 at N = 2) on secp256k1 (about
+0.12 ms of CPU per id per curator at N = 2, 0.22 ms at N = 3 on this loaded machine, issue 41;
+``--psi-workers`` spreads them over processes; ``docs/architectures.md``).
 """
 
 from __future__ import annotations
@@ -121,7 +122,7 @@ def ring(me: str, curators: tuple[str, ...], ids: npt.NDArray[np.str_], key: Psi
     num, at = len(curators), curators.index(me)
     public = public_point(key)
     with PsiWorkers(workers) as pool:
-        own = psi_start(ids, key, pool)
+        own = psi_start(ids, key, pool, num)  # N = 2: unmasked (mechanism/psi.py)
         send(me, 1, own.sent, b"", b"")
         for hop in range(1, num):
             owner = curators[(at - hop) % num]

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from nacl import bindings as sodium
-from test_mech_psi import KEYS, _ids
+from test_mech_psi import KEYS, _ids, bad_points
 
 from secure_release.mechanism.errors import ShapeMismatchError
 from secure_release.mechanism.psi import (
+    POINT_BYTES,
     InvalidPointError,
     PsiWorkers,
     hash_to_group,
@@ -24,8 +24,6 @@ def test_worker_processes_give_bit_identical_lists_and_still_reject_bad_points()
     """--psi-workers: the pieces done in a spawned worker join to exactly the one-process result,
     and a bad point in the worker's piece (the last) is refused like one in the caller's."""
     ids = _ids(0, 41)
-    order8 = bytes.fromhex("26e8958fc2b227b045c3f489f2ef98f0d5dfac05d3c63339b13802886d53fc05")
-    torsioned = sodium.crypto_core_ed25519_add(psi_start(["x"], KEYS[0]).sent, order8)
     one = psi_start(ids, KEYS[0])
     back = psi_reblind(one.sent, KEYS[1])
     with PsiWorkers(2, min_points=1) as pool:
@@ -37,11 +35,14 @@ def test_worker_processes_give_bit_identical_lists_and_still_reject_bad_points()
         assert hash_to_group(ids, pool) == hash_to_group(ids)
         assert run_psi([ids, ids[:30]], KEYS[:2], pool).tags[1].tobytes() == run_psi([ids, ids[:30]], KEYS[:2]).tags[
             1].tobytes()  # fmt: skip
-        for bad in (torsioned, bytes(32), b"\xff" * 32):
+        two_party = psi_start(ids, KEYS[0], pool, num_curators=2)  # its finish only validates
+        for bad in bad_points().values():
             with pytest.raises(InvalidPointError):
-                psi_reblind(back[:-32] + bad, KEYS[1], pool)  # the last piece: done by the worker
+                psi_reblind(back[:-POINT_BYTES] + bad, KEYS[1], pool)  # the last piece: done by the worker
             with pytest.raises(InvalidPointError):
-                psi_finish(two, back[:-32] + bad, pool)
+                psi_finish(two, back[:-POINT_BYTES] + bad, pool)
+            with pytest.raises(InvalidPointError):
+                psi_finish(two_party, back[:-POINT_BYTES] + bad, pool)
     with PsiWorkers(2) as pool:
         assert pool.pieces(999) == [(0, 999)]  # short lists stay in the calling process
     with pytest.raises(ShapeMismatchError):

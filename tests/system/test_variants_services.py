@@ -51,7 +51,7 @@ from secure_release.mechanism.keys import PramKey, Seed
 from secure_release.mechanism.pads import CipherMode
 from secure_release.mechanism.plan import plan_release
 from secure_release.mechanism.protocol import Agreement
-from secure_release.mechanism.psi import PsiKey, hash_to_group
+from secure_release.mechanism.psi import POINT_BYTES, PsiKey, hash_to_group
 from secure_release.mechanism.spec import ReleaseSpec
 from secure_release.mechanism.variants import AlignmentMode, SamplingMode, VariantAgreement, run_variant_release
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
@@ -382,5 +382,5 @@ def test_a_changed_resend_of_a_psi_list_ends_the_release_naming_the_member() -> 
     service, state = _psi_leader()
     service.PsiSend(iter(point_chunks("r1", "bob", "bob", 1, _points(5))), _as("curator", "bob"))
     with pytest.raises(AbortedError, match="other points"):
-        service.PsiSend(iter(point_chunks("r1", "bob", "bob", 1, _points(6)[32:])), _as("curator", "bob"))
+        service.PsiSend(iter(point_chunks("r1", "bob", "bob", 1, _points(6)[POINT_BYTES:])), _as("curator", "bob"))
     assert state.error is not None and "'bob' sent a wrong PSI list" in state.error

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import pytest
 
-from secure_release.mechanism.psi import PsiKey, hash_to_group, psi_reblind
+from secure_release.mechanism.psi import POINT_BYTES, PsiKey, hash_to_group, psi_reblind
+from secure_release.mechanism.psi_group import ORDER
 from secure_release.mechanism.psi_proof import (
+    PROOF_BYTES,
     PROOF_POSITIONS,
     ReblindProofError,
     proof_context,
@@ -28,15 +30,19 @@ PROOF = prove_reblind(KEY, CTX, INP, OUT)
 
 def test_an_honest_reblinding_verifies() -> None:
     verify_reblind(public_point(KEY), CTX, INP, OUT, PROOF)
-    short = INP[: 5 * 32]  # fewer points than PROOF_POSITIONS: every point is checked
+    short = INP[: 5 * POINT_BYTES]  # fewer points than PROOF_POSITIONS: every point is checked
     assert PROOF_POSITIONS > 5
     verify_reblind(public_point(KEY), CTX, short, psi_reblind(short, KEY),
                    prove_reblind(KEY, CTX, short, psi_reblind(short, KEY)))  # fmt: skip
 
 
+def _s_plus_one() -> bytes:
+    return ((int.from_bytes(PROOF[-32:], "big") + 1) % ORDER).to_bytes(32, "big")
+
+
 def _half_replaced() -> bytes:
     forged = b"".join(hash_to_group([f"forged{i}" for i in range(150)]))
-    return forged + OUT[150 * 32 :]
+    return forged + OUT[150 * POINT_BYTES :]
 
 
 @pytest.mark.parametrize(
@@ -47,12 +53,28 @@ def _half_replaced() -> bytes:
         (public_point(PsiKey(bytes(32 * [9]))), CTX, OUT, PROOF),
         (public_point(KEY), proof_context("bob", 2), OUT, PROOF),
         (public_point(KEY), proof_context("alice", 3), OUT, PROOF),
-        (public_point(KEY), CTX, OUT, PROOF[:64] + bytes(32)),
-        (public_point(KEY), CTX, OUT, PROOF[:90]),
+        (public_point(KEY), CTX, OUT, PROOF[:-32] + bytes(32)),
+        (public_point(KEY), CTX, OUT, PROOF[:-32] + _s_plus_one()),
+        (public_point(KEY), CTX, OUT, PROOF[:-32] + ORDER.to_bytes(32, "big")),
+        (public_point(KEY), CTX, OUT, PROOF[:-1]),
+        (public_point(KEY)[:32], CTX, OUT, PROOF),
+        (public_point(KEY), CTX, OUT, b"\x02" * PROOF_BYTES),
         (public_point(KEY), CTX, _half_replaced(), PROOF),
     ],
-    ids=["other points", "other key", "other public key", "other owner", "other hop", "changed s", "short proof",
-         "half replaced"],
+    ids=[
+        "other points",
+        "other key",
+        "other public key",
+        "other owner",
+        "other hop",
+        "zero s",
+        "s + 1",
+        "s = order",
+        "short proof",
+        "32-byte public key",
+        "proof of invalid points",
+        "half replaced",
+    ],
 )
 def test_a_wrong_reblinding_is_refused(public: bytes, ctx: bytes, out: bytes, proof: bytes) -> None:
     with pytest.raises(ReblindProofError):

@@ -22,7 +22,7 @@ from secure_release.curator.waits import Deadline
 from secure_release.infra.streams import AgreementError, PsiStreamError
 from secure_release.mechanism.keys import Seed
 from secure_release.mechanism.pads import CipherMode
-from secure_release.mechanism.psi import PsiKey, hash_to_group
+from secure_release.mechanism.psi import POINT_BYTES, PsiKey, hash_to_group
 from secure_release.mechanism.variants import AlignmentMode
 
 CURATORS = ("alice", "bob", "carol")
@@ -42,9 +42,9 @@ def _member(state: LeaderState, me: str, wrong: str, out: dict[str, object]) -> 
 
         def send(owner: str, hop: int, points: bytes, proof: bytes = b"", public: bytes = b"") -> None:
             if owner != "bob" and wrong == "points":  # valid group points, of other ids
-                points = b"".join(hash_to_group([f"forged{i}" for i in range(len(points) // 32)]))
+                points = b"".join(hash_to_group([f"forged{i}" for i in range(len(points) // POINT_BYTES)]))
             if owner != "bob" and wrong == "length":
-                points = points[:-32]
+                points = points[:-POINT_BYTES]
             honest(owner, hop, points, proof, public)
 
     try:

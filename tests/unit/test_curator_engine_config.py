@@ -47,7 +47,7 @@ def test_the_default_engine_is_local_and_dask_takes_its_cluster_flags(base: list
     ("extra", "message"),
     [
         (["--engine", "dask", "--sampling", "indices"], r"refuses --sampling indices .* 34 MB at m = 10\^7"),
-        (["--engine", "dask", "--alignment", "psi"], r"refuses --alignment psi costs about 575 us"),
+        (["--engine", "dask", "--alignment", "psi"], r"refuses --alignment psi costs about 120 us"),
         (["--scheduler", "tcp://127.0.0.1:8786"], "need --engine dask"),
         (["--engine", "dask", "--scheduler", "a:1", "--scheduler-file", "f.json"], "exclude each other"),
         (["--engine", "dask", "--shards", "48"], "power of two"),

@@ -41,9 +41,9 @@ def test_tags_round_trip_over_several_messages() -> None:
 
 
 def test_psi_points_round_trip_and_a_short_list_is_refused() -> None:
-    points = RNG.bytes(32 * (st.POINTS_PER_CHUNK + 3))
+    points = RNG.bytes(st.POINT_BYTES * (st.POINTS_PER_CHUNK + 3))
     msgs = list(st.point_chunks("r1", "alice", "bob", 2, points))
-    assert len(msgs) == 2 and msgs[0].count == len(points) // 32
+    assert len(msgs) == 2 and msgs[0].count == len(points) // st.POINT_BYTES
     got = st.read_point_stream(iter(msgs), "alice")
     assert (got.release_id, got.owner, got.hop, got.points) == ("r1", "bob", 2, points)
     with pytest.raises(st.PsiStreamError):

@@ -19,10 +19,10 @@ import os
 
 import numpy as np
 import pytest
-from nacl import bindings as sodium
 
 from secure_release.mechanism.alignment import align, common_tags
 from secure_release.mechanism.psi import (
+    POINT_BYTES,
     InvalidPointError,
     PsiKey,
     blind,
@@ -35,6 +35,7 @@ from secure_release.mechanism.psi import (
     run_psi,
     split_points,
 )
+from secure_release.mechanism.psi_group import FIELD_PRIME, check_points, point_mul, swiftec_decode
 
 KEYS = [PsiKey(hashlib.sha256(b"psi-%d" % j).digest()) for j in range(3)]
 
@@ -43,9 +44,37 @@ def _ids(lo: int, hi: int, prefix: str = "id") -> np.ndarray:
     return np.array([f"{prefix}{i}" for i in range(lo, hi)])
 
 
-def _masked(ids: np.ndarray, key: PsiKey) -> set[bytes]:
-    """H(x)^r for the owner's one-time mask r: its own list as it leaves it."""
-    return {sodium.crypto_scalarmult_ed25519_noclamp(key.mask(), p) for p in hash_to_group(ids)}
+def _outgoing(ids: np.ndarray, key: PsiKey, num: int | None = None) -> set[bytes]:
+    """The owner's own list as it leaves it: H(x)^r for its one-time mask r, or H(x)^s at N = 2."""
+    first = key.scalar() if num == 2 else key.mask()
+    return {point_mul(first, p) for p in hash_to_group(ids)}
+
+
+def _is_square(v: int) -> bool:
+    return pow(v, (FIELD_PRIME - 1) // 2, FIELD_PRIME) in (0, 1)
+
+
+def _x_bytes(x: int) -> bytes:
+    return x.to_bytes(32, "big")
+
+
+def bad_points() -> dict[str, bytes]:
+    """Encodings every received list must refuse (each 33 bytes unless the name says otherwise)."""
+    p = FIELD_PRIME
+    off = next(x for x in range(1, 100) if not _is_square((x**3 + 7) % p))  # x^3 + 7 not a square
+    on = next(x for x in range(1, 100) if _is_square((x**3 + 7) % p))  # a valid x below 2^32 + 977
+    good = b"\x02" + _x_bytes(on)
+    check_points(good)  # the non-canonical case below differs from a valid point only by x + p
+    return {
+        "off the curve": b"\x02" + _x_bytes(off),
+        "identity (all zero)": bytes(POINT_BYTES),
+        "prefix 0x00": b"\x00" + _x_bytes(on),
+        "non-canonical x + p": b"\x02" + _x_bytes(on + p),
+        "x = p": b"\x03" + _x_bytes(p),
+        "uncompressed prefix 0x04": b"\x04" + _x_bytes(on),
+        "hybrid prefix 0x06": b"\x06" + _x_bytes(on),
+        "all 0xff": b"\xff" * POINT_BYTES,
+    }
 
 
 def _aligned_ids(id_lists: list[np.ndarray], keys: list[PsiKey]) -> list[np.ndarray]:
@@ -87,28 +116,42 @@ def test_ring_routes() -> None:
     assert ring_hops(0, 3) == [1, 2] and ring_hops(2, 3) == [0, 1] and ring_hops(1, 2) == [0]
 
 
-def test_commutative_blinding_and_hash_in_subgroup() -> None:
+def test_commutative_blinding_and_hash_in_group() -> None:
     points = hash_to_group(["x", "y"])
-    assert all(sodium.crypto_core_ed25519_is_valid_point(p) for p in points)
+    assert check_points(b"".join(points)) == b"".join(points) and all(len(p) == POINT_BYTES for p in points)
     ab = blind(blind(points, KEYS[0]), KEYS[1])
     ba = blind(blind(points, KEYS[1]), KEYS[0])
     assert ab == ba and ab[0] != ab[1]
 
 
-def test_bad_points_are_rejected() -> None:
-    good = psi_start(["x"], KEYS[0]).sent
-    identity = bytes([1]) + bytes(31)
-    small_order = bytes(32)  # y = 0: a point of order 4
-    order8 = bytes.fromhex("26e8958fc2b227b045c3f489f2ef98f0d5dfac05d3c63339b13802886d53fc05")
-    torsioned = sodium.crypto_core_ed25519_add(good, order8)  # leaves the prime-order subgroup
-    for bad in (identity, small_order, b"\xff" * 32, torsioned):
+@pytest.mark.parametrize("name", sorted(bad_points()))
+@pytest.mark.parametrize("num", [2, 3])
+def test_invalid_points_are_refused(name: str, num: int) -> None:
+    """Off the curve, the identity, non-canonical, wrong prefix: refused with InvalidPointError
+    by a re-blinding hop and by the owner's finish, alone or hidden among valid points; at N = 2
+    the finish multiplies nothing and still validates every point."""
+    bad = bad_points()[name]
+    own = psi_start(["x", "y"], KEYS[0], num_curators=num)
+    back = psi_reblind(own.sent, KEYS[1])
+    for hop_input in (bad, own.sent[:POINT_BYTES] + bad):
         with pytest.raises(InvalidPointError):
-            psi_reblind(bad, KEYS[1])
+            psi_reblind(hop_input, KEYS[1])
     with pytest.raises(InvalidPointError):
-        split_points(good + b"x")
-    own = psi_start(["x"], KEYS[0])
+        psi_finish(own, back[:POINT_BYTES] + bad)
     with pytest.raises(InvalidPointError):
-        psi_finish(own, b"\xff" * 32)
+        blind([bad], KEYS[0])
+    psi_finish(own, back)  # the valid list still finishes
+
+
+def test_wrong_lengths_are_refused() -> None:
+    own = psi_start(["x"], KEYS[0], num_curators=2)
+    for data in (own.sent + b"x", own.sent[:-1], own.sent[1:], b"\x02" * 32, own.sent + bytes(65)):
+        with pytest.raises(InvalidPointError):
+            split_points(data)
+        with pytest.raises(InvalidPointError):
+            psi_reblind(data, KEYS[1])
+    with pytest.raises(InvalidPointError):
+        blind([own.sent[:32]], KEYS[1])
 
 
 def test_received_messages_do_not_depend_on_partner_ids_outside_the_intersection() -> None:
@@ -128,7 +171,7 @@ def test_received_messages_do_not_depend_on_partner_ids_outside_the_intersection
     got1 = set(split_points(next(m for owner, _, m in run1.received[0] if owner == 1)))
     got2 = set(split_points(next(m for owner, _, m in run2.received[0] if owner == 1)))
     assert len(got1 & got2) == common.size
-    assert got1 & got2 == _masked(common, keys[1])  # H(x)^{r_bob}: Bob's one-time mask (issue 23)
+    assert got1 & got2 == _outgoing(common, keys[1], 2)  # N = 2: H(x)^{s_bob}, no mask (issue 41)
 
 
 def test_simulated_view_gives_the_same_outcome() -> None:
@@ -139,11 +182,9 @@ def test_simulated_view_gives_the_same_outcome() -> None:
     keys = KEYS[:2]
     real = run_psi([alice, bob], keys)
     bob_own = psi_start(bob, keys[1])
-    inter_points = _masked(_ids(10, 30), keys[1])
+    inter_points = _outgoing(_ids(10, 30), keys[1])  # psi_start without N: masked
     received = split_points(bob_own.sent)
-    simulated = [
-        p if p in inter_points else sodium.crypto_core_ed25519_from_uniform(os.urandom(32)) for p in received
-    ]
+    simulated = [p if p in inter_points else swiftec_decode(os.urandom(64)) for p in received]
     sim_back = psi_reblind(b"".join(simulated), keys[0])
     bob_tags = psi_finish(bob_own, sim_back, domain=1)
     sim_common = common_tags([real.tags[0], psi_leader_view(real.leader_tags, {1: bob_tags})[1]])
