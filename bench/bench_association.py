@@ -26,6 +26,7 @@ import argparse
 import json
 import math
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -230,6 +231,7 @@ def main() -> None:
     parser.add_argument("--releases", type=int, default=200, help="releases per point (default 200)")
     parser.add_argument("--draws", type=int, default=199, help="bootstrap draws per test (default 199)")
     parser.add_argument("--quick", action="store_true", help="a few points only")
+    parser.add_argument("--workers", type=int, default=2, help="processes, one point each at a time (default 2)")
     parser.add_argument("--figure", help="write the figure (PNG) here")
     parser.add_argument("--json", help="write every point as JSON here")
     parser.add_argument("--markdown", action="store_true", help="print the table as markdown")
@@ -237,8 +239,11 @@ def main() -> None:
     points: list[Point] = []
     start = time.perf_counter()
     todo = grid(args.quick)
-    for index, (setting, m, eps, v) in enumerate(todo):
-        point = run_point(setting, 4000, m, eps, v, args.releases, args.draws, SEED + index)
+    with ProcessPoolExecutor(args.workers) as pool:
+        futures = [pool.submit(run_point, setting, 4000, m, eps, v, args.releases, args.draws, SEED + index)
+                   for index, (setting, m, eps, v) in enumerate(todo)]  # fmt: skip
+        done = [f.result() for f in futures]
+    for index, ((setting, m, eps, v), point) in enumerate(zip(todo, done, strict=True)):
         points.append(point)
         flag = ""
         if v == 0 and point.reject_05 > 0.05 + 2 * point.mc_se_05:

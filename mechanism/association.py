@@ -716,7 +716,7 @@ def independence_test(
         p_value, used = sequential_p_value(np.concatenate(exceeded), n_draws)
         label = (
             f"likelihood ratio; p from a parametric bootstrap (seed {rng_seed}) from the null fit with "
-            f"marginal shares floored at {FLOOR_STANDARD_ERRORS:g} standard error, sequential "
+            f"marginal shares floored at {FLOOR_STANDARD_ERRORS:g} standard errors, sequential "
             f"(Besag & Clifford 1991: stop at {SEQUENTIAL_EXCEEDANCES} exceedances, at most "
             f"{n_draws} draws; {used} drawn)"
         )

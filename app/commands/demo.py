@@ -37,7 +37,7 @@ from secure_release.cluster import (
 )
 from secure_release.demo_data import MAX_CURATORS
 
-#: --alignment psi in the demo: at most this many rows (~0.6 ms of one core per id per curator).
+#: --alignment psi in the demo: at most this many rows (~0.12-0.22 ms of one core per id per curator).
 MAX_PSI_ROWS = 20_000
 
 def register(sub: Any) -> None:
@@ -78,7 +78,7 @@ def register(sub: Any) -> None:
         choices=["hash", "psi"],
         default="hash",
         help="hash: keyed-hash id tags (fast); psi: N-party ECDH private set intersection through the "
-        f"leader, ~0.6 ms of one core per id per curator, so only with a small --rows (at most {MAX_PSI_ROWS:,})",
+        f"leader, ~0.12-0.22 ms of one core per id per curator, so only with a small --rows (at most {MAX_PSI_ROWS:,})",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--keep", type=Path, default=None, help="keep the working directory here")
@@ -99,7 +99,8 @@ def check_args(args: argparse.Namespace) -> None:
         raise InvalidSampleSizeError(f"--m must be an integer >= 1, got {args.m}")
     if args.alignment == "psi" and (args.rows is None or args.rows > MAX_PSI_ROWS):
         raise InvalidSampleSizeError(
-            f"--alignment psi costs ~0.6 ms of one core per id per curator; give --rows of at most {MAX_PSI_ROWS:,} "
+            f"--alignment psi costs ~0.12-0.22 ms of one core per id per curator; "
+            f"give --rows of at most {MAX_PSI_ROWS:,} "
             f"(got {'the 45,222 Adult records' if args.rows is None else args.rows})"
         )
 

@@ -203,7 +203,7 @@ ROWS, M_REAL, EPS = 1200, 300, 0.5
 
 @pytest.fixture(scope="module")
 def small_world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
-    """A small demo table (PSI costs ~0.6 ms of one core per id per curator)."""
+    """A small demo table (PSI costs ~0.12-0.22 ms of one core per id per curator)."""
     base = tmp_path_factory.mktemp("variants")
     write_demo_data(base / "data", rows=ROWS, seed=5)
     (base / "align.key").write_text(AKEY.reveal().hex())

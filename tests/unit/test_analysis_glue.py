@@ -165,9 +165,9 @@ def test_api_power_plans_from_schemas_only() -> None:
     """api.power is plan --power: public schemas in, the detectable V at m, best m and m* out."""
     from secure_release.mechanism.power import power_plan
 
-    plan = api.power(45222, list(SCHEMAS.values())[:1] + [{"curator": "bob", "attributes": [
-        {"name": "sex", "categories": ["f", "m"]}, {"name": "salary", "categories": ["low", "high"]}]}],
-        0.5, "education", "salary")  # fmt: skip
+    bob = {"curator": "bob", "attributes": [{"name": "sex", "categories": ["f", "m"]},
+                                            {"name": "salary", "categories": ["low", "high"]}]}  # fmt: skip
+    plan = api.power(45222, [SCHEMAS["alice"], bob], 0.5, "education", "salary")
     assert plan.levels == (3, 2) and plan.df == 2 and plan.assumption == "uniform marginals"
     assert plan.best_m == round(45222 * (np.exp(0.5) - 1) / 24) or abs(plan.best_m - 45222 * (np.exp(0.5) - 1) / 24) < 1
     assert plan.min_detectable_cramers_v_at_best_m <= plan.min_detectable_cramers_v_at_m_star
