@@ -74,13 +74,13 @@ from secure_release.mechanism.errors import (
     EmptyStratumError,
     InvalidCountsError,
     InvalidDrawsError,
-    InvalidKeepError,
     InvalidSeedError,
     ShapeMismatchError,
     TooFewLevelsError,
     UnknownTestMethodError,
 )
 from secure_release.mechanism.estimators import mle_water_filling
+from secure_release.mechanism.pram import check_keep
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -124,15 +124,6 @@ class IndependenceTest:
 
 
 # ----------------------------------------------------------------------------- validation
-
-
-def check_keep(keep: float) -> float:
-    """Raise unless the keep probability a is a finite number in (0, 1]."""
-    if isinstance(keep, bool) or not isinstance(keep, int | float | np.floating):
-        raise InvalidKeepError(f"keep must be a number in (0, 1], got {keep!r}")
-    if not math.isfinite(keep) or not 0.0 < keep <= 1.0:
-        raise InvalidKeepError(f"keep must be a finite number in (0, 1], got {keep!r}")
-    return float(keep)
 
 
 def check_table(observed: npt.ArrayLike) -> IntArray:

@@ -48,14 +48,14 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from secure_release.mechanism.association import check_draws as _check_draws
 from secure_release.mechanism.errors import (
     InvalidCountsError,
-    InvalidDrawsError,
-    InvalidKeepError,
     ShapeMismatchError,
     TooFewLevelsError,
 )
 from secure_release.mechanism.estimators import check_level, mle_water_filling
+from secure_release.mechanism.pram import check_keep as _check_keep
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -213,20 +213,6 @@ def _check_observed(observed: npt.ArrayLike) -> npt.NDArray[np.int64]:
     if values.sum() < 1:
         raise InvalidCountsError("observed counts are all zero: at least one record is needed")
     return values.astype(np.int64)
-
-
-def _check_keep(keep: float) -> float:
-    if isinstance(keep, bool) or not isinstance(keep, int | float) or not math.isfinite(keep):
-        raise InvalidKeepError(f"keep probability must be a finite number in (0, 1], got {keep!r}")
-    if not 0.0 < keep <= 1.0:
-        raise InvalidKeepError(f"keep probability must lie in (0, 1], got {keep!r}")
-    return float(keep)
-
-
-def _check_draws(draws: int) -> int:
-    if isinstance(draws, bool) or not isinstance(draws, int | np.integer) or draws < 1:
-        raise InvalidDrawsError(f"draws must be an integer >= 1, got {draws!r}")
-    return int(draws)
 
 
 # --- the interval machinery ------------------------------------------------------------------

@@ -53,7 +53,6 @@ from scipy import linalg, optimize, stats
 from secure_release.mechanism import accounting
 from secure_release.mechanism.errors import (
     InvalidDrawsError,
-    InvalidKeepError,
     InvalidLevelError,
     InvalidSampleSizeError,
     InvalidSeedError,
@@ -64,7 +63,7 @@ from secure_release.mechanism.errors import (
     UnknownAttributeError,
 )
 from secure_release.mechanism.estimators import mle_water_filling
-from secure_release.mechanism.pram import PramChannel
+from secure_release.mechanism.pram import PramChannel, check_keep
 from secure_release.mechanism.sampling import check_sample_size
 from secure_release.mechanism.schema import CuratorSchema, check_joint_alphabet
 
@@ -96,13 +95,6 @@ def check_probability(name: str, value: float) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 < value < 1.0:
         raise InvalidLevelError(f"{name} must be a number strictly between 0 and 1, got {value!r}")
     return float(value)
-
-
-def check_keep(keep: float) -> float:
-    """A keep probability a: a finite number in (0, 1]."""
-    if isinstance(keep, bool) or not isinstance(keep, int | float) or not 0.0 < keep <= 1.0:
-        raise InvalidKeepError(f"the keep probability a must be a number in (0, 1], got {keep!r}")
-    return float(keep)
 
 
 def check_levels(rows: int, cols: int) -> tuple[int, int]:

@@ -29,6 +29,7 @@ from secure_release.mechanism.errors import (
     AlphabetOverflowError,
     EmptyDomainError,
     InvalidGammaError,
+    InvalidKeepError,
     NonFiniteInputError,
     ShapeMismatchError,
 )
@@ -49,6 +50,16 @@ def check_gamma(gamma: float) -> float:
     if gamma <= 1:
         raise InvalidGammaError(f"gamma must be > 1 (gamma = 1 releases nothing), got {gamma!r}")
     return float(gamma)
+
+
+def check_keep(keep: float) -> float:
+    """Raise unless the keep probability a of a "keep w.p. a, else uniform" channel (DESIGN 3.4,
+    11) is a finite number in (0, 1] (a = 1: no perturbation)."""
+    if isinstance(keep, bool) or not isinstance(keep, int | float | np.floating) or not math.isfinite(keep):
+        raise InvalidKeepError(f"the keep probability a must be a finite number in (0, 1], got {keep!r}")
+    if not 0.0 < keep <= 1.0:
+        raise InvalidKeepError(f"the keep probability a must lie in (0, 1], got {keep!r}")
+    return float(keep)
 
 
 @dataclass(frozen=True)

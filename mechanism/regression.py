@@ -34,7 +34,6 @@ from secure_release.mechanism.errors import (
     EmptyDomainError,
     InvalidCountsError,
     InvalidInteractionError,
-    InvalidKeepError,
     NonFiniteInputError,
     NotNestedModelsError,
     RankDeficientDesignError,
@@ -42,6 +41,7 @@ from secure_release.mechanism.errors import (
     TooFewOutcomeLevelsError,
 )
 from secure_release.mechanism.estimators import check_level, mle_water_filling, normal_quantile
+from secure_release.mechanism.pram import check_keep
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -436,15 +436,6 @@ def wald_interval(coef: FloatArray, standard_error: FloatArray, level: float) ->
     """coef -/+ z_{(1 + level)/2} se."""
     z = normal_quantile(0.5 + check_level(level) / 2.0)
     return coef - z * standard_error, coef + z * standard_error
-
-
-def check_keep(keep: float) -> float:
-    """Raise unless keep is a finite number in (0, 1]."""
-    if isinstance(keep, bool) or not isinstance(keep, int | float | np.floating) or not math.isfinite(keep):
-        raise InvalidKeepError(f"keep probability must be a finite number in (0, 1], got {keep!r}")
-    if not 0.0 < keep <= 1.0:
-        raise InvalidKeepError(f"keep probability must lie in (0, 1], got {keep!r}")
-    return float(keep)
 
 
 def _check_observed(observed: npt.ArrayLike) -> IntArray:
