@@ -165,7 +165,7 @@ def test_sequential_p_value_is_besag_clifford() -> None:
 def test_interior_null_moves_only_shares_near_the_boundary() -> None:
     rng = np.random.default_rng(13)
     p = _product(rng, (4, 3, 2))
-    np.testing.assert_allclose(assoc.interior_null(p, 1.0, 100), p, rtol=1e-12)  # keep 1: no noise
+    np.testing.assert_allclose(assoc.interior_null(p, 1.0, 100), p, rtol=1e-12)  # keep 1: every share > 2/m
     np.testing.assert_allclose(assoc.interior_null(p, 0.9, 10**9), p, rtol=1e-12)  # far from 0
     boundary = p.copy()
     boundary[0] = 0.0  # a row share at 0
@@ -175,13 +175,16 @@ def test_interior_null_moves_only_shares_near_the_boundary() -> None:
     # still a null-model point: p_ijl = p_l p_i|l p_j|l
     np.testing.assert_allclose(assoc.independence_fit(moved[None])[0], moved, rtol=1e-12)
     # the floor: FLOOR_STANDARD_ERRORS standard errors of a row share near 0
-    se_row = assoc.FLOOR_STANDARD_ERRORS * math.sqrt(0.7 * 3 / (24 * 500)) / 0.3
+    se_row = assoc.FLOOR_STANDARD_ERRORS * math.sqrt((0.3 / 500 + 0.7 * 3 / 24) / 500) / 0.3
     strata = boundary.sum(axis=(0, 1))  # far from 0: not moved
     np.testing.assert_allclose(moved.sum(axis=(0, 1)), strata, rtol=1e-12)
     # row 0's share of each stratum raised to se_row, then the stratum's rows renormalised
     np.testing.assert_allclose(moved[0].sum(axis=0) / strata, se_row / (strata + se_row), rtol=1e-12)
     # no information: the floor is capped at the uniform share (larger shares stay larger)
     flat = assoc.interior_null(boundary, 0.01, 10)
+    # keep 1: a share at 0 is still one record in m from the data, so it is floored at 2/m
+    at_one = assoc.interior_null(boundary, 1.0, 1000)
+    np.testing.assert_allclose(at_one[0].sum(axis=0) / strata, (2 / 1000) / (strata + 2 / 1000), rtol=1e-12)
     rows = np.maximum(boundary.sum(axis=1) / strata, 1 / 4)
     np.testing.assert_allclose(flat.sum(axis=1) / flat.sum(axis=(0, 1)), rows / rows.sum(axis=0), rtol=1e-12)
     np.testing.assert_allclose(flat.sum(axis=(0, 1)), np.maximum(strata, 0.5) / np.maximum(strata, 0.5).sum())
