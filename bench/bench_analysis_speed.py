@@ -43,10 +43,17 @@ def table_speed(repeat: int) -> None:
     print("one table (I x J x L cells), m = 2,000, keep from K = the table's cells x 4 and gamma 5:")
     print(f"{'cells':>6} {'shape':>10} {'keep':>6} {'test s':>8} {'effects s':>10} {'scipy s':>9} "
           f"{'test/scipy':>10}  method")  # fmt: skip
-    for shape in ((2, 2, 1), (3, 2, 2), (10, 10, 1), (10, 10, 10), (25, 40, 1)):
+    cases = [(shape, 5.0, False) for shape in ((2, 2, 1), (3, 2, 2), (10, 10, 1), (10, 10, 10), (25, 40, 1))]
+    cases += [(shape, 40.0 * int(np.prod(shape)), True) for shape in ((10, 10, 10), (25, 40, 1))]
+    for shape, gamma, dependent in cases:
         cells = int(np.prod(shape))
-        keep = PramChannel(5.0, 4 * cells).keep
+        keep = PramChannel(gamma, 4 * cells).keep
         p = rng.dirichlet(np.ones(cells))
+        if dependent:  # a strong association: every bootstrap draw is needed (p = 1/1000)
+            p = p.reshape(shape)
+            i, j = np.indices(shape[:2])
+            p = (p * np.where(i % shape[1] == j % shape[0], 20.0, 1.0)[:, :, None]).reshape(-1)
+            p /= p.sum()
         observed = rng.multinomial(2000, keep * p + (1 - keep) / cells).reshape(shape)
         test_s = best_of(repeat, independence_test, observed, keep, draws=999, seed=1)
         method = independence_test(observed, keep, draws=999, seed=1).method
