@@ -4,7 +4,9 @@
 
 Order on the page: the headline summary and every warning, the charts (``plotting.report_charts``:
 a bar chart per attribute, a heat map per pair when there are two to four; matplotlib SVG with
-text kept as text), the guarantee as a definition list, the plan, then the cells in the output
+text kept as text), the associations (every cross-curator pair tested, Holm-adjusted, Cramer's V
+with its interval: ``analysis.associations``), the guarantee as a definition list, the plan, then
+the cells in the output
 vocabulary (``mechanism.report.OUTPUT_COLUMNS``). Every number shown also sits at full precision
 in a ``data-value`` attribute. No script and no fetch: the page opens offline and prints on A4.
 

@@ -106,7 +106,7 @@ def _connection(p: argparse.ArgumentParser) -> None:
 
 def register(sub: Any) -> None:
     p = sub.add_parser(
-        "analyst", help="list releases, show an estimate, a marginal or a conditional table, export",
+        "analyst", help="list releases, show an estimate, marginal or conditional tables, test associations, export",
         description=__doc__, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )  # fmt: skip
     asub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
