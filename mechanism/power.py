@@ -51,6 +51,7 @@ import numpy.typing as npt
 from scipy import linalg, optimize, stats
 
 from secure_release.mechanism import accounting
+from secure_release.mechanism.association import likelihood_ratio_statistics
 from secure_release.mechanism.errors import (
     InvalidDrawsError,
     InvalidLevelError,
@@ -62,7 +63,6 @@ from secure_release.mechanism.errors import (
     TooFewLevelsError,
     UnknownAttributeError,
 )
-from secure_release.mechanism.estimators import mle_water_filling
 from secure_release.mechanism.pram import PramChannel, check_keep
 from secure_release.mechanism.sampling import check_sample_size
 from secure_release.mechanism.schema import CuratorSchema, check_joint_alphabet
@@ -83,10 +83,6 @@ SIMULATION_MAX_CELLS = 400
 DEFAULT_REPLICATES = 2000
 DEFAULT_SEED = 20_261_127
 _ROOT_STEPS = 12
-_EM_TOLERANCE = 1e-8
-_EM_MAX_CYCLES = 5_000
-#: EM cycles per unit of 1/a: 100 at a = 0.45 left G within 1e-4 of its converged value (measured).
-_EM_CYCLES_PER_KEEP = 60.0
 
 
 # --------------------------------------------------------------------------------- arguments
@@ -275,40 +271,13 @@ def dependent_table(rows: int, cols: int, cramers_v: float) -> FloatArray:
 
 
 def lrt_statistics(counts: npt.ArrayLike, keep: float, rows: int, cols: int) -> FloatArray:
-    """G = 2 (l(saturated MLE) - l(independence MLE)) of perturbed counts (D, I J), one per table
-    (DESIGN 11's test). Saturated: :func:`mle_water_filling` (closed form); independence: EM over
-    the true cells, E-step e_c = p_c (a f_c/q_c + (1 - a)/(I J) sum_o f_o/q_o), M-step r, s = e's
-    normalised margins, started at the saturated fit's margins, vectorised over the tables (each
-    iterated until none of its shares moves by 1e-8)."""
-    a = check_keep(keep)
+    """G of perturbed counts (D, I J), one per table: exactly the researcher's statistic
+    (:func:`mechanism.association.likelihood_ratio_statistics`, DESIGN 11), so the power the plan
+    simulates is the power of the test ``analyst test`` runs."""
+    check_keep(keep)
     n_i, n_j = check_levels(rows, cols)
-    o = np.asarray(counts, dtype=np.float64).reshape(-1, n_i * n_j)
-    f = o / o.sum(axis=1, keepdims=True)
-    g = (1.0 - a) / (n_i * n_j)
-    p_sat = mle_water_filling(o, a)
-    q_sat = a * p_sat + g
-    F = f.reshape(-1, n_i, n_j)
-    r = p_sat.reshape(-1, n_i, n_j).sum(axis=2) + 1e-3  # start at the saturated fit's margins, inside the simplex
-    s = p_sat.reshape(-1, n_i, n_j).sum(axis=1) + 1e-3
-    r /= r.sum(axis=1, keepdims=True)
-    s /= s.sum(axis=1, keepdims=True)
-    active = np.arange(F.shape[0])
-    for _ in range(min(_EM_MAX_CYCLES, math.ceil(_EM_CYCLES_PER_KEEP / a))):
-        rr, ss, FF = r[active], s[active], F[active]
-        p = rr[:, :, None] * ss[:, None, :]
-        ratio = FF / (a * p + g)
-        e = p * (a * ratio + g * ratio.sum(axis=(1, 2))[:, None, None])
-        r_new, s_new = e.sum(axis=2), e.sum(axis=1)
-        r_new /= r_new.sum(axis=1, keepdims=True)
-        s_new /= s_new.sum(axis=1, keepdims=True)
-        moved = np.maximum(np.max(np.abs(r_new - rr), axis=1), np.max(np.abs(s_new - ss), axis=1))
-        r[active], s[active] = r_new, s_new
-        active = active[moved >= _EM_TOLERANCE]
-        if active.size == 0:
-            break
-    q_null = (a * r[:, :, None] * s[:, None, :] + g).reshape(-1, n_i * n_j)
-    terms = np.where(o > 0, o * (np.log(q_sat) - np.log(q_null)), 0.0)
-    return np.asarray(np.maximum(2.0 * terms.sum(axis=1), 0.0), dtype=np.float64)
+    tables = np.asarray(counts, dtype=np.float64).reshape(-1, n_i, n_j, 1)
+    return np.asarray(likelihood_ratio_statistics(tables, keep)[0], dtype=np.float64)
 
 
 def _check_simulation(replicates: int, seed: int) -> tuple[int, int]:

@@ -68,7 +68,7 @@ def test_the_page_runs_as_written(tmp_path: Path) -> None:
     make_tables(tmp_path)
     ports = {address: f"127.0.0.1:{free_port()}" for address in PORTS}
     steps = walkthrough()
-    assert len(steps) >= 15 and sum(t for t, _ in steps) == 4
+    assert len(steps) >= 16 and sum(t for t, _ in steps) == 4
     services: dict[str, subprocess.Popen[bytes]] = {}
     outputs: dict[str, str] = {}
     try:
@@ -96,6 +96,7 @@ def test_the_page_runs_as_written(tmp_path: Path) -> None:
     assert "rows match schema 'bob'" in outputs["schema check"] and "binned at public edges" in outputs["schema check"]
     assert "preprocessing: mass_g binned" in outputs["plan --n"]
     assert "Release r1" in outputs["analyst show"]
+    assert "H0: species independent of mass_g" in outputs["analyst test"] and "Cramer's V" in outputs["analyst test"]
     assert "[2500, 3500)" in outputs["analyst marginal"] and "[5500, 6500]" in outputs["analyst marginal"]
     assert (tmp_path / "r1.parquet").stat().st_size > 0 and (tmp_path / "results" / "r1.json").exists()
     assert "[2500, 3500)" in (tmp_path / "r1.html").read_text()
