@@ -147,10 +147,16 @@ def conditional(
     joint_labels, joint_index = group_cells(arr, attribute_columns(attributes, [*given, *target]))
     joint = np.bincount(joint_index, weights=p, minlength=joint_labels.shape[0])
     given_labels, given_index = group_cells(joint_labels, list(range(len(given))))
-    denominator = np.bincount(given_index, weights=joint, minlength=given_labels.shape[0])[given_index]
+    return joint_labels, share_of_group(joint, given_index, given_labels.shape[0])
+
+
+def share_of_group(shares: FloatArray, index: npt.NDArray[np.int64], groups: int) -> FloatArray:
+    """Each row's share divided by its group's total (the rows of a (given, target) table
+    grouped by given: P(target | given)); NaN where the group's total is 0."""
+    denominator = np.bincount(index, weights=shares, minlength=groups)[index]
     with np.errstate(invalid="ignore", divide="ignore"):
-        prob = np.where(denominator > 0, joint / np.where(denominator > 0, denominator, 1.0), np.nan)
-    return joint_labels, prob
+        return np.asarray(np.where(denominator > 0, shares / np.where(denominator > 0, denominator, 1.0), np.nan),
+                          dtype=np.float64)  # fmt: skip
 
 
 def conditional_table(
@@ -177,16 +183,8 @@ def conditional_table(
     two_way = marginal(attributes, labels, raw, [*given, *target], n, m, keep, observed)
     given_labels, given_index = group_cells(two_way.labels, list(range(len(given))))
     groups = given_labels.shape[0]
-
-    def per_given(shares: FloatArray) -> FloatArray:
-        denominator = np.bincount(given_index, weights=shares, minlength=groups)[given_index]
-        with np.errstate(invalid="ignore", divide="ignore"):
-            return np.asarray(
-                np.where(denominator > 0, shares / np.where(denominator > 0, denominator, 1.0), np.nan),
-                dtype=np.float64,
-            )
-
-    prob, prob_mle = per_given(two_way.projected), per_given(two_way.mle)
+    prob = share_of_group(two_way.projected, given_index, groups)
+    prob_mle = share_of_group(two_way.mle, given_index, groups)
     low, high = conditional_intervals(attributes, labels, observed, target, given, n, m, keep, level)
     low, high, _ = hold_estimate(low, high, np.where(np.isnan(prob), low, prob))
     return two_way.labels, prob, prob_mle, low, high

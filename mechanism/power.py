@@ -52,6 +52,7 @@ from scipy import linalg, optimize, stats
 
 from secure_release.mechanism import accounting
 from secure_release.mechanism.association import likelihood_ratio_statistics
+from secure_release.mechanism.effects import cramers_v
 from secure_release.mechanism.errors import (
     InvalidDrawsError,
     InvalidLevelError,
@@ -121,15 +122,6 @@ def _check_m(m: int) -> int:
 
 
 # --------------------------------------------------------------------------- the formulas
-def cramers_v(table: npt.ArrayLike) -> float:
-    """Cramer's V of a table of shares: sqrt(phi^2 / (min(I, J) - 1)), phi^2 = sum (p - r s)^2/(r s)
-    over the cells whose marginals are positive."""
-    p = np.asarray(table, dtype=np.float64)
-    p = p / p.sum()
-    e = np.outer(p.sum(axis=1), p.sum(axis=0))
-    live = e > 0
-    phi2 = float(np.sum((p[live] - e[live]) ** 2 / e[live]))
-    return math.sqrt(phi2 / (min(p.shape) - 1))
 
 
 def noncentrality(m: int, keep: float, shares: npt.ArrayLike, null_shares: npt.ArrayLike | None = None) -> float:
@@ -245,7 +237,7 @@ def power_maximizing_sample_size(n: int, joint_size: int, epsilon: float) -> int
 def max_uniform_cramers_v(rows: int, cols: int) -> float:
     """Cramer's V of :func:`dependent_table`'s end point (the comonotone table): 1 when one level
     count divides the other."""
-    return cramers_v(_comonotone(*check_levels(rows, cols)))
+    return float(cramers_v(_comonotone(*check_levels(rows, cols))))
 
 
 def _comonotone(n_i: int, n_j: int) -> FloatArray:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
+from test_plan_suggest import WALK_ALICE, WALK_BOB, _write  # the walk-through's schemas, one copy
 
 from secure_release.cli import main
 from secure_release.curator.table import load_schema
@@ -21,27 +21,6 @@ BOB = {"curator": "bob", "id_column": "id", "attributes": [
     {"name": "sex", "categories": ["f", "m"]},
     {"name": "salary", "categories": ["lo", "hi"]},
 ]}  # fmt: skip
-# the walk-through's schemas (docs/own-data.md)
-WALK_ALICE = {"curator": "alice", "id_column": "id", "attributes": [
-    {"name": "species", "categories": ["Adelie", "Chinstrap", "Gentoo"], "missing": "missing",
-     "missing_tokens": ["NA"]},
-    {"name": "island", "categories": ["Biscoe", "Dream", "Torgersen"]},
-]}  # fmt: skip
-WALK_BOB = {"curator": "bob", "id_column": "id", "attributes": [
-    {"name": "mass_g", "bins": [2500, 3500, 4500, 5500, 6500]},
-    {"name": "year", "categories": ["2007", "2008", "2009"]},
-]}  # fmt: skip
-
-
-def _write(tmp_path: Path, *schemas: dict[str, Any]) -> list[str]:
-    paths = []
-    for schema in schemas:
-        path = tmp_path / f"{schema['curator']}.json"
-        path.write_text(json.dumps(schema), encoding="utf-8")
-        paths.append(str(path))
-    return paths
-
-
 def _run(capsys: pytest.CaptureFixture[str], argv: list[str]) -> tuple[int, str, str]:
     capsys.readouterr()
     try:
