@@ -150,12 +150,13 @@ def conditional(
     return joint_labels, share_of_group(joint, given_index, given_labels.shape[0])
 
 
-def share_of_group(shares: FloatArray, index: npt.NDArray[np.int64], groups: int) -> FloatArray:
+def share_of_group(shares: npt.ArrayLike, index: npt.NDArray[np.int64], groups: int) -> FloatArray:
     """Each row's share divided by its group's total (the rows of a (given, target) table
     grouped by given: P(target | given)); NaN where the group's total is 0."""
-    denominator = np.bincount(index, weights=shares, minlength=groups)[index]
+    values = np.asarray(shares, dtype=np.float64)
+    denominator = np.bincount(index, weights=values, minlength=groups)[index]
     with np.errstate(invalid="ignore", divide="ignore"):
-        return np.asarray(np.where(denominator > 0, shares / np.where(denominator > 0, denominator, 1.0), np.nan),
+        return np.asarray(np.where(denominator > 0, values / np.where(denominator > 0, denominator, 1.0), np.nan),
                           dtype=np.float64)  # fmt: skip
 
 
