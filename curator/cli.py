@@ -236,7 +236,15 @@ def add_run_arguments(p: argparse.ArgumentParser, storing: bool) -> None:
         "--psi-workers",
         type=int,
         default=1,
-        help="with --alignment psi: processes sharing this curator's hashing and blinding (e.g. its cores)",
+        help="with --alignment psi: processes sharing this curator's hashing and blinding (e.g. its cores); "
+        "with --engine dask its workers do that instead",
+    )
+    r.add_argument(
+        "--psi-slice-points",
+        type=int,
+        default=None,
+        help="with --alignment psi and --engine dask: points a slice of a ring list holds (default 65536, "
+        "2.1 MB): the lists travel and are blinded a slice at a time, two slices a worker in flight",
     )
     r.add_argument("--curators", help="all curators in joint-code order, comma separated (alice,bob)")
     r.add_argument(

@@ -98,6 +98,7 @@ class CuratorConfig:
     alignment: AlignmentMode = AlignmentMode.KEYED_HASH  # --alignment: hash or psi (must agree)
     test_psi_key: PsiKey | None = None
     psi_workers: int = 1  # --psi-workers: processes sharing this curator's PSI work
+    psi_slice_points: int | None = None  # --psi-slice-points: a ring list's slice on a cluster (None: 65536)
     table_id: str | None = None  # server-side sampling: the stored table (store-table or run --sampling server)
     storing: bool = False  # store-table: align and upload the whole encrypted column once
     test_table_key: TableKey | None = None
@@ -253,6 +254,12 @@ def _psi_workers(value: int) -> int:
     return int(value)
 
 
+def _psi_slice_points(value: int | None) -> int | None:
+    if value is not None and not 1 <= value <= 1 << 20:
+        raise ConfigError(f"--psi-slice-points must be an integer from 1 to 1048576 (32 MiB a slice), got {value}")
+    return None if value is None else int(value)
+
+
 def _positive(value: float, flag: str) -> float:
     if not math.isfinite(value) or value <= 0:
         raise ConfigError(f"{flag} must be a finite number > 0, got {value!r}")
@@ -351,8 +358,9 @@ def config_from_args(args: argparse.Namespace, storing: bool = False) -> Curator
         storing=storing,
         test_table_key=test_table_key,
         psi_workers=_psi_workers(getattr(args, "psi_workers", 1)),
+        psi_slice_points=_psi_slice_points(getattr(args, "psi_slice_points", None)),
         max_epsilon=_max_epsilon(args),
-        **_engine_settings(args, sampling, alignment, server_sampled),
+        **_engine_settings(args, sampling, alignment, server_sampled, leader, len(curators)),
     )
 
 
@@ -371,14 +379,16 @@ ENGINE_REFUSALS = {
     "indices": "--sampling indices ships the packed index tuple through the leader (ceil(log2 n) bits a sampled "
     "row: 34 MB at m = 10^7, n = 10^8) and every follower holds and checks all of it; it has no sharded form yet: "
     "use --sampling seed (32 bytes whatever n) with --engine dask",
-    "psi": "--alignment psi costs about 120 us (two curators) to 220 us (three) of one core per id per curator "
-    "here (docs/architectures.md: about 3.5 core-hours a curator at 10^8 ids with two curators, against 0.6 s "
-    "for the keyed hash of 10^6) and has no sharded form yet; use keyed-hash alignment with --engine dask",
+    "psi": "--alignment psi with three or more curators at a leader on --engine dask: the leader would match "
+    "each follower's tags in that follower's own domain (docs/architectures.md section 2), which the cluster's "
+    "matching does not do yet; lead with --engine local (--psi-workers N), or let only the followers use their "
+    "clusters",
 }
 
 
 def _engine_settings(
-    args: argparse.Namespace, sampling: SamplingMode, alignment: AlignmentMode, server_sampled: bool
+    args: argparse.Namespace, sampling: SamplingMode, alignment: AlignmentMode, server_sampled: bool,
+    leader: bool = False, num_curators: int = 2,
 ) -> dict[str, Any]:
     """``--engine`` and the cluster flags, checked: the modes the cluster runs, one way to
     name the scheduler, a power-of-two shard count."""
@@ -394,7 +404,7 @@ def _engine_settings(
     if engine == "dask":
         if sampling is SamplingMode.INDICES:
             raise ConfigError(f"--engine dask refuses {ENGINE_REFUSALS['indices']}")
-        if alignment is AlignmentMode.PSI:
+        if alignment is AlignmentMode.PSI and leader and num_curators > 2:
             raise ConfigError(f"--engine dask refuses {ENGINE_REFUSALS['psi']}")
         if server_sampled:
             raise ConfigError("--sampling server reads no table: the server samples; run it without --engine dask")

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -22,6 +23,7 @@ from secure_release.curator.errors import (
     PsiMismatchError,
     ReleaseRefusedError,
 )
+from secure_release.curator.psi_mailbox import PsiMailbox, SliceShape, whole_shape
 from secure_release.curator.records.keystore import tags_digest
 from secure_release.infra.exitcodes import is_refusal
 from secure_release.infra.streams import (
@@ -38,7 +40,7 @@ from secure_release.mechanism.errors import SecureReleaseError, ShapeMismatchErr
 from secure_release.mechanism.keys import Seed
 from secure_release.mechanism.pads import CipherMode
 from secure_release.mechanism.psi import POINT_BYTES, psi_leader_view
-from secure_release.mechanism.psi_proof import ReblindProofError, proof_context, verify_reblind
+from secure_release.mechanism.psi_proof import ReblindProofError, proof_context, slice_context, verify_reblind
 from secure_release.mechanism.variants import AlignmentMode, SamplingMode, VariantAgreement, leader_agree_variant
 
 
@@ -192,8 +194,8 @@ class LeaderState:
     error: str | None = None
     cond: threading.Condition = field(default_factory=threading.Condition)
     max_points: int = 1 << 24  # PSI: points a ring list may hold (--max-rows)
-    psi_lists: dict[tuple[str, int], bytes] = field(default_factory=dict)  # (owner, hop) -> points
-    psi_counts: dict[str, int] = field(default_factory=dict)  # owner -> points of its list
+    psi_dir: Path | None = None  # PSI: where the mailbox keeps the lists (None: in memory)
+    _psi_mailbox: PsiMailbox | None = field(default=None, repr=False)
     psi_public: dict[str, bytes] = field(default_factory=dict)  # sender -> its re-blinding public key
     psi_domain_tags: list[TagArray] | None = None  # PSI: the leader's own tags in every curator's domain
     parts: dict[str, TagParts] = field(default_factory=dict)  # follower -> its tags' parts as they arrive
@@ -226,6 +228,14 @@ class LeaderState:
         return self.digests[curator] == digest and self.agreement.base.spec.alphabet_of(curator) == size
 
     # ------------------------------------------------------------ PSI ring (the leader is the mailbox)
+    @property
+    def psi_mailbox(self) -> PsiMailbox:
+        """The ring's lists (:mod:`secure_release.curator.psi_mailbox`): in memory, or in files
+        under ``psi_dir`` once set (a leader on a cluster)."""
+        if self._psi_mailbox is None:
+            self._psi_mailbox = PsiMailbox(self.psi_dir)
+        return self._psi_mailbox
+
     def psi_route(self, owner: str, hop: int) -> tuple[str, str]:
         """(sender, recipient) of ``owner``'s list after ``hop`` blindings: curator
         (owner + hop - 1) mod N hands it to curator (owner + hop) mod N (hop N: back to the
@@ -236,62 +246,90 @@ class LeaderState:
         at = self.curators.index(owner)
         return self.curators[(at + hop - 1) % num], self.curators[(at + hop) % num]
 
-    def psi_admit(self, sender: str, owner: str, hop: int, count: int) -> None:
+    def psi_admit(self, sender: str, owner: str, hop: int, count: int, shape: SliceShape | None = None) -> None:
         """Before any point is buffered: ``sender`` is due to send ``owner``'s list at ``hop``, the
-        agreement is in PSI mode and not failed, and ``count`` is within ``max_points`` and (after
-        the first hop) equals the owner's list length."""
+        agreement is in PSI mode and not failed, and the list's size (``count``, or a slice's
+        ``shape.total``) is within ``max_points`` and (after the first hop) the owner's list's."""
         self.check_alignment(sender, AlignmentMode.PSI)
         due, _ = self.psi_route(owner, hop)
         if sender != due:
             raise CallerNotAllowedError(
                 f"{sender!r} may not send the PSI list of {owner!r} at hop {hop}; the ring has {due!r} send it"
             )
-        if count > self.max_points:
+        total = count if shape is None else shape.total
+        if total > self.max_points:
             raise PsiLimitError(
-                f"{sender!r} sent a PSI list of {count} points; the leader accepts at most --max-rows = "
+                f"{sender!r} sent a PSI list of {total} points; the leader accepts at most --max-rows = "
                 f"{self.max_points}"
             )
         with self.cond:
             if self.error is not None:
                 raise self._failure()
-            if hop > 1 and self.psi_counts.get(owner) != count:
-                error = PsiStreamError(
-                    f"the PSI list of {owner!r} has {self.psi_counts.get(owner)} points, "
-                    f"{sender!r} sent {count} at hop {hop}"
-                )
-                if owner in self.psi_counts:  # a member's wrong list ends the release for everybody now
+            known = self.psi_mailbox.totals.get(owner)
+            try:
+                if hop > 1 and known != total:
+                    raise PsiStreamError(
+                        f"the PSI list of {owner!r} has {known} points, {sender!r} sent {total} at hop {hop}"
+                    )
+                if shape is not None:
+                    self.psi_mailbox.admit(owner, hop, shape)
+            except PsiStreamError as error:
+                if known is not None:  # a member's wrong list ends the release for everybody now
                     self._fail(f"{sender!r} sent a wrong PSI list: {error}")
-                raise error
+                raise
 
     def psi_put(
         self, sender: str, owner: str, hop: int, points: bytes, proof: bytes = b"", public: bytes = b""
     ) -> None:
-        """Hold ``owner``'s list at ``hop`` for its next curator (an identical resend is a no-op).
-        A follower's re-blinding (hop >= 2) must come with a proof that it is the previous hop's
-        list raised to the sender's key (pinned at its first list); one that does not verify ends
-        the release for everybody at once, naming the sender."""
+        """Hold ``owner``'s whole list at ``hop`` for its next curator (an identical resend is a
+        no-op; a list the owner sent in slices is cut into them). A follower's re-blinding
+        (hop >= 2) must come with a proof that it is the previous hop's list raised to the
+        sender's key (pinned at its first list); one that does not verify ends the release for
+        everybody at once, naming the sender."""
         self.psi_admit(sender, owner, hop, len(points) // POINT_BYTES)
         if hop > 1 and sender != self.curators[0]:
-            self._check_reblind(sender, owner, hop, points, proof, public)
+            with self.cond:
+                before = self.psi_mailbox.whole(owner, hop - 1) or b""
+            self._check_reblind(sender, owner, hop, before, points, proof, public, proof_context(owner, hop))
         with self.cond:
-            held = self.psi_lists.get((owner, hop))
-            if held is not None and held != points:
-                message = f"{sender!r} resent the PSI list of {owner!r} at hop {hop} with other points"
-                self._fail(f"{sender!r} sent a wrong PSI list: {message}")
-                raise PsiStreamError(message)
-            self.psi_lists[(owner, hop)] = points
-            if hop == 1:
-                self.psi_counts[owner] = len(points) // POINT_BYTES
-            self.cond.notify_all()
+            mailbox = self.psi_mailbox
+            pieces = [(whole_shape(len(points) // POINT_BYTES), points)] if hop == 1 else mailbox.split(owner, points)
+            for shape, piece in pieces:
+                self._store(sender, owner, hop, shape, piece)
 
-    def _check_reblind(self, sender: str, owner: str, hop: int, points: bytes, proof: bytes, public: bytes) -> None:
+    def psi_put_slice(
+        self, sender: str, owner: str, hop: int, shape: SliceShape, points: bytes, proof: bytes = b"",
+        public: bytes = b"",
+    ) -> None:  # fmt: skip
+        """:meth:`psi_put` of one slice (a curator on a cluster): its proof covers the slice."""
+        self.psi_admit(sender, owner, hop, shape.total, shape)
+        if hop > 1 and sender != self.curators[0]:
+            with self.cond:
+                before = self.psi_mailbox.get(owner, hop - 1, shape.index) or b""
+            context = slice_context(owner, hop, shape.index, shape.slices)
+            self._check_reblind(sender, owner, hop, before, points, proof, public, context)
         with self.cond:
-            before = self.psi_lists.get((owner, hop - 1), b"")
+            self._store(sender, owner, hop, shape, points)
+
+    def _store(self, sender: str, owner: str, hop: int, shape: SliceShape, points: bytes) -> None:
+        """(Under ``cond``.) One slice into the mailbox; a different resend fails the release."""
+        try:
+            self.psi_mailbox.put(owner, hop, shape, points)
+        except PsiStreamError as exc:
+            self._fail(f"{sender!r} sent a wrong PSI list: {exc}")
+            raise
+        self.cond.notify_all()
+
+    def _check_reblind(
+        self, sender: str, owner: str, hop: int, before: bytes, points: bytes, proof: bytes, public: bytes,
+        context: bytes,
+    ) -> None:  # fmt: skip
+        with self.cond:
             pinned = self.psi_public.setdefault(sender, public)
         try:
             if public != pinned:
                 raise ReblindProofError(f"the public key differs from the one {sender!r} sent with its first list")
-            verify_reblind(public, proof_context(owner, hop), before, points, proof)
+            verify_reblind(public, context, before, points, proof)
         except ReblindProofError as exc:
             message = (
                 f"{sender!r} sent a wrong PSI list: its re-blinding of {owner!r}'s list at hop {hop} does not "
@@ -300,18 +338,37 @@ class LeaderState:
             self.fail(message)
             raise ReblindProofError(message) from None
 
-    def psi_get(self, recipient: str, owner: str, hop: int, timeout: float) -> bytes | None:
-        """``owner``'s list at ``hop`` once it arrived, to the curator it is routed to (None after
-        ``timeout``); raises :class:`AgreementError` once the agreement failed."""
+    def _psi_wait(self, recipient: str, owner: str, hop: int, timeout: float, ready: Callable[[], bool]) -> bool:
+        """Wait until ``ready()`` (under ``cond``), for the curator the list is routed to."""
         self.check_alignment(recipient, AlignmentMode.PSI)
         _, due = self.psi_route(owner, hop)
         if recipient != due:
             raise CallerNotAllowedError(f"the PSI list of {owner!r} at hop {hop} goes to {due!r}, not {recipient!r}")
         with self.cond:
-            self.cond.wait_for(lambda: self.error is not None or (owner, hop) in self.psi_lists, timeout)
+            self.cond.wait_for(lambda: self.error is not None or ready(), timeout)
             if self.error is not None:
                 raise self._failure()
-            return self.psi_lists.get((owner, hop))
+            return ready()
+
+    def psi_get(self, recipient: str, owner: str, hop: int, timeout: float) -> bytes | None:
+        """``owner``'s whole list at ``hop`` once every slice arrived, to the curator it is routed
+        to (None after ``timeout``); raises :class:`AgreementError` once the agreement failed."""
+        if not self._psi_wait(recipient, owner, hop, timeout, lambda: self.psi_mailbox.complete(owner, hop)):
+            return None
+        with self.cond:
+            return self.psi_mailbox.whole(owner, hop)
+
+    def psi_get_slice(
+        self, recipient: str, owner: str, hop: int, index: int, timeout: float
+    ) -> tuple[SliceShape, bytes] | None:
+        """Slice ``index`` of ``owner``'s list at ``hop`` once it arrived (None after ``timeout``)."""
+        if not self._psi_wait(recipient, owner, hop, timeout, lambda: self.psi_mailbox.has(owner, hop, index)):
+            return None
+        with self.cond:
+            shape = self.psi_mailbox.shape(owner, index)
+            points = self.psi_mailbox.get(owner, hop, index)
+        assert shape is not None and points is not None
+        return shape, points
 
     def restore(
         self, agreement: VariantAgreement, digests: dict[str, str], rows: dict[str, RowOrder] | None = None
@@ -515,11 +572,12 @@ class LeaderState:
         return self.agree()
 
     def _matched_lists(self) -> list[TagArray]:
-        """Every curator's tags as the leader matches them: as sent (keyed hash), or with PSI
-        each follower's tags (its own domain) mapped onto the leader's rows (``psi_leader_view``;
-        tags of ids the leader does not hold match nothing)."""
+        """Every curator's tags as the leader matches them: as sent (keyed hash, or PSI at N = 2,
+        where the leader's own tags are in its follower's domain), or with PSI each follower's
+        tags (its own domain) mapped onto the leader's rows (``psi_leader_view``; tags of ids the
+        leader does not hold match nothing)."""
         lists = [self.tags[c] for c in self.curators]
-        if self.alignment is not AlignmentMode.PSI:
+        if self.alignment is not AlignmentMode.PSI or len(lists) == 2:  # N = 2: both in domain 1 (leader_domain)
             return lists
         if self.psi_domain_tags is None or len(self.psi_domain_tags) != len(self.curators):
             raise AgreementError(f"release {self.release_id!r}: the leader has no PSI tags of its own in every domain")

@@ -37,6 +37,7 @@ from secure_release.curator.errors import (
     UnknownReleaseError,
 )
 from secure_release.curator.leader import LeaderState
+from secure_release.curator.psi_mailbox import SliceShape, from_wire
 from secure_release.infra.auth import caller
 from secure_release.infra.errors import abort_with
 from secure_release.infra.logs import EventLog
@@ -73,6 +74,11 @@ class KeyRecord:
     grants: frozenset[str]
     served: set[str] = field(default_factory=set)
     acknowledged: set[str] = field(default_factory=set)  # stored their result: the key is no longer needed
+
+
+def _slice_shape(index: int, slices: int, first: int, total: int, count: int) -> SliceShape | None:
+    """The slice a PsiChunk's first chunk announces (None: a whole list)."""
+    return from_wire((int(index), int(slices), int(first), int(total)), int(count)) if slices else None
 
 
 def _wait_seconds(context: grpc.ServicerContext) -> float:
@@ -216,46 +222,63 @@ class CuratorService(pb_grpc.CuratorServicer):
     def PsiSend(  # noqa: N802
         self, request_iterator: Iterator[pb.PsiChunk], context: grpc.ServicerContext
     ) -> pb.PsiSendResponse:
-        """A curator's ring list for its next curator (membership, route and size checked on the
-        first chunk, before any point is buffered)."""
+        """A curator's ring list, or one slice of it, for its next curator (membership, route,
+        size and slice bounds checked on the first chunk, before any point is buffered)."""
         ident = caller(context)
         state: LeaderState | None = None
 
         def admit(chunk: pb.PsiChunk) -> None:
             nonlocal state
             state = self._leading_for(chunk.release_id, ident.name)
-            state.psi_admit(ident.name, chunk.owner, int(chunk.hop), int(chunk.count))
+            shape = _slice_shape(chunk.slice, chunk.slices, chunk.first_point, chunk.list_count, chunk.count)
+            state.psi_admit(ident.name, chunk.owner, int(chunk.hop), int(chunk.count), shape)
 
         try:
             got = read_point_stream(request_iterator, ident.name, admit)
             state = self._leading_for(got.release_id, ident.name)
-            state.psi_put(ident.name, got.owner, got.hop, got.points, got.proof, got.public_key)
+            points = len(got.points) // POINT_BYTES
+            if got.slice is None:
+                state.psi_put(ident.name, got.owner, got.hop, got.points, got.proof, got.public_key)
+            else:
+                state.psi_put_slice(ident.name, got.owner, got.hop, from_wire(got.slice, points), got.points,
+                                    got.proof, got.public_key)  # fmt: skip
         except SecureReleaseError as exc:
             self._refuse(context, "psi_refused", str(ident), ident.name, state, exc)
-        points = len(got.points) // POINT_BYTES
-        self.log("psi_received", release_id=got.release_id, sender=ident.name, owner=got.owner, hop=got.hop,
-                 points=points)  # fmt: skip
+        if got.slice is None or got.slice[0] in (0, got.slice[1] - 1):  # a sliced list: its first and last slices
+            which = None if got.slice is None else f"{got.slice[0] + 1}/{got.slice[1]}"
+            self.log("psi_received", release_id=got.release_id, sender=ident.name, owner=got.owner, hop=got.hop,
+                     points=points, slice=which)  # fmt: skip
         return pb.PsiSendResponse(release_id=got.release_id, points_received=points)
 
     def PsiReceive(  # noqa: N802
         self, request: pb.PsiRequest, context: grpc.ServicerContext
     ) -> Iterator[pb.PsiChunk]:
-        """The ring list routed to the caller (waits until it arrived, bounded by the deadline)."""
+        """The ring list routed to the caller, or one slice of it (waits until it arrived,
+        bounded by the deadline)."""
         ident = caller(context)
         timeout = _wait_seconds(context)
         state: LeaderState | None = None
+        wire: tuple[int, int, int, int] | None = None
         try:
             state = self._asked_by(request.release_id, request.curator, ident.name)
-            points = state.psi_get(ident.name, request.owner, int(request.hop), max(timeout, 0.0))
+            if request.sliced:
+                got = state.psi_get_slice(ident.name, request.owner, int(request.hop), int(request.slice),
+                                          max(timeout, 0.0))  # fmt: skip
+                points, wire = (None, None) if got is None else (got[1], got[0].wire)
+            else:
+                points = state.psi_get(ident.name, request.owner, int(request.hop), max(timeout, 0.0))
             if points is None:
+                which = f"slice {request.slice} of the PSI list" if request.sliced else "the PSI list"
                 raise PsiNotReadyError(
-                    f"the PSI list of {request.owner!r} at hop {request.hop} has not reached the leader yet; retry"
+                    f"{which} of {request.owner!r} at hop {request.hop} has not reached the leader yet; retry"
                 )
         except SecureReleaseError as exc:
             self._refuse(context, "psi_refused", str(ident), ident.name, state, exc)
-        self.log("psi_served", release_id=request.release_id, recipient=ident.name, owner=request.owner,
-                 hop=request.hop, points=len(points) // POINT_BYTES)  # fmt: skip
-        yield from point_chunks(request.release_id, self.name, request.owner, int(request.hop), points)
+        if wire is None or wire[0] in (0, wire[1] - 1):
+            self.log("psi_served", release_id=request.release_id, recipient=ident.name, owner=request.owner,
+                     hop=request.hop, points=len(points) // POINT_BYTES,
+                     slice=None if wire is None else f"{wire[0] + 1}/{wire[1]}")  # fmt: skip
+        yield from point_chunks(request.release_id, self.name, request.owner, int(request.hop), points, slice_of=wire)
 
     # ----------------------------------------------------------------- key release
     def add_release(self, release_id: str, pad: ReleasePad, grants: Sequence[str]) -> None:

@@ -360,15 +360,18 @@ class TagStream:
 
 # ---------------------------------------------------------------------------------- PSI ring lists
 def point_chunks(
-    release_id: str, curator: str, owner: str, hop: int, points: bytes, proof: bytes = b"", public_key: bytes = b""
-) -> Iterator[pb.PsiChunk]:
+    release_id: str, curator: str, owner: str, hop: int, points: bytes, proof: bytes = b"", public_key: bytes = b"",
+    slice_of: tuple[int, int, int, int] | None = None,
+) -> Iterator[pb.PsiChunk]:  # fmt: skip
     """One PSI ring list (concatenated POINT_BYTES-byte points) as PsiChunk messages of at most 1 MiB;
-    the first carries the list's point count (and a re-blinding's proof and public key)."""
+    the first carries the list's point count (and a re-blinding's proof and public key).
+    ``slice_of``: the points are one slice of a sliced list, (index, slices, first point, points
+    of the list), and the first chunk says so."""
     if len(points) % POINT_BYTES:
         raise ShapeMismatchError(f"{len(points)} bytes is not a whole number of {POINT_BYTES}-byte points")
     pieces = byte_pieces(points, POINTS_PER_CHUNK * POINT_BYTES) or [b""]
     for seq, piece in enumerate(pieces):
-        yield pb.PsiChunk(
+        chunk = pb.PsiChunk(
             release_id=release_id,
             curator=curator,
             owner=owner,
@@ -380,11 +383,14 @@ def point_chunks(
             proof=proof if seq == 0 else b"",
             public_key=public_key if seq == 0 else b"",
         )
+        if slice_of is not None and seq == 0:
+            chunk.slice, chunk.slices, chunk.first_point, chunk.list_count = slice_of
+        yield chunk
 
 
 @dataclass(frozen=True)
 class PsiList:
-    """One PSI ring list, read and checked."""
+    """One PSI ring list (or one slice of it), read and checked."""
 
     release_id: str
     owner: str
@@ -392,6 +398,7 @@ class PsiList:
     points: bytes
     proof: bytes = b""  # hop >= 2: the sender's re-blinding proof (mechanism/psi_proof.py)
     public_key: bytes = b""
+    slice: tuple[int, int, int, int] | None = None  # a slice: (index, slices, first point, points of the list)
 
 
 def read_point_stream(
@@ -425,8 +432,12 @@ def read_point_stream(
         raise PsiStreamError("an empty PSI stream")
     if received != first.count * POINT_BYTES:
         raise PsiStreamError(f"a PSI list announced {first.count} points and sent {received} bytes")
+    shape = None
+    if first.slices:
+        shape = (int(first.slice), int(first.slices), int(first.first_point), int(first.list_count))
     return PsiList(
-        first.release_id, first.owner, int(first.hop), b"".join(pieces), bytes(first.proof), bytes(first.public_key)
+        first.release_id, first.owner, int(first.hop), b"".join(pieces), bytes(first.proof), bytes(first.public_key),
+        shape,
     )
 
 

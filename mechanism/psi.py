@@ -263,6 +263,24 @@ class PsiOwnList:
     """s_j / r_j mod ORDER: turns the returned list into F (secret; never leaves the owner); 1 at N = 2."""
 
 
+def first_scalar(key: PsiKey, num_curators: int | None) -> bytes:
+    """The scalar an owner blinds its own list with at step 1: the one-time mask r_j, or s_j at
+    N = 2 (the mask buys nothing there; module doc)."""
+    return key.scalar() if num_curators == 2 else key.mask()
+
+
+def unmask_scalar(key: PsiKey, num_curators: int | None) -> bytes:
+    """The scalar that turns the owner's returned list into F: s_j / r_j mod ORDER (step 3), or 1
+    at N = 2 (the list returns as F)."""
+    return ONE if num_curators == 2 else scalar_mul(key.scalar(), scalar_inverse(key.mask()))
+
+
+def hash_blind(ids: Sequence[str] | npt.NDArray[np.str_], scalar: bytes) -> bytes:
+    """H(id)^scalar for every id, packed in the ids' order (the hash and the multiplication in one
+    pass): step 1 for one piece of a table (a worker of a curator's cluster runs it per partition)."""
+    return _hash_blind_piece((scalar, _encode_ids(ids)))
+
+
 def psi_start(
     ids: Sequence[str] | npt.NDArray[np.str_],
     key: PsiKey,
@@ -271,13 +289,17 @@ def psi_start(
 ) -> PsiOwnList:
     """Step 1: hash the own ids to the group, blind with the one-time mask r_j, sort. With
     ``num_curators == 2`` the mask buys nothing (module doc): blind with s_j, unmask = 1."""
-    unmasked = num_curators == 2
-    first = key.scalar() if unmasked else key.mask()
-    blinded = _hash_blind_packed(_encode_ids(ids), first, workers)
+    blinded = _hash_blind_packed(_encode_ids(ids), first_scalar(key, num_curators), workers)
     order = _sort_order_packed(blinded)
     rows = np.frombuffer(blinded, dtype=np.dtype((np.void, POINT_BYTES)))
-    unmask = ONE if unmasked else scalar_mul(key.scalar(), scalar_inverse(first))
-    return PsiOwnList(rows[order].tobytes(), order, unmask)
+    return PsiOwnList(rows[order].tobytes(), order, unmask_scalar(key, num_curators))
+
+
+def finish_slice(returned: bytes, unmask: bytes) -> bytes:
+    """Step 3 for a piece of the owner's returned list: F of each point (raised to ``unmask``;
+    ``unmask`` = 1: only validated), packed in the same order."""
+    check_packed(returned)
+    return check_points(returned) if unmask == ONE else blind_packed(unmask, returned)
 
 
 def psi_reblind(received: bytes, key: PsiKey, workers: PsiWorkers = _IN_PROCESS) -> bytes:
@@ -368,8 +390,10 @@ class PsiRun:
     """The outcome of :func:`run_psi` and every curator's received messages."""
 
     tags: list[TagArray]
-    """Per curator, its rows as the leader matches them (:func:`psi_leader_view`; own row order):
-    ``common_tags(tags)`` is the N-way intersection in the canonical order."""
+    """Per curator, its rows as the leader matches them (own row order): at N = 2 both in domain
+    1 (the follower's, which the leader compares directly), else in the leader's domain 0
+    (:func:`psi_leader_view`). ``common_tags(tags)`` is the N-way intersection in the canonical
+    order, the order the services agree on, on either engine."""
     received: list[list[tuple[int, int, bytes]]]
     """received[i]: (owner, hop, list) for every ring message curator i received (the leader,
     as the mailbox of the services, also sees every other one)."""
@@ -399,5 +423,7 @@ def run_psi(
         finished.append(psi_finish_points(own[j], message, workers))
     sent = [psi_tags(f, j) for j, f in enumerate(finished)]
     leader = [sent[0], *(psi_tags(finished[0], d) for d in range(1, num))]
+    if num == 2:  # the leader matches its one follower in the follower's domain (matched_tags)
+        return PsiRun([leader[1], sent[1]], received, sent, leader)
     view = psi_leader_view(leader, {j: sent[j] for j in range(1, num)})
     return PsiRun([leader[0], *(view[j] for j in range(1, num))], received, sent, leader)

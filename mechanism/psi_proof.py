@@ -49,6 +49,12 @@ def proof_context(owner: str, hop: int) -> bytes:
     return f"{owner}\n{hop}\n".encode()
 
 
+def slice_context(owner: str, hop: int, index: int, slices: int) -> bytes:
+    """What a proof of one slice of a list is bound to: whose list, after which hop, which slice
+    of how many (a slice's proof never verifies for another slice or for the whole list)."""
+    return proof_context(owner, hop) + f"slice {index} of {slices}\n".encode()
+
+
 def public_point(key: PsiKey) -> bytes:
     """B = k G, the curator's public key for this alignment (33 bytes)."""
     return base_mul(key.scalar())

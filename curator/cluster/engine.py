@@ -99,6 +99,9 @@ STAGE_UNITS = {
     "shuffle": "shards sorted",
     "locate": "partitions searched",
     "sample": "runs of the aligned column sampled",
+    "psi-send": "slices of the own PSI list sent",
+    "psi-hop": "slices of a PSI list re-blinded and handed on",
+    "psi-finish": "own PSI slices turned into tags",
 }
 
 

@@ -206,7 +206,9 @@ class _RestartMatchingError(Exception):
 
 @dataclass
 class ClusterLeader(LeaderState):
-    """The leader on an engine: keyed-hash alignment and seed sampling only (see the module)."""
+    """The leader on an engine: keyed-hash alignment (or PSI with one follower: its PSI tags in
+    the follower's domain are matched as keyed-hash tags are) and seed sampling only (see the
+    module)."""
 
     engine: Engine | None = None
     own: ShardedTable | None = None
@@ -585,8 +587,10 @@ class ClusterLeader(LeaderState):
     def _agree_when_matched(self) -> VariantAgreement:
         """(Under ``cond``.) Wait for the matcher, then plan the release over the common rows."""
         assert self.own is not None and self.spool is not None
-        if self.alignment is not AlignmentMode.KEYED_HASH or self.sampling is not SamplingMode.SEED:
-            raise AgreementError("a leader on a cluster aligns by keyed hash and samples by seed only")
+        psi_pair = self.alignment is AlignmentMode.PSI and len(self.curators) == 2
+        if (self.alignment is not AlignmentMode.KEYED_HASH and not psi_pair) or self.sampling is not SamplingMode.SEED:
+            raise AgreementError("a leader on a cluster aligns by keyed hash (or PSI with one follower) and samples by "
+                                 "seed only")  # fmt: skip
         self.cond.wait_for(
             lambda: (
                 self.matcher_error is not None or self.error is not None or self.matched_generation == self.generation
@@ -628,10 +632,13 @@ class ClusterLeader(LeaderState):
         return np.concatenate(parts).astype(dtype, copy=False) if parts else np.zeros(0, dtype=dtype)
 
     def cleanup(self) -> None:
-        """Stop the matcher; remove the spool (follower tags and row orders)."""
+        """Stop the matcher; remove the spool (follower tags and row orders) and the PSI ring's
+        mailbox."""
         with self.cond:
             self.closing = True
             self.cond.notify_all()
+            if self._psi_mailbox is not None or self.psi_dir is not None:
+                self.psi_mailbox.close()
         if self.matcher is not None and self.matcher is not threading.current_thread():
             self.matcher.join(timeout=10.0)
         if self.spool is not None:

@@ -142,13 +142,15 @@ def in_order(engine: Engine, task: Callable[[int], Any], count: int, window: int
 
 def load_sharded(
     engine: Engine, data: str, spec: TableSpec, key: AlignmentKey, log: EventLog, shard_bits: int | None = None,
-    group_bits: int | None = None,
+    group_bits: int | None = None, stage: Callable[..., Any] = st.hash_partition, stage_args: tuple[Any, ...] = (),
 ) -> ShardedTable:  # fmt: skip
     """Read, check, hash and shard the table at ``data`` (a file, directory or glob) on the
     engine. Bad rows anywhere refuse the whole table (:class:`BadRowsError`, each problem with
     its file and line), and so do repeated ids, before any tag leaves the process.
     ``group_bits``: the shuffle's two levels (:func:`~secure_release.mechanism.sharding.group_bits_for`
-    by default; 0: one level); the shards are the same either way."""
+    by default; 0: one level); the shards are the same either way. ``stage``: what reads a
+    partition (:func:`~.shards.hash_partition`, or the PSI ring's
+    :func:`~.psi_stages.point_partition`, which takes ``stage_args`` too)."""
     from secure_release.curator.partitions import discover
 
     partitions = discover(data, PARTITION_ROWS)
@@ -159,7 +161,7 @@ def load_sharded(
         raise sh.ShardError(f"group bits {groups} must be between 0 and the shard bits {bits}")
     size = spec.schema.alphabet_size
     results = engine.submit_many(
-        st.hash_partition, [(i, p, spec, key.reveal(), groups or bits, size) for i, p in enumerate(partitions)]
+        stage, [(i, p, spec, key.reveal(), groups or bits, size, *stage_args) for i, p in enumerate(partitions)]
     )
     summaries = engine.submit_many(st.problems_of, [(r,) for r in results])
     # the merges are queued at once: a piece moves to its shard's worker as soon as its partition

@@ -187,14 +187,14 @@ def tag_streams(config: CuratorConfig, table: ShardRuns, log: EventLog) -> int:
     """How many streams a follower on a cluster sends its tags in: ``--tag-streams``, or (0) one
     a worker of its cluster, at most :data:`AUTO_TAG_STREAMS`; never more than the leader's
     service takes from one peer at once (:data:`LEADER_CALLS_PER_PEER`)."""
-    wanted = config.tag_streams or min(AUTO_TAG_STREAMS, _cluster_workers(table.engine))
+    wanted = config.tag_streams or min(AUTO_TAG_STREAMS, cluster_workers(table.engine))
     if wanted > LEADER_CALLS_PER_PEER:
         note = f"the leader's service takes at most {LEADER_CALLS_PER_PEER} calls of one curator at once"
         log.warning("tag_streams_capped", asked=wanted, streams=LEADER_CALLS_PER_PEER, note=note)
     return max(1, min(wanted, LEADER_CALLS_PER_PEER))
 
 
-def _cluster_workers(engine: Any) -> int:
+def cluster_workers(engine: Any) -> int:
     """The workers of a Dask engine's cluster (1 for an engine without a scheduler)."""
     client = getattr(engine, "client", None)
     if client is None:

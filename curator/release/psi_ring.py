@@ -32,9 +32,12 @@ import grpc
 import numpy as np
 import numpy.typing as npt
 
+from secure_release.curator.cluster.ring import Transport
+from secure_release.curator.cluster.sharded import ShardedTable
 from secure_release.curator.config import CuratorConfig
 from secure_release.curator.errors import PsiNotReadyError
 from secure_release.curator.leader import LeaderState
+from secure_release.curator.psi_mailbox import SliceShape, from_wire
 from secure_release.curator.records.keystore import Keystore
 from secure_release.curator.waits import Deadline, retry_until
 from secure_release.infra.logs import EventLog
@@ -132,16 +135,32 @@ def ring(me: str, curators: tuple[str, ...], ids: npt.NDArray[np.str_], key: Psi
         return psi_finish_points(own, receive(me, num), pool)
 
 
+def leader_domain(num_curators: int) -> int:
+    """The tag domain of the leader's own tags as it matches them: 0 (its follower's tags are
+    mapped into it, ``psi_leader_view``), or at N = 2 its one follower's domain 1, which it
+    compares directly; so the canonical order at N = 2 is ascending domain-1 tag, as on a
+    cluster (:func:`~secure_release.curator.cluster.ring.tag_domain`), and both engines agree on
+    the same rows in the same order."""
+    return 1 if num_curators == 2 else 0
+
+
+def ring_key(config: CuratorConfig, leader: bool) -> tuple[PsiKey, bool]:
+    """This release's PSI key (fresh from the OS, or the test's), and whether it is one a
+    follower kept from an earlier run (a follower keeps it until its record is saved, so a
+    restart resumes the ring; the leader keeps none)."""
+    key = config.test_psi_key or PsiKey.generate()
+    if leader:
+        return key, False
+    return Keystore(config.keystore).psi_key(config.release_id, key)
+
+
 def run_ring(
     config: CuratorConfig, ids: npt.NDArray[np.str_], state: LeaderState | None, log: EventLog, deadline: Deadline
 ) -> TagArray:
     """This curator's PSI tags (own row order), through the leader (``state`` given: this
     curator leads and is the mailbox). Failures raise :class:`AgreementError` (the leader's
     refusal) or a wait timeout, like the agreement step."""
-    key = config.test_psi_key or PsiKey.generate()
-    kept = False
-    if state is None:  # a follower keeps its scalar until its record is saved (a restart resumes the ring)
-        key, kept = Keystore(config.keystore).psi_key(config.release_id, key)
+    key, kept = ring_key(config, state is not None)
     t0 = time.perf_counter()
     log("psi_started", release_id=config.release_id, ids=int(ids.size), curators=len(config.curators),
         workers=config.psi_workers, resumed=kept)  # fmt: skip
@@ -150,7 +169,7 @@ def run_ring(
         points = ring(config.name, config.curators, ids, key, send, receive, config.psi_workers)
         # the leader matches follower j's tags (domain j) against its own rows in domain j
         state.psi_domain_tags = [psi_tags(points, d) for d in range(len(config.curators))]
-        tags = state.psi_domain_tags[0]
+        tags = state.psi_domain_tags[leader_domain(len(config.curators))]
     else:
         assert config.leader_address is not None
         leader = config.curators[0]
@@ -165,5 +184,89 @@ def run_ring(
         finally:
             channel.close()
     log("psi_aligned", release_id=config.release_id, ids=int(ids.size), point_bytes=int(ids.size) * POINT_BYTES,
+        seconds=round(time.perf_counter() - t0, 3))  # fmt: skip
+    return tags
+
+
+# ------------------------------------------------------------------------ on the curator's cluster
+def _local_slices(state: LeaderState, me: str, deadline: Deadline) -> Transport:
+    """The leader's own slices: straight into and out of its mailbox."""
+
+    def send(owner: str, hop: int, shape: SliceShape, points: bytes, proof: bytes, public: bytes) -> None:
+        state.psi_put_slice(me, owner, hop, shape, points, proof, public)
+
+    def receive(owner: str, hop: int, index: int) -> tuple[SliceShape, bytes]:
+        what = f"slice {index} of {owner}'s PSI list at hop {hop}"
+        while True:
+            got = state.psi_get_slice(me, owner, hop, index, min(RECEIVE_CALL_S, deadline.check(what)))
+            if got is not None:
+                return got
+
+    return Transport(send, receive)
+
+
+def _remote_slices(stub: pb_grpc.CuratorStub, config: CuratorConfig, log: EventLog, deadline: Deadline) -> Transport:
+    """A follower's slices: one PsiSend or PsiReceive stream each, retried while the leader is
+    not ready (a slice is 2 MiB: a retry resends one slice, not a list)."""
+    rid, me, leader = config.release_id, config.name, config.curators[0]
+
+    def send(owner: str, hop: int, shape: SliceShape, points: bytes, proof: bytes, public: bytes) -> None:
+        retry_until(
+            lambda t: stub.PsiSend(point_chunks(rid, me, owner, hop, points, proof, public, shape.wire), timeout=t),
+            f"the leader {leader} to take slice {shape.index} of {owner}'s PSI list at hop {hop}",
+            deadline,
+            log,
+            per_call_s=SEND_CALL_S,
+        )
+
+    def fetch(owner: str, hop: int, index: int, timeout: float) -> tuple[SliceShape, bytes]:
+        request = pb.PsiRequest(release_id=rid, curator=me, owner=owner, hop=hop, sliced=True, slice=index)
+        got = read_point_stream(iter(stub.PsiReceive(request, timeout=timeout)), None)
+        if (got.release_id, got.owner, got.hop) != (rid, owner, hop) or got.slice is None or got.slice[0] != index:
+            raise PsiNotReadyError(f"the leader answered with another PSI slice than {owner}'s {index} at hop {hop}")
+        return from_wire(got.slice, len(got.points) // POINT_BYTES), got.points
+
+    def receive(owner: str, hop: int, index: int) -> tuple[SliceShape, bytes]:
+        return retry_until(
+            lambda t: fetch(owner, hop, index, t),
+            f"slice {index} of {owner}'s PSI list at hop {hop} from the leader {leader}",
+            deadline,
+            log,
+            per_call_s=RECEIVE_CALL_S,
+        )
+
+    return Transport(send, receive)
+
+
+def run_cluster_ring(
+    config: CuratorConfig, table: ShardedTable, key: PsiKey, kept: bool, state: LeaderState | None, log: EventLog,
+    deadline: Deadline, workers: int,
+) -> ShardedTable:  # fmt: skip
+    """This curator's PSI tags as shards on its cluster (:func:`~secure_release.curator.cluster.ring.cluster_ring`),
+    its point table (:func:`~secure_release.curator.cluster.ring.load_points`, blinded with
+    ``key``) released; the slices go through the leader (``state`` given: this curator leads and
+    is the mailbox). Failures raise as :func:`run_ring`'s."""
+    from secure_release.curator.cluster.ring import cluster_ring
+
+    t0 = time.perf_counter()
+    log("psi_started", release_id=config.release_id, ids=table.num_rows, curators=len(config.curators),
+        workers=workers, resumed=kept, engine="dask")  # fmt: skip
+    if state is not None:
+        tags = cluster_ring(config.name, config.curators, table, key, _local_slices(state, config.name, deadline),
+                            log, workers, config.psi_slice_points)  # fmt: skip
+    else:
+        assert config.leader_address is not None
+        leader = config.curators[0]
+        channel = secure_channel(config.leader_address, config.certs, config.name, config.insecure,
+                                 role="curator", peer_role="curator", peer_name=leader)  # fmt: skip
+        try:
+            transport = _remote_slices(pb_grpc.CuratorStub(channel), config, log, deadline)
+            tags = cluster_ring(config.name, config.curators, table, key, transport, log, workers,
+                                config.psi_slice_points)  # fmt: skip
+        except grpc.RpcError as exc:
+            raise AgreementError(f"the leader {leader} refused: {exc.code().name}: {exc.details()}") from None
+        finally:
+            channel.close()
+    log("psi_aligned", release_id=config.release_id, ids=tags.num_rows, point_bytes=tags.num_rows * POINT_BYTES,
         seconds=round(time.perf_counter() - t0, 3))  # fmt: skip
     return tags

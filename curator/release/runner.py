@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shutil
 import signal
+import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -48,6 +50,7 @@ from secure_release.curator.records.witness import BudgetWitness
 from secure_release.curator.release.agreement import (
     TagSource,
     agree,
+    cluster_workers,
     leader_state,
     own_alignment,
     report_failure_to_leader,
@@ -79,6 +82,7 @@ from secure_release.mechanism.errors import SecureReleaseError
 from secure_release.mechanism.ledger import PrivacyLedger
 from secure_release.mechanism.pads import new_release_pad
 from secure_release.mechanism.protocol import CuratorTable, curator_tags
+from secure_release.mechanism.psi import PsiKey
 from secure_release.mechanism.schema import SymbolArray
 from secure_release.mechanism.spec import ReleaseSpec
 from secure_release.mechanism.variants import (
@@ -108,6 +112,8 @@ class OwnData:
     sorted_tags: SortedTags | None = None  # the tags sorted for align (and the repeat check)
     sharded: ShardedTable | None = None  # --engine dask: the rows as tag shards on the cluster
     rows_sink: ShardRowSink | None = None  # a follower on a cluster: its row order, gathered as it arrives
+    psi_key: PsiKey | None = None  # PSI on a cluster: the key ``sharded``'s points are blinded with
+    psi_kept: bool = False  # ... kept from an earlier run of this follower (the ring resumes)
 
     @property
     def alphabet_size(self) -> int:
@@ -313,7 +319,9 @@ def setup_release(
     ``restored_tags``: a PSI leader's own tags, persisted with a restored agreement."""
     if refusal is not None and state is not None:
         raise refusal  # the leader fails the agreement: every follower is told the reason
-    if config.alignment is AlignmentMode.PSI:
+    if config.alignment is AlignmentMode.PSI and own.sharded is not None:
+        own = cluster_psi(config, own, state, link.deadline, log)
+    elif config.alignment is AlignmentMode.PSI:
         own = replace(own, tags=psi_tags(config, own.table, state, restored_tags, link.deadline, log))
     agreement = agree_on_release(config, own, state, link, log)
     if state is not None and not isinstance(state, ClusterLeader):  # a cluster leader never resumes one
@@ -345,6 +353,21 @@ def psi_tags(
         raise KeystoreError(f"the stored agreement of {config.release_id!r} lacks the leader's own PSI tags")
     assert table is not None
     return run_ring(config, table.ids, state, log, deadline)
+
+
+def cluster_psi(config: CuratorConfig, own: OwnData, state: LeaderState | None, deadline: Deadline,
+                log: EventLog) -> OwnData:  # fmt: skip
+    """The PSI ring on this curator's cluster: ``own``'s point shards become its PSI tag shards
+    (:func:`~secure_release.curator.release.psi_ring.run_cluster_ring`), which the agreement then
+    uses as a keyed-hash curator's (a leader spools its follower's tags against them)."""
+    from secure_release.curator.release.psi_ring import run_cluster_ring
+
+    assert own.sharded is not None and own.psi_key is not None
+    workers = cluster_workers(own.sharded.engine)
+    tags = run_cluster_ring(config, own.sharded, own.psi_key, own.psi_kept, state, log, deadline, workers)
+    if isinstance(state, ClusterLeader):
+        state.attach(tags, config.keystore)
+    return replace(own, sharded=tags, rows_sink=None if state is not None else ShardRowSink(tags), psi_key=None)
 
 
 def agree_on_release(
@@ -693,9 +716,23 @@ def open_service(config: CuratorConfig, log: EventLog) -> OpenedService:
     if not config.leader:
         return OpenedService(spec, service, None)
     state = leader_state(config, spec.schema.alphabet_size, ClusterLeader if config.engine == "dask" else LeaderState)
+    if config.engine == "dask" and config.alignment is AlignmentMode.PSI:
+        state.psi_dir = psi_mailbox_dir(config)
     restored_tags = restore_agreement(config, state)
     service.lead(state)
     return OpenedService(spec, service, state, restored_tags)
+
+
+def psi_mailbox_dir(config: CuratorConfig) -> Path:
+    """Where a leader on a cluster keeps the PSI ring's lists: a fresh directory (0700) in its
+    keystore directory, removed with the spool at the end of the run. One a killed run of this
+    leader left for the same release is removed first (without its scalar, kept by nobody, its
+    lists are of no use)."""
+    parent = Path(config.keystore)
+    parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    for stale in parent.glob(f"psi-{config.release_id}-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    return Path(tempfile.mkdtemp(prefix=f"psi-{config.release_id}-", dir=parent))
 
 
 def restore_agreement(config: CuratorConfig, state: LeaderState) -> TagArray | None:
@@ -760,10 +797,34 @@ def open_cluster_run(
                 starting.result().close()
             raise
     engine = starting.result() if starting is not None else None
+    if config.alignment is AlignmentMode.PSI:
+        return OpenedRun(psi_points(config, log, spec, state, engine, fingerprint), keystore, link, witness, record,
+                         refusal)  # fmt: skip
     sharded = shard_table(config, log, spec, state, engine) if engine is not None else None
     sink = ShardRowSink(sharded) if sharded is not None and state is None else None
     own = OwnData(None, np.zeros(0, dtype=TAG_DTYPE), fingerprint, None, sharded, sink)
     return OpenedRun(own, keystore, link, witness, record, refusal)
+
+
+def psi_points(
+    config: CuratorConfig, log: EventLog, spec: TableSpec, state: LeaderState | None, engine: Engine | None,
+    fingerprint: str,
+) -> OwnData:  # fmt: skip
+    """PSI on a cluster: the table read, checked and blinded into point shards under this
+    release's PSI key (:func:`~secure_release.curator.cluster.ring.load_points`; a follower's
+    kept key if it ran before); nothing on a resume (no ``engine``)."""
+    from secure_release.curator.cluster.ring import load_points
+    from secure_release.curator.release.psi_ring import ring_key
+
+    if engine is None:
+        return OwnData(None, np.zeros(0, dtype=TAG_DTYPE), fingerprint)
+    try:
+        key, kept = ring_key(config, state is not None)
+        points = load_points(engine, str(config.data), spec, key, len(config.curators), log, config.shard_bits)
+    except BaseException:
+        engine.close()
+        raise
+    return OwnData(None, np.zeros(0, dtype=TAG_DTYPE), fingerprint, None, points, psi_key=key, psi_kept=kept)
 
 
 def read_and_fingerprint(config: CuratorConfig, log: EventLog, spec: TableSpec) -> tuple[CuratorTable, str]:

@@ -1023,9 +1023,13 @@ Global___AgreementChunk: _TypeAlias = AgreementChunk  # noqa: Y015
 
 @_typing.final
 class PsiChunk(_message.Message):
-    """One piece of a PSI ring list: 32-byte points of edwards25519's prime-order subgroup.
+    """One piece of a PSI ring list: 33-byte compressed points of secp256k1 (prime order).
     The list of `owner` after `hop` blindings travels from curator (owner + hop - 1) mod N to
     curator (owner + hop) mod N (ring order = --curators order); hop N returns it to the owner.
+    A list travels whole (one stream, `slices` = 0) or in slices (a curator on a cluster, issue 41):
+    slice `slice` of `slices` is points first_point .. first_point + count - 1 of a list of
+    `list_count` points, one PsiSend or PsiReceive stream each; the owner fixes the slices at hop 1
+    and every later hop keeps them.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -1040,6 +1044,10 @@ class PsiChunk(_message.Message):
     LAST_FIELD_NUMBER: _builtins.int
     PROOF_FIELD_NUMBER: _builtins.int
     PUBLIC_KEY_FIELD_NUMBER: _builtins.int
+    SLICE_FIELD_NUMBER: _builtins.int
+    SLICES_FIELD_NUMBER: _builtins.int
+    FIRST_POINT_FIELD_NUMBER: _builtins.int
+    LIST_COUNT_FIELD_NUMBER: _builtins.int
     release_id: _builtins.str
     curator: _builtins.str
     """PsiSend: the sender (must match its certificate)"""
@@ -1049,15 +1057,23 @@ class PsiChunk(_message.Message):
     """blindings applied, 1 .. N"""
     sequence: _builtins.int
     count: _builtins.int
-    """on the first chunk: points in the whole list"""
+    """on the first chunk: points in the whole list (sliced: in this slice)"""
     points: _builtins.bytes
-    """concatenated 32-byte points (<= 1 MiB a chunk)"""
+    """concatenated 33-byte points (<= 1 MiB a chunk)"""
     last: _builtins.bool
     proof: _builtins.bytes
     """PsiSend at hop >= 2, on the first chunk: the sender's public key B = k G and a proof that the
-    list is the previous hop's list raised to k (mechanism/psi_proof.py); the leader checks both.
+    list (sliced: this slice) is the previous hop's raised to k (mechanism/psi_proof.py); the
+    leader checks both.
     """
     public_key: _builtins.bytes
+    slice: _builtins.int
+    """Sliced lists only (on the first chunk): this slice's index, the list's slices, its first point
+    and the points of the whole list.
+    """
+    slices: _builtins.int
+    first_point: _builtins.int
+    list_count: _builtins.int
     def __init__(
         self,
         *,
@@ -1071,10 +1087,14 @@ class PsiChunk(_message.Message):
         last: _builtins.bool = ...,
         proof: _builtins.bytes = ...,
         public_key: _builtins.bytes = ...,
+        slice: _builtins.int = ...,
+        slices: _builtins.int = ...,
+        first_point: _builtins.int = ...,
+        list_count: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "curator", b"curator", "hop", b"hop", "last", b"last", "owner", b"owner", "points", b"points", "proof", b"proof", "public_key", b"public_key", "release_id", b"release_id", "sequence", b"sequence"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "curator", b"curator", "first_point", b"first_point", "hop", b"hop", "last", b"last", "list_count", b"list_count", "owner", b"owner", "points", b"points", "proof", b"proof", "public_key", b"public_key", "release_id", b"release_id", "sequence", b"sequence", "slice", b"slice", "slices", b"slices"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1110,11 +1130,16 @@ class PsiRequest(_message.Message):
     CURATOR_FIELD_NUMBER: _builtins.int
     OWNER_FIELD_NUMBER: _builtins.int
     HOP_FIELD_NUMBER: _builtins.int
+    SLICED_FIELD_NUMBER: _builtins.int
+    SLICE_FIELD_NUMBER: _builtins.int
     release_id: _builtins.str
     curator: _builtins.str
     """the recipient (must match its certificate)"""
     owner: _builtins.str
     hop: _builtins.int
+    sliced: _builtins.bool
+    """ask for slice `slice` of a sliced list (the answer names the slices)"""
+    slice: _builtins.int
     def __init__(
         self,
         *,
@@ -1122,10 +1147,12 @@ class PsiRequest(_message.Message):
         curator: _builtins.str = ...,
         owner: _builtins.str = ...,
         hop: _builtins.int = ...,
+        sliced: _builtins.bool = ...,
+        slice: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["curator", b"curator", "hop", b"hop", "owner", b"owner", "release_id", b"release_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["curator", b"curator", "hop", b"hop", "owner", b"owner", "release_id", b"release_id", "slice", b"slice", "sliced", b"sliced"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
