@@ -1,7 +1,12 @@
 """A release whose curators run on Dask clusters, through the four services, vs DuckDB (a script).
 
 Run:  PYTHONPATH=. python bench/bench_cluster.py [--rows 10000000,100000000] [--fractions 0.1,1]
-          [--files 16,64] [--workers 2] [--data-root /work/bench-data] [--no-local] [--repeat 5] [--json]
+          [--files 16,64] [--workers 2] [--data-root /work/bench-data] [--no-local] [--repeat 5]
+          [--alignment psi] [--json]
+
+``--alignment psi`` (issue 41): the curators align by the ECDH ring on their clusters; the same
+run also releases with the keyed hash on the same clusters (the ratio psi / hash), and the stage
+times add psi_started, psi_ring_done (the ring) and psi_shards_sorted (the tags' shuffle).
 
 For every n (rows per curator), two curators' partitioned Parquet (90% id overlap, Adult-shaped
 categories; ``bench/cluster_data.write_partitioned``, generated once with bounded memory and kept
@@ -56,8 +61,9 @@ ROLES = ("server", "alice", "bob", "researcher")
 WORKER_MEMORY = ["2GiB"]  # --worker-memory of each curator's embedded workers (set from the command line)
 TAG_STREAMS = ["0"]  # --tag-streams of the follower (0: one a worker)
 TIMEOUT_S = "7200"  # every party's --timeout: a release of 3 * 10^8 rows a curator takes minutes here
-STAGES = ("engine_started", "partitions_read", "shards_sorted", "tags_submitted", "agreed", "aligned", "prepared",
-          "committed", "released")  # fmt: skip
+STAGES = ("engine_started", "partitions_read", "shards_sorted", "psi_started", "psi_ring_done", "psi_shards_sorted",
+          "tags_submitted", "agreed", "aligned", "prepared", "committed", "released")  # fmt: skip
+ALIGNMENT = ["hash"]  # --alignment of every curator (psi: the ECDH ring on the curators' clusters, issue 41)
 
 
 POLL_S = 0.25  # the poller's interval
@@ -138,7 +144,8 @@ def stage_times(log: Path) -> dict[str, float]:
 
 
 def run_release(root: Path, data: Path, certs: Path, akey: Path, m: int, engine: str, workers: int,
-                tag: str) -> dict[str, Any]:  # fmt: skip
+                tag: str, alignment: str | None = None) -> dict[str, Any]:  # fmt: skip
+    alignment = alignment or ALIGNMENT[0]
     work = root / tag
     work.mkdir()
     env = dict(os.environ)
@@ -157,7 +164,7 @@ def run_release(root: Path, data: Path, certs: Path, akey: Path, m: int, engine:
     try:
         t0 = time.perf_counter()
         addrs = launch_release(cluster, data, certs, tag, 1.0, m, "chacha20", akey, curator_extra=extra, budgets=False,
-                               researcher_extra=["--timeout", TIMEOUT_S])  # fmt: skip
+                               researcher_extra=["--timeout", TIMEOUT_S], alignment=alignment)  # fmt: skip
         resp = get_estimate(addrs["researcher"], certs, tag, timeout=float(TIMEOUT_S))
         wall = time.perf_counter() - t0
         poller.sample()
@@ -175,6 +182,7 @@ def run_release(root: Path, data: Path, certs: Path, akey: Path, m: int, engine:
             shutil.copy(log, keep / log.name)
     return {
         "engine": engine,
+        "alignment": alignment,
         "seconds": round(wall, 2),
         "n": resp.privacy.n,
         "m": resp.privacy.m,
@@ -237,9 +245,12 @@ def main() -> int:
     ap.add_argument("--compression", default="zstd", choices=("zstd", "snappy"),
                     help="the generated Parquet's compression (zstd: 6.1 bytes a row, snappy 10.6); data kept "
                          "under --data-root is generated again if its rows, files or compression differ")
+    ap.add_argument("--alignment", default="hash", choices=("hash", "psi"),
+                    help="every curator's --alignment; psi also runs the keyed-hash release on the clusters as "
+                         "its same-run reference (psi / hash)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args()
-    WORKER_MEMORY[0], TAG_STREAMS[0] = args.worker_memory, args.tag_streams
+    WORKER_MEMORY[0], TAG_STREAMS[0], ALIGNMENT[0] = args.worker_memory, args.tag_streams, args.alignment
     rows = [int(r) for r in args.rows.split(",")]
     files = [int(f) for f in args.files.split(",")]
     fractions = [float(f) for f in args.fractions.split(",")]
@@ -274,6 +285,11 @@ def main() -> int:
                 dask = run_release(work, data, certs, akey, m, "dask", args.workers, f"dask-{n}-{m}{run}")
                 ratio = round(dask["seconds"] / ref["seconds"], 2) if ref["seconds"] else None
                 entry: dict[str, Any] = {"rows": n, "m": m, "duckdb": ref, "dask": dask, "dask_over_duckdb": ratio}
+                if args.alignment == "psi":
+                    sys.stderr.write(f"n={n} m={m}: dask, keyed hash (the reference) ...\n")
+                    hashed = run_release(work, data, certs, akey, m, "dask", args.workers, f"hash-{n}-{m}{run}", "hash")
+                    entry["dask_hash"] = hashed
+                    entry["psi_over_hash"] = round(dask["seconds"] / hashed["seconds"], 2)
                 if n <= 10**7 and not args.no_local:
                     sys.stderr.write(f"n={n} m={m}: local ...\n")
                     local = run_release(work, data, certs, akey, m, "local", args.workers, f"local-{n}-{m}{run}")
@@ -310,7 +326,11 @@ def main() -> int:
             if "pairs" in r:
                 print(f"  dask/local in {len(r['pairs'])} pairs: {[p['ratio'] for p in r['pairs']]}, "
                       f"median {r['dask_over_local_median']}")  # fmt: skip
+            if "dask_hash" in r:
+                print(f"  psi {r['dask']['seconds']} s over keyed hash {r['dask_hash']['seconds']} s on the same "
+                      f"clusters: {r['psi_over_hash']}x")  # fmt: skip
             print(f"  stages alice: {r['dask']['stages']['alice']}")
+            print(f"  stages bob: {r['dask']['stages']['bob']}")
             print(f"  peak RSS MiB: {r['dask']['peak_rss_mib']}")
             if "flat_in_m" in r:
                 print(f"  server/researcher peak at m=n over m=n/10: {r['flat_in_m']}")

@@ -14,8 +14,9 @@ The ring of :mod:`secure_release.curator.release.psi_ring`, with every list in s
    agreement is the keyed hash's (the leader's spool, the row order, the gather).
 
 This process holds a few slices at a time (2 MiB each), never a list: the drivers stay O(slices).
-A lost worker's tasks are recomputed by Dask from the partitions (the point shards' lineage), so
-a hop redoes only the lost pieces. The transport is a pair of callables (:class:`Transport`):
+A slice goes to a worker as its task's argument, so a lost worker's tasks run again elsewhere
+(the point shards they need are recomputed from the partitions, their lineage): a hop redoes
+only the lost pieces. The transport is a pair of callables (:class:`Transport`):
 the leader's mailbox directly, or a follower's RPCs to it.
 """
 
@@ -135,24 +136,25 @@ def pass_on(engine: Engine, transport: Transport, owner: str, hop: int, key: Psi
     scalar, public = key.scalar(), public_point(key)
     first = transport.receive(owner, hop, 0)
     slices = first[0].slices
-    pending: deque[tuple[SliceShape, bytes, Any, Any]] = deque()
+    pending: deque[tuple[SliceShape, bytes, Any]] = deque()
     started, last = time.monotonic(), [0.0]
 
     def submit(index: int) -> None:
         shape, points = first if index == 0 else transport.receive(owner, hop, index)
         if shape.slices != slices:
             raise AgreementError(f"{owner}'s PSI list at hop {hop} changed its number of slices")
-        held = engine.put(points)
-        pending.append((shape, points, held, engine.submit(ps.reblind_slice, scalar, held)))
+        # the slice goes with its task (not scattered to one worker): a worker lost mid-hop takes
+        # only the task, which the scheduler runs again elsewhere from its arguments
+        pending.append((shape, points, engine.submit(ps.reblind_slice, scalar, points)))
 
     for index in range(min(window, slices)):
         submit(index)
     for index in range(slices):
-        shape, points, held, task = pending.popleft()
+        shape, points, task = pending.popleft()
         if index + window < slices:
             submit(index + window)
         out = engine.result(task)
-        engine.release([held, task])
+        engine.release([task])
         proof = prove_reblind(key, slice_context(owner, hop + 1, shape.index, shape.slices), points, out)
         transport.send(owner, hop + 1, shape, out, proof, public)
         _progress(log, "psi-hop", index + 1, slices, started, last)
@@ -167,21 +169,21 @@ def finish(
     unmask = unmask_scalar(key, len(curators))
     domain = tag_domain(me, curators)
     results: list[Any] = []
-    pending: deque[tuple[Any, Any]] = deque()
+    pending: deque[Any] = deque()
     started, last = time.monotonic(), [0.0]
     for shape, (shard, start, stop) in zip(shapes, runs, strict=True):
         got, points = transport.receive(me, len(curators), shape.index)
         if got != shape:
             raise AgreementError(f"{me}'s own PSI list came back with slice {shape.index} moved or resized")
-        held = engine.put(points, near=table.shards[shard])
-        result = engine.submit(ps.finish_slice_tags, table.shards[shard], start, stop, held, unmask, domain,
+        # with its task, as in pass_on: a lost worker's finished slices are recomputed from it
+        result = engine.submit(ps.finish_slice_tags, table.shards[shard], start, stop, points, unmask, domain,
                                table.shard_bits, table.alphabet_size)  # fmt: skip
         results.append(result)
-        pending.append((held, engine.submit(st.problems_of, result)))
+        pending.append(engine.submit(st.problems_of, result))
         while len(pending) >= window or (pending and shape.index == len(shapes) - 1):
-            held, done = pending.popleft()
+            done = pending.popleft()
             engine.result(done)  # raises a slice's error (a point that is not on the curve)
-            engine.release([held, done])
+            engine.release([done])
             _progress(log, "psi-finish", len(results) - len(pending), len(shapes), started, last)
     return shuffle_tags(engine, table, results, log)
 

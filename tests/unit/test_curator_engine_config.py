@@ -43,11 +43,23 @@ def test_the_default_engine_is_local_and_dask_takes_its_cluster_flags(base: list
     assert _config([*base, "--engine", "dask", "--scheduler", "tls://10.1.2.3:8786"]).scheduler == "tls://10.1.2.3:8786"
 
 
+def test_psi_runs_on_the_cluster_with_one_follower_and_for_any_follower(base: list[str]) -> None:
+    """Issue 41: a leader with one follower, and a follower among any number of curators, run the
+    PSI ring on their clusters (only a cluster leader of three or more is refused, below)."""
+    config = _config([*base, "--engine", "dask", "--alignment", "psi", "--psi-slice-points", "4096"])
+    assert (config.engine, config.alignment.value, config.psi_slice_points) == ("dask", "psi", 4096)
+    follower = [a for a in base if a != "--leader"] + ["--leader-address", "127.0.0.1:7101"]
+    follower[follower.index("alice,bob")] = "carol,alice,bob"
+    assert _config([*follower, "--engine", "dask", "--alignment", "psi"]).psi_slice_points is None
+
+
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
         (["--engine", "dask", "--sampling", "indices"], r"refuses --sampling indices .* 34 MB at m = 10\^7"),
-        (["--engine", "dask", "--alignment", "psi"], r"refuses --alignment psi costs about 120 us"),
+        (["--engine", "dask", "--alignment", "psi", "--curators", "alice,bob,carol"],
+         r"refuses --alignment psi with three or more curators at a leader .* lead with --engine local"),
+        (["--engine", "dask", "--alignment", "psi", "--psi-slice-points", "0"], r"from 1 to 1048576"),
         (["--scheduler", "tcp://127.0.0.1:8786"], "need --engine dask"),
         (["--engine", "dask", "--scheduler", "a:1", "--scheduler-file", "f.json"], "exclude each other"),
         (["--engine", "dask", "--shards", "48"], "power of two"),
