@@ -26,6 +26,10 @@ from pathlib import Path
 from secure_release.infra.streams import PsiStreamError
 from secure_release.mechanism.psi import POINT_BYTES
 
+#: Slices a list may have at most (a file each at a leader on a cluster): at the default 65,536
+#: points a slice, 4 * 10^9 points.
+MAX_SLICES = 1 << 16
+
 
 @dataclass(frozen=True)
 class SliceShape:
@@ -39,15 +43,17 @@ class SliceShape:
     total: int
 
     def check(self) -> SliceShape:
-        """This shape, or :class:`PsiStreamError` if it cannot lie in its list."""
-        if not (0 <= self.index < self.slices and self.first >= 0 and self.count >= 0
+        """This shape, or :class:`PsiStreamError` if it cannot lie in its list: a slice holds at
+        least one point (an empty list is one empty slice), a list at most :data:`MAX_SLICES`."""
+        if not 1 <= self.slices <= MAX_SLICES:
+            raise PsiStreamError(f"a PSI list has 1 to {MAX_SLICES} slices, not {self.slices}")
+        if not (0 <= self.index < self.slices and self.first >= 0 and (self.count >= 1 or self.total == 0)
                 and self.first + self.count <= self.total):  # fmt: skip
             raise PsiStreamError(
                 f"PSI slice {self.index} of {self.slices} (points {self.first} .. {self.first + self.count - 1} "
                 f"of {self.total}) does not lie in its list"
             )
         return self
-
 
     @property
     def wire(self) -> tuple[int, int, int, int]:

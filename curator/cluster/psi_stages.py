@@ -22,6 +22,7 @@ TLS), never its logs.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -79,13 +80,16 @@ def reblind_slice(scalar: bytes, points: bytes) -> bytes:
 
 
 def finish_slice_tags(
-    shard: Shard, start: int, stop: int, returned: bytes, unmask: bytes, domain: int, shard_bits: int,
+    shard: Shard, start: int, stop: int, returned: bytes | str, unmask: bytes, domain: int, shard_bits: int,
     alphabet_size: int,
 ) -> PartitionResult:  # fmt: skip
     """Step 3-4 for rows ``start .. stop - 1`` of a point shard: ``returned`` (their points after
-    N blindings, in the order sent) as F, its tags in tag domain ``domain``, and the rows' symbols,
-    split by tag shard (:class:`~secure_release.mechanism.psi_group.InvalidPointError` for a
-    point that is not a curve point; a slice of another size is refused)."""
+    N blindings, in the order sent; or the file in the engine's handoff directory that holds
+    them) as F, its tags in tag domain ``domain``, and the rows' symbols, split by tag shard
+    (:class:`~secure_release.mechanism.psi_group.InvalidPointError` for a point that is not a
+    curve point; a slice of another size is refused)."""
+    if isinstance(returned, str):
+        returned = Path(returned).read_bytes()
     if len(returned) != (stop - start) * POINT_BYTES:
         from secure_release.infra.streams import PsiStreamError
 

@@ -14,18 +14,24 @@ The ring of :mod:`secure_release.curator.release.psi_ring`, with every list in s
    agreement is the keyed hash's (the leader's spool, the row order, the gather).
 
 This process holds a few slices at a time (2 MiB each), never a list: the drivers stay O(slices).
-A slice goes to a worker as its task's argument, so a lost worker's tasks run again elsewhere
-(the point shards they need are recomputed from the partitions, their lineage): a hop redoes
-only the lost pieces. The transport is a pair of callables (:class:`Transport`):
+A slice of a hop goes to a worker as its task's argument and the task is released once its
+result is sent on, so a lost worker's tasks run again elsewhere (the point shards they need are
+recomputed from the partitions, their lineage) and the scheduler (in this process, on an
+embedded cluster) holds only the slices in flight. A returned own slice goes by a file in the
+engine's handoff directory (:func:`_hand_over`), since its finish task's result is kept until the
+tags are shuffled: a task's arguments stay with the scheduler as long as its result, and as
+arguments the whole list would (measured at 10^7 ids: 330 MB more in each curator process). The transport is a pair of callables (:class:`Transport`):
 the leader's mailbox directly, or a follower's RPCs to it.
 """
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -34,7 +40,7 @@ from secure_release.curator.cluster import psi_stages as ps
 from secure_release.curator.cluster import shards as st
 from secure_release.curator.cluster.engine import Engine, _progress
 from secure_release.curator.cluster.sharded import ShardedTable, _shard_pieces, in_order, load_sharded
-from secure_release.curator.psi_mailbox import SliceShape
+from secure_release.curator.psi_mailbox import MAX_SLICES, SliceShape
 from secure_release.curator.table import TableSpec
 from secure_release.infra.logs import EventLog, peak_rss_mib
 from secure_release.infra.streams import AgreementError
@@ -111,6 +117,10 @@ def cluster_ring(
     engine, num, at = table.engine, len(curators), list(curators).index(me)
     window = max(2, WINDOW_PER_WORKER * workers)
     runs = slice_runs(table.sizes, slice_points)
+    if len(runs) > MAX_SLICES:
+        size = slice_points or SLICE_POINTS
+        raise AgreementError(f"{table.num_rows} ids in slices of {size} points make {len(runs)} slices; a list "
+                             f"has at most {MAX_SLICES}: raise --psi-slice-points")  # fmt: skip
     shapes = slice_shapes(runs)
     t0 = time.perf_counter()
 
@@ -170,22 +180,42 @@ def finish(
     domain = tag_domain(me, curators)
     results: list[Any] = []
     pending: deque[Any] = deque()
+    files: list[Path] = []
     started, last = time.monotonic(), [0.0]
-    for shape, (shard, start, stop) in zip(shapes, runs, strict=True):
-        got, points = transport.receive(me, len(curators), shape.index)
-        if got != shape:
-            raise AgreementError(f"{me}'s own PSI list came back with slice {shape.index} moved or resized")
-        # with its task, as in pass_on: a lost worker's finished slices are recomputed from it
-        result = engine.submit(ps.finish_slice_tags, table.shards[shard], start, stop, points, unmask, domain,
-                               table.shard_bits, table.alphabet_size)  # fmt: skip
-        results.append(result)
-        pending.append(engine.submit(st.problems_of, result))
-        while len(pending) >= window or (pending and shape.index == len(shapes) - 1):
-            done = pending.popleft()
-            engine.result(done)  # raises a slice's error (a point that is not on the curve)
-            engine.release([done])
-            _progress(log, "psi-finish", len(results) - len(pending), len(shapes), started, last)
-    return shuffle_tags(engine, table, results, log)
+    try:
+        for shape, (shard, start, stop) in zip(shapes, runs, strict=True):
+            got, points = transport.receive(me, len(curators), shape.index)
+            if got != shape:
+                raise AgreementError(f"{me}'s own PSI list came back with slice {shape.index} moved or resized")
+            returned = _hand_over(engine, points, table.shards[shard], files)
+            result = engine.submit(ps.finish_slice_tags, table.shards[shard], start, stop, returned, unmask, domain,
+                                   table.shard_bits, table.alphabet_size)  # fmt: skip
+            results.append(result)
+            pending.append(engine.submit(st.problems_of, result))
+            while len(pending) >= window or (pending and shape.index == len(shapes) - 1):
+                done = pending.popleft()
+                engine.result(done)  # raises a slice's error (a point that is not on the curve)
+                engine.release([done])
+                _progress(log, "psi-finish", len(results) - len(pending), len(shapes), started, last)
+        return shuffle_tags(engine, table, results, log)
+    finally:
+        for path in files:
+            path.unlink(missing_ok=True)
+
+
+def _hand_over(engine: Engine, points: bytes, near: Any, files: list[Path]) -> Any:
+    """How a returned slice reaches the finish task that keeps its result: a file in the
+    engine's handoff directory (an embedded cluster's workers read this host's files; the task
+    keeps only the path, so its result can be recomputed until the tags are shuffled, and no
+    process holds the list: a task's arguments stay with the scheduler, in this process, for as
+    long as its result is kept), or else scattered to the worker holding its rows (a worker lost
+    then fails the release by name; run it again)."""
+    if engine.handoff is None:
+        return engine.put(points, near=near)
+    path = engine.handoff / f"psi-back-{secrets.token_hex(8)}"
+    path.write_bytes(points)
+    files.append(path)
+    return str(path)
 
 
 def shuffle_tags(engine: Engine, table: ShardedTable, results: list[Any], log: EventLog) -> ShardedTable:

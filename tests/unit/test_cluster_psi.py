@@ -1,5 +1,5 @@
 """The PSI ring on a curator's cluster (issue 41), on the in-process engine (the same stage
-functions a Dask worker runs; tests/system/test_cluster_psi.py runs it on real clusters through
+functions a Dask worker runs; tests/system/test_psi_cluster_services.py runs it on real clusters through
 the services).
 
 Exact checks: the cluster ring gives every row the PSI tag the in-process ring gives it (same
@@ -290,4 +290,8 @@ def test_the_mailbox_refuses_slices_that_do_not_tile_their_list() -> None:
     box.put("a", 1, SliceShape(1, 2, 2, 3, 5), b"\x03" * 99)
     assert box.complete("a", 1) and box.whole("a", 1) == b"\x02" * 66 + b"\x03" * 99
     assert [s for s, _ in box.split("a", bytes(165))] == [SliceShape(0, 2, 0, 2, 5), SliceShape(1, 2, 2, 3, 5)]
-    assert whole_shape(7) == SliceShape(0, 1, 0, 7, 7)
+    assert whole_shape(7) == SliceShape(0, 1, 0, 7, 7) and whole_shape(0).check() == SliceShape(0, 1, 0, 0, 0)
+    with pytest.raises(PsiStreamError, match="does not lie"):  # an empty slice of a list that has points
+        box.admit("b", 1, SliceShape(0, 2, 0, 0, 5))
+    with pytest.raises(PsiStreamError, match="1 to 65536 slices"):  # a file a slice: bounded
+        box.admit("b", 1, SliceShape(0, 1 << 20, 0, 1, 1 << 20))
