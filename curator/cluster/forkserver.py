@@ -27,6 +27,7 @@ WARM_MODULES = (
     "secure_release.curator.partitions",
     "secure_release.curator.cluster.shards",
     "secure_release.curator.cluster.psi_stages",
+    "secure_release.curator.cluster.sealed",
     "secure_release.curator.cluster.sample",
     "secure_release.curator.cluster.trim",
 )

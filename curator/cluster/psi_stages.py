@@ -17,7 +17,8 @@ run in-process or on a Dask worker:
    so the agreement, the leader's spool and the alignment are those of the keyed hash from there.
 
 The scalars reach the workers as arguments (only the curator's own workers, over the cluster's
-TLS), never its logs.
+TLS), sealed (:mod:`~secure_release.curator.cluster.sealed`): a failed task's logged arguments
+show none of their bytes.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from secure_release.curator.cluster.sealed import Sealed, opened
 from secure_release.curator.cluster.shards import PartitionResult, RowProblem
 from secure_release.infra.memory import release_free_memory
 from secure_release.mechanism.alignment import id_tags
@@ -43,8 +45,9 @@ def point_rows(alphabet_size: int) -> np.dtype[np.void]:
 
 
 def point_partition(
-    index: int, partition: Any, spec: Any, order_key_bytes: bytes, shard_bits: int, alphabet_size: int, scalar: bytes
-) -> PartitionResult:
+    index: int, partition: Any, spec: Any, order_key_bytes: Sealed | bytes, shard_bits: int, alphabet_size: int,
+    scalar: Sealed | bytes,
+) -> PartitionResult:  # fmt: skip
     """Stage 1 for partition ``index``: bad rows come back as problems; else its rows (symbol
     and H(id)^scalar) split by shard of the private order tag. Repeats are found by the shard
     merge (equal ids have equal order tags)."""
@@ -57,10 +60,10 @@ def point_partition(
         problems = tuple(RowProblem(str(partition.path), line, message) for line, message in exc.problems)
         return PartitionResult((), 0, problems)
     ids = table.ids
-    tags = id_tags(ids, AlignmentKey(order_key_bytes)).astype(WORK_DTYPE)
+    tags = id_tags(ids, AlignmentKey(opened(order_key_bytes))).astype(WORK_DTYPE)
     rows: Any = np.zeros(tags.size, dtype=point_rows(alphabet_size))  # structured: numpy's stubs type it loosely
     rows["symbol"] = table.symbols()
-    rows["point"] = np.frombuffer(hash_blind(ids, scalar), dtype=f"V{POINT_BYTES}")
+    rows["point"] = np.frombuffer(hash_blind(ids, opened(scalar)), dtype=f"V{POINT_BYTES}")
     del table, ids
     pieces = split_by_shard(tags, shard_bits, rows)
     del tags, rows
@@ -74,13 +77,13 @@ def point_slice(shard: Shard, start: int, stop: int) -> bytes:
     return np.ascontiguousarray(payload["point"][start:stop]).tobytes()
 
 
-def reblind_slice(scalar: bytes, points: bytes) -> bytes:
+def reblind_slice(scalar: Sealed | bytes, points: bytes) -> bytes:
     """One hop on a slice: every point validated and raised to ``scalar``, same order."""
-    return blind_packed(scalar, points)
+    return blind_packed(opened(scalar), points)
 
 
 def finish_slice_tags(
-    shard: Shard, start: int, stop: int, returned: bytes | str, unmask: bytes, domain: int, shard_bits: int,
+    shard: Shard, start: int, stop: int, returned: bytes | str, unmask: Sealed | bytes, domain: int, shard_bits: int,
     alphabet_size: int,
 ) -> PartitionResult:  # fmt: skip
     """Step 3-4 for rows ``start .. stop - 1`` of a point shard: ``returned`` (their points after
@@ -95,7 +98,7 @@ def finish_slice_tags(
 
         got = len(returned) // POINT_BYTES
         raise PsiStreamError(f"a returned PSI slice holds {got} points, {stop - start} were sent")
-    tags = psi_tags(finish_slice(returned, unmask), domain).astype(WORK_DTYPE)
+    tags = psi_tags(finish_slice(returned, opened(unmask)), domain).astype(WORK_DTYPE)
     payload: Any = shard.symbols  # structured rows (symbol, point)
     symbols: npt.NDArray[Any] = np.ascontiguousarray(payload["symbol"][start:stop])
     symbols = symbols.astype(symbol_dtype(alphabet_size), copy=False)

@@ -20,8 +20,9 @@ recomputed from the partitions, their lineage) and the scheduler (in this proces
 embedded cluster) holds only the slices in flight. A returned own slice goes by a file in the
 engine's handoff directory (:func:`_hand_over`), since its finish task's result is kept until the
 tags are shuffled: a task's arguments stay with the scheduler as long as its result, and as
-arguments the whole list would (measured at 10^7 ids: 330 MB more in each curator process). The transport is a pair of callables (:class:`Transport`):
-the leader's mailbox directly, or a follower's RPCs to it.
+arguments the whole list would (measured at 10^7 ids: 330 MB more in each curator process).
+The transport is a pair of callables (:class:`Transport`): the leader's mailbox directly, or a
+follower's RPCs to it. Every scalar a task carries is :class:`~.sealed.Sealed`.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ import numpy as np
 from secure_release.curator.cluster import psi_stages as ps
 from secure_release.curator.cluster import shards as st
 from secure_release.curator.cluster.engine import Engine, _progress
+from secure_release.curator.cluster.sealed import Sealed
 from secure_release.curator.cluster.sharded import ShardedTable, _shard_pieces, in_order, load_sharded
 from secure_release.curator.psi_mailbox import MAX_SLICES, SliceShape
 from secure_release.curator.table import TableSpec
@@ -78,7 +80,7 @@ def load_points(
     sharded by the private order tag: bad rows and repeated ids refuse it with their files and
     lines, as with the keyed hash."""
     return load_sharded(engine, data, spec, order_key(key), log, shard_bits,
-                        stage=ps.point_partition, stage_args=(first_scalar(key, num_curators),))  # fmt: skip
+                        stage=ps.point_partition, stage_args=(Sealed(first_scalar(key, num_curators)),))  # fmt: skip
 
 
 def slice_runs(sizes: Sequence[int], most: int | None = None) -> list[tuple[int, int, int]]:
@@ -143,7 +145,7 @@ def pass_on(engine: Engine, transport: Transport, owner: str, hop: int, key: Psi
             window: int) -> None:  # fmt: skip
     """One hop of ``owner``'s list: each slice fetched, re-blinded on a worker, proved and handed
     on, ``window`` slices in flight."""
-    scalar, public = key.scalar(), public_point(key)
+    scalar, public = Sealed(key.scalar()), public_point(key)
     first = transport.receive(owner, hop, 0)
     slices = first[0].slices
     pending: deque[tuple[SliceShape, bytes, Any]] = deque()
@@ -176,7 +178,7 @@ def finish(
 ) -> ShardedTable:  # fmt: skip
     """The own list back after N blindings, a slice at a time, as F and tags in this
     curator's domain on the worker holding the slice's rows; then shuffled into tag shards."""
-    unmask = unmask_scalar(key, len(curators))
+    unmask = Sealed(unmask_scalar(key, len(curators)))
     domain = tag_domain(me, curators)
     results: list[Any] = []
     pending: deque[Any] = deque()

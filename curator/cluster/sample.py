@@ -31,6 +31,7 @@ import numpy as np
 import numpy.typing as npt
 
 from secure_release.curator.cluster.aligned import AlignedPieces
+from secure_release.curator.cluster.sealed import Sealed, opened
 from secure_release.curator.cluster.sharded import in_order
 from secure_release.infra.logs import EventLog
 from secure_release.infra.memory import release_free_memory
@@ -62,11 +63,13 @@ class KeptRun(HoldsArrays):
     symbols: tuple[Symbols, ...]
 
 
-def keep_run(runs: Sequence[Symbols], start: int, key: bytes, cut: int, width: int, num_ranges: int) -> KeptRun:
+def keep_run(
+    runs: Sequence[Symbols], start: int, key: Sealed | bytes, cut: int, width: int, num_ranges: int
+) -> KeptRun:
     """Step 1 on a worker: the run's symbols (its parts joined), the keys of its positions
     [start, start + size), the kept ones split by key range."""
     symbols = runs[0] if len(runs) == 1 else np.concatenate(list(runs))
-    keys = keys_at_positions(key, start, int(symbols.size))
+    keys = keys_at_positions(opened(key), start, int(symbols.size))
     parts = split_kept_keys(keys, cut, width, num_ranges)
     kept = KeptRun(tuple(keys[p] for p in parts), tuple(symbols[p] for p in parts))
     del keys, symbols
@@ -127,7 +130,8 @@ def _kept_runs(pieces: AlignedPieces, key: bytes, cut: int, num_ranges: int,
     fewer than m keys were kept)."""
     engine, width = pieces.engine, key_range_width(cut, num_ranges)
     runs = zip(pieces.sources, pieces.starts, strict=True)
-    kept = engine.submit_many(keep_run, [(sources, start, key, cut, width, num_ranges) for sources, start in runs])
+    sealed = Sealed(key)
+    kept = engine.submit_many(keep_run, [(sources, start, sealed, cut, width, num_ranges) for sources, start in runs])
     counts = engine.results(engine.submit_many(kept_counts, [(k,) for k in kept]), "sample")
     totals = np.sum(np.asarray(counts, dtype=np.int64).reshape(len(kept), num_ranges), axis=0)
     try:

@@ -23,6 +23,7 @@ import numpy.typing as npt
 
 from secure_release.curator.cluster import shards as st
 from secure_release.curator.cluster.engine import Engine
+from secure_release.curator.cluster.sealed import Sealed
 from secure_release.curator.table import BadRowsError, TableSpec
 from secure_release.infra.logs import EventLog, peak_rss_mib
 from secure_release.infra.streams import AgreementError
@@ -161,7 +162,7 @@ def load_sharded(
         raise sh.ShardError(f"group bits {groups} must be between 0 and the shard bits {bits}")
     size = spec.schema.alphabet_size
     results = engine.submit_many(
-        stage, [(i, p, spec, key.reveal(), groups or bits, size, *stage_args) for i, p in enumerate(partitions)]
+        stage, [(i, p, spec, Sealed(key.reveal()), groups or bits, size, *stage_args) for i, p in enumerate(partitions)]
     )
     summaries = engine.submit_many(st.problems_of, [(r,) for r in results])
     # the merges are queued at once: a piece moves to its shard's worker as soon as its partition
@@ -214,7 +215,8 @@ def _raise_repeats(table: ShardedTable, key: AlignmentKey, wanted: TagArray, tot
     """The repeated ids as :class:`BadRowsError`: every occurrence's file and line (error path:
     the partitions are read once more to find them)."""
     found = table.engine.results(
-        [table.engine.submit(st.locate_tags, p, table.spec, key.reveal(), wanted) for p in table.partitions], "locate"
+        [table.engine.submit(st.locate_tags, p, table.spec, Sealed(key.reveal()), wanted) for p in table.partitions],
+        "locate",
     )
     places: dict[int, list[tuple[str, int]]] = {}
     for hits in found:

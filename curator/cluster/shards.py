@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from secure_release.curator.cluster.sealed import Sealed, opened
 from secure_release.curator.cluster.spool import SpoolRange
 from secure_release.infra.memory import release_free_memory
 from secure_release.mechanism.alignment import TAG_DTYPE, TagArray, id_tags
@@ -184,7 +185,7 @@ def match_symbols(match: Match) -> npt.NDArray[np.unsignedinteger]:
 
 
 def hash_partition(
-    index: int, partition: Any, spec: Any, alignment_key_bytes: bytes, shard_bits: int, alphabet_size: int
+    index: int, partition: Any, spec: Any, alignment_key_bytes: Sealed | bytes, shard_bits: int, alphabet_size: int
 ) -> PartitionResult:
     """Stage 1 for partition ``index`` (a :class:`~secure_release.curator.partitions.Partition`
     read against ``spec``, a ``TableSpec``): bad rows come back as problems (the release is then
@@ -199,7 +200,7 @@ def hash_partition(
     except BadRowsError as exc:
         problems = tuple(RowProblem(str(partition.path), line, message) for line, message in exc.problems)
         return PartitionResult((), 0, problems)
-    tags = id_tags(table.id_values(), AlignmentKey(alignment_key_bytes)).astype(WORK_DTYPE)
+    tags = id_tags(table.id_values(), AlignmentKey(opened(alignment_key_bytes))).astype(WORK_DTYPE)
     symbols = table.symbols().astype(symbol_dtype(alphabet_size))
     del table
     pieces = split_by_shard(tags, shard_bits, symbols)
@@ -213,13 +214,15 @@ def problems_of(result: PartitionResult) -> tuple[int, tuple[RowProblem, ...]]:
     return result.num_rows, result.problems
 
 
-def locate_tags(partition: Any, spec: Any, alignment_key_bytes: bytes, wanted: TagArray) -> list[tuple[str, int, int]]:
+def locate_tags(
+    partition: Any, spec: Any, alignment_key_bytes: Sealed | bytes, wanted: TagArray
+) -> list[tuple[str, int, int]]:
     """Error path only: (file, line, which wanted tag) of every row of ``partition`` whose id
     hashes to one of ``wanted`` (the repeated ids a shard merge found)."""
     from secure_release.curator.partitions import read_partition
 
     table = read_partition(partition, spec, check_repeats=False)
-    tags = id_tags(table.id_values(), AlignmentKey(alignment_key_bytes))
+    tags = id_tags(table.id_values(), AlignmentKey(opened(alignment_key_bytes)))
     tags = np.ascontiguousarray(tags, dtype=TAG_DTYPE).view("V16").reshape(-1)
     want = np.ascontiguousarray(wanted, dtype=TAG_DTYPE).view("V16").reshape(-1)
     rows = np.flatnonzero(np.isin(tags, want))
