@@ -295,3 +295,43 @@ def test_the_mailbox_refuses_slices_that_do_not_tile_their_list() -> None:
         box.admit("b", 1, SliceShape(0, 2, 0, 0, 5))
     with pytest.raises(PsiStreamError, match="1 to 65536 slices"):  # a file a slice: bounded
         box.admit("b", 1, SliceShape(0, 1 << 20, 0, 1, 1 << 20))
+
+
+def test_a_follower_on_its_cluster_in_a_ring_of_three_tags_in_its_own_domain(tmp_path: Path) -> None:
+    """N = 3, the leader and carol in one process each (whole lists), bob on his cluster
+    (slices, masked own list, unmasked at the finish): bob's tags are the in-process ring's, in
+    his domain 1, and the leader's view of them gives the triple intersection."""
+    root = tmp_path / "three"
+    write_demo_data(root, rows=600, seed=6, curators=3)
+    names = ("alice", "bob", "carol")
+    keys = {c: PsiKey(bytes([11 + i]) * 32) for i, c in enumerate(names)}
+    state = LeaderState("r1", names, None, 1.0, None, CipherMode.CHACHA20, ("researcher",),
+                        alignment=AlignmentMode.PSI)  # fmt: skip
+    tables = {c: read_table(root / f"{c}.csv", load_schema(root / f"{c}.json")) for c in names}
+    engine = InlineEngine(2)
+
+    def whole(me: str) -> tuple[Callable[..., None], Callable[[str, int], bytes]]:
+        def send(owner: str, hop: int, pts: bytes, proof: bytes = b"", public: bytes = b"") -> None:
+            state.psi_put(me, owner, hop, pts, proof, public)
+
+        def receive(owner: str, hop: int) -> bytes:
+            got = state.psi_get(me, owner, hop, 30.0)
+            assert got is not None
+            return got
+
+        return send, receive
+
+    try:
+        data = split_parquet(root / "bob.csv", tmp_path / "bob", 2)
+        points = rg.load_points(engine, str(data), load_schema(root / "bob.json"), keys["bob"], 3, LOG, shard_bits=1)
+        alice, bob, carol = _both(
+            lambda: ring("alice", names, tables["alice"].ids, keys["alice"], *whole("alice")),
+            lambda: rg.cluster_ring("bob", names, points, keys["bob"], Recording(state, "bob").transport(), LOG, 2),
+            lambda: ring("carol", names, tables["carol"].ids, keys["carol"], *whole("carol")),
+        )
+    finally:
+        engine.close()
+    run = run_psi([tables[c].ids for c in names], [keys[c] for c in names])
+    assert {t for t, _ in _pairs(bob)} == {t.tobytes() for t in run.sent_tags[1]}
+    assert np.array_equal(psi_tags(carol, 2), run.sent_tags[2])
+    assert np.array_equal(psi_tags(alice, 0), run.leader_tags[0])
