@@ -300,7 +300,7 @@ def test_the_mailbox_refuses_slices_that_do_not_tile_their_list() -> None:
 def test_a_follower_on_its_cluster_in_a_ring_of_three_tags_in_its_own_domain(tmp_path: Path) -> None:
     """N = 3, the leader and carol in one process each (whole lists), bob on his cluster
     (slices, masked own list, unmasked at the finish): bob's tags are the in-process ring's, in
-    his domain 1, and the leader's view of them gives the triple intersection."""
+    his domain 1, and the others' are too (the mailbox cut and joined their whole lists)."""
     root = tmp_path / "three"
     write_demo_data(root, rows=600, seed=6, curators=3)
     names = ("alice", "bob", "carol")
