@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -107,31 +108,35 @@ def test_without_dask_the_engine_says_what_to_install_and_no_forkserver_starts(m
 
 
 class _Pending:
-    """A future that never completes (the wait below times out on it)."""
+    """A future that never completes (the engine polls ``done()``; it never asks for a result)."""
+
+    def done(self) -> bool:
+        return False
+
+    def result(self, timeout: float | None = None) -> Any:
+        raise AssertionError("a pending future's result was asked for")
 
 
-def test_sigterm_stops_a_cluster_stage_within_a_second(monkeypatch: pytest.MonkeyPatch) -> None:
-    import secure_release.curator.cluster.engine as engine_module
-
+def test_sigterm_stops_a_cluster_stage_within_a_second() -> None:
     cancelled: list[Any] = []
-
-    class FakeDask:
-        @staticmethod
-        def wait(fs: list[Any], timeout: float, return_when: str) -> Any:
-            raise TimeoutError
 
     class FakeClient:
         def cancel(self, fs: list[Any]) -> None:
             cancelled.extend(fs)
 
-    monkeypatch.setattr(engine_module, "_dask", lambda: FakeDask)
     stop = threading.Event()
-    stop.set()
     engine = DaskEngine(FakeClient(), None, None, "fake", stop)
     handles = [_Pending(), _Pending()]
+    threading.Timer(0.3, stop.set).start()
+    started = time.monotonic()
     with pytest.raises(StoppedError, match="during the shuffle stage"):
         engine.results(handles, "shuffle")
+    assert time.monotonic() - started < 1.0  # polled every POLL_S, not a second's wait
     assert sorted(map(id, cancelled)) == sorted(map(id, handles))
+    cancelled.clear()
+    with pytest.raises(StoppedError, match="while waiting for the cluster"):
+        engine.result(handles[0])
+    assert cancelled == [handles[0]]
 
 
 def test_the_runs_stop_event_reaches_the_engine(base: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
