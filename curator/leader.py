@@ -560,14 +560,15 @@ class LeaderState:
             )
             return arrived and self.error is None
 
-    def collect(self, timeout: float) -> VariantAgreement:
+    def collect(self, timeout: float, waited: float | None = None) -> VariantAgreement:
         """Wait for every curator's tags, then fix the agreement. On a failure or after
-        ``timeout`` seconds, fail the release for everybody and raise :class:`AgreementError`."""
+        ``timeout`` seconds, fail the release for everybody and raise :class:`AgreementError`
+        (``waited``: the whole wait the message names, if longer than this last part)."""
         if not self.wait_all_tags(timeout):
             with self.cond:
                 if self.error is None:
                     missing = sorted(set(self.curators) - set(self.tags))
-                    self._fail(f"timed out after {timeout:g} s waiting for the tags of {missing}")
+                    self._fail(f"timed out after {waited or timeout:g} s waiting for the tags of {missing}")
                 raise self._failure()
         return self.agree()
 

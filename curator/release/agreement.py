@@ -341,6 +341,22 @@ def report_failure_to_leader(config: CuratorConfig, reason: str, log: EventLog, 
         channel.close()
 
 
+def collect_tags(state: LeaderState, deadline: Deadline, step_s: float = 1.0) -> VariantAgreement:
+    """The leader's agreement once every curator's tags arrived (:meth:`LeaderState.collect`),
+    waited for in steps of ``step_s`` so that SIGTERM ends the wait within a step: the release
+    is failed for every follower, then :class:`StoppedError`. (A single wait of the whole
+    --timeout did not see SIGTERM: a leader whose follower died mid-ring stayed, with its
+    workers, until its timeout.)"""
+    what = "the tags of every curator"
+    while deadline.left() > step_s and not state.wait_all_tags(step_s):
+        if state.error is not None:
+            break  # collect raises it
+        if deadline.stop.is_set():
+            state.fail("the leader was stopped (SIGTERM) while waiting for the tags")
+            deadline.check(what)  # raises StoppedError
+    return state.collect(deadline.check(what), waited=deadline.seconds)
+
+
 def agree(
     config: CuratorConfig, tags: TagSource, own_size: int, state: LeaderState | None, log: EventLog, deadline: Deadline,
     rows_sink: RowSink | None = None,
@@ -351,7 +367,7 @@ def agree(
         agreement = state.agreement
     elif state is not None:
         state.add_tags(config.name, tags if isinstance(tags, np.ndarray) else np.zeros(0, dtype=TAG_DTYPE), own_size)
-        agreement = state.collect(deadline.check("the tags of every curator"))
+        agreement = collect_tags(state, deadline)
     else:
         agreement = follow_leader(config, tags, own_size, log, deadline, rows_sink)
     agreement = check_agreement(config, own_size, agreement)

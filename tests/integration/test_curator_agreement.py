@@ -178,6 +178,36 @@ def test_leader_state_times_out_and_tells_the_followers() -> None:
         state.wait_agreement(0.0)
 
 
+def test_a_leader_waiting_for_tags_stops_within_a_second_of_sigterm_and_tells_the_followers() -> None:
+    """SIGTERM (the run's stop event) ends the leader's wait for a follower's tags within a step,
+    and the followers are told; before, one wait of the whole --timeout ignored it."""
+    import time
+
+    from secure_release.curator.errors import StoppedError
+    from secure_release.curator.release.agreement import collect_tags
+    from secure_release.curator.waits import Deadline
+
+    alice, bob = _tables()
+    state = _state()
+    state.add_tags("alice", curator_tags(alice, AKEY), 6)
+    stop = threading.Event()
+    threading.Timer(0.3, stop.set).start()
+    started = time.monotonic()
+    with pytest.raises(StoppedError, match="SIGTERM"):
+        collect_tags(state, Deadline(60.0, stop), step_s=0.2)
+    assert time.monotonic() - started < 2.0
+    with pytest.raises(AgreementError, match="stopped"):
+        state.wait_agreement(0.0)
+    late = _state()  # tags that arrive are collected as before, and a deadline is named in full
+    late.add_tags("alice", curator_tags(alice, AKEY), 6)
+    with pytest.raises(AgreementError, match=r"timed out after 0.5 s waiting for the tags of \['bob'\]"):
+        collect_tags(late, Deadline(0.5, threading.Event()), step_s=0.2)
+    fine = _state()
+    fine.add_tags("alice", curator_tags(alice, AKEY), 6)
+    threading.Timer(0.3, lambda: fine.add_tags("bob", curator_tags(bob, AKEY), 4)).start()
+    assert collect_tags(fine, Deadline(30.0, threading.Event()), step_s=0.2).base.spec.n == 345
+
+
 def test_leader_state_size_cross_check_fails_at_once() -> None:
     alice, bob = _tables()
     state = _state((6, 5))
