@@ -106,7 +106,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(dir=args.data_root) as tmp:
         work = Path(tmp)
         certs = work / "certs"
-        init_pki(certs, [name for _, name in parties(CURATORS)])
+        init_pki(certs, parties(CURATORS))
         akey = work / "align.key"
         akey.write_text(secrets.token_hex(32))
         runs = {a: release(work, data, certs, akey, a, args.psi_workers) for a in ("hash", "psi")}
