@@ -38,8 +38,11 @@ N = 2 (issue 41): the mask buys nothing there, so :func:`psi_start` with ``num_c
 with s_j directly (r_j = s_j, unmask = 1) and :func:`psi_finish_points` only validates the returned
 list (no multiplication): 2 multiplications an id per curator instead of 3. The other curator then
 holds F of the owner's ids (its hop of the owner's list is F), so each of the two learns their
-pairwise intersection - which at N = 2 is the N-way intersection both are told anyway. Nothing
-else changes: a list still carries s_j, which the other party does not know (DDH).
+pairwise intersection - which at N = 2 is the N-way intersection both are told anyway. A list
+still carries s_j, which the other party does not know (DDH). The leader matches its one
+follower's tags (domain 1) against its own tags in domain 1 directly (:func:`run_psi`'s ``tags``;
+no :func:`psi_leader_view`), so the canonical order at N = 2 is ascending domain-1 tag, the same
+in one process and on a curator's cluster.
 
 What each party learns (semi-honest, DDH in the prime-order group, SHA-512 and BLAKE2b as random
 oracles): a follower, the N-way intersection (as its own rows) and the list sizes; the leader, in

@@ -12,6 +12,11 @@ follower's tags against its own rows only (``psi_leader_view``), so it learns it
 intersection with each curator and nothing about ids it does not hold; each follower is sent its
 own rows of the N-way intersection (``mechanism/psi.py``, issue 23).
 
+On a curator's cluster (``--engine dask``, :func:`run_cluster_ring`) the same ring runs a slice of
+each list at a time (:mod:`secure_release.curator.cluster.ring`): the leader's own slices go
+straight into its mailbox (``psi_put_slice`` / ``psi_get_slice``), a follower's over one
+``PsiSend`` / ``PsiReceive`` stream a slice, each retried alone.
+
 The scalar is fresh from the OS per release. A follower keeps it in its keystore (0600) from
 before its first list leaves until its release record is saved (or dropped): restarted with the
 same flags after a kill during the ring, it takes the kept scalar, so every list it sends again is
