@@ -221,3 +221,22 @@ def split_world(root: Path, rows: int, seed: int) -> SplitWorld:
 
     write_demo_data(root, rows=rows, seed=seed)
     return SplitWorld(root, {c: split_parquet(root / f"{c}.csv", root / c, 3) for c in ("alice", "bob")})
+
+
+def stored_release(world: Path, release_id: str) -> dict[str, Any]:
+    """What a deployment in ``world`` kept of a release: each curator's upload digest and every
+    perturbed chunk (the server's store) and the researcher's report without its times."""
+    import json
+    import sqlite3
+
+    with sqlite3.connect(world / "store" / "releases.sqlite3") as db:
+        digests = db.execute(
+            "SELECT curator, hex(digest) FROM parts WHERE release_id=? ORDER BY curator", (release_id,)
+        ).fetchall()
+        perturbed = db.execute(
+            "SELECT seq, col, data FROM perturbed WHERE release_id=? ORDER BY seq, col", (release_id,)
+        ).fetchall()
+    report = json.loads((world / "results" / f"{release_id}.json").read_text())
+    for key in ("created_at", "received_at", "timings", "seconds"):
+        report.pop(key, None)
+    return {"digests": digests, "perturbed": perturbed, "report": report}

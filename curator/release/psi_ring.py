@@ -30,8 +30,9 @@ Per element: a hash to the group and N + 1 scalar multiplications (2 at N = 2) o
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import grpc
 import numpy as np
@@ -140,6 +141,22 @@ def ring(me: str, curators: tuple[str, ...], ids: npt.NDArray[np.str_], key: Psi
         return psi_finish_points(own, receive(me, num), pool)
 
 
+@contextlib.contextmanager
+def leader_stub(config: CuratorConfig) -> Iterator[pb_grpc.CuratorStub]:
+    """A follower's stub to its leader over TLS (the handshake fails against any other peer),
+    closed on exit; an RPC error inside becomes :class:`AgreementError` naming the leader."""
+    assert config.leader_address is not None
+    leader = config.curators[0]
+    channel = secure_channel(config.leader_address, config.certs, config.name, config.insecure,
+                             role="curator", peer_role="curator", peer_name=leader)  # fmt: skip
+    try:
+        yield pb_grpc.CuratorStub(channel)
+    except grpc.RpcError as exc:
+        raise AgreementError(f"the leader {leader} refused: {exc.code().name}: {exc.details()}") from None
+    finally:
+        channel.close()
+
+
 def leader_domain(num_curators: int) -> int:
     """The tag domain of the leader's own tags as it matches them: 0 (its follower's tags are
     mapped into it, ``psi_leader_view``), or at N = 2 its one follower's domain 1, which it
@@ -176,18 +193,10 @@ def run_ring(
         state.psi_domain_tags = [psi_tags(points, d) for d in range(len(config.curators))]
         tags = state.psi_domain_tags[leader_domain(len(config.curators))]
     else:
-        assert config.leader_address is not None
-        leader = config.curators[0]
-        channel = secure_channel(config.leader_address, config.certs, config.name, config.insecure,
-                                 role="curator", peer_role="curator", peer_name=leader)  # fmt: skip
-        try:
-            send, receive = _remote(pb_grpc.CuratorStub(channel), config, log, deadline)
+        with leader_stub(config) as stub:
+            send, receive = _remote(stub, config, log, deadline)
             points = ring(config.name, config.curators, ids, key, send, receive, config.psi_workers)
             tags = psi_tags(points, config.curators.index(config.name))  # in this follower's own domain
-        except grpc.RpcError as exc:
-            raise AgreementError(f"the leader {leader} refused: {exc.code().name}: {exc.details()}") from None
-        finally:
-            channel.close()
     log("psi_aligned", release_id=config.release_id, ids=int(ids.size), point_bytes=int(ids.size) * POINT_BYTES,
         seconds=round(time.perf_counter() - t0, 3))  # fmt: skip
     return tags
@@ -260,18 +269,9 @@ def run_cluster_ring(
         tags = cluster_ring(config.name, config.curators, table, key, _local_slices(state, config.name, deadline),
                             log, workers, config.psi_slice_points)  # fmt: skip
     else:
-        assert config.leader_address is not None
-        leader = config.curators[0]
-        channel = secure_channel(config.leader_address, config.certs, config.name, config.insecure,
-                                 role="curator", peer_role="curator", peer_name=leader)  # fmt: skip
-        try:
-            transport = _remote_slices(pb_grpc.CuratorStub(channel), config, log, deadline)
-            tags = cluster_ring(config.name, config.curators, table, key, transport, log, workers,
-                                config.psi_slice_points)  # fmt: skip
-        except grpc.RpcError as exc:
-            raise AgreementError(f"the leader {leader} refused: {exc.code().name}: {exc.details()}") from None
-        finally:
-            channel.close()
+        with leader_stub(config) as stub:
+            tags = cluster_ring(config.name, config.curators, table, key, _remote_slices(stub, config, log, deadline),
+                                log, workers, config.psi_slice_points)  # fmt: skip
     log("psi_aligned", release_id=config.release_id, ids=tags.num_rows, point_bytes=tags.num_rows * POINT_BYTES,
         seconds=round(time.perf_counter() - t0, 3))  # fmt: skip
     return tags

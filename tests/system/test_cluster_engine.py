@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
@@ -19,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import child_env, split_parquet
+from support import child_env, split_parquet, stored_release
 
 from secure_release.cluster import PARTIES, Cluster, get_estimate, launch_release, set_budgets, wait_exit
 from secure_release.demo_data import write_demo_data
@@ -85,16 +84,9 @@ def release(source: Path, world: Path, extra: dict[str, list[str]], data_dirs: d
         raise
     finally:
         cluster.close()
-    with sqlite3.connect(world / "store" / "releases.sqlite3") as db:
-        digests = db.execute("SELECT curator, hex(digest) FROM parts WHERE release_id='r1' ORDER BY curator").fetchall()
-        perturbed = db.execute(
-            "SELECT seq, col, data FROM perturbed WHERE release_id='r1' ORDER BY seq, col"
-        ).fetchall()
-    report = json.loads((world / "results" / "r1.json").read_text())
-    for key in ("created_at", "received_at", "timings", "seconds"):
-        report.pop(key, None)
+    stored = stored_release(world, "r1")
     logs = {c: (world / f"{c}.log").read_text() for c in ("alice", "bob")}
-    return {"n": resp.privacy.n, "digests": digests, "perturbed": perturbed, "report": report, "logs": logs}
+    return {"n": resp.privacy.n, **stored, "logs": logs}
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sqlite3
 import sys
 import threading
 import time
@@ -19,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from support import child_env, split_parquet
+from support import child_env, split_parquet, stored_release
 from test_cluster_engine import DaskCli
 
 from secure_release.cluster import PARTIES, Cluster, get_estimate, launch_release, set_budgets, wait_exit
@@ -87,16 +86,9 @@ def release(
         if fault is not None:
             fault.join(30)
         cluster.close()
-    with sqlite3.connect(world / "store" / "releases.sqlite3") as db:
-        digests = db.execute("SELECT curator, hex(digest) FROM parts WHERE release_id='r1' ORDER BY curator").fetchall()
-        perturbed = db.execute(
-            "SELECT seq, col, data FROM perturbed WHERE release_id='r1' ORDER BY seq, col"
-        ).fetchall()
-    report = json.loads((world / "results" / "r1.json").read_text())
-    for key in ("created_at", "received_at", "timings", "seconds"):
-        report.pop(key, None)
+    stored = stored_release(world, "r1")
     logs = {c: "".join(p.read_text() for p in sorted(world.glob(f"{c}*.log"))) for c in ("alice", "bob")}
-    return {"n": resp.privacy.n, "digests": digests, "perturbed": perturbed, "report": report, "logs": logs}
+    return {"n": resp.privacy.n, **stored, "logs": logs}
 
 
 @pytest.fixture(scope="module")
