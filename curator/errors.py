@@ -59,10 +59,6 @@ class UnknownReleaseError(SecureReleaseError):
     kind = ErrorKind.NOT_FOUND
 
 
-
-
-
-
 class WaitTimeoutError(SecureReleaseError):
     """A wait ran past the run's deadline (``--timeout``); the message names what it waited for."""
 
@@ -70,9 +66,21 @@ class WaitTimeoutError(SecureReleaseError):
 
 
 class StoppedError(SecureReleaseError):
-    """The run was stopped (SIGTERM) before the release had an outcome."""
+    """The run was stopped (SIGTERM, or Ctrl-C: :attr:`interrupted`, exit 130) before the
+    release had an outcome."""
 
     kind = ErrorKind.UNAVAILABLE
+
+    def __init__(self, message: str, interrupted: bool = False) -> None:
+        super().__init__(message)
+        self.interrupted = interrupted
+
+
+def stopped_error(stop: object, what: str) -> StoppedError:
+    """The :class:`StoppedError` of a run whose ``stop`` event was set, naming the signal
+    (``stop.signal_name``, SIGTERM for a plain event) and ``what`` it stopped."""
+    name = getattr(stop, "signal_name", "SIGTERM")
+    return StoppedError(f"stopped ({name}) {what}", interrupted=name == "SIGINT")
 
 
 class ReleaseAbortedError(SecureReleaseError):
@@ -89,14 +97,10 @@ class ReleaseAbortedAsRefusedError(ReleaseAbortedError):
     kind = ErrorKind.PERMISSION_DENIED
 
 
-
-
 class KeyNotReadyError(SecureReleaseError):
     """This curator takes part in the release but does not serve its key yet (not sealed)."""
 
     kind = ErrorKind.UNAVAILABLE
-
-
 
 
 class PsiMismatchError(SecureReleaseError):

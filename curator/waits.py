@@ -11,7 +11,7 @@ from typing import TypeVar
 
 import grpc
 
-from secure_release.curator.errors import StoppedError, WaitTimeoutError
+from secure_release.curator.errors import WaitTimeoutError, stopped_error
 from secure_release.infra.logs import EventLog
 from secure_release.infra.retry import is_transient
 
@@ -47,7 +47,7 @@ class Deadline:
         """Seconds left; :class:`WaitTimeoutError` naming ``what`` once none are, or
         :class:`StoppedError` after SIGTERM."""
         if self.stop.is_set():
-            raise StoppedError(f"stopped (SIGTERM) while waiting for {what}")
+            raise stopped_error(self.stop, f"while waiting for {what}")
         left = self.left()
         if left <= 0:
             raise WaitTimeoutError(f"gave up after {self.seconds:g} s (--timeout) waiting for {what}")

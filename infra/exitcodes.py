@@ -65,8 +65,8 @@ def grpc_status_name(exc: BaseException) -> str | None:
 
 def exit_code_for(exc: BaseException) -> int:
     """The exit code a command ends with when ``exc`` stops it."""
-    if isinstance(exc, KeyboardInterrupt):
-        return INTERRUPTED
+    if isinstance(exc, KeyboardInterrupt) or getattr(exc, "interrupted", False) is True:
+        return INTERRUPTED  # Ctrl-C, or an error that says a run was stopped by it
     status = grpc_status_name(exc)
     if status is not None:
         return REFUSED if status in _REFUSED_STATUSES else USAGE if status in _USAGE_STATUSES else FAILURE
@@ -85,8 +85,8 @@ def exit_code_for(exc: BaseException) -> int:
 
 def verdict(code: int) -> str:
     """The first word of a command's last line for its exit code: "refused" (3), "failed" (1),
-    "error" (2, usage), so the end of the output says which row of the table it was."""
-    return {REFUSED: "refused", FAILURE: "failed"}.get(code, "error")
+    "interrupted" (130), "error" (2, usage), so the end of the output says which row of the table it was."""
+    return {REFUSED: "refused", FAILURE: "failed", INTERRUPTED: "interrupted"}.get(code, "error")
 
 
 def describe(exc: BaseException) -> str:

@@ -45,7 +45,7 @@ from secure_release.curator.cluster.forkserver import (
     start_method,
 )
 from secure_release.curator.cluster.trim import trim_plugin
-from secure_release.curator.errors import StoppedError
+from secure_release.curator.errors import stopped_error
 from secure_release.infra.logs import EventLog
 from secure_release.mechanism.errors import SecureReleaseError
 
@@ -229,7 +229,7 @@ class DaskEngine:
             while not handle.done():  # polled: see POLL_S
                 if self._stop.wait(POLL_S):
                     self.client.cancel([handle])
-                    raise StoppedError("stopped (SIGTERM) while waiting for the cluster")
+                    raise stopped_error(self._stop, "while waiting for the cluster")
             return handle.result()
 
         return _lost_worker_named(wait)
@@ -245,7 +245,7 @@ class DaskEngine:
                 self._stop.wait(POLL_S)
             if self._stop.is_set():
                 self.client.cancel(list(pending))
-                raise StoppedError(f"stopped (SIGTERM) during the {stage} stage on the cluster")
+                raise stopped_error(self._stop, f"during the {stage} stage on the cluster")
             for handle in finished:
                 pending.discard(handle)
                 done += 1

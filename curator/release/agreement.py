@@ -21,7 +21,12 @@ import numpy as np
 import numpy.typing as npt
 
 from secure_release.curator.config import CuratorConfig
-from secure_release.curator.errors import AlphabetSizeMismatchError, ReleaseRefusedError, SpecRefusedError
+from secure_release.curator.errors import (
+    AlphabetSizeMismatchError,
+    ReleaseRefusedError,
+    SpecRefusedError,
+    stopped_error,
+)
 from secure_release.curator.leader import LeaderState
 from secure_release.curator.service import TAG_STREAMS_PER_PEER
 from secure_release.curator.waits import Deadline, retry_until
@@ -352,7 +357,7 @@ def collect_tags(state: LeaderState, deadline: Deadline, step_s: float = 1.0) ->
         if state.error is not None:
             break  # collect raises it
         if deadline.stop.is_set():
-            state.fail("the leader was stopped (SIGTERM) while waiting for the tags")
+            state.fail(f"the leader was {stopped_error(deadline.stop, 'while waiting for the tags')}")
             deadline.check(what)  # raises StoppedError
     return state.collect(deadline.check(what), waited=deadline.seconds)
 

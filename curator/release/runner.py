@@ -676,8 +676,10 @@ def serve_until_acknowledged(
 
 
 def stop_on_sigterm() -> threading.Event:
-    """An event set by SIGTERM (installed only on the main thread, where Python allows it)."""
-    return stop_on_signals((signal.SIGTERM,))
+    """An event set by SIGTERM or SIGINT (installed only on the main thread, where Python
+    allows it). SIGINT raises KeyboardInterrupt as usual too; the event is what still ends the
+    run at its next wait should a library swallow that exception."""
+    return stop_on_signals((signal.SIGTERM, signal.SIGINT), sigint_raises=True)
 
 
 def resumable_record(config: CuratorConfig, keystore: Keystore, fingerprint: str) -> ReleaseRecord | None:

@@ -325,7 +325,8 @@ def test_sigterm_ends_a_wait_on_the_cluster_within_a_second_or_two(tmp_path: Pat
     SIGTERM during the read waited for the whole shuffle)."""
     import threading
 
-    from secure_release.curator.cluster.engine import DaskEngine, StoppedError, open_engine
+    from secure_release.curator.cluster.engine import DaskEngine, open_engine
+    from secure_release.curator.errors import StoppedError
 
     stop = threading.Event()
     engine = open_engine("dask", workers=1, worker_memory="1GiB", spill_dir=str(tmp_path), stop=stop)
