@@ -88,6 +88,11 @@ class Cluster:
         except (KeyError, OSError):
             return ""
 
+    def tails(self, lines: int = 30) -> str:
+        """The last ``lines`` of every process's log, each under a ``--- name ---`` line (what a
+        failed run prints to say where it failed)."""
+        return "".join(f"--- {name} ---\n{self.tail(name, lines)}\n" for name in self.procs)
+
     def close(self) -> None:
         for proc in self.procs.values():
             if proc.poll() is None:

@@ -169,8 +169,7 @@ def run_release(root: Path, data: Path, certs: Path, akey: Path, m: int, engine:
         wall = time.perf_counter() - t0
         poller.sample()
     except Exception:
-        for name in cluster.procs:
-            sys.stderr.write(f"--- {name} ---\n{cluster.tail(name, 20)}\n")
+        sys.stderr.write(cluster.tails(20))
         raise
     finally:
         poller.stop.set()

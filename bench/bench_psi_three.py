@@ -74,8 +74,7 @@ def release(work: Path, data: Path, certs: Path, akey: Path, alignment: str, wor
         wall = time.perf_counter() - t0
         poller.sample()
     except Exception:
-        for name in cluster.procs:
-            sys.stderr.write(f"--- {name} ---\n{cluster.tail(name, 20)}\n")
+        sys.stderr.write(cluster.tails(20))
         raise
     finally:
         poller.stop.set()

@@ -122,8 +122,7 @@ def run_services(
         wall = time.perf_counter() - t0
         poller.sample()  # every process is still alive here: the last (= peak) VmHWM
     except Exception:
-        for name in cluster.procs:
-            sys.stderr.write(f"--- {name} ---\n{cluster.tail(name, 15)}\n")
+        sys.stderr.write(cluster.tails(15))
         raise
     finally:
         poller.stop.set()

@@ -79,8 +79,7 @@ def release(source: Path, world: Path, extra: dict[str, list[str]], data_dirs: d
         resp = get_estimate(addrs["researcher"], source / "certs", "r1", timeout=240)
         wait_exit(cluster, ["alice", "bob"], 60)
     except Exception:
-        for name in cluster.procs:
-            sys.stderr.write(f"--- {name} ---\n{cluster.tail(name, 30)}\n")
+        sys.stderr.write(cluster.tails(30))
         raise
     finally:
         cluster.close()
