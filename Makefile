@@ -12,7 +12,7 @@ STAMP  := $(VENV)/.installed
 # Such a tree holds the files that existed when it was made: the install runs again whenever
 # pyproject.toml changes or a module is added or removed (the list is kept in $(MODULES)).
 MODULES := $(VENV)/.modules
-SOURCES := $(sort $(wildcard app/*.py app/*/*.py mechanism/*.py infra/*.py curator/*.py curator/*/*.py server/*.py researcher/*.py protos/*.py protos/*/*.py protos/*/*/*.py))
+SOURCES := $(sort $(wildcard app/*.py app/*/*.py mechanism/*.py mechanism/*/*.py infra/*.py curator/*.py curator/*/*.py server/*.py researcher/*.py protos/*.py protos/*/*.py protos/*/*/*.py))
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)

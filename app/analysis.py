@@ -1,8 +1,8 @@
 """The researcher's questions of a release: tests of association, effect sizes, models (DESIGN 11).
 
 Thin composition: a released report's observed counts are summed onto the named attributes
-(:mod:`mechanism.subtables`) and handed to the pure functions of :mod:`mechanism.association`,
-:mod:`mechanism.effects` and :mod:`mechanism.regression`. Everything here reads only what the
+(:mod:`mechanism.analysis.subtables`) and handed to the pure functions of :mod:`mechanism.analysis.association`,
+:mod:`mechanism.analysis.effects` and :mod:`mechanism.analysis.regression`. Everything here reads only what the
 researcher already holds (the observed perturbed counts, gamma, K, m, n): it is post-processing of
 the release and spends no privacy budget.
 """
@@ -17,12 +17,12 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from secure_release.mechanism import association as assoc
-from secure_release.mechanism import effects as fx
-from secure_release.mechanism import regression as reg
-from secure_release.mechanism import subtables
+from secure_release.mechanism.analysis import association as assoc
+from secure_release.mechanism.analysis import effects as fx
+from secure_release.mechanism.analysis import regression as reg
+from secure_release.mechanism.analysis import subtables
 from secure_release.mechanism.errors import NotNestedModelsError, OldResultError, UnknownAttributeError
-from secure_release.mechanism.report import ReleaseReport
+from secure_release.mechanism.estimation.report import ReleaseReport
 
 Names = Sequence[str] | str
 
@@ -95,7 +95,7 @@ def test_independence(
     seed: int = 0,
 ) -> AssociationTest:
     """The likelihood-ratio test of (conditional) independence of the perturbed multinomial
-    (:func:`mechanism.association.independence_test`) on the table of ``a`` x ``b`` x ``given``."""
+    (:func:`mechanism.analysis.association.independence_test`) on the table of ``a`` x ``b`` x ``given``."""
     lay = release_layout(report)
     groups = [_names(a), _names(b), _names(given)]
     subtables.check_names(lay, groups, ("a", "b", "given"))
@@ -184,7 +184,7 @@ def association(
 ) -> Association:
     """Cramer's V, the mutual information and (2 x 2) the odds ratio and risk difference, or
     (both ordered: binned numbers or named in ``ordered``) Kendall's tau-b, with intervals
-    (:func:`mechanism.effects.association_effects`)."""
+    (:func:`mechanism.analysis.effects.association_effects`)."""
     lay = release_layout(report)
     groups = [_names(a), _names(b)]
     subtables.check_names(lay, groups, ("a", "b"))
@@ -255,7 +255,7 @@ def association_columns(rows: Sequence[AssociationRow]) -> dict[str, npt.NDArray
 @dataclass(frozen=True)
 class Model:
     """A logistic (or multinomial) regression of ``outcome`` on ``covariates``, fitted on the
-    likelihood of the perturbed counts (:func:`mechanism.regression.fit_logistic`) of the table of
+    likelihood of the perturbed counts (:func:`mechanism.analysis.regression.fit_logistic`) of the table of
     ``outcome`` x ``over`` (the covariates, and for a reduced model of a comparison the full
     model's covariates too: nested models are compared on one table)."""
 

@@ -13,7 +13,7 @@ import grpc
 
 from secure_release.infra.wire import report_from_pb
 from secure_release.mechanism.errors import ErrorKind, SecureReleaseError
-from secure_release.mechanism.report import ReleaseReport
+from secure_release.mechanism.estimation.report import ReleaseReport
 
 
 def _channel(address: str, certs: Path | None, name: str, insecure: bool = False) -> Any:

@@ -7,7 +7,7 @@
 
 Every result converts to DataFrames (pandas by default, polars with ``backend="polars"``;
 ``pip install 'secure-release[notebook]'``). The release itself needs neither: it runs on numpy
-(:func:`secure_release.mechanism.protocol.run_release`). ``docs/tutorial.md`` walks through it.
+(:func:`secure_release.mechanism.protocol.in_memory.run_release`). ``docs/tutorial.md`` walks through it.
 """
 
 from __future__ import annotations
@@ -35,15 +35,16 @@ from secure_release.frames import (
     to_arrow,
     to_frame,
 )
-from secure_release.mechanism import marginals
+from secure_release.mechanism.analysis.power import PowerPlan, power_plan
+from secure_release.mechanism.analysis.suggest import DEFAULT_LIMIT, SuggestionReport, suggest_changes
 from secure_release.mechanism.cells import number_key
-from secure_release.mechanism.guarantee import plan_report, privacy_guarantee, utility_check
-from secure_release.mechanism.keys import AlignmentKey, PadKey, PramKey, Seed
-from secure_release.mechanism.pads import CipherMode
-from secure_release.mechanism.plan import ReleasePlan, plan_release
-from secure_release.mechanism.power import PowerPlan, power_plan
-from secure_release.mechanism.protocol import CuratorTable, run_release
-from secure_release.mechanism.report import ReleaseReport, build_report
+from secure_release.mechanism.estimation import marginals
+from secure_release.mechanism.estimation.report import ReleaseReport, build_report
+from secure_release.mechanism.primitives.keys import AlignmentKey, PadKey, PramKey, Seed
+from secure_release.mechanism.primitives.pads import CipherMode
+from secure_release.mechanism.privacy.guarantee import plan_report, privacy_guarantee, utility_check
+from secure_release.mechanism.privacy.plan import ReleasePlan, plan_release
+from secure_release.mechanism.protocol.in_memory import CuratorTable, run_release
 from secure_release.mechanism.schema import (
     Attribute,
     CuratorSchema,
@@ -51,8 +52,7 @@ from secure_release.mechanism.schema import (
     attribute_from_dict,
     attribute_to_dict,
 )
-from secure_release.mechanism.simulation import ESTIMATORS, sweep
-from secure_release.mechanism.suggest import DEFAULT_LIMIT, SuggestionReport, suggest_changes
+from secure_release.mechanism.simulation.monte_carlo import ESTIMATORS, sweep
 
 FloatArray = npt.NDArray[np.float64]
 CODEBOOK_WARNING = (
@@ -92,7 +92,7 @@ class Plan:
 
     @property
     def guarantee(self) -> dict[str, Any]:
-        """The guarantee in standard form (:func:`~secure_release.mechanism.guarantee.privacy_guarantee`)."""
+        """The guarantee in standard form (:func:`~secure_release.mechanism.privacy.guarantee.privacy_guarantee`)."""
         return privacy_guarantee(self.plan)
 
     @property
@@ -415,7 +415,7 @@ class Result:
 
     def cell_columns(self, include_truth: bool = False) -> dict[str, npt.NDArray[Any]]:
         """The columns of :meth:`cells` as numpy arrays, in order (no DataFrame library needed)."""
-        from secure_release.mechanism.report import spans_zero
+        from secure_release.mechanism.estimation.report import spans_zero
 
         r = self.report
         labels = np.asarray(r.labels, dtype=str).reshape(len(r.labels), len(r.attributes))
@@ -428,7 +428,7 @@ class Result:
 
     def cells(self, backend: Backend = "pandas", include_truth: bool = False) -> Any:
         """One row per cell: the attribute labels, then the output vocabulary
-        (``mechanism.report.OUTPUT_COLUMNS``: estimate = the headline, raw = A^-1, mle, se of raw,
+        (``mechanism.estimation.report.OUTPUT_COLUMNS``: estimate = the headline, raw = A^-1, mle, se of raw,
         ci_low and ci_high = the share's 95% interval, observed), ci_spans_zero (and, with
         ``include_truth`` for a simulation or demo, the truth if known)."""
         return to_frame(self.cell_columns(include_truth), backend)
@@ -444,7 +444,7 @@ class Result:
     def marginal_table(self, *attributes: str) -> marginals.Marginal:
         """The marginal over ``attributes`` as arrays (``Marginal.columns()`` names them): its
         headline is its own raw estimate projected onto its own simplex, its MLE that of its own
-        counts (:func:`mechanism.marginals.marginal`)."""
+        counts (:func:`mechanism.estimation.marginals.marginal`)."""
         r = self.report
         return marginals.marginal(
             r.attributes, r.labels, r.estimate, attributes, r.plan.n, r.plan.m, r.plan.channel.keep, r.observed
@@ -470,7 +470,7 @@ class Result:
         ``mle`` from that table's own MLE, and a conservative 95% interval of the true probability
         (ci_low, ci_high: the ratio of the exact intervals of the joint and the given shares, each
         at 97.5%, widened where needed to hold the estimate;
-        :func:`mechanism.marginals.conditional_table`). No raw and no se: a ratio of shares that
+        :func:`mechanism.estimation.marginals.conditional_table`). No raw and no se: a ratio of shares that
         may be negative is no probability."""
         tgt = [target] if isinstance(target, str) else list(target)
         giv = [given] if isinstance(given, str) else list(given)
@@ -585,14 +585,14 @@ class Result:
 
     def to_parquet(self, path: str | Path) -> Path:
         """Write :meth:`cell_columns` (never the truth) as Parquet to ``path``; the guarantee and
-        what each column holds (``mechanism.report.COLUMN_MEANINGS``) go in the file's metadata
+        what each column holds (``mechanism.estimation.report.COLUMN_MEANINGS``) go in the file's metadata
         under ``secure_release`` (``analyst export R r.parquet``)."""
         import pyarrow as pa
         import pyarrow.parquet as pq
 
         from secure_release.infra.fileio import atomic_write
-        from secure_release.mechanism.estimators import DEFAULT_ESTIMATOR
-        from secure_release.mechanism.report import COLUMN_MEANINGS
+        from secure_release.mechanism.estimation.estimators import DEFAULT_ESTIMATOR
+        from secure_release.mechanism.estimation.report import COLUMN_MEANINGS
 
         table = pa.table(self.cell_columns())
         about = {"guarantee": self.guarantee, "headline": DEFAULT_ESTIMATOR, "columns": COLUMN_MEANINGS}
@@ -732,7 +732,7 @@ def simulate(
 ) -> Simulation:
     """Simulate ``trials`` releases per (epsilon, m) on a joint count table (curator-major codes);
     m defaults to m* for each epsilon. Fast path: the exact distribution of the observed counts."""
-    from secure_release.mechanism.accounting import optimal_sample_size_int
+    from secure_release.mechanism.privacy.accounting import optimal_sample_size_int
 
     c = np.asarray(counts, dtype=np.int64)
     n, K = int(c.sum()), int(c.size)

@@ -1,5 +1,5 @@
 """Plain-text output a person understands: every column and parameter explained in one line,
-the columns in the output vocabulary (``mechanism.report.OUTPUT_COLUMNS``: the headline
+the columns in the output vocabulary (``mechanism.estimation.report.OUTPUT_COLUMNS``: the headline
 ``estimate`` first), cells whose interval reaches zero marked, the guarantee in standard form and
 a warning when the release is mostly noise. The HTML page is ``report_page``'s."""
 
@@ -10,13 +10,13 @@ from typing import Any
 
 import numpy as np
 
-from secure_release.mechanism.guarantee import privacy_guarantee, utility_check
-from secure_release.mechanism.marginals import Marginal
-from secure_release.mechanism.plan import ReleasePlan
-from secure_release.mechanism.report import COLUMN_MEANINGS, OUTPUT_COLUMNS, ReleaseReport
-from secure_release.mechanism.report import spans_zero as spans_zero  # the rule, for the demo's table
+from secure_release.mechanism.estimation.marginals import Marginal
+from secure_release.mechanism.estimation.report import COLUMN_MEANINGS, OUTPUT_COLUMNS, ReleaseReport
+from secure_release.mechanism.estimation.report import spans_zero as spans_zero  # the rule, for the demo's table
+from secure_release.mechanism.privacy.guarantee import privacy_guarantee, utility_check
+from secure_release.mechanism.privacy.plan import ReleasePlan
 
-#: The printed columns and what each holds: the output vocabulary (``mechanism.report``) first,
+#: The printed columns and what each holds: the output vocabulary (``mechanism.estimation.report``) first,
 #: then the demo's truth.
 COLUMNS = (
     *COLUMN_MEANINGS.items(),
@@ -44,7 +44,7 @@ def parameter_lines(plan: ReleasePlan) -> list[str]:
 
 def guarantee_lines(plan: ReleasePlan, preprocessing: Sequence[str] = ()) -> list[str]:
     """The guarantee in standard form, one statement a line (and one per preprocessed attribute);
-    the OpenDP and dp_accounting lines are the exact code a reader can run (``mechanism.guarantee``;
+    the OpenDP and dp_accounting lines are the exact code a reader can run (``mechanism.privacy.guarantee``;
     tests run them)."""
     g = privacy_guarantee(plan, preprocessing)
     return [

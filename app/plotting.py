@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from secure_release.mechanism.marginals import Marginal, group_cells
+from secure_release.mechanism.estimation.marginals import Marginal, group_cells
 from secure_release.reproduce.sweeps import EPSILONS, FIG_FOR, SYNTHETIC
 from secure_release.tables import CountTable
 

@@ -7,7 +7,7 @@ a bar chart per attribute, a heat map per pair when there are two to four; matpl
 text kept as text), the associations (every cross-curator pair tested, Holm-adjusted, Cramer's V
 with its interval: ``analysis.associations``), the guarantee as a definition list, the plan, then
 the cells in the output
-vocabulary (``mechanism.report.OUTPUT_COLUMNS``). Every number shown also sits at full precision
+vocabulary (``mechanism.estimation.report.OUTPUT_COLUMNS``). Every number shown also sits at full precision
 in a ``data-value`` attribute. No script and no fetch: the page opens offline and prints on A4.
 
 Without matplotlib (the ``plot`` extra) ``analyst report`` refuses with a message saying how to
@@ -25,8 +25,8 @@ import numpy as np
 import numpy.typing as npt
 
 from secure_release.frames import MissingDependencyError
-from secure_release.mechanism.guarantee import privacy_guarantee, utility_check
-from secure_release.mechanism.report import COLUMN_MEANINGS, OUTPUT_COLUMNS, spans_zero
+from secure_release.mechanism.estimation.report import COLUMN_MEANINGS, OUTPUT_COLUMNS, spans_zero
+from secure_release.mechanism.privacy.guarantee import privacy_guarantee, utility_check
 
 #: How each output column is shown (the ``data-value`` attribute keeps full precision).
 FORMATS = {"estimate": "%.4f", "raw": "%+.4f", "mle": "%.4f", "se": "%.4f", "ci_low": "%.4f", "ci_high": "%.4f",

@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from secure_release.mechanism.datasets import synthetic_counts, two_curator_split
 from secure_release.mechanism.errors import SecureReleaseError
 from secure_release.mechanism.schema import CuratorSchema, JointSchema, attribute_from_dict
+from secure_release.mechanism.simulation.datasets import synthetic_counts, two_curator_split
 
 ADULT_CSV = Path(__file__).resolve().parent / "data" / "adult_counts.csv"
 ADULT_SPLIT = "education,marital:sex,salary"

@@ -22,9 +22,9 @@ import numpy as np
 from scipy import stats
 
 from secure_release import api
-from secure_release.mechanism.association import independence_test
-from secure_release.mechanism.effects import association_effects
-from secure_release.mechanism.pram import PramChannel
+from secure_release.mechanism.analysis.association import independence_test
+from secure_release.mechanism.analysis.effects import association_effects
+from secure_release.mechanism.primitives.pram import PramChannel
 
 SEED = 20261127
 

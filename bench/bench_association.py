@@ -5,7 +5,7 @@ Run:  .venv/bin/python bench/bench_association.py [--releases 200] [--draws 199]
                                                  [--json out.json] [--markdown]
 
 Each point simulates ``--releases`` releases on the count-level fast path
-(``mechanism.simulation.fast_observed_counts``: a population of n records drawn i.i.d. from the
+(``mechanism.simulation.monte_carlo.fast_observed_counts``: a population of n records drawn i.i.d. from the
 superpopulation, m of them sampled without replacement, PRAM on the joint of K cells with the
 keep probability of gamma = 1 + (n/m)(e^epsilon - 1); numpy seed 20261127, a simulation, never a
 release). The tested pair is summed out of the joint, as a release's analysis does.
@@ -13,7 +13,7 @@ release). The tested pair is summed out of the joint, as a release's analysis do
 Under the null (the pair independent, or independent within each level of the given attribute),
 it reports the rejection rate at alpha 0.05 and 0.01 with its Monte Carlo standard error, the
 Kolmogorov-Smirnov p-value of the p-values against uniform, and the same for RAPPOR's Wald test
-(measured, not offered: ``mechanism.association.rappor_wald_test``). Under an alternative with a
+(measured, not offered: ``mechanism.analysis.association.rappor_wald_test``). Under an alternative with a
 given Cramer's V it reports the power of the test next to the non-private chi-square test of the
 same m sampled records and of all n records (scipy.stats.chi2_contingency, G-test). The grid:
 m from 30 to n, K from 4 to 96, epsilon from 0.1 to 4, marginal and conditional tests.
@@ -33,10 +33,10 @@ import numpy as np
 import numpy.typing as npt
 from scipy import stats
 
-from secure_release.mechanism.accounting import gamma_from_epsilon
-from secure_release.mechanism.association import independence_test, rappor_wald_test
-from secure_release.mechanism.pram import PramChannel
-from secure_release.mechanism.simulation import fast_observed_counts
+from secure_release.mechanism.analysis.association import independence_test, rappor_wald_test
+from secure_release.mechanism.primitives.pram import PramChannel
+from secure_release.mechanism.privacy.accounting import gamma_from_epsilon
+from secure_release.mechanism.simulation.monte_carlo import fast_observed_counts
 
 SEED = 20261127
 

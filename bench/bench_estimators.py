@@ -3,7 +3,7 @@
 Run:  PYTHONPATH=. python bench/bench_estimators.py [--trials 1000] [--markdown]
 
 For each setting (data set, K, epsilon) at m = m* (Cor. 3.6, as a release plans it), ``trials``
-releases are simulated on the count-level fast path (``mechanism.simulation``: multivariate
+releases are simulated on the count-level fast path (``mechanism.simulation.monte_carlo``: multivariate
 hypergeometric sample, then PRAM at count level; numpy seed 20231123, a simulation, never a
 release) and the mean l2 error ||T_hat - T||_2 of each estimate is reported with its standard
 error. Settings: the audited ones (uniform, linear, peaky at K = 24 and epsilon 0.1 / 0.5 / 1;
@@ -13,7 +13,7 @@ data-driven switch between projection and MLE failed. ``switch`` is that rejecte
 trial: the projection when the projected sum of squared shares exceeds 0.3, else the MLE). The
 last lines give each estimator's worst excess over the best of raw / projected / MLE. The table
 in docs/estimators.md is this script's ``--markdown`` output; the rule it justifies is
-``mechanism.estimators.DEFAULT_ESTIMATOR``.
+``mechanism.estimation.estimators.DEFAULT_ESTIMATOR``.
 """
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ import time
 import numpy as np
 import numpy.typing as npt
 
-from secure_release.mechanism.datasets import largest_remainder, two_curator_split
-from secure_release.mechanism.estimators import DEFAULT_ESTIMATOR, invert_channel, mle_water_filling
-from secure_release.mechanism.plan import plan_release
-from secure_release.mechanism.pram import PramChannel
-from secure_release.mechanism.simulation import fast_observed_counts, project_to_simplex_batch
+from secure_release.mechanism.estimation.estimators import DEFAULT_ESTIMATOR, invert_channel, mle_water_filling
+from secure_release.mechanism.primitives.pram import PramChannel
+from secure_release.mechanism.privacy.plan import plan_release
+from secure_release.mechanism.simulation.datasets import largest_remainder, two_curator_split
+from secure_release.mechanism.simulation.monte_carlo import fast_observed_counts, project_to_simplex_batch
 from secure_release.tables import adult, synthetic
 
 SEED = 20231123

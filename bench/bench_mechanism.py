@@ -3,7 +3,7 @@
 Run:  PYTHONPATH=. python bench/bench_mechanism.py [--json] [--symbols N] [--reps R]
 
 Each figure is the best of R repetitions (default 3), measured in the same process as the raw
-ChaCha20 keystream rate (mechanism.stream.keystream_words), so every rate is also reported as a
+ChaCha20 keystream rate (mechanism.primitives.stream.keystream_words), so every rate is also reported as a
 ratio to that rate: (symbols per second) / (keystream 8-byte words per second). Targets are
 ratios to a same-run reference, so they hold on any machine: pad + encrypt (2 keystream bytes
 a symbol) >= 1.0 keystream words/s (0.25 of keystream alone; bench_scale.py adds the memcpy
@@ -25,12 +25,12 @@ from typing import Any
 
 import numpy as np
 
-from secure_release.mechanism.estimators import estimate_joint, project_to_simplex
-from secure_release.mechanism.keys import PadKey, PramKey, Seed
-from secure_release.mechanism.pads import chacha20_pad, encrypt, otp_pad
-from secure_release.mechanism.pram import PramChannel, perturb
-from secure_release.mechanism.sampling import sample_positions
-from secure_release.mechanism.stream import keystream_words, nonce_for
+from secure_release.mechanism.estimation.estimators import estimate_joint, project_to_simplex
+from secure_release.mechanism.primitives.keys import PadKey, PramKey, Seed
+from secure_release.mechanism.primitives.pads import chacha20_pad, encrypt, otp_pad
+from secure_release.mechanism.primitives.pram import PramChannel, perturb
+from secure_release.mechanism.primitives.sampling import sample_positions
+from secure_release.mechanism.primitives.stream import keystream_words, nonce_for
 
 
 def best_of(fn: Callable[[], object], reps: int) -> float:

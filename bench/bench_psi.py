@@ -6,7 +6,7 @@ Run:  PYTHONPATH=. python bench/bench_psi.py [--sizes 10000,100000] [--json]
 
 ``--groups`` (issue 41): CPU microseconds per variable-base scalar multiplication (parse, multiply,
 encode) and per hash to the group, in one run, for the group in use (secp256k1 through
-libsecp256k1, :mod:`mechanism.psi_group`) and the candidates that are installed: libsodium's
+libsecp256k1, :mod:`mechanism.alignment.psi_group`) and the candidates that are installed: libsodium's
 edwards25519 through PyNaCl (the group before issue 41), ristretto255 through pysodium, X25519
 through ``cryptography`` (clamped scalars: no inverses, so not usable for the ring's masks), and
 coincurve's public API.
@@ -23,8 +23,8 @@ curator spreads its per-element calls over W processes (``PsiWorkers``). The loa
 reported before and after.
 
 For each size s: two curators with s ids each, half of them shared. Reported in the same run:
-- keyed hash: mechanism.alignment.id_tags for both curators + common_tags (seconds);
-- PSI: mechanism.psi.run_psi (both curators' ring, in one process: the sum of both curators'
+- keyed hash: mechanism.alignment.keyed_hash.id_tags for both curators + common_tags (seconds);
+- PSI: mechanism.alignment.psi.run_psi (both curators' ring, in one process: the sum of both curators'
   work) + common_tags; per-curator time is about half (each curator does s hashes and 2 s
   scalar multiplications at N = 2);
 - server-sampled (rekeyed path): the one upload's bytes and seconds, and seconds per release
@@ -43,10 +43,8 @@ from typing import Any
 
 import numpy as np
 
-from secure_release.mechanism.alignment import TAG_DTYPE, common_tags, id_tags
-from secure_release.mechanism.keys import AlignmentKey
-from secure_release.mechanism.protocol import CuratorTable
-from secure_release.mechanism.psi import (
+from secure_release.mechanism.alignment.keyed_hash import TAG_DTYPE, common_tags, id_tags
+from secure_release.mechanism.alignment.psi import (
     PsiKey,
     PsiWorkers,
     psi_finish_points,
@@ -56,8 +54,10 @@ from secure_release.mechanism.psi import (
     psi_tags,
     run_psi,
 )
+from secure_release.mechanism.primitives.keys import AlignmentKey
+from secure_release.mechanism.protocol.architectures import StoredRelease, run_server_sampled_release
+from secure_release.mechanism.protocol.in_memory import CuratorTable
 from secure_release.mechanism.schema import Attribute, CuratorSchema
-from secure_release.mechanism.variants import StoredRelease, run_server_sampled_release
 
 
 def _ids(size: int, offset: int) -> np.ndarray:
@@ -104,7 +104,7 @@ def _curator(j: int, num: int, size: int, workers: int, akey: bytes, inbox: Any,
         start.wait()
         cpu0 = time.process_time()
         t0 = busy = time.perf_counter()
-        own = psi_start(ids, key, pool, num)  # N = 2: unmasked (mechanism/psi.py)
+        own = psi_start(ids, key, pool, num)  # N = 2: unmasked (mechanism/alignment/psi.py)
         busy = time.perf_counter() - busy
         outbox.put((j, 1, own.sent))
         for hop in range(1, num):
@@ -177,7 +177,7 @@ def bench_groups(count: int = 2000) -> dict[str, float]:
     """Per-operation CPU cost of the group in use and of the installed candidates (module doc)."""
     import hashlib
 
-    from secure_release.mechanism import psi_group as grp
+    from secure_release.mechanism.alignment import psi_group as grp
 
     ids = [b"person-%09d" % i for i in range(count)]
     out: dict[str, float] = {}

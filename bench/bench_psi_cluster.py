@@ -44,9 +44,9 @@ from secure_release.curator.cluster.ring import Transport  # noqa: E402
 from secure_release.curator.leader import LeaderState  # noqa: E402
 from secure_release.curator.table import load_schema  # noqa: E402
 from secure_release.infra.logs import EventLog  # noqa: E402
-from secure_release.mechanism.pads import CipherMode  # noqa: E402
-from secure_release.mechanism.psi import PsiKey  # noqa: E402
-from secure_release.mechanism.variants import AlignmentMode  # noqa: E402
+from secure_release.mechanism.alignment.psi import PsiKey  # noqa: E402
+from secure_release.mechanism.primitives.pads import CipherMode  # noqa: E402
+from secure_release.mechanism.protocol.architectures import AlignmentMode  # noqa: E402
 
 CURATORS = ("alice", "bob")
 

@@ -54,14 +54,14 @@ import pyarrow.parquet as pq
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from secure_release.curator.table import TableSpec, read_table
-from secure_release.mechanism.alignment import align, common_tags, id_tags
-from secure_release.mechanism.keys import AlignmentKey, PadKey, PramKey, Seed
-from secure_release.mechanism.pads import CipherMode, new_release_pad
-from secure_release.mechanism.pram import PramChannel, perturb
-from secure_release.mechanism.protocol import agree_alignment
-from secure_release.mechanism.sampling import sample_positions
+from secure_release.mechanism.alignment.keyed_hash import align, common_tags, id_tags
+from secure_release.mechanism.primitives.keys import AlignmentKey, PadKey, PramKey, Seed
+from secure_release.mechanism.primitives.pads import CipherMode, new_release_pad
+from secure_release.mechanism.primitives.pram import PramChannel, perturb
+from secure_release.mechanism.primitives.sampling import sample_positions
+from secure_release.mechanism.primitives.stream import keystream_words, nonce_for
+from secure_release.mechanism.protocol.in_memory import agree_alignment
 from secure_release.mechanism.schema import Attribute, CuratorSchema
-from secure_release.mechanism.stream import keystream_words, nonce_for
 
 SPEC = TableSpec(
     CuratorSchema("alice", (Attribute("edu", ("none", "school", "college")), Attribute("mar", ("m", "s")))),

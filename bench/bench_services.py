@@ -11,7 +11,7 @@ One synthetic Adult-shaped table of N rows (default 1.5 M, split between alice a
   time = first process started -> estimate received (includes interpreter start-up, reading the
   CSVs, alignment, upload, PRAM, fetch, decryption and estimation; not the one-time ``budget
   set`` of each data set, done before).
-* in-process: ``curator.table.read_table`` of both CSVs + ``mechanism.protocol.run_release`` on
+* in-process: ``curator.table.read_table`` of both CSVs + ``mechanism.protocol.in_memory.run_release`` on
   the same tables, same epsilon, m and cipher, measured in the same run.
 
 Throughput is N aligned input rows per second of wall time; ratio = in-process time / services
@@ -53,7 +53,7 @@ from secure_release.cluster import PARTIES, Cluster, get_estimate, launch_releas
 from secure_release.curator.table import load_schema, read_table  # noqa: E402
 from secure_release.demo_data import write_demo_data  # noqa: E402
 from secure_release.infra.pki import init_pki  # noqa: E402
-from secure_release.mechanism import protocol  # noqa: E402
+from secure_release.mechanism.protocol import in_memory as protocol  # noqa: E402
 
 ROLES = ("server", "alice", "bob", "researcher")
 

@@ -18,8 +18,8 @@ import time
 
 import numpy as np
 
-from secure_release.mechanism import accounting
-from secure_release.mechanism.simulation import log_m_grid, records_from_counts, simulate_point
+from secure_release.mechanism.privacy import accounting
+from secure_release.mechanism.simulation.monte_carlo import log_m_grid, records_from_counts, simulate_point
 from secure_release.tables import adult
 
 

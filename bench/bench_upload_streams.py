@@ -42,11 +42,11 @@ from secure_release.curator.release.upload import ServerLink  # noqa: E402
 from secure_release.curator.waits import Deadline  # noqa: E402
 from secure_release.infra.logs import EventLog  # noqa: E402
 from secure_release.infra.pki import init_pki  # noqa: E402
-from secure_release.mechanism.keys import AlignmentKey  # noqa: E402
-from secure_release.mechanism.packing import CHUNK_ROWS  # noqa: E402
-from secure_release.mechanism.pads import CipherMode  # noqa: E402
-from secure_release.mechanism.plan import plan_release  # noqa: E402
-from secure_release.mechanism.spec import ReleaseSpec  # noqa: E402
+from secure_release.mechanism.primitives.keys import AlignmentKey  # noqa: E402
+from secure_release.mechanism.primitives.packing import CHUNK_ROWS  # noqa: E402
+from secure_release.mechanism.primitives.pads import CipherMode  # noqa: E402
+from secure_release.mechanism.privacy.plan import plan_release  # noqa: E402
+from secure_release.mechanism.protocol.spec import ReleaseSpec  # noqa: E402
 from secure_release.server.state import ServerLimits  # noqa: E402
 from secure_release.server.store import Store  # noqa: E402
 

@@ -33,7 +33,7 @@ from secure_release.mechanism.errors import (
     NonFiniteInputError,
     UnknownCipherError,
 )
-from secure_release.mechanism.spec import DEFAULT_MAX_EPSILON
+from secure_release.mechanism.protocol.spec import DEFAULT_MAX_EPSILON
 
 #: Errors in what the operator gave (flags, files, keystore): exit code 2.
 USAGE_ERRORS = (

@@ -60,11 +60,12 @@ import pyarrow.parquet as pq
 from secure_release.curator.badrows import BadCell
 from secure_release.curator.badrows import BadRowsError as BadRowsError  # raised here, named here too
 from secure_release.infra.memory import release_free_memory
-from secure_release.mechanism.alignment import IdArray, id_tags
+from secure_release.mechanism.alignment.keyed_hash import IdArray, id_tags
 from secure_release.mechanism.cells import MOMENT_PATTERN, cell_text, equivalent_codes, hint, offsets_data, plain
 from secure_release.mechanism.errors import SecureReleaseError
-from secure_release.mechanism.keys import AlignmentKey
-from secure_release.mechanism.protocol import CuratorTable
+from secure_release.mechanism.primitives.keys import AlignmentKey
+from secure_release.mechanism.primitives.stream import worker_pool
+from secure_release.mechanism.protocol.in_memory import CuratorTable
 from secure_release.mechanism.schema import (
     Attribute,
     CuratorSchema,
@@ -73,7 +74,6 @@ from secure_release.mechanism.schema import (
     edge_text,
     mixed_radix_encode,
 )
-from secure_release.mechanism.stream import worker_pool
 
 _DECLARE_MISSING = 'declare "missing": LABEL in the schema to count such cells under a public label'
 #: The column name the bad-row summary gives id problems (whatever the schema's id column).

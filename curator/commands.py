@@ -38,9 +38,9 @@ from secure_release.curator.records.ledgersign import HeadSigner
 from secure_release.curator.records.witness import BudgetWitness, carry_over
 from secure_release.infra.config import ConfigError, require
 from secure_release.infra.tls import secure_channel
-from secure_release.mechanism.accounting import AccountingPolicy, pld_policy
-from secure_release.mechanism.ledger import LostHistoryError, PrivacyLedger
-from secure_release.mechanism.spec import check_name, check_party_name
+from secure_release.mechanism.privacy.accounting import AccountingPolicy, pld_policy
+from secure_release.mechanism.privacy.ledger import LostHistoryError, PrivacyLedger
+from secure_release.mechanism.protocol.spec import check_name, check_party_name
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
 

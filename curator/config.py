@@ -22,14 +22,14 @@ from secure_release.curator.partitions import dataset_name, require_data
 from secure_release.infra.config import ConfigError, require, split_address, testing_enabled
 from secure_release.infra.fileio import require_dir, require_file
 from secure_release.infra.streams import MAX_TAG_PARTS
-from secure_release.mechanism.accounting import check_epsilon
+from secure_release.mechanism.alignment.psi import PsiKey
 from secure_release.mechanism.errors import UnknownCipherError
-from secure_release.mechanism.keys import AlignmentKey, PadKey, Seed
-from secure_release.mechanism.pads import CipherMode
-from secure_release.mechanism.psi import PsiKey
-from secure_release.mechanism.server_sampling import TableKey
-from secure_release.mechanism.spec import DEFAULT_MAX_EPSILON, check_name, check_names, check_party_name
-from secure_release.mechanism.variants import AlignmentMode, SamplingMode, UnknownVariantError
+from secure_release.mechanism.primitives.keys import AlignmentKey, PadKey, Seed
+from secure_release.mechanism.primitives.pads import CipherMode
+from secure_release.mechanism.privacy.accounting import check_epsilon
+from secure_release.mechanism.protocol.architectures import AlignmentMode, SamplingMode, UnknownVariantError
+from secure_release.mechanism.protocol.server_sampling import TableKey
+from secure_release.mechanism.protocol.spec import DEFAULT_MAX_EPSILON, check_name, check_names, check_party_name
 
 #: Settings that hold secrets: allowed as flags or environment, never in a --config file.
 SECRET_SETTINGS = frozenset(
@@ -53,7 +53,7 @@ REQUIRED_STORE = ("table_id", "data", "schema", "curators", "server", "name")
 #: positions) is not offered across the services (docs/architectures.md section 3).
 POSITIONS_PATH_REFUSAL = (
     "only the rekeyed key path runs across the services; the positions path stays in memory "
-    "(mechanism.server_sampling): positions repeat across releases of one table, so the researcher "
+    "(mechanism.protocol.server_sampling): positions repeat across releases of one table, so the researcher "
     "would see which rows two releases share, which costs more than epsilon_1 + epsilon_2 for some overlaps "
     "(above m1 m2 / n for a binary joint alphabet, below it too for K >= 3, where no bound is proved; the "
     "ledger's pure-DP budget no longer holds), and a long-lived table key "

@@ -1,6 +1,6 @@
 """What the leading curator collects for one release: every curator's tags and alphabet size,
 guarded by one condition variable (the RPC threads add, the run thread waits). The agreement
-itself is :func:`secure_release.mechanism.variants.leader_agree_variant` (the sample fixed by a
+itself is :func:`secure_release.mechanism.protocol.architectures.leader_agree_variant` (the sample fixed by a
 seed or by an OS-drawn index tuple; the tags are keyed-hash or PSI tags alike).
 """
 
@@ -35,13 +35,18 @@ from secure_release.infra.streams import (
     TagBuffer,
     TagPart,
 )
-from secure_release.mechanism.alignment import TAG_DTYPE, RowOrder, SortedTags, TagArray, align_all
+from secure_release.mechanism.alignment.keyed_hash import TAG_DTYPE, RowOrder, SortedTags, TagArray, align_all
+from secure_release.mechanism.alignment.psi import POINT_BYTES, psi_leader_view
+from secure_release.mechanism.alignment.psi_proof import ReblindProofError, proof_context, slice_context, verify_reblind
 from secure_release.mechanism.errors import SecureReleaseError, ShapeMismatchError
-from secure_release.mechanism.keys import Seed
-from secure_release.mechanism.pads import CipherMode
-from secure_release.mechanism.psi import POINT_BYTES, psi_leader_view
-from secure_release.mechanism.psi_proof import ReblindProofError, proof_context, slice_context, verify_reblind
-from secure_release.mechanism.variants import AlignmentMode, SamplingMode, VariantAgreement, leader_agree_variant
+from secure_release.mechanism.primitives.keys import Seed
+from secure_release.mechanism.primitives.pads import CipherMode
+from secure_release.mechanism.protocol.architectures import (
+    AlignmentMode,
+    SamplingMode,
+    VariantAgreement,
+    leader_agree_variant,
+)
 
 
 def psi_mismatch(curators: tuple[str, ...], tags: dict[str, TagArray]) -> PsiMismatchError:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from secure_release.infra.streams import PsiStreamError
-from secure_release.mechanism.psi import POINT_BYTES
+from secure_release.mechanism.alignment.psi import POINT_BYTES
 
 #: Slices a list may have at most (a file each at a leader on a cluster): at the default 65,536
 #: points a slice, 4 * 10^9 points.

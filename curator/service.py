@@ -50,9 +50,9 @@ from secure_release.infra.streams import (
     point_chunks,
     read_point_stream,
 )
+from secure_release.mechanism.alignment.psi import POINT_BYTES
 from secure_release.mechanism.errors import SecureReleaseError
-from secure_release.mechanism.pads import ReleasePad
-from secure_release.mechanism.psi import POINT_BYTES
+from secure_release.mechanism.primitives.pads import ReleasePad
 from secure_release.mechanism.schema import CuratorSchema
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc

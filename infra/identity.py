@@ -13,7 +13,7 @@ from pathlib import Path
 from cryptography import x509
 
 from secure_release.mechanism.errors import InvalidNameError, SecureReleaseError
-from secure_release.mechanism.spec import PARTY_GRAMMAR, check_party_name
+from secure_release.mechanism.protocol.spec import PARTY_GRAMMAR, check_party_name
 
 ROLES = ("curator", "server", "researcher", "analyst")
 URI_SCHEME = "secure-release://"

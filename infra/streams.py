@@ -39,31 +39,31 @@ from secure_release.infra.wire import (
     spec_from_pb,
     spec_to_pb,
 )
-from secure_release.mechanism.alignment import TAG_BYTES as TAG_BYTES  # the wire's tag size, defined once
-from secure_release.mechanism.alignment import TAG_DTYPE, TagArray
+from secure_release.mechanism.alignment.keyed_hash import TAG_BYTES as TAG_BYTES  # the wire's tag size, defined once
+from secure_release.mechanism.alignment.keyed_hash import TAG_DTYPE, TagArray
+from secure_release.mechanism.alignment.psi import POINT_BYTES
 from secure_release.mechanism.errors import ErrorKind, SecureReleaseError, ShapeMismatchError
-from secure_release.mechanism.index_sharing import (
+from secure_release.mechanism.primitives.keys import Seed
+from secure_release.mechanism.primitives.packing import CHUNK_ROWS, digest_of, pack_symbols
+from secure_release.mechanism.primitives.pads import CipherMode, ReleasePad
+from secure_release.mechanism.protocol.architectures import AlignmentMode, SamplingMode, VariantAgreement
+from secure_release.mechanism.protocol.in_memory import Agreement
+from secure_release.mechanism.protocol.index_sharing import (
     IndexArray,
     indices_fingerprint,
     packed_size,
     sample_set_fingerprint,
     unpack_indices,
 )
-from secure_release.mechanism.keys import Seed
-from secure_release.mechanism.packing import CHUNK_ROWS, digest_of, pack_symbols
-from secure_release.mechanism.pads import CipherMode, ReleasePad
-from secure_release.mechanism.protocol import Agreement
-from secure_release.mechanism.psi import POINT_BYTES
+from secure_release.mechanism.protocol.spec import ReleaseSpec, check_name, check_names, check_party_name
 from secure_release.mechanism.schema import CuratorSchema
-from secure_release.mechanism.spec import ReleaseSpec, check_name, check_names, check_party_name
-from secure_release.mechanism.variants import AlignmentMode, SamplingMode, VariantAgreement
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
 
 #: At most 1 MiB of tags a message.
 TAGS_PER_CHUNK = (1 << 20) // TAG_BYTES
 #: At most 1 MiB of payload bytes a message (packed indices, PSI points).
 PIECE_BYTES = 1 << 20
-#: At most 1 MiB of PSI points (33 bytes each, mechanism.psi.POINT_BYTES) a message.
+#: At most 1 MiB of PSI points (33 bytes each, mechanism.alignment.psi.POINT_BYTES) a message.
 POINTS_PER_CHUNK = PIECE_BYTES // POINT_BYTES
 
 
@@ -396,7 +396,7 @@ class PsiList:
     owner: str
     hop: int
     points: bytes
-    proof: bytes = b""  # hop >= 2: the sender's re-blinding proof (mechanism/psi_proof.py)
+    proof: bytes = b""  # hop >= 2: the sender's re-blinding proof (mechanism/alignment/psi_proof.py)
     public_key: bytes = b""
     slice: tuple[int, int, int, int] | None = None  # a slice: (index, slices, first point, points of the list)
 
@@ -488,7 +488,7 @@ def agreement_from_chunks(chunks: Iterator[pb.AgreementChunk], rows_sink: RowSin
     """Join an AgreementChunk stream into a validated agreement: chunks in order, exactly one of
     seed (SEED) or packed indices (INDICES), the packed tuple no longer than m positions over n
     pack into (checked while it arrives, before it is buffered further) and then unpacked and
-    validated (:class:`~secure_release.mechanism.index_sharing.InvalidIndexTupleError`).
+    validated (:class:`~secure_release.mechanism.protocol.index_sharing.InvalidIndexTupleError`).
     ``rows_sink``: the recipient's row order goes there piece by piece (the agreement then
     carries its count, not the rows)."""
     first: pb.AgreementChunk | None = None

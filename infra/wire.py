@@ -1,9 +1,9 @@
 """The wire: the only module where protobuf messages become domain values and back.
 
-Release parameters <-> :class:`~secure_release.mechanism.spec.ReleaseSpec` (with the release
+Release parameters <-> :class:`~secure_release.mechanism.protocol.spec.ReleaseSpec` (with the release
 kind: curator- or server-sampled, and the stored table), the mode enums (cipher, sampling,
 alignment), curator schemas, a stored table's status, and the researcher's
-:class:`~secure_release.mechanism.report.ReleaseReport` <-> ``EstimateResponse``. The chunked
+:class:`~secure_release.mechanism.estimation.report.ReleaseReport` <-> ``EstimateResponse``. The chunked
 streams (tags, PSI lists, the agreement, uploads, tables, samples, perturbed rows, keys) live
 in :mod:`.streams`, each encoder beside its decoder.
 Decoding validates: a message that does not make a valid domain value raises a named error.
@@ -15,13 +15,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from secure_release.mechanism.errors import SecureReleaseError, UnknownCipherError
-from secure_release.mechanism.packing import CHUNK_ROWS
-from secure_release.mechanism.pads import CipherMode
-from secure_release.mechanism.plan import ReleasePlan
-from secure_release.mechanism.report import CELL_COLUMNS, ReleaseReport
+from secure_release.mechanism.estimation.report import CELL_COLUMNS, ReleaseReport
+from secure_release.mechanism.primitives.packing import CHUNK_ROWS
+from secure_release.mechanism.primitives.pads import CipherMode
+from secure_release.mechanism.privacy.plan import ReleasePlan
+from secure_release.mechanism.protocol.architectures import AlignmentMode, SamplingMode, UnknownVariantError
+from secure_release.mechanism.protocol.spec import ReleaseSpec
 from secure_release.mechanism.schema import Attribute, CuratorSchema
-from secure_release.mechanism.spec import ReleaseSpec
-from secure_release.mechanism.variants import AlignmentMode, SamplingMode, UnknownVariantError
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
 
 _PB_OF_CIPHER = {CipherMode.OTP: pb.CIPHER_MODE_OTP, CipherMode.CHACHA20: pb.CIPHER_MODE_CHACHA20}

@@ -37,7 +37,7 @@ from secure_release.infra.fileio import require_dir
 from secure_release.infra.health import add_health_and_reflection
 from secure_release.infra.logs import EventLog, add_log_format_flag, pop_log_format, setup_logging
 from secure_release.infra.tls import bind, make_grpc_server
-from secure_release.mechanism.report import ReleaseReport
+from secure_release.mechanism.estimation.report import ReleaseReport
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
 from secure_release.researcher.client import Endpoints, check_seconds
 from secure_release.researcher.heatmap import prewarm

@@ -4,7 +4,7 @@ key. A curator that says no (PERMISSION_DENIED, NOT_FOUND, UNAUTHENTICATED) has 
 that cannot be reached is *unavailable* and is asked again with backoff until the deadline.
 
 Every message is decoded through ``infra.wire``; every value that reaches the estimate is
-checked against the release's validated :class:`~secure_release.mechanism.spec.ReleaseSpec`.
+checked against the release's validated :class:`~secure_release.mechanism.protocol.spec.ReleaseSpec`.
 """
 
 from __future__ import annotations
@@ -31,11 +31,11 @@ from secure_release.infra.streams import FetchError, PerturbedStream, key_from_c
 from secure_release.infra.tls import secure_channel
 from secure_release.infra.wire import cipher_from_pb, schema_from_pb, spec_from_pb
 from secure_release.mechanism.errors import ErrorKind
-from secure_release.mechanism.keys import PadKey
-from secure_release.mechanism.packing import CHUNK_ROWS, unpack_symbols
-from secure_release.mechanism.pads import CipherMode, ReleasePad
+from secure_release.mechanism.primitives.keys import PadKey
+from secure_release.mechanism.primitives.packing import CHUNK_ROWS, unpack_symbols
+from secure_release.mechanism.primitives.pads import CipherMode, ReleasePad
+from secure_release.mechanism.protocol.spec import ReleaseSpec
 from secure_release.mechanism.schema import CuratorSchema, SymbolArray, mixed_radix_encode
-from secure_release.mechanism.spec import ReleaseSpec
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
 from secure_release.researcher.errors import DigestMismatchError, KeyMismatchError, ReleaseNotReadyError

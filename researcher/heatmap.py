@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from secure_release.mechanism.report import ReleaseReport
+from secure_release.mechanism.estimation.report import ReleaseReport
 
 #: Cells print their values only up to this many cells (beyond it the text is unreadable).
 MAX_ANNOTATED_CELLS = 400

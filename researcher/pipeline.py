@@ -1,8 +1,8 @@
-"""One release, start to finish, as a typed :class:`~secure_release.mechanism.report.ReleaseReport`.
+"""One release, start to finish, as a typed :class:`~secure_release.mechanism.estimation.report.ReleaseReport`.
 
 wait until PERTURBED (ABORTED stops with the reason) -> fetch the perturbed rows (digest checked)
 -> ask each curator for its key (unreachable curators again until the deadline) -> decrypt and
-estimate with ``mechanism.protocol`` -> write ``<out>/<release>.json``, ``.csv`` and ``.png``.
+estimate with ``mechanism.protocol.in_memory`` -> write ``<out>/<release>.json``, ``.csv`` and ``.png``.
 
 Without every key the release fails with :class:`MissingKeysError` naming the missing curators,
 unless ``allow_partial``: then only the marginal of the granting curators is estimated and the
@@ -16,10 +16,10 @@ from pathlib import Path
 
 from secure_release.infra.logs import EventLog
 from secure_release.mechanism.errors import ErrorKind, SecureReleaseError
-from secure_release.mechanism.protocol import estimate_from_counts, researcher_decrypt, researcher_estimate
-from secure_release.mechanism.report import ReleaseReport, build_report
+from secure_release.mechanism.estimation.report import ReleaseReport, build_report
+from secure_release.mechanism.protocol.in_memory import estimate_from_counts, researcher_decrypt, researcher_estimate
+from secure_release.mechanism.protocol.spec import ReleaseSpec, check_name
 from secure_release.mechanism.schema import JointSchema, SymbolArray
-from secure_release.mechanism.spec import ReleaseSpec, check_name
 from secure_release.researcher.client import (
     Endpoints,
     FetchDeadline,

@@ -21,8 +21,8 @@ from secure_release.infra.errors import abort_with
 from secure_release.infra.logs import EventLog
 from secure_release.infra.wire import report_to_pb
 from secure_release.mechanism.errors import ErrorKind, SecureReleaseError
-from secure_release.mechanism.report import ReleaseReport
-from secure_release.mechanism.spec import check_name
+from secure_release.mechanism.estimation.report import ReleaseReport
+from secure_release.mechanism.protocol.spec import check_name
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
 from secure_release.researcher.errors import EstimateNotFoundError, NotAReaderError, ReleaseFailedError

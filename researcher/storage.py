@@ -13,7 +13,7 @@ from pathlib import Path
 
 from secure_release.infra.fileio import atomic_write, private_dir, read_nofollow
 from secure_release.infra.logs import EventLog
-from secure_release.mechanism.report import OUTPUT_COLUMNS, ReleaseReport
+from secure_release.mechanism.estimation.report import OUTPUT_COLUMNS, ReleaseReport
 from secure_release.researcher.heatmap import heatmap_png
 
 FILE_MODE = 0o600

@@ -29,7 +29,7 @@ from secure_release.infra.entry import run_main, serve_until_signal
 from secure_release.infra.fileio import require_dir
 from secure_release.infra.health import add_health_and_reflection
 from secure_release.infra.logs import add_log_format_flag, pop_log_format, setup_logging
-from secure_release.mechanism.keys import PramKey, Seed
+from secure_release.mechanism.primitives.keys import PramKey, Seed
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
 from secure_release.server.service import ReleaseService, make_notifier
 from secure_release.server.service import log as service_log

@@ -19,8 +19,8 @@ from secure_release.infra.errors import abort_with
 from secure_release.infra.logs import EventLog
 from secure_release.infra.tls import secure_channel
 from secure_release.mechanism.errors import ErrorKind, SecureReleaseError
-from secure_release.mechanism.keys import PramKey
-from secure_release.mechanism.packing import CHUNK_ROWS
+from secure_release.mechanism.primitives.keys import PramKey
+from secure_release.mechanism.primitives.packing import CHUNK_ROWS
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
 from secure_release.server import state as st

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 
 from secure_release.mechanism.errors import ErrorKind, SecureReleaseError
-from secure_release.mechanism.spec import DEFAULT_MAX_EPSILON, ReleaseSpec
+from secure_release.mechanism.protocol.spec import DEFAULT_MAX_EPSILON, ReleaseSpec
 
 
 @dataclass(frozen=True)

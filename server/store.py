@@ -46,13 +46,18 @@ import numpy as np
 from secure_release.infra.fileio import check_owned, open_nofollow, private_dir
 from secure_release.infra.streams import TableDeclaration
 from secure_release.mechanism.errors import ErrorKind, SecureReleaseError
-from secure_release.mechanism.index_sharing import IndexArray, indices_fingerprint, pack_indices, unpack_indices
-from secure_release.mechanism.keys import PramKey, Seed
-from secure_release.mechanism.packing import CHUNK_ROWS, pack_symbols, symbol_width, unpack_symbols
-from secure_release.mechanism.pram import PRAM_BLOCK_ROWS, perturb
+from secure_release.mechanism.primitives.keys import PramKey, Seed
+from secure_release.mechanism.primitives.packing import CHUNK_ROWS, pack_symbols, symbol_width, unpack_symbols
+from secure_release.mechanism.primitives.pram import PRAM_BLOCK_ROWS, perturb
+from secure_release.mechanism.protocol.index_sharing import (
+    IndexArray,
+    indices_fingerprint,
+    pack_indices,
+    unpack_indices,
+)
+from secure_release.mechanism.protocol.server_sampling import server_apply_rekey, server_draw_sample
+from secure_release.mechanism.protocol.spec import ReleaseSpec
 from secure_release.mechanism.schema import SymbolArray
-from secure_release.mechanism.server_sampling import server_apply_rekey, server_draw_sample
-from secure_release.mechanism.spec import ReleaseSpec
 from secure_release.server.sqltx import StoreFullError, transaction
 from secure_release.server.state import (
     AbortedAtServerError,

@@ -1,7 +1,7 @@
 """Stored tables (server-side sampling): pure rules, no I/O.
 
 A stored table is every curator's whole aligned column, each encrypted under that curator's
-table key (``mechanism.server_sampling.curator_store_table``), uploaded once and kept for many
+table key (``mechanism.protocol.server_sampling.curator_store_table``), uploaded once and kept for many
 releases. The first curator to upload declares the table (its curators in joint-code order and
 n); every other curator must declare the same, plus its own alphabet size. The table is
 **complete** once every curator committed its column; only then may a release sample it.
@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from secure_release.infra.streams import TableDeclaration, table_num_chunks
 from secure_release.infra.wire import TablePartView
 from secure_release.mechanism.errors import ErrorKind
-from secure_release.mechanism.packing import CHUNK_ROWS, symbol_width
-from secure_release.mechanism.spec import ReleaseSpec
+from secure_release.mechanism.primitives.packing import CHUNK_ROWS, symbol_width
+from secure_release.mechanism.protocol.spec import ReleaseSpec
 from secure_release.server.state import (
     ChunkShapeError,
     ConflictingChunkError,

@@ -1,4 +1,4 @@
-"""In-process fakes for the researcher's tests: a release built with ``mechanism.protocol``
+"""In-process fakes for the researcher's tests: a release built with ``mechanism.protocol.in_memory``
 (sample, encrypt, PRAM), a fake release server serving its perturbed rows and fake curators
 serving their keys, each a real gRPC server on 127.0.0.1 (insecure mode, access table on)."""
 
@@ -17,21 +17,20 @@ import numpy as np
 
 from secure_release.infra.tls import bind, make_grpc_server
 from secure_release.infra.wire import cipher_to_pb, schema_to_pb, spec_to_pb
-from secure_release.mechanism.keys import PadKey, PramKey, Seed
-from secure_release.mechanism.packing import pack_symbols
-from secure_release.mechanism.pads import CipherMode, ReleasePad
-from secure_release.mechanism.plan import plan_release
-from secure_release.mechanism.protocol import (
-    ReleaseEstimate,
+from secure_release.mechanism.estimation.report import ReleaseEstimate, ReleaseReport
+from secure_release.mechanism.primitives.keys import PadKey, PramKey, Seed
+from secure_release.mechanism.primitives.packing import pack_symbols
+from secure_release.mechanism.primitives.pads import CipherMode, ReleasePad
+from secure_release.mechanism.primitives.sampling import sample_positions
+from secure_release.mechanism.privacy.plan import plan_release
+from secure_release.mechanism.protocol.in_memory import (
     curator_encrypt,
     researcher_decrypt,
     researcher_estimate,
     server_perturb,
 )
-from secure_release.mechanism.report import ReleaseReport
-from secure_release.mechanism.sampling import sample_positions
+from secure_release.mechanism.protocol.spec import ReleaseSpec
 from secure_release.mechanism.schema import Attribute, CuratorSchema, JointSchema, SymbolArray
-from secure_release.mechanism.spec import ReleaseSpec
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
 from secure_release.researcher.client import Endpoints
@@ -53,7 +52,7 @@ class FakeRelease:
     schemas: tuple[CuratorSchema, ...] = SCHEMAS
 
     def expected(self, granted: Sequence[int] | None = None) -> ReleaseEstimate:
-        """``mechanism.protocol``'s estimate from the granted curators' keys (default all)."""
+        """``mechanism.protocol.in_memory``'s estimate from the granted curators' keys (default all)."""
         subset = list(range(len(self.pads))) if granted is None else list(granted)
         decrypted = researcher_decrypt([self.perturbed[j] for j in subset], [self.pads[j] for j in subset])
         return researcher_estimate(decrypted, self.spec.plan, subset)

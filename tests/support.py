@@ -14,10 +14,10 @@ import numpy.typing as npt
 import pytest
 
 from secure_release.infra import wire
-from secure_release.mechanism.packing import CHUNK_ROWS, pack_symbols
-from secure_release.mechanism.pads import CipherMode
-from secure_release.mechanism.plan import plan_release
-from secure_release.mechanism.spec import ReleaseSpec
+from secure_release.mechanism.primitives.packing import CHUNK_ROWS, pack_symbols
+from secure_release.mechanism.primitives.pads import CipherMode
+from secure_release.mechanism.privacy.plan import plan_release
+from secure_release.mechanism.protocol.spec import ReleaseSpec
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
 
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from secure_release.curator.cluster.engine import Engine
     from secure_release.curator.cluster.sharded import ShardedTable
     from secure_release.curator.config import CuratorConfig
-    from secure_release.mechanism.keys import AlignmentKey
+    from secure_release.mechanism.primitives.keys import AlignmentKey
 
 #: Every party the tests use: three curators, the server, a granted and an ungranted
 #: researcher, and an analyst.
@@ -140,7 +140,7 @@ def demo_world(root: Path, rows: int, seed: int) -> Path:
     (``certs/NAME`` per party) and an alignment key (``align.key``), for system tests."""
     from secure_release.demo_data import write_demo_data
     from secure_release.infra.pki import init_pki
-    from secure_release.mechanism.keys import AlignmentKey
+    from secure_release.mechanism.primitives.keys import AlignmentKey
 
     write_demo_data(root / "data", rows=rows, seed=seed)
     init_pki(root / "certs", list(PARTIES))
@@ -203,7 +203,7 @@ def curator_config(name: str, **changes: Any) -> CuratorConfig:
     """A ``CuratorConfig`` of curator ``name`` of release ``r1`` (alice leads; bob follows), for
     services run in the test process: no files are read, plaintext, ``changes`` over the rest."""
     from secure_release.curator.config import CuratorConfig
-    from secure_release.mechanism.keys import AlignmentKey
+    from secure_release.mechanism.primitives.keys import AlignmentKey
 
     base: dict[str, Any] = dict(
         name=name, release_id="r1", epsilon=1.0, m=None, cipher=CipherMode.OTP, curators=("alice", "bob"),

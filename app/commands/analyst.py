@@ -20,7 +20,7 @@ from secure_release import display
 from secure_release.api import Result, _result
 from secure_release.frames import TableInputError
 from secure_release.mechanism.errors import SecureReleaseError
-from secure_release.mechanism.report import COLUMN_MEANINGS
+from secure_release.mechanism.estimation.report import COLUMN_MEANINGS
 
 _CONN = "--researcher 127.0.0.1:7200 --certs certs/analyst --name analyst"
 EPILOG = (

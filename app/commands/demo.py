@@ -87,8 +87,8 @@ def register(sub: Any) -> None:
 
 def check_args(args: argparse.Namespace) -> None:
     """Named errors for out-of-range flags, before anything starts."""
-    from secure_release.mechanism.accounting import check_epsilon
     from secure_release.mechanism.errors import InvalidSampleSizeError, TooFewCuratorsError
+    from secure_release.mechanism.privacy.accounting import check_epsilon
 
     check_epsilon(args.epsilon)
     if not 2 <= args.curators <= MAX_CURATORS:
@@ -115,7 +115,7 @@ def _sizes(data: Path, curators: Sequence[str]) -> tuple[int, ...]:
 def run(args: argparse.Namespace) -> int:
     from secure_release.demo_data import write_demo_data
     from secure_release.infra.pki import init_pki
-    from secure_release.mechanism.plan import plan_release
+    from secure_release.mechanism.privacy.plan import plan_release
 
     check_args(args)
     os.umask(0o077)  # the demo's tables, keys, logs, store and results: private to this user
@@ -299,7 +299,7 @@ def _question(report: Any) -> tuple[Any, Any] | None:
 def _summary(report: Any, truth: list[float], info: dict[str, Any]) -> dict[str, Any]:
     """The demo's JSON: the report's cells with truth and interval marks, the plan, the
     guarantee in standard form, the utility check."""
-    from secure_release.mechanism.guarantee import privacy_guarantee, utility_check
+    from secure_release.mechanism.privacy.guarantee import privacy_guarantee, utility_check
 
     plan = report.plan
     err = float(np.linalg.norm(report.estimate - np.asarray(truth)))

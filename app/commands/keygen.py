@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from secure_release.mechanism.errors import ErrorKind, SecureReleaseError
-from secure_release.mechanism.keys import AlignmentKey
+from secure_release.mechanism.primitives.keys import AlignmentKey
 
 
 class KeyFileExistsError(SecureReleaseError):

@@ -10,12 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from secure_release import display
-from secure_release.mechanism.errors import SecureReleaseError
-from secure_release.mechanism.guarantee import plan_report, privacy_guarantee, utility_check
-from secure_release.mechanism.plan import plan_release
-from secure_release.mechanism.power import PowerPlan, power_plan
-from secure_release.mechanism.schema import CuratorSchema
-from secure_release.mechanism.suggest import (
+from secure_release.mechanism.analysis.power import PowerPlan, power_plan
+from secure_release.mechanism.analysis.suggest import (
     DEFAULT_LIMIT,
     MAX_SUGGESTED_EPSILON,
     Figures,
@@ -25,6 +21,10 @@ from secure_release.mechanism.suggest import (
     suggest_changes,
     suggest_for_alphabets,
 )
+from secure_release.mechanism.errors import SecureReleaseError
+from secure_release.mechanism.privacy.guarantee import plan_report, privacy_guarantee, utility_check
+from secure_release.mechanism.privacy.plan import plan_release
+from secure_release.mechanism.schema import CuratorSchema
 
 
 class PlanFlagsError(SecureReleaseError):
@@ -214,7 +214,7 @@ def power_lines(pair: PowerPlan) -> list[str]:
 
 
 def run_suggest(args: argparse.Namespace, schemas: list[CuratorSchema], id_columns: list[str]) -> int:
-    """``plan --suggest``: :func:`mechanism.suggest.suggest_changes` on the --schema files."""
+    """``plan --suggest``: :func:`mechanism.analysis.suggest.suggest_changes` on the --schema files."""
     if schemas and args.alphabet:
         raise PlanFlagsError("--suggest takes the --schema files or --alphabet, not both (the schemas give the "
                              "alphabets; --alphabet alone suggests only an epsilon)")  # fmt: skip

@@ -10,11 +10,11 @@ from typing import Any
 import numpy as np
 
 from secure_release import plotting
-from secure_release.mechanism import accounting
 from secure_release.mechanism.errors import InvalidSampleSizeError
-from secure_release.mechanism.estimators import INTERVAL_METHODS, check_level
-from secure_release.mechanism.pram import PramChannel
-from secure_release.mechanism.simulation import (
+from secure_release.mechanism.estimation.estimators import INTERVAL_METHODS, check_level
+from secure_release.mechanism.primitives.pram import PramChannel
+from secure_release.mechanism.privacy import accounting
+from secure_release.mechanism.simulation.monte_carlo import (
     ESTIMATORS,
     SimulationPoint,
     coverage_study,

@@ -188,7 +188,7 @@ def closed_form_mle() -> str:
         "- **The MLE is closed-form.** For the gamma-diagonal channel the likelihood is concave "
         "and its KKT conditions give p_c = max(0, N_c / lambda - r), r = (1 - a)/(K a), with "
         "lambda fixed by water filling over the cells with the largest counts "
-        "(`mechanism.estimators.mle_water_filling`). It equals EM's fixed point to 1e-8 in the "
+        "(`mechanism.estimation.estimators.mle_water_filling`). It equals EM's fixed point to 1e-8 in the "
         "tests and is never less likely; EM (kept as `reference.estimate_mle` for cross-checking) needs "
         "thousands of iterations when a is small (timings: bench/bench_simulate.py)."
     )

@@ -14,7 +14,7 @@ from secure_release.tables import CountTable
 def header_line(trials: int, seed: int, base: CountTable, seconds: float) -> str:
     return (
         f"Trials per point: {trials}; seed {seed}; n = {base.n}; K = {base.joint_size} for "
-        f"Figs. 5-8; fast count-level path (mechanism/simulation.py); run time {seconds:.0f} s."
+        f"Figs. 5-8; fast count-level path (mechanism/simulation/monte_carlo.py); run time {seconds:.0f} s."
     )
 
 

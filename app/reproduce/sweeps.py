@@ -10,10 +10,10 @@ from typing import Any
 
 import numpy as np
 
-from secure_release.mechanism import accounting
-from secure_release.mechanism.estimators import INTERVAL_METHODS
-from secure_release.mechanism.pram import PramChannel
-from secure_release.mechanism.simulation import exact_cell_coverage, log_m_grid, simulate_point
+from secure_release.mechanism.estimation.estimators import INTERVAL_METHODS
+from secure_release.mechanism.primitives.pram import PramChannel
+from secure_release.mechanism.privacy import accounting
+from secure_release.mechanism.simulation.monte_carlo import exact_cell_coverage, log_m_grid, simulate_point
 from secure_release.tables import CountTable, adult, synthetic
 
 EPSILONS = (0.1, 0.5, 1.0)

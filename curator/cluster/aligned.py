@@ -26,7 +26,7 @@ from secure_release.curator.cluster import shards as st
 from secure_release.curator.cluster.engine import Engine
 from secure_release.curator.cluster.sharded import ShardedTable
 from secure_release.infra.streams import AgreementError
-from secure_release.mechanism import sharding as sh
+from secure_release.mechanism.alignment import sharding as sh
 
 
 @dataclass

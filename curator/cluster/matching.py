@@ -48,14 +48,14 @@ from secure_release.curator.cluster.spool import SpoolError, SpoolRange, suffixe
 from secure_release.curator.errors import AgreementNotReadyError
 from secure_release.curator.leader import LeaderState, TagParts, TagPartsError
 from secure_release.infra.streams import TAG_BYTES, WHOLE_STREAM, AgreementError, TagPart
-from secure_release.mechanism import sharding as sh
-from secure_release.mechanism.alignment import TAG_DTYPE, TagArray
+from secure_release.mechanism.alignment import sharding as sh
+from secure_release.mechanism.alignment.keyed_hash import TAG_DTYPE, TagArray
 from secure_release.mechanism.errors import ShapeMismatchError
-from secure_release.mechanism.keys import Seed
-from secure_release.mechanism.plan import plan_release
-from secure_release.mechanism.protocol import Agreement
-from secure_release.mechanism.spec import ReleaseSpec
-from secure_release.mechanism.variants import AlignmentMode, SamplingMode, VariantAgreement
+from secure_release.mechanism.primitives.keys import Seed
+from secure_release.mechanism.privacy.plan import plan_release
+from secure_release.mechanism.protocol.architectures import AlignmentMode, SamplingMode, VariantAgreement
+from secure_release.mechanism.protocol.in_memory import Agreement
+from secure_release.mechanism.protocol.spec import ReleaseSpec
 
 
 class SpooledRows:

@@ -32,11 +32,11 @@ import numpy.typing as npt
 from secure_release.curator.cluster.sealed import Sealed, opened
 from secure_release.curator.cluster.shards import PartitionResult, RowProblem
 from secure_release.infra.memory import release_free_memory
-from secure_release.mechanism.alignment import id_tags
-from secure_release.mechanism.keys import AlignmentKey
-from secure_release.mechanism.psi import POINT_BYTES, finish_slice, hash_blind, psi_tags
-from secure_release.mechanism.psi_group import blind_packed
-from secure_release.mechanism.sharding import WORK_DTYPE, Shard, split_by_shard, symbol_dtype
+from secure_release.mechanism.alignment.keyed_hash import id_tags
+from secure_release.mechanism.alignment.psi import POINT_BYTES, finish_slice, hash_blind, psi_tags
+from secure_release.mechanism.alignment.psi_group import blind_packed
+from secure_release.mechanism.alignment.sharding import WORK_DTYPE, Shard, split_by_shard, symbol_dtype
+from secure_release.mechanism.primitives.keys import AlignmentKey
 
 
 def point_rows(alphabet_size: int) -> np.dtype[np.void]:
@@ -89,7 +89,7 @@ def finish_slice_tags(
     """Step 3-4 for rows ``start .. stop - 1`` of a point shard: ``returned`` (their points after
     N blindings, in the order sent; or the file in the engine's handoff directory that holds
     them) as F, its tags in tag domain ``domain``, and the rows' symbols, split by tag shard
-    (:class:`~secure_release.mechanism.psi_group.InvalidPointError` for a point that is not a
+    (:class:`~secure_release.mechanism.alignment.psi_group.InvalidPointError` for a point that is not a
     curve point; a slice of another size is refused)."""
     if isinstance(returned, str):
         returned = Path(returned).read_bytes()

@@ -46,10 +46,10 @@ from secure_release.curator.psi_mailbox import MAX_SLICES, SliceShape
 from secure_release.curator.table import TableSpec
 from secure_release.infra.logs import EventLog, peak_rss_mib
 from secure_release.infra.streams import AgreementError
-from secure_release.mechanism import sharding as sh
-from secure_release.mechanism.keys import AlignmentKey
-from secure_release.mechanism.psi import PsiKey, first_scalar, unmask_scalar
-from secure_release.mechanism.psi_proof import prove_reblind, public_point, slice_context
+from secure_release.mechanism.alignment import sharding as sh
+from secure_release.mechanism.alignment.psi import PsiKey, first_scalar, unmask_scalar
+from secure_release.mechanism.alignment.psi_proof import prove_reblind, public_point, slice_context
+from secure_release.mechanism.primitives.keys import AlignmentKey
 
 #: Points a slice holds at most (2.1 MB on the wire; about 2.5 s of one worker a hop here).
 SLICE_POINTS = 1 << 16
@@ -100,7 +100,7 @@ def slice_shapes(runs: Sequence[tuple[int, int, int]]) -> list[SliceShape]:
 
 def tag_domain(me: str, curators: Sequence[str]) -> int:
     """The tag domain of this curator's PSI tags: a follower's own (its index); the leader's,
-    at N = 2, its follower's (domain 1), against which it matches (``mechanism/psi.py``, step
+    at N = 2, its follower's (domain 1), against which it matches (``mechanism/alignment/psi.py``, step
     4). A leader on a cluster at N >= 3 would need its tags in every domain: not supported
     (the configuration refuses it)."""
     at = list(curators).index(me)

@@ -1,6 +1,6 @@
 """The seed's sample taken where the aligned column is: no process holds n keys or m rows.
 
-The rule is :mod:`secure_release.mechanism.sampling`'s (DESIGN 3.2): the m positions with the
+The rule is :mod:`secure_release.mechanism.primitives.sampling`'s (DESIGN 3.2): the m positions with the
 smallest (r_i, i), in that order, r_i the seekable ChaCha20 words of the sampling key. On a
 cluster:
 
@@ -9,13 +9,13 @@ cluster:
    m + 8 sqrt(m) of n) and splits them, with their symbols, into R equal key ranges
    (:func:`keep_run`); only the R counts come back;
 2. the counts say where each key range starts in the m-tuple (the ranges are disjoint and in
-   key order) and which ranges hold the first m (:func:`~secure_release.mechanism.sampling.range_takes`);
+   key order) and which ranges hold the first m (:func:`~secure_release.mechanism.primitives.sampling.range_takes`);
 3. each such range is merged on one worker from every run's part of it (:func:`merge_range`:
    concatenated in position order, one numeric sort by (key, position)), cut to what it gives;
 4. the curator process receives the ranges in order, a window at a time, and writes them to the
    release's sample file (:meth:`~secure_release.curator.records.keystore.Keystore.write_sample`).
 
-The tuple is the same one :func:`~secure_release.mechanism.sampling.sample_positions` gives,
+The tuple is the same one :func:`~secure_release.mechanism.primitives.sampling.sample_positions` gives,
 bit for bit (tests/unit/test_cluster_sample.py): fewer than m keys at or below the cut (odds
 below 1e-15) are noticed from the counts, and the keys are then all kept. The workers get the
 sampling key (which rows are sampled), never a pad.
@@ -35,9 +35,10 @@ from secure_release.curator.cluster.sealed import Sealed, opened
 from secure_release.curator.cluster.sharded import in_order
 from secure_release.infra.logs import EventLog
 from secure_release.infra.memory import release_free_memory
+from secure_release.mechanism.alignment.sharding import HoldsArrays, owned
 from secure_release.mechanism.errors import InvalidSampleSizeError
-from secure_release.mechanism.keys import Seed
-from secure_release.mechanism.sampling import (
+from secure_release.mechanism.primitives.keys import Seed
+from secure_release.mechanism.primitives.sampling import (
     MAX_KEY,
     key_range_width,
     keys_at_positions,
@@ -48,7 +49,6 @@ from secure_release.mechanism.sampling import (
     sampling_key,
     split_kept_keys,
 )
-from secure_release.mechanism.sharding import HoldsArrays, owned
 
 U64 = npt.NDArray[np.uint64]
 Symbols = npt.NDArray[np.unsignedinteger]

@@ -27,9 +27,9 @@ from secure_release.curator.cluster.sealed import Sealed
 from secure_release.curator.table import BadRowsError, TableSpec
 from secure_release.infra.logs import EventLog, peak_rss_mib
 from secure_release.infra.streams import AgreementError
-from secure_release.mechanism import sharding as sh
-from secure_release.mechanism.alignment import TAG_DTYPE, TagArray
-from secure_release.mechanism.keys import AlignmentKey
+from secure_release.mechanism.alignment import sharding as sh
+from secure_release.mechanism.alignment.keyed_hash import TAG_DTYPE, TagArray
+from secure_release.mechanism.primitives.keys import AlignmentKey
 
 MAX_REPORTED = 50  # repeated ids located and named in one report
 #: Tags the curator process fetches from a worker at once to send them on (16 MiB).
@@ -148,7 +148,7 @@ def load_sharded(
     """Read, check, hash and shard the table at ``data`` (a file, directory or glob) on the
     engine. Bad rows anywhere refuse the whole table (:class:`BadRowsError`, each problem with
     its file and line), and so do repeated ids, before any tag leaves the process.
-    ``group_bits``: the shuffle's two levels (:func:`~secure_release.mechanism.sharding.group_bits_for`
+    ``group_bits``: the shuffle's two levels (:func:`~secure_release.mechanism.alignment.sharding.group_bits_for`
     by default; 0: one level); the shards are the same either way. ``stage``: what reads a
     partition (:func:`~.shards.hash_partition`, or the PSI ring's
     :func:`~.psi_stages.point_partition`, which takes ``stage_args`` too)."""

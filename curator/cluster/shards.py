@@ -1,7 +1,7 @@
 """The curator's release stages over one partition or one tag shard (``--engine dask``).
 
 The array steps (shard of a tag, split, sort, intersection, gather) are
-:mod:`secure_release.mechanism.sharding`; this module adds the partition reads and the worker's
+:mod:`secure_release.mechanism.alignment.sharding`; this module adds the partition reads and the worker's
 memory hand-back around them. Every stage is a plain function of its arguments (no engine, no
 I/O but the partition read), so the same function runs in-process or on a Dask worker, and the
 engine (:mod:`secure_release.curator.cluster.engine`) only schedules it.
@@ -12,7 +12,7 @@ The stages of one curator:
    table; bad rows come back with their file and line), hash its ids into tags, and split
    ``(tag, symbol)`` by shard.
 2. :func:`merge_shard`: one shard's pieces from every partition (or, past
-   :data:`~secure_release.mechanism.sharding.TWO_LEVEL_PIECES`, from every batch of partitions
+   :data:`~secure_release.mechanism.alignment.sharding.TWO_LEVEL_PIECES`, from every batch of partitions
    :func:`regroup` joined), sorted by tag; equal adjacent
    tags are repeated ids (their tags come back; :func:`locate_tags` then finds each one's file
    and line, on the error path only).
@@ -22,7 +22,7 @@ The stages of one curator:
    symbols of the common tags stay there (:func:`match_symbols`), each follower's stream
    indices of them come back (:func:`match_rows`), in canonical order.
 4. A follower gathers its symbols at those rows shard by shard
-   (:func:`~secure_release.mechanism.sharding.gather_symbols`); the shards' results in order are
+   (:func:`~secure_release.mechanism.alignment.sharding.gather_symbols`); the shards' results in order are
    the curator's aligned column, which the seed's sample indexes.
 """
 
@@ -39,9 +39,8 @@ import numpy.typing as npt
 from secure_release.curator.cluster.sealed import Sealed, opened
 from secure_release.curator.cluster.spool import SpoolRange
 from secure_release.infra.memory import release_free_memory
-from secure_release.mechanism.alignment import TAG_DTYPE, TagArray, id_tags
-from secure_release.mechanism.keys import AlignmentKey
-from secure_release.mechanism.sharding import (
+from secure_release.mechanism.alignment.keyed_hash import TAG_DTYPE, TagArray, id_tags
+from secure_release.mechanism.alignment.sharding import (
     WORK_DTYPE,
     HoldsArrays,
     Piece,
@@ -56,6 +55,7 @@ from secure_release.mechanism.sharding import (
     unit_run,
     within_unit,
 )
+from secure_release.mechanism.primitives.keys import AlignmentKey
 
 
 @dataclass(frozen=True)
@@ -121,13 +121,13 @@ def shard_tag_slice_to(shard: Shard, start: int, stop: int, path: str) -> str:
 
 
 def gather_symbols_from(shard: Shard, path: str, dtype: str) -> npt.NDArray[np.unsignedinteger]:
-    """:func:`~secure_release.mechanism.sharding.gather_symbols` at the rows (uint32) the curator
+    """:func:`~secure_release.mechanism.alignment.sharding.gather_symbols` at the rows (uint32) the curator
     process left at ``path`` in the engine's handoff directory."""
     return gather_symbols(shard, np.fromfile(path, dtype="<u4"), dtype)
 
 
 def merge_shard(pieces: Sequence[Piece]) -> Shard:
-    """Stage 2: :func:`~secure_release.mechanism.sharding.merge_pieces`, then the worker hands the
+    """Stage 2: :func:`~secure_release.mechanism.alignment.sharding.merge_pieces`, then the worker hands the
     freed pages back (its memory limit counts them)."""
     shard = merge_pieces(pieces)
     release_free_memory()
@@ -147,7 +147,7 @@ def match_shard(
     own: Shard, others: Sequence[tuple[TagArray, npt.NDArray[np.integer]]], dtype: str,
     unit: tuple[int, int] | None = None,
 ) -> Match:  # fmt: skip
-    """Stage 3 at the leader: :func:`~secure_release.mechanism.sharding.intersect_shard` of its
+    """Stage 3 at the leader: :func:`~secure_release.mechanism.alignment.sharding.intersect_shard` of its
     shard with every follower's part of it, then its own symbols gathered at once (the rows
     never leave the worker). ``unit``: ``(unit, bits)``, the followers' tags are the unit's (their
     top ``bits`` bits are ``unit``; :class:`ShardError` if one is not), so only the shard's run of

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from secure_release.mechanism import sharding as sh
-from secure_release.mechanism.alignment import TAG_BYTES, TAG_DTYPE, TagArray
+from secure_release.mechanism.alignment import sharding as sh
+from secure_release.mechanism.alignment.keyed_hash import TAG_BYTES, TAG_DTYPE, TagArray
 from secure_release.mechanism.errors import SecureReleaseError
 
 

@@ -28,17 +28,17 @@ from secure_release.curator.records.ledgerfile import LedgerFile
 from secure_release.curator.records.ledgersign import HeadSigner
 from secure_release.infra.fileio import UnsafePathError, atomic_write, open_nofollow, private_dir, read_nofollow
 from secure_release.infra.streams import tags_from_bytes
-from secure_release.mechanism.alignment import TAG_DTYPE, TagArray
+from secure_release.mechanism.alignment.keyed_hash import TAG_DTYPE, TagArray
+from secure_release.mechanism.alignment.psi import PsiKey
 from secure_release.mechanism.errors import ErrorKind, SecureReleaseError
-from secure_release.mechanism.keys import PadKey, Seed
-from secure_release.mechanism.packing import CHUNK_ROWS, pack_symbols
-from secure_release.mechanism.pads import CipherMode, ReleasePad, encrypt
-from secure_release.mechanism.protocol import Agreement
-from secure_release.mechanism.psi import PsiKey
+from secure_release.mechanism.primitives.keys import PadKey, Seed
+from secure_release.mechanism.primitives.packing import CHUNK_ROWS, pack_symbols
+from secure_release.mechanism.primitives.pads import CipherMode, ReleasePad, encrypt
+from secure_release.mechanism.protocol.architectures import AlignmentMode, SamplingMode, VariantAgreement
+from secure_release.mechanism.protocol.in_memory import Agreement
+from secure_release.mechanism.protocol.server_sampling import TableKey
+from secure_release.mechanism.protocol.spec import ReleaseSpec
 from secure_release.mechanism.schema import Attribute, CuratorSchema, SymbolArray
-from secure_release.mechanism.server_sampling import TableKey
-from secure_release.mechanism.spec import ReleaseSpec
-from secure_release.mechanism.variants import AlignmentMode, SamplingMode, VariantAgreement
 
 
 class KeystoreError(SecureReleaseError):

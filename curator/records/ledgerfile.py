@@ -31,8 +31,8 @@ from secure_release.infra.fileio import (
     private_dir,
     read_nofollow,
 )
-from secure_release.mechanism.accounting import AccountingPolicy
-from secure_release.mechanism.ledger import (
+from secure_release.mechanism.privacy.accounting import AccountingPolicy
+from secure_release.mechanism.privacy.ledger import (
     LedgerEntry,
     LedgerHead,
     LedgerTamperedError,

@@ -3,7 +3,7 @@ keystore (the curator's certificate key, ``CERTS/NAME.key``).
 
 Someone who can write the keystore directory but cannot read that key cannot produce a head that
 verifies: an edited, forged, truncated or replaced history is refused
-(:class:`~secure_release.mechanism.ledger.LedgerTamperedError`). A signature does not stop a
+(:class:`~secure_release.mechanism.privacy.ledger.LedgerTamperedError`). A signature does not stop a
 rollback to an older signed copy; the server's witness does (:mod:`secure_release.curator.records.witness`),
 keyed by :meth:`HeadSigner.witness_fingerprint` so the server cannot test guesses of a data set.
 """
@@ -20,7 +20,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from secure_release.infra.fileio import read_nofollow
 from secure_release.mechanism.errors import ErrorKind, SecureReleaseError
-from secure_release.mechanism.ledger import LedgerHead
+from secure_release.mechanism.privacy.ledger import LedgerHead
 
 
 class SigningKeyError(SecureReleaseError):

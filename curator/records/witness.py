@@ -20,7 +20,7 @@ import time
 from secure_release.curator.records.ledgerfile import LedgerFile
 from secure_release.curator.records.ledgersign import HeadSigner
 from secure_release.curator.waits import Deadline, retry_until
-from secure_release.mechanism.ledger import BUDGET_SLACK, LedgerEntry, LedgerTamperedError, PrivacyLedger
+from secure_release.mechanism.privacy.ledger import BUDGET_SLACK, LedgerEntry, LedgerTamperedError, PrivacyLedger
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
 

@@ -2,7 +2,7 @@
 
 The leader collects every curator's tags (:class:`~secure_release.curator.leader.LeaderState`)
 and fixes spec, sample (a seed, or with ``--sampling indices`` the packed index tuple) and common
-tags with ``mechanism.variants.leader_agree_variant``; a follower sends its tags to the leader and
+tags with ``mechanism.protocol.architectures.leader_agree_variant``; a follower sends its tags to the leader and
 fetches the agreement. Either way the curator then checks the spec and the modes against its own
 settings (:func:`spec_differences`) before it samples anything.
 """
@@ -41,11 +41,11 @@ from secure_release.infra.streams import (
     tag_chunks,
 )
 from secure_release.infra.tls import secure_channel
-from secure_release.mechanism.alignment import TAG_DTYPE, Alignment, RowOrder, SortedTags, TagArray, align
+from secure_release.mechanism.alignment.keyed_hash import TAG_DTYPE, Alignment, RowOrder, SortedTags, TagArray, align
 from secure_release.mechanism.errors import SecureReleaseError
-from secure_release.mechanism.plan import plan_release
-from secure_release.mechanism.spec import ReleaseSpec
-from secure_release.mechanism.variants import VariantAgreement, sample_fingerprint
+from secure_release.mechanism.privacy.plan import plan_release
+from secure_release.mechanism.protocol.architectures import VariantAgreement, sample_fingerprint
+from secure_release.mechanism.protocol.spec import ReleaseSpec
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
 

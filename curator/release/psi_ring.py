@@ -1,4 +1,4 @@
-"""``--alignment psi``: one curator's part of the N-party ECDH ring (:mod:`mechanism.psi`) over
+"""``--alignment psi``: one curator's part of the N-party ECDH ring (:mod:`mechanism.alignment.psi`) over
 the Curator service.
 
 Followers talk only to the leader, so the leader is the ring's mailbox: curator j blinds its own
@@ -10,7 +10,7 @@ Those tags go to the leader as keyed-hash tags do (``SubmitTags``); the leader, 
 same against its own mailbox without RPCs, keeps its own tags in every domain and matches each
 follower's tags against its own rows only (``psi_leader_view``), so it learns its pairwise
 intersection with each curator and nothing about ids it does not hold; each follower is sent its
-own rows of the N-way intersection (``mechanism/psi.py``, issue 23).
+own rows of the N-way intersection (``mechanism/alignment/psi.py``, issue 23).
 
 On a curator's cluster (``--engine dask``, :func:`run_cluster_ring`) the same ring runs a slice of
 each list at a time (:mod:`secure_release.curator.cluster.ring`): the leader's own slices go
@@ -49,8 +49,8 @@ from secure_release.curator.waits import Deadline, retry_until
 from secure_release.infra.logs import EventLog
 from secure_release.infra.streams import AgreementError, point_chunks, read_point_stream
 from secure_release.infra.tls import secure_channel
-from secure_release.mechanism.alignment import TagArray
-from secure_release.mechanism.psi import (
+from secure_release.mechanism.alignment.keyed_hash import TagArray
+from secure_release.mechanism.alignment.psi import (
     POINT_BYTES,
     PsiKey,
     PsiWorkers,
@@ -59,7 +59,7 @@ from secure_release.mechanism.psi import (
     psi_start,
     psi_tags,
 )
-from secure_release.mechanism.psi_proof import proof_context, prove_reblind, public_point
+from secure_release.mechanism.alignment.psi_proof import proof_context, prove_reblind, public_point
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
 
@@ -126,12 +126,12 @@ def ring(me: str, curators: tuple[str, ...], ids: npt.NDArray[np.str_], key: Psi
     ``receive(owner, hop)``): start (masked by the one-time r), N-1 re-blinding hops, finish
     (unmask and apply the own scalar last); the per-element calls shared by ``workers``
     processes. Every re-blinded list goes with a proof that it is the received list raised to
-    this curator's key (:mod:`secure_release.mechanism.psi_proof`), which the leader checks.
+    this curator's key (:mod:`secure_release.mechanism.alignment.psi_proof`), which the leader checks.
     Returns F of every own row, packed in own row order (:func:`psi_finish_points`)."""
     num, at = len(curators), curators.index(me)
     public = public_point(key)
     with PsiWorkers(workers) as pool:
-        own = psi_start(ids, key, pool, num)  # N = 2: unmasked (mechanism/psi.py)
+        own = psi_start(ids, key, pool, num)  # N = 2: unmasked (mechanism/alignment/psi.py)
         send(me, 1, own.sent, b"", b"")
         for hop in range(1, num):
             owner = curators[(at - hop) % num]

@@ -68,8 +68,8 @@ from secure_release.infra.logs import EventLog, peak_rss_mib
 from secure_release.infra.memory import release_free_memory
 from secure_release.infra.streams import AgreementError
 from secure_release.infra.tls import bind, make_grpc_server
-from secure_release.mechanism import sharding as sh
-from secure_release.mechanism.alignment import (
+from secure_release.mechanism.alignment import sharding as sh
+from secure_release.mechanism.alignment.keyed_hash import (
     TAG_DTYPE,
     DuplicateIdError,
     RowOrder,
@@ -78,20 +78,20 @@ from secure_release.mechanism.alignment import (
     has_repeated_tag,
     sort_tags,
 )
+from secure_release.mechanism.alignment.psi import PsiKey
 from secure_release.mechanism.errors import SecureReleaseError
-from secure_release.mechanism.ledger import PrivacyLedger
-from secure_release.mechanism.pads import new_release_pad
-from secure_release.mechanism.protocol import CuratorTable, curator_tags
-from secure_release.mechanism.psi import PsiKey
-from secure_release.mechanism.schema import SymbolArray
-from secure_release.mechanism.spec import ReleaseSpec
-from secure_release.mechanism.variants import (
+from secure_release.mechanism.primitives.pads import new_release_pad
+from secure_release.mechanism.privacy.ledger import PrivacyLedger
+from secure_release.mechanism.protocol.architectures import (
     AlignmentMode,
     SamplingMode,
     VariantAgreement,
     agreement_positions,
     sample_fingerprint,
 )
+from secure_release.mechanism.protocol.in_memory import CuratorTable, curator_tags
+from secure_release.mechanism.protocol.spec import ReleaseSpec
+from secure_release.mechanism.schema import SymbolArray
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
 

@@ -4,7 +4,7 @@ in any number of releases the server samples from it.
 ``store-table`` (:func:`store_table`): read the table -> id tags (keyed hash, or the PSI ring
 through the leader) -> the agreement exactly as for a release (leader or follower; the spec is a
 placeholder under the table id and its seed is never used) -> align -> encrypt the whole aligned
-column under a fresh :class:`~secure_release.mechanism.server_sampling.TableKey`
+column under a fresh :class:`~secure_release.mechanism.protocol.server_sampling.TableKey`
 (``curator_store_table``) -> persist the table record (key, n, every curator's alphabet size,
 schema, ciphertext digest; 0600, fsync) before any byte leaves -> upload what the server lacks
 (``StoreTable``, chunks <= 1 MiB, digest) -> wait until every curator committed. A rerun reuses
@@ -76,19 +76,19 @@ from secure_release.infra.exitcodes import refusal_reason
 from secure_release.infra.logs import EventLog
 from secure_release.infra.streams import ServerSample, TableDeclaration, sample_from_chunks, table_chunks
 from secure_release.mechanism.errors import ErrorKind, SecureReleaseError
-from secure_release.mechanism.packing import digest_of
-from secure_release.mechanism.pads import decrypt
-from secure_release.mechanism.plan import plan_release
-from secure_release.mechanism.protocol import curator_tags
-from secure_release.mechanism.schema import SymbolArray
-from secure_release.mechanism.server_sampling import (
+from secure_release.mechanism.primitives.packing import digest_of
+from secure_release.mechanism.primitives.pads import decrypt
+from secure_release.mechanism.privacy.plan import plan_release
+from secure_release.mechanism.protocol.architectures import AlignmentMode, VariantAgreement
+from secure_release.mechanism.protocol.in_memory import curator_tags
+from secure_release.mechanism.protocol.server_sampling import (
     TableKey,
     charge_table_release,
     curator_rekey,
     curator_store_table,
 )
-from secure_release.mechanism.spec import ReleaseSpec
-from secure_release.mechanism.variants import AlignmentMode, VariantAgreement
+from secure_release.mechanism.protocol.spec import ReleaseSpec
+from secure_release.mechanism.schema import SymbolArray
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
 
 POLL_S = 0.25

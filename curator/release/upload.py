@@ -37,9 +37,9 @@ from secure_release.infra.streams import upload_commit, upload_digest, upload_ru
 from secure_release.infra.tls import secure_channel
 from secure_release.infra.wire import spec_to_pb
 from secure_release.mechanism.errors import ErrorKind, SecureReleaseError, ShapeMismatchError
-from secure_release.mechanism.packing import CHUNK_ROWS, pack_symbols
+from secure_release.mechanism.primitives.packing import CHUNK_ROWS, pack_symbols
+from secure_release.mechanism.protocol.spec import ReleaseSpec
 from secure_release.mechanism.schema import SymbolArray
-from secure_release.mechanism.spec import ReleaseSpec
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
 

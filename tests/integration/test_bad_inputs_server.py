@@ -13,7 +13,7 @@ import grpc
 import pytest
 
 from secure_release.infra import tls
-from secure_release.mechanism.packing import CHUNK_ROWS, pack_symbols
+from secure_release.mechanism.primitives.packing import CHUNK_ROWS, pack_symbols
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
 from secure_release.server.service import ReleaseService

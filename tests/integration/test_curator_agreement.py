@@ -1,4 +1,4 @@
-"""The agreement without a network: mechanism.protocol.leader_agree against run_release's
+"""The agreement without a network: mechanism.protocol.in_memory.leader_agree against run_release's
 alignment and plan, the follower's check of the leader's spec, the leader's tag collection, and
 the prepare step against run_release's ciphertexts."""
 
@@ -19,17 +19,18 @@ from secure_release.curator.release.agreement import check_agreement, leader_sta
 from secure_release.curator.release.runner import OwnData, check_ledger, prepare, reserve
 from secure_release.infra.logs import EventLog
 from secure_release.infra.streams import AgreementError
-from secure_release.mechanism.alignment import TAG_DTYPE, align
+from secure_release.mechanism.alignment.keyed_hash import TAG_DTYPE, align
 from secure_release.mechanism.errors import (
     BudgetExceededError,
     InvalidSampleSizeError,
     SeedReuseError,
     ShapeMismatchError,
 )
-from secure_release.mechanism.keys import AlignmentKey, PadKey, PramKey, Seed
-from secure_release.mechanism.ledger import NoBudgetError
-from secure_release.mechanism.pads import CipherMode
-from secure_release.mechanism.protocol import (
+from secure_release.mechanism.primitives.keys import AlignmentKey, PadKey, PramKey, Seed
+from secure_release.mechanism.primitives.pads import CipherMode
+from secure_release.mechanism.privacy.ledger import NoBudgetError
+from secure_release.mechanism.protocol.architectures import AlignmentMode, SamplingMode, VariantAgreement
+from secure_release.mechanism.protocol.in_memory import (
     Agreement,
     CuratorTable,
     agree_alignment,
@@ -38,7 +39,6 @@ from secure_release.mechanism.protocol import (
     run_release,
 )
 from secure_release.mechanism.schema import Attribute, CuratorSchema
-from secure_release.mechanism.variants import AlignmentMode, SamplingMode, VariantAgreement
 
 ALICE = CuratorSchema("alice", (Attribute("edu", ("a", "b", "c")), Attribute("mar", ("m", "s"))))
 BOB = CuratorSchema("bob", (Attribute("sex", ("f", "m")), Attribute("sal", ("lo", "hi"))))

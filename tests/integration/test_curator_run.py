@@ -1,6 +1,6 @@
 """Two curators' whole runs in one process (leader and follower over loopback gRPC), with the
 upload to the release server replaced by a recorder: the same spec at both, ciphertexts equal to
-mechanism.protocol.run_release's with the same keys, the budget reserved then committed, and a
+mechanism.protocol.in_memory.run_release's with the same keys, the budget reserved then committed, and a
 rerun after the commit resuming from the record (same ciphertext, no second reservation)."""
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ from secure_release.curator.config import CuratorConfig
 from secure_release.curator.records.keystore import Keystore
 from secure_release.curator.records.ledgerfile import file_fingerprint
 from secure_release.curator.table import load_schema, read_table
-from secure_release.mechanism.keys import AlignmentKey, PadKey, PramKey, Seed
-from secure_release.mechanism.packing import unpack_symbols
-from secure_release.mechanism.pads import CipherMode
-from secure_release.mechanism.protocol import run_release
+from secure_release.mechanism.primitives.keys import AlignmentKey, PadKey, PramKey, Seed
+from secure_release.mechanism.primitives.packing import unpack_symbols
+from secure_release.mechanism.primitives.pads import CipherMode
+from secure_release.mechanism.protocol.in_memory import run_release
+from secure_release.mechanism.protocol.spec import ReleaseSpec
 from secure_release.mechanism.schema import SymbolArray
-from secure_release.mechanism.spec import ReleaseSpec
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
 
 AKEY = AlignmentKey(bytes(range(32)))

@@ -35,10 +35,10 @@ from secure_release.infra.streams import (
 )
 from secure_release.infra.tls import secure_channel
 from secure_release.infra.wire import cipher_from_pb, spec_from_pb
-from secure_release.mechanism.alignment import TAG_DTYPE, TagArray, align
-from secure_release.mechanism.keys import Seed
-from secure_release.mechanism.packing import CHUNK_ROWS, unpack_symbols
-from secure_release.mechanism.pads import CipherMode, new_release_pad
+from secure_release.mechanism.alignment.keyed_hash import TAG_DTYPE, TagArray, align
+from secure_release.mechanism.primitives.keys import Seed
+from secure_release.mechanism.primitives.packing import CHUNK_ROWS, unpack_symbols
+from secure_release.mechanism.primitives.pads import CipherMode, new_release_pad
 from secure_release.mechanism.schema import Attribute, CuratorSchema
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc

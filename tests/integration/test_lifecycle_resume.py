@@ -19,8 +19,8 @@ from secure_release.curator.release.upload import ServerLink, pack_chunks
 from secure_release.curator.waits import Deadline
 from secure_release.infra import tls
 from secure_release.infra.logs import EventLog
-from secure_release.mechanism.keys import AlignmentKey, PadKey, PramKey
-from secure_release.mechanism.pads import CipherMode, new_release_pad
+from secure_release.mechanism.primitives.keys import AlignmentKey, PadKey, PramKey
+from secure_release.mechanism.primitives.pads import CipherMode, new_release_pad
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
 from secure_release.server.service import ReleaseService

@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 
 from secure_release.mechanism.errors import BudgetExceededError, NonFiniteInputError, SeedReuseError
-from secure_release.mechanism.ledger import (
+from secure_release.mechanism.privacy.ledger import (
     EntryKind,
     LedgerEntry,
     LedgerStateError,

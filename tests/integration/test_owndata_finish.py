@@ -23,7 +23,7 @@ from secure_release.curator.service import CuratorService
 from secure_release.infra.auth import AuthedContext
 from secure_release.infra.identity import Identity
 from secure_release.infra.logs import EventLog
-from secure_release.mechanism.pads import CipherMode, new_release_pad
+from secure_release.mechanism.primitives.pads import CipherMode, new_release_pad
 from secure_release.mechanism.schema import Attribute, CuratorSchema
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
 from secure_release.researcher.client import Endpoints, acknowledge_keys

@@ -16,7 +16,7 @@ from secure_release import api
 from secure_release.cli import main
 from secure_release.infra.logs import EventLog
 from secure_release.infra.tls import bind, make_grpc_server
-from secure_release.mechanism.report import OUTPUT_COLUMNS
+from secure_release.mechanism.estimation.report import OUTPUT_COLUMNS
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
 from secure_release.researcher.service import ReleaseTracker, ResearcherService
 

@@ -25,8 +25,8 @@ from secure_release.infra import identity, pki, tls
 from secure_release.infra.certdir import RELOAD_ENV, load_party
 from secure_release.infra.health import add_health_and_reflection, check_with_certificate
 from secure_release.infra.logs import EventLog
-from secure_release.mechanism.packing import CHUNK_ROWS
-from secure_release.mechanism.pram import PramKey
+from secure_release.mechanism.primitives.packing import CHUNK_ROWS
+from secure_release.mechanism.primitives.pram import PramKey
 from secure_release.mechanism.schema import Attribute, CuratorSchema
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc

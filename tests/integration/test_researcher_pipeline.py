@@ -1,5 +1,5 @@
 """The researcher's pipeline against in-process fakes of the server and the curators: the report
-equals ``mechanism.protocol``'s estimate exactly, altered rows and refusals are named, and the
+equals ``mechanism.protocol.in_memory``'s estimate exactly, altered rows and refusals are named, and the
 files derive from the typed report."""
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from researcher_fakes import (
 from secure_release.infra.logs import EventLog, JsonFormatter, looks_secret
 from secure_release.infra.wire import report_to_pb
 from secure_release.mechanism.errors import ErrorKind
-from secure_release.mechanism.pads import CipherMode
-from secure_release.mechanism.report import OUTPUT_COLUMNS, ReleaseReport
+from secure_release.mechanism.estimation.report import OUTPUT_COLUMNS, ReleaseReport
+from secure_release.mechanism.primitives.pads import CipherMode
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
 from secure_release.researcher.client import AbortedBeforeSealError, Endpoints
 from secure_release.researcher.errors import DigestMismatchError, KeyMismatchError, NoKeysError, ReleaseNotReadyError
@@ -259,8 +259,8 @@ def test_logs_carry_no_key_or_row_bytes(chacha: FakeRelease, recorder: EventReco
 def test_report_survives_the_wire_exactly() -> None:
     """ReleaseReport -> EstimateResponse -> ReleaseReport loses nothing (marginal reports too)."""
     from secure_release.infra.wire import report_from_pb, report_to_pb
-    from secure_release.mechanism.plan import plan_release
-    from secure_release.mechanism.report import ReleaseReport
+    from secure_release.mechanism.estimation.report import ReleaseReport
+    from secure_release.mechanism.privacy.plan import plan_release
 
     plan = plan_release(1000, (3, 2), 1.0, 100)
     report = ReleaseReport(

@@ -17,8 +17,8 @@ from secure_release.infra.logs import ROOT_LOGGER, EventLog
 from secure_release.infra.pki import init_pki
 from secure_release.infra.tls import bind, make_grpc_server, secure_channel
 from secure_release.infra.wire import report_to_pb
-from secure_release.mechanism.pads import CipherMode
-from secure_release.mechanism.report import ReleaseReport
+from secure_release.mechanism.estimation.report import ReleaseReport
+from secure_release.mechanism.primitives.pads import CipherMode
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
 from secure_release.researcher.cli import main

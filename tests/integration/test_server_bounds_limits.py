@@ -21,8 +21,8 @@ import pytest
 
 from secure_release.infra import tls
 from secure_release.infra.logs import EventLog
-from secure_release.mechanism.accounting import gamma_from_epsilon
-from secure_release.mechanism.packing import pack_symbols
+from secure_release.mechanism.primitives.packing import pack_symbols
+from secure_release.mechanism.privacy.accounting import gamma_from_epsilon
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
 from secure_release.researcher.service import MAX_PENDING, PROCESS_WORKERS, ReleaseTracker, ResearcherService

@@ -14,9 +14,9 @@ import pytest
 from support import SIZES, chunks_of, code_of, columns, make_params, register_all, upload
 
 from secure_release.infra import tls
-from secure_release.mechanism.keys import PramKey
-from secure_release.mechanism.packing import CHUNK_ROWS, unpack_symbols
-from secure_release.mechanism.pram import PramChannel, perturb
+from secure_release.mechanism.primitives.keys import PramKey
+from secure_release.mechanism.primitives.packing import CHUNK_ROWS, unpack_symbols
+from secure_release.mechanism.primitives.pram import PramChannel, perturb
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
 from secure_release.server.service import ReleaseService

@@ -28,10 +28,10 @@ from secure_release.curator.service import CuratorService
 from secure_release.curator.table import load_schema
 from secure_release.curator.waits import Deadline
 from secure_release.infra.logs import EventLog
-from secure_release.mechanism.alignment import TAG_DTYPE
-from secure_release.mechanism.keys import AlignmentKey, Seed
-from secure_release.mechanism.pads import CipherMode
-from secure_release.mechanism.variants import VariantAgreement
+from secure_release.mechanism.alignment.keyed_hash import TAG_DTYPE
+from secure_release.mechanism.primitives.keys import AlignmentKey, Seed
+from secure_release.mechanism.primitives.pads import CipherMode
+from secure_release.mechanism.protocol.architectures import VariantAgreement
 
 KEY = AlignmentKey(bytes(range(32)))
 LOG = EventLog("curator", "test")

@@ -28,8 +28,8 @@ from secure_release.curator.waits import Deadline
 from secure_release.infra import tls
 from secure_release.infra.logs import EventLog
 from secure_release.mechanism.errors import ShapeMismatchError
-from secure_release.mechanism.keys import PramKey
-from secure_release.mechanism.packing import CHUNK_ROWS
+from secure_release.mechanism.primitives.keys import PramKey
+from secure_release.mechanism.primitives.packing import CHUNK_ROWS
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
 from secure_release.server.service import ReleaseService

@@ -23,7 +23,7 @@ from support import child_env, split_parquet, stored_release
 from secure_release.cluster import PARTIES, Cluster, get_estimate, launch_release, set_budgets, wait_exit
 from secure_release.demo_data import write_demo_data
 from secure_release.infra.pki import init_pki
-from secure_release.mechanism.keys import AlignmentKey, PadKey, PramKey, Seed
+from secure_release.mechanism.primitives.keys import AlignmentKey, PadKey, PramKey, Seed
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]

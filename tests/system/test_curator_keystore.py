@@ -12,11 +12,11 @@ import pytest
 from support import make_spec
 
 from secure_release.curator.records.keystore import Keystore, KeystoreError, ReleaseRecord
-from secure_release.mechanism.alignment import TAG_DTYPE
-from secure_release.mechanism.keys import PadKey, Seed
-from secure_release.mechanism.pads import CipherMode, new_release_pad
-from secure_release.mechanism.protocol import Agreement
-from secure_release.mechanism.variants import AlignmentMode, SamplingMode, VariantAgreement
+from secure_release.mechanism.alignment.keyed_hash import TAG_DTYPE
+from secure_release.mechanism.primitives.keys import PadKey, Seed
+from secure_release.mechanism.primitives.pads import CipherMode, new_release_pad
+from secure_release.mechanism.protocol.architectures import AlignmentMode, SamplingMode, VariantAgreement
+from secure_release.mechanism.protocol.in_memory import Agreement
 
 
 def _record(k: int, mode: CipherMode) -> ReleaseRecord:

@@ -19,7 +19,7 @@ from secure_release.curator.records.keystore import Keystore, ReleaseRecord
 from secure_release.curator.table import BadRowsError, load_schema, read_table
 from secure_release.infra.fileio import atomic_write
 from secure_release.mechanism.errors import BudgetExceededError
-from secure_release.mechanism.pads import new_release_pad
+from secure_release.mechanism.primitives.pads import new_release_pad
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = {"curator": "alice", "id_column": "id",

@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 from support import child_env
 
-import secure_release.mechanism.protocol as protocol
+import secure_release.mechanism.protocol.in_memory as protocol
 from secure_release.cluster import PARTIES, Cluster, get_estimate, launch_release
 from secure_release.curator.table import load_schema, read_table
 from secure_release.demo_data import write_demo_data
 from secure_release.infra.pki import init_pki
-from secure_release.mechanism.keys import AlignmentKey, PadKey, PramKey, Seed
+from secure_release.mechanism.primitives.keys import AlignmentKey, PadKey, PramKey, Seed
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]

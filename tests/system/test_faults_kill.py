@@ -25,13 +25,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import secure_release.mechanism.protocol as protocol
+import secure_release.mechanism.protocol.in_memory as protocol
 from secure_release.curator.records.keystore import Keystore
 from secure_release.curator.records.ledgerfile import LedgerFile
 from secure_release.curator.records.ledgersign import HeadSigner
 from secure_release.curator.table import load_schema, read_table
 from secure_release.demo_data import write_demo_data
-from secure_release.mechanism.keys import AlignmentKey, PadKey, PramKey, Seed
+from secure_release.mechanism.primitives.keys import AlignmentKey, PadKey, PramKey, Seed
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from secure_release.curator.records.ledgerfile import LedgerFile, file_fingerprint
-from secure_release.mechanism.ledger import LedgerTamperedError, NoBudgetError
+from secure_release.mechanism.privacy.ledger import LedgerTamperedError, NoBudgetError
 
 ROOT = Path(__file__).resolve().parents[2]
 D = "d" * 64

@@ -71,10 +71,10 @@ def violations(source: str) -> list[str]:
 
 
 def test_mechanism_files_exist() -> None:
-    assert len(list(MECHANISM.glob("*.py"))) >= 10
+    assert len(list(MECHANISM.rglob("*.py"))) >= 10
 
 
-@pytest.mark.parametrize("path", sorted(MECHANISM.glob("*.py")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted(MECHANISM.rglob("*.py")), ids=lambda p: str(p.relative_to(MECHANISM)))
 def test_module_is_pure(path: Path) -> None:
     assert violations(path.read_text()) == []
 

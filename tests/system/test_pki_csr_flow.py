@@ -20,7 +20,7 @@ import pytest
 from secure_release.cluster import Cluster, get_estimate, launch_release
 from secure_release.demo_data import write_demo_data
 from secure_release.infra import pki
-from secure_release.mechanism.keys import AlignmentKey
+from secure_release.mechanism.primitives.keys import AlignmentKey
 
 PARTIES = [("server", "server", "localhost,127.0.0.1"), ("curator", "alice", "localhost,127.0.0.1"),
            ("curator", "bob", "localhost,127.0.0.1"), ("researcher", "researcher", "localhost,127.0.0.1"),
@@ -202,7 +202,7 @@ def test_a_server_process_renewed_mid_release_keeps_its_releases(orgs: Path, tmp
 
     from secure_release.infra import tls
     from secure_release.infra.certdir import RELOAD_ENV, load_party
-    from secure_release.mechanism.packing import CHUNK_ROWS
+    from secure_release.mechanism.primitives.packing import CHUNK_ROWS
     from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
     from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
 

@@ -24,8 +24,8 @@ from test_cluster_engine import DaskCli
 from secure_release.cluster import PARTIES, Cluster, get_estimate, launch_release, set_budgets, wait_exit
 from secure_release.demo_data import write_demo_data
 from secure_release.infra.pki import init_pki
-from secure_release.mechanism.keys import AlignmentKey, PadKey, PramKey, Seed
-from secure_release.mechanism.psi import PsiKey
+from secure_release.mechanism.alignment.psi import PsiKey
+from secure_release.mechanism.primitives.keys import AlignmentKey, PadKey, PramKey, Seed
 
 pytestmark = pytest.mark.slow
 SEED, PRAM = Seed(bytes(range(32))), PramKey(bytes(range(1, 33)))

@@ -4,7 +4,7 @@ before it comes home. The id sets are cut so that every pair of curators shares 
 lacks (each pairwise intersection is larger than the triple one), and bob shares its blinding
 with a worker process (``--psi-workers 2``); the release must align every
 curator on the triple intersection in one canonical order and give the in-memory
-``mechanism.variants.run_variant_release`` estimate with the same keys and seed."""
+``mechanism.protocol.architectures.run_variant_release`` estimate with the same keys and seed."""
 
 from __future__ import annotations
 
@@ -26,9 +26,9 @@ from secure_release.curator.records.ledgerfile import LedgerFile
 from secure_release.curator.records.ledgersign import HeadSigner
 from secure_release.curator.table import load_schema, read_table
 from secure_release.demo_data import write_demo_data
-from secure_release.mechanism.keys import PadKey
-from secure_release.mechanism.psi import PsiKey, PsiWorkers
-from secure_release.mechanism.variants import agreement_positions, align_tables, run_variant_release
+from secure_release.mechanism.alignment.psi import PsiKey, PsiWorkers
+from secure_release.mechanism.primitives.keys import PadKey
+from secure_release.mechanism.protocol.architectures import agreement_positions, align_tables, run_variant_release
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]

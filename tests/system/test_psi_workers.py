@@ -7,8 +7,7 @@ import numpy as np
 import pytest
 from test_mech_psi import KEYS, _ids, bad_points
 
-from secure_release.mechanism.errors import ShapeMismatchError
-from secure_release.mechanism.psi import (
+from secure_release.mechanism.alignment.psi import (
     POINT_BYTES,
     InvalidPointError,
     PsiWorkers,
@@ -18,6 +17,7 @@ from secure_release.mechanism.psi import (
     psi_start,
     run_psi,
 )
+from secure_release.mechanism.errors import ShapeMismatchError
 
 
 def test_worker_processes_give_bit_identical_lists_and_still_reject_bad_points() -> None:

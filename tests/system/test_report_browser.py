@@ -31,7 +31,7 @@ import numpy as np
 import pytest
 
 from secure_release import api
-from secure_release.mechanism.guarantee import utility_check
+from secure_release.mechanism.privacy.guarantee import utility_check
 from secure_release.report_page import html_report
 
 CHROMIUM = Path("/usr/bin/chromium")

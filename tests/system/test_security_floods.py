@@ -16,7 +16,7 @@ import grpc
 import pytest
 
 from secure_release.infra import retry, tls
-from secure_release.mechanism.packing import CHUNK_ROWS
+from secure_release.mechanism.primitives.packing import CHUNK_ROWS
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
 from tests import support

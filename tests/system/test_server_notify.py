@@ -20,8 +20,8 @@ import pytest
 from secure_release.infra import tls as security
 from secure_release.infra import wire
 from secure_release.infra.auth import caller
-from secure_release.mechanism.keys import PramKey
-from secure_release.mechanism.packing import CHUNK_ROWS, pack_symbols
+from secure_release.mechanism.primitives.keys import PramKey
+from secure_release.mechanism.primitives.packing import CHUNK_ROWS, pack_symbols
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
 from secure_release.server.service import ReleaseService, make_notifier

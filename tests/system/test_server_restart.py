@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 
 from secure_release.infra import tls as security
-from secure_release.mechanism.keys import PramKey
-from secure_release.mechanism.packing import CHUNK_ROWS, pack_symbols, unpack_symbols
-from secure_release.mechanism.pram import PramChannel, perturb
+from secure_release.mechanism.primitives.keys import PramKey
+from secure_release.mechanism.primitives.packing import CHUNK_ROWS, pack_symbols, unpack_symbols
+from secure_release.mechanism.primitives.pram import PramChannel, perturb
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
 from tests import support

@@ -1,7 +1,7 @@
 """The server-sampled release kind across the services (rekeyed path): real processes over
 mutual TLS. The curators store the table once (``store-table``), then run releases from it with
 no data file (``run --sampling server``); each release's estimate equals the in-memory
-``mechanism.variants.run_server_sampled_release`` with the same injected randomness; the second
+``mechanism.protocol.architectures.run_server_sampled_release`` with the same injected randomness; the second
 release has another sample and the ledger is charged twice; a third past the budget is refused
 with nothing spent. The researcher never receives a position; after PRAM the server's store holds
 no re-key column, gathered row or position, and the stored table stays."""
@@ -26,9 +26,9 @@ from secure_release.curator.records.ledgerfile import file_fingerprint
 from secure_release.curator.table import load_schema, read_table
 from secure_release.demo_data import write_demo_data
 from secure_release.infra import tls
-from secure_release.mechanism.keys import AlignmentKey, PadKey, PramKey, Seed
-from secure_release.mechanism.server_sampling import TableKey, server_draw_sample, table_ledger_name
-from secure_release.mechanism.variants import StoredRelease, run_server_sampled_release
+from secure_release.mechanism.primitives.keys import AlignmentKey, PadKey, PramKey, Seed
+from secure_release.mechanism.protocol.architectures import StoredRelease, run_server_sampled_release
+from secure_release.mechanism.protocol.server_sampling import TableKey, server_draw_sample, table_ledger_name
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
 
@@ -192,7 +192,7 @@ def test_two_releases_from_one_stored_table_equal_the_in_memory_run_and_a_third_
     db.close()
     # the researcher never receives a position: nothing it is sent has such a field, it may not
     # call FetchSample, and its files and logs hold no packed position tuple
-    from secure_release.mechanism.index_sharing import pack_indices
+    from secure_release.mechanism.protocol.index_sharing import pack_indices
 
     for msg in (pb.ReleaseStatus, pb.ReleaseParams, pb.PerturbedChunk, pb.KeyChunk, pb.CuratorProgress):
         assert not [f.name for f in msg.DESCRIPTOR.fields if "position" in f.name or "sample" in f.name], msg
@@ -232,9 +232,9 @@ def test_store_table_on_dask_clusters_stores_the_in_memory_ciphertext(certs: Pat
     import pyarrow.parquet as pq
 
     from secure_release.curator.release.upload import pack_chunks
-    from secure_release.mechanism.alignment import align_all, id_tags
-    from secure_release.mechanism.packing import digest_of
-    from secure_release.mechanism.server_sampling import curator_store_table
+    from secure_release.mechanism.alignment.keyed_hash import align_all, id_tags
+    from secure_release.mechanism.primitives.packing import digest_of
+    from secure_release.mechanism.protocol.server_sampling import curator_store_table
 
     w = World(tmp_path, certs)
     try:

@@ -1,7 +1,7 @@
 """The agreement-level variants across the services: ``--sampling indices`` (the leader's
 packed index tuple travels in the agreement stream) and ``--alignment psi`` (the ECDH ring through
 the leader's PsiSend/PsiReceive). Each release equals the in-memory
-``mechanism.variants.run_variant_release`` with the same randomness; two curators' whole runs in
+``mechanism.protocol.architectures.run_variant_release`` with the same randomness; two curators' whole runs in
 one process (loopback gRPC, the server replaced by a recorder), then real processes over mutual
 TLS with the server and the researcher."""
 
@@ -40,20 +40,25 @@ from secure_release.infra.streams import (
     agreement_from_chunks,
     point_chunks,
 )
-from secure_release.mechanism.alignment import TAG_DTYPE, align, common_tags
-from secure_release.mechanism.index_sharing import (
+from secure_release.mechanism.alignment.keyed_hash import TAG_DTYPE, align, common_tags
+from secure_release.mechanism.alignment.psi import POINT_BYTES, PsiKey, hash_to_group
+from secure_release.mechanism.primitives.keys import PramKey, Seed
+from secure_release.mechanism.primitives.pads import CipherMode
+from secure_release.mechanism.privacy.plan import plan_release
+from secure_release.mechanism.protocol.architectures import (
+    AlignmentMode,
+    SamplingMode,
+    VariantAgreement,
+    run_variant_release,
+)
+from secure_release.mechanism.protocol.in_memory import Agreement
+from secure_release.mechanism.protocol.index_sharing import (
     InvalidIndexTupleError,
     pack_indices,
     sample_set_fingerprint,
     unpack_indices,
 )
-from secure_release.mechanism.keys import PramKey, Seed
-from secure_release.mechanism.pads import CipherMode
-from secure_release.mechanism.plan import plan_release
-from secure_release.mechanism.protocol import Agreement
-from secure_release.mechanism.psi import POINT_BYTES, PsiKey, hash_to_group
-from secure_release.mechanism.spec import ReleaseSpec
-from secure_release.mechanism.variants import AlignmentMode, SamplingMode, VariantAgreement, run_variant_release
+from secure_release.mechanism.protocol.spec import ReleaseSpec
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
 
 PSI_KEYS = {"alice": PsiKey(bytes([5]) * 32), "bob": PsiKey(bytes([6]) * 32)}
@@ -178,7 +183,7 @@ def test_psi_across_the_curators_gives_one_canonical_order_and_the_in_memory_rel
 
 
 def _psi_tags(tables: list) -> list:  # type: ignore[type-arg]
-    from secure_release.mechanism.psi import run_psi
+    from secure_release.mechanism.alignment.psi import run_psi
 
     return run_psi([t.ids for t in tables], list(PSI_KEYS.values())).tags
 

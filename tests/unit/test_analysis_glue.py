@@ -15,7 +15,7 @@ import pytest
 from statsmodels.stats.multitest import multipletests
 
 from secure_release import analysis, api
-from secure_release.mechanism import association, subtables
+from secure_release.mechanism.analysis import association, subtables
 from secure_release.mechanism.errors import (
     NotNestedModelsError,
     OldResultError,
@@ -165,7 +165,7 @@ def test_models_compare_only_when_nested(result: api.Result) -> None:
 
 def test_api_power_plans_from_schemas_only() -> None:
     """api.power is plan --power: public schemas in, the detectable V at m, best m and m* out."""
-    from secure_release.mechanism.power import power_plan
+    from secure_release.mechanism.analysis.power import power_plan
 
     bob = {"curator": "bob", "attributes": [{"name": "sex", "categories": ["f", "m"]},
                                             {"name": "salary", "categories": ["low", "high"]}]}  # fmt: skip

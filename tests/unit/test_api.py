@@ -1,4 +1,4 @@
-"""The notebook API (secure_release.api) against mechanism.protocol.run_release, exactly."""
+"""The notebook API (secure_release.api) against mechanism.protocol.in_memory.run_release, exactly."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ import pyarrow as pa
 import pytest
 
 from secure_release import api
-from secure_release.mechanism import accounting
-from secure_release.mechanism.guarantee import privacy_guarantee, utility_check
-from secure_release.mechanism.plan import plan_release
-from secure_release.mechanism.protocol import run_release
+from secure_release.mechanism.privacy import accounting
+from secure_release.mechanism.privacy.guarantee import privacy_guarantee, utility_check
+from secure_release.mechanism.privacy.plan import plan_release
+from secure_release.mechanism.protocol.in_memory import run_release
 from secure_release.researcher.storage import write_report
 
 SCHEMAS = {

@@ -1,6 +1,6 @@
 # tier: unit
 """Issue 24, item 8: the re-blinding proof a PSI member sends with every list it re-blinds
-(mechanism/psi_proof.py). An honest hop verifies; a list of other valid points, a list raised to
+(mechanism/alignment/psi_proof.py). An honest hop verifies; a list of other valid points, a list raised to
 another key, a proof moved to another owner or hop, a changed proof and a list with half its
 points replaced are refused. Positions and coefficients are a hash of both lists (no seed): half
 the points replaced escapes with probability 2^-64 < 1e-6."""
@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from secure_release.mechanism.psi import POINT_BYTES, PsiKey, hash_to_group, psi_reblind
-from secure_release.mechanism.psi_group import ORDER
-from secure_release.mechanism.psi_proof import (
+from secure_release.mechanism.alignment.psi import POINT_BYTES, PsiKey, hash_to_group, psi_reblind
+from secure_release.mechanism.alignment.psi_group import ORDER
+from secure_release.mechanism.alignment.psi_proof import (
     PROOF_BYTES,
     PROOF_POSITIONS,
     ReblindProofError,

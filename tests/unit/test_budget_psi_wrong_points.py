@@ -3,7 +3,7 @@
 promptly with a named error, and the leader's state stays usable (it answers every later call
 with the failure instead of waiting). The ring runs in threads through the leader's mailbox
 (the transport the Curator service wraps), with bob replacing the lists it re-blinds by valid
-points of other ids: its re-blinding proof (mechanism/psi_proof.py) does not verify and the leader
+points of other ids: its re-blinding proof (mechanism/alignment/psi_proof.py) does not verify and the leader
 names it. Before, the agreement failed only with "n must be >= 1, got 0", and a wrong-length list
 or a changed resend left the leader waiting for the ring's deadline."""
 
@@ -20,10 +20,10 @@ from secure_release.curator.leader import LeaderState
 from secure_release.curator.release.psi_ring import _local, ring
 from secure_release.curator.waits import Deadline
 from secure_release.infra.streams import AgreementError, PsiStreamError
-from secure_release.mechanism.keys import Seed
-from secure_release.mechanism.pads import CipherMode
-from secure_release.mechanism.psi import POINT_BYTES, PsiKey, hash_to_group
-from secure_release.mechanism.variants import AlignmentMode
+from secure_release.mechanism.alignment.psi import POINT_BYTES, PsiKey, hash_to_group
+from secure_release.mechanism.primitives.keys import Seed
+from secure_release.mechanism.primitives.pads import CipherMode
+from secure_release.mechanism.protocol.architectures import AlignmentMode
 
 CURATORS = ("alice", "bob", "carol")
 IDS = np.array([f"id{i}" for i in range(200)])

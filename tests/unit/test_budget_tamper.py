@@ -18,7 +18,7 @@ import pytest
 from secure_release.curator.records.ledgerfile import LedgerFile
 from secure_release.curator.records.ledgersign import HeadSigner
 from secure_release.curator.records.witness import BudgetWitness, LedgerBehindError
-from secure_release.mechanism.ledger import (
+from secure_release.mechanism.privacy.ledger import (
     GENESIS,
     EntryKind,
     LedgerEntry,

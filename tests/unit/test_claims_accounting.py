@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from secure_release.curator.commands import ledger_summary
-from secure_release.mechanism.accounting import (
+from secure_release.mechanism.errors import BudgetExceededError, PolicyEpsilonError
+from secure_release.mechanism.privacy.accounting import (
     PLD_DISCRETIZATION,
     AccountingPolicy,
     kov_optimal_delta,
@@ -29,8 +30,7 @@ from secure_release.mechanism.accounting import (
     pld_max_releases,
     pld_policy,
 )
-from secure_release.mechanism.errors import BudgetExceededError, PolicyEpsilonError
-from secure_release.mechanism.ledger import LedgerEntry, PrivacyLedger
+from secure_release.mechanism.privacy.ledger import LedgerEntry, PrivacyLedger
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "privacy.md"
 DATASET = "cd" * 32

@@ -20,10 +20,10 @@ import numpy as np
 import pandas as pd
 
 from secure_release import api, display
-from secure_release.mechanism.estimators import DEFAULT_ESTIMATOR, project_to_simplex
-from secure_release.mechanism.plan import plan_release
-from secure_release.mechanism.report import ReleaseReport
-from secure_release.mechanism.simulation import project_to_simplex_batch
+from secure_release.mechanism.estimation.estimators import DEFAULT_ESTIMATOR, project_to_simplex
+from secure_release.mechanism.estimation.report import ReleaseReport
+from secure_release.mechanism.privacy.plan import plan_release
+from secure_release.mechanism.simulation.monte_carlo import project_to_simplex_batch
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "estimators.md"
 
@@ -85,7 +85,7 @@ def test_the_utility_warning_says_which_estimate_to_trust() -> None:
 
 def test_docs_state_the_rule_and_hold_the_table() -> None:
     text = DOCS.read_text()
-    assert "## The rule: the projection" in text and "`mechanism.estimators.DEFAULT_ESTIMATOR`" in text
+    assert "## The rule: the projection" in text and "`mechanism.estimation.estimators.DEFAULT_ESTIMATOR`" in text
     rows = [line for line in text.splitlines() if line.startswith("| adult | 24 |")]
     assert [row.split("|")[3].strip() for row in rows] == ["0.1", "0.5", "1", "2"]
     assert "Default: projected." in text

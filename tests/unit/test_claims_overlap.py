@@ -20,12 +20,12 @@ import pytest
 from test_mech_protocol import _tables
 from test_mech_variants_privacy_exact import _split_by_overlap
 
-from secure_release.mechanism.server_sampling import (
+from secure_release.mechanism.protocol.architectures import StoredRelease, run_server_sampled_release
+from secure_release.mechanism.protocol.server_sampling import (
     PositionsPathError,
     UnprovedBoundError,
     overlap_likelihood_ratio,
 )
-from secure_release.mechanism.variants import StoredRelease, run_server_sampled_release
 
 
 def _composed(n: int, m1: int, g1: Fraction, m2: int, g2: Fraction) -> Fraction:

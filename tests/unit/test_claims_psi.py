@@ -30,8 +30,8 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from secure_release.mechanism.alignment import align_all
-from secure_release.mechanism.psi import (
+from secure_release.mechanism.alignment.keyed_hash import align_all
+from secure_release.mechanism.alignment.psi import (
     InvalidPointError,
     PsiKey,
     blinded_tags,
@@ -39,7 +39,7 @@ from secure_release.mechanism.psi import (
     run_psi,
     split_points,
 )
-from secure_release.mechanism.psi_group import point_mul, scalar_inverse, scalar_mul
+from secure_release.mechanism.alignment.psi_group import point_mul, scalar_inverse, scalar_mul
 
 
 def _keys(num: int, tag: bytes = b"") -> list[PsiKey]:
@@ -254,8 +254,8 @@ def test_the_attacker_finds_the_leaks_of_the_pre_issue_23_ring(num: int) -> None
 def test_leader_view_maps_every_follower_tag_it_holds_and_keeps_repeats() -> None:
     """psi_leader_view: matched tags become the leader's domain-0 tag (a repeated follower id
     stays repeated, so alignment still refuses it); unmatched ones match nothing."""
-    from secure_release.mechanism.alignment import DuplicateIdError
-    from secure_release.mechanism.psi import psi_leader_view
+    from secure_release.mechanism.alignment.keyed_hash import DuplicateIdError
+    from secure_release.mechanism.alignment.psi import psi_leader_view
 
     ids = [np.array(["a", "b", "c"]), np.array(["b", "c", "d"])]
     run = run_psi(ids, _keys(2))

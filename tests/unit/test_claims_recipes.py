@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 
 from secure_release import api, display
-from secure_release.mechanism.accounting import epsilon_from_gamma
-from secure_release.mechanism.guarantee import (
+from secure_release.mechanism.privacy.accounting import epsilon_from_gamma
+from secure_release.mechanism.privacy.guarantee import (
     COMPUTATIONAL,
     STATISTICAL,
     dp_accounting_recipe,
@@ -30,7 +30,7 @@ from secure_release.mechanism.guarantee import (
     plan_report,
     privacy_guarantee,
 )
-from secure_release.mechanism.plan import ReleasePlan, plan_release
+from secure_release.mechanism.privacy.plan import ReleasePlan, plan_release
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "privacy.md"
 PLANS = [
@@ -115,9 +115,9 @@ def _seeded_epsilon(bits: int, n: int = 3, m: int = 2, K: int = 2, epsilon: floa
     from collections import Counter
     from fractions import Fraction
 
-    from secure_release.mechanism.accounting import gamma_from_epsilon
-    from secure_release.mechanism.keys import Seed
-    from secure_release.mechanism.sampling import sample_positions
+    from secure_release.mechanism.primitives.keys import Seed
+    from secure_release.mechanism.primitives.sampling import sample_positions
+    from secure_release.mechanism.privacy.accounting import gamma_from_epsilon
 
     g = Fraction(gamma_from_epsilon(n, m, epsilon))
     q = g + K - 1

@@ -14,17 +14,17 @@ import pytest
 
 from secure_release.infra.streams import sample_chunks, sample_from_chunks
 from secure_release.mechanism.errors import SeedReuseError
-from secure_release.mechanism.index_sharing import (
+from secure_release.mechanism.primitives.pads import CipherMode
+from secure_release.mechanism.privacy.ledger import PrivacyLedger
+from secure_release.mechanism.privacy.plan import plan_release
+from secure_release.mechanism.protocol.architectures import VariantAgreement, leader_agree_variant, sample_fingerprint
+from secure_release.mechanism.protocol.index_sharing import (
     indices_fingerprint,
     pack_indices,
     sample_set_fingerprint,
 )
-from secure_release.mechanism.ledger import PrivacyLedger
-from secure_release.mechanism.pads import CipherMode
-from secure_release.mechanism.plan import plan_release
-from secure_release.mechanism.server_sampling import charge_table_release
-from secure_release.mechanism.spec import ReleaseSpec
-from secure_release.mechanism.variants import VariantAgreement, leader_agree_variant, sample_fingerprint
+from secure_release.mechanism.protocol.server_sampling import charge_table_release
+from secure_release.mechanism.protocol.spec import ReleaseSpec
 
 N, M, TABLE, DATASET = 500, 40, "t1", "ab" * 32
 

@@ -30,12 +30,12 @@ from secure_release.curator.table import load_schema, read_table
 from secure_release.demo_data import write_demo_data
 from secure_release.infra.logs import EventLog
 from secure_release.infra.streams import PsiStreamError, TagStream, tag_chunks
-from secure_release.mechanism.alignment import TAG_DTYPE
-from secure_release.mechanism.keys import Seed
-from secure_release.mechanism.pads import CipherMode
-from secure_release.mechanism.psi import POINT_BYTES, PsiKey, psi_tags, run_psi
-from secure_release.mechanism.psi_proof import ReblindProofError
-from secure_release.mechanism.variants import AlignmentMode
+from secure_release.mechanism.alignment.keyed_hash import TAG_DTYPE
+from secure_release.mechanism.alignment.psi import POINT_BYTES, PsiKey, psi_tags, run_psi
+from secure_release.mechanism.alignment.psi_proof import ReblindProofError
+from secure_release.mechanism.primitives.keys import Seed
+from secure_release.mechanism.primitives.pads import CipherMode
+from secure_release.mechanism.protocol.architectures import AlignmentMode
 
 LOG = EventLog("curator", "test")
 KEYS = {"alice": PsiKey(bytes([1]) * 32), "bob": PsiKey(bytes([2]) * 32)}
@@ -227,7 +227,7 @@ def test_a_slice_resent_with_other_points_fails_the_release_for_everybody(tmp_pa
 
 def test_a_reblinded_slice_needs_its_own_proof(tmp_path: Path) -> None:
     """A proof binds the slice's index: the proof of slice 0 does not verify slice 1."""
-    from secure_release.mechanism.psi_proof import prove_reblind, public_point, slice_context
+    from secure_release.mechanism.alignment.psi_proof import prove_reblind, public_point, slice_context
 
     state = LeaderState("r1", ("alice", "bob"), None, 1.0, None, CipherMode.CHACHA20, ("researcher",),
                         alignment=AlignmentMode.PSI)  # fmt: skip

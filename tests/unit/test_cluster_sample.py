@@ -1,6 +1,6 @@
 """The seed's sample taken on the cluster (curator/cluster/sample.py) and the follower's row order
 gathered as it streams (curator/cluster/aligned.py): exactly the tuple and the symbols of the
-in-process path, checked by enumeration against mechanism.sampling.sample_positions (no
+in-process path, checked by enumeration against mechanism.primitives.sampling.sample_positions (no
 statistics); and the sample file a release record names (records/keystore.py)."""
 
 from __future__ import annotations
@@ -24,13 +24,13 @@ from secure_release.curator.table import load_schema
 from secure_release.demo_data import write_demo_data
 from secure_release.infra.fileio import UnsafePathError
 from secure_release.infra.streams import AgreementError, TagStream, tag_chunks
-from secure_release.mechanism import sampling
-from secure_release.mechanism.alignment import TAG_DTYPE
-from secure_release.mechanism.keys import PadKey, Seed
-from secure_release.mechanism.packing import CHUNK_ROWS, pack_symbols
-from secure_release.mechanism.pads import CipherMode, ReleasePad, new_release_pad
-from secure_release.mechanism.plan import plan_release
-from secure_release.mechanism.spec import ReleaseSpec
+from secure_release.mechanism.alignment.keyed_hash import TAG_DTYPE
+from secure_release.mechanism.primitives import sampling
+from secure_release.mechanism.primitives.keys import PadKey, Seed
+from secure_release.mechanism.primitives.packing import CHUNK_ROWS, pack_symbols
+from secure_release.mechanism.primitives.pads import CipherMode, ReleasePad, new_release_pad
+from secure_release.mechanism.privacy.plan import plan_release
+from secure_release.mechanism.protocol.spec import ReleaseSpec
 
 SEED = Seed(bytes(range(32)))
 

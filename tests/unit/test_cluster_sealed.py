@@ -27,11 +27,11 @@ from secure_release.curator.leader import LeaderState
 from secure_release.curator.table import load_schema
 from secure_release.demo_data import write_demo_data
 from secure_release.infra.logs import EventLog
-from secure_release.mechanism.keys import AlignmentKey, Seed
-from secure_release.mechanism.pads import CipherMode
-from secure_release.mechanism.psi import PsiKey, unmask_scalar
-from secure_release.mechanism.sampling import sampling_key
-from secure_release.mechanism.variants import AlignmentMode
+from secure_release.mechanism.alignment.psi import PsiKey, unmask_scalar
+from secure_release.mechanism.primitives.keys import AlignmentKey, Seed
+from secure_release.mechanism.primitives.pads import CipherMode
+from secure_release.mechanism.primitives.sampling import sampling_key
+from secure_release.mechanism.protocol.architectures import AlignmentMode
 
 LOG = EventLog("curator", "test")
 

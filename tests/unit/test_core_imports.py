@@ -88,7 +88,7 @@ def _fresh_imports(blocked: Sequence[str]) -> Iterator[tuple[list[str], dict[str
 def test_every_module_imports_without_the_optional_extras(blocked: tuple[str, ...]) -> None:
     with _fresh_imports(blocked) as (walked, failed, _):
         # the walk reached every layer and the modules that use the extras lazily
-        for module in ("secure_release.cli", "secure_release.mechanism.accounting", "secure_release.infra.wire",
+        for module in ("secure_release.cli", "secure_release.mechanism.privacy.accounting", "secure_release.infra.wire",
                        "secure_release.curator.cluster.engine", "secure_release.curator.cluster.trim",
                        "secure_release.server.service", "secure_release.researcher.cli",
                        "secure_release.protos.securerelease.v1.securerelease_pb2"):  # fmt: skip

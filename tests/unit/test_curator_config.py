@@ -18,7 +18,7 @@ from secure_release.mechanism.errors import (
     TooFewCuratorsError,
     UnknownCipherError,
 )
-from secure_release.mechanism.pads import CipherMode
+from secure_release.mechanism.primitives.pads import CipherMode
 
 KEY_HEX = "ab" * 32
 

@@ -24,11 +24,11 @@ from secure_release.curator.table import BadRowsError, load_schema, read_table
 from secure_release.demo_data import write_demo_data
 from secure_release.infra.logs import EventLog
 from secure_release.infra.streams import TagStream, tag_chunks
-from secure_release.mechanism import sharding as sh
-from secure_release.mechanism.alignment import TAG_DTYPE, align_all, id_tags
-from secure_release.mechanism.keys import AlignmentKey, Seed
-from secure_release.mechanism.pads import CipherMode
-from secure_release.mechanism.variants import agreement_positions
+from secure_release.mechanism.alignment import sharding as sh
+from secure_release.mechanism.alignment.keyed_hash import TAG_DTYPE, align_all, id_tags
+from secure_release.mechanism.primitives.keys import AlignmentKey, Seed
+from secure_release.mechanism.primitives.pads import CipherMode
+from secure_release.mechanism.protocol.architectures import agreement_positions
 
 KEY = AlignmentKey(bytes(range(32)))
 LOG = EventLog("curator", "test")

@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 from secure_release.curator import columnar as columnar_module
 from secure_release.curator.table import BadRowsError, DataSourceError, EncodedTable, load_schema, read_table
 from secure_release.mechanism import cells as cells_module
-from secure_release.mechanism.alignment import id_tags
-from secure_release.mechanism.keys import AlignmentKey
+from secure_release.mechanism.alignment.keyed_hash import id_tags
+from secure_release.mechanism.primitives.keys import AlignmentKey
 
 SCHEMA = {"curator": "alice", "id_column": "id",
           "attributes": [{"name": "edu", "categories": ["a", "b", " c", "d e"]},

@@ -11,14 +11,14 @@ import pytest
 from support import make_spec
 
 from secure_release.infra import streams as st
-from secure_release.mechanism.alignment import TAG_DTYPE
-from secure_release.mechanism.index_sharing import pack_indices
-from secure_release.mechanism.keys import PadKey, Seed
-from secure_release.mechanism.packing import CHUNK_ROWS, pack_symbols, unpack_symbols
-from secure_release.mechanism.pads import CipherMode, ReleasePad
-from secure_release.mechanism.protocol import Agreement
+from secure_release.mechanism.alignment.keyed_hash import TAG_DTYPE
+from secure_release.mechanism.primitives.keys import PadKey, Seed
+from secure_release.mechanism.primitives.packing import CHUNK_ROWS, pack_symbols, unpack_symbols
+from secure_release.mechanism.primitives.pads import CipherMode, ReleasePad
+from secure_release.mechanism.protocol.architectures import AlignmentMode, SamplingMode, VariantAgreement
+from secure_release.mechanism.protocol.in_memory import Agreement
+from secure_release.mechanism.protocol.index_sharing import pack_indices
 from secure_release.mechanism.schema import Attribute, CuratorSchema
-from secure_release.mechanism.variants import AlignmentMode, SamplingMode, VariantAgreement
 
 RNG = np.random.default_rng(20261125)
 

@@ -223,11 +223,12 @@ def test_the_cycle_check_finds_a_planted_circle(tmp_path: Path) -> None:
         (tmp_path / folder / "__init__.py").write_text("")
     (tmp_path / "infra/tls.py").write_text("def f():\n    from secure_release.infra.auth import x\n")
     (tmp_path / "infra/auth.py").write_text("from secure_release.infra.tls import y\n")
-    (tmp_path / "mechanism/plan.py").write_text("from secure_release.mechanism import guarantee\n")
-    (tmp_path / "mechanism/guarantee.py").write_text("import secure_release.mechanism.plan\n")
+    (tmp_path / "mechanism/privacy").mkdir()
+    (tmp_path / "mechanism/privacy/plan.py").write_text("from secure_release.mechanism.privacy import guarantee\n")
+    (tmp_path / "mechanism/privacy/guarantee.py").write_text("import secure_release.mechanism.privacy.plan\n")
     assert sorted(cycles(import_graph(tmp_path))) == [
         ["secure_release.infra.auth", "secure_release.infra.tls"],
-        ["secure_release.mechanism.guarantee", "secure_release.mechanism.plan"],
+        ["secure_release.mechanism.privacy.guarantee", "secure_release.mechanism.privacy.plan"],
     ]
 
 
@@ -294,3 +295,83 @@ def test_the_curator_room_check_fails_on_planted_imports(tmp_path: Path) -> None
     found = curator_room_violations(tmp_path)
     assert len(found) == 3, found
     assert all("bad.py" in f or "service2.py" in f for f in found)
+
+
+#: The rooms of mechanism/ (mechanism/__init__.py), each with the rooms it may import. ``floor`` is
+#: every module directly in mechanism/ (errors, schema, cells): everything stands on it.
+MECHANISM_ROOMS: dict[str, set[str]] = {
+    "floor": {"floor"},
+    "primitives": {"primitives", "floor"},
+    "alignment": {"alignment", "primitives", "floor"},
+    "privacy": {"privacy", "primitives", "floor"},
+    "estimation": {"estimation", "privacy", "primitives", "floor"},
+    "analysis": {"analysis", "estimation", "privacy", "primitives", "floor"},
+    "protocol": {"protocol", "estimation", "privacy", "alignment", "primitives", "floor"},
+    "simulation": {"simulation", "estimation", "privacy", "primitives", "floor"},
+}
+
+
+def mechanism_room(parts: tuple[str, ...]) -> str:
+    """The room of a mechanism module, from its path inside mechanism/ (``("privacy", "plan")``)."""
+    return parts[0] if len(parts) > 1 else "floor"
+
+
+def mechanism_room_violations(root: Path) -> list[str]:
+    """Imports between mechanism's rooms that :data:`MECHANISM_ROOMS` does not allow, a room that
+    is not in the table, and a bare ``from secure_release.mechanism import <room>`` (which would
+    hide the module it reaches)."""
+    bad = []
+    for path in sorted((root / "mechanism").rglob("*.py")):
+        parts = path.relative_to(root / "mechanism").with_suffix("").parts
+        if parts == ("__init__",):
+            continue
+        room = mechanism_room(parts)
+        if room not in MECHANISM_ROOMS:
+            bad.append(f"mechanism/{'/'.join(parts)}.py is in a room the table does not know: {room}")
+            continue
+        for module in imported_modules(path):
+            if not module.startswith("secure_release.mechanism."):
+                continue
+            target = tuple(module.split(".")[2:])
+            target_room = target[0] if target[0] in MECHANISM_ROOMS else "floor"
+            if target_room not in MECHANISM_ROOMS[room]:
+                bad.append(f"mechanism/{'/'.join(parts)}.py ({room}) imports {module} ({target_room})")
+    return bad
+
+
+def test_mechanism_rooms_import_only_what_they_may() -> None:
+    rooms = {p.parent.name for p in (ROOT / "mechanism").glob("*/__init__.py")}
+    assert rooms == set(MECHANISM_ROOMS) - {"floor"}
+    assert mechanism_room_violations(ROOT) == []
+
+
+def test_every_mechanism_room_says_in_one_line_what_it_holds_and_may_import() -> None:
+    for room in set(MECHANISM_ROOMS) - {"floor"}:
+        doc = ast.get_docstring(ast.parse((ROOT / "mechanism" / room / "__init__.py").read_text()))
+        assert doc is not None and "\n" not in doc.strip(), room
+        assert "Imports:" in doc, room
+        allowed = MECHANISM_ROOMS[room] - {room}
+        said = doc.split("Imports:", 1)[1]
+        assert all(other in said for other in allowed), (room, said)
+
+
+def test_the_mechanism_room_check_fails_on_planted_imports(tmp_path: Path) -> None:
+    """Each upward direction is caught: the floor importing a room, a primitive importing privacy,
+    privacy importing analysis (a cycle in the making), estimation importing the protocol, and a
+    room the table does not know; imports the table allows pass."""
+    plants = {
+        "mechanism/bad.py": "from secure_release.mechanism.primitives.keys import Seed\n",
+        "mechanism/primitives/bad.py": "from secure_release.mechanism.privacy import accounting\n",
+        "mechanism/privacy/bad.py": "def f():\n    from secure_release.mechanism.analysis.power import x\n",
+        "mechanism/estimation/bad.py": "import secure_release.mechanism.protocol.in_memory\n",
+        "mechanism/misc/bad.py": "from secure_release.mechanism.errors import E\n",
+        "mechanism/analysis/ok.py": "from secure_release.mechanism.estimation import estimators\n"
+        "from secure_release.mechanism.errors import E\n",
+        "mechanism/protocol/ok.py": "from secure_release.mechanism.alignment.psi import run_psi\n",
+    }
+    for rel, text in plants.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    found = mechanism_room_violations(tmp_path)
+    assert len(found) == 5, found
+    assert all("bad.py" in f for f in found)

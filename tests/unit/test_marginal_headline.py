@@ -18,12 +18,13 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 from secure_release import api
-from secure_release.mechanism import estimators as est
-from secure_release.mechanism import marginals, protocol
-from secure_release.mechanism.datasets import largest_remainder
-from secure_release.mechanism.plan import plan_release
-from secure_release.mechanism.report import COLUMN_MEANINGS
-from secure_release.mechanism.simulation import fast_observed_counts
+from secure_release.mechanism.estimation import estimators as est
+from secure_release.mechanism.estimation import marginals
+from secure_release.mechanism.estimation.report import COLUMN_MEANINGS
+from secure_release.mechanism.privacy.plan import plan_release
+from secure_release.mechanism.protocol import in_memory as protocol
+from secure_release.mechanism.simulation.datasets import largest_remainder
+from secure_release.mechanism.simulation.monte_carlo import fast_observed_counts
 
 TOL = 1e-12
 

@@ -10,7 +10,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from secure_release.mechanism import accounting as acc
 from secure_release.mechanism.errors import (
     AlphabetOverflowError,
     EmptyDomainError,
@@ -21,7 +20,8 @@ from secure_release.mechanism.errors import (
     InvalidSampleSizeError,
     NonFiniteInputError,
 )
-from secure_release.mechanism.pram import PramChannel
+from secure_release.mechanism.primitives.pram import PramChannel
+from secure_release.mechanism.privacy import accounting as acc
 from secure_release.mechanism.schema import MAX_JOINT_ALPHABET
 
 N_ADULT, K_ADULT = 45222, 24
@@ -343,7 +343,7 @@ def test_single_cell_domain_is_an_empty_domain_error() -> None:
 
 
 def test_plan_warning_absent_on_adult_and_present_at_huge_k() -> None:
-    from secure_release.mechanism.plan import plan_release
+    from secure_release.mechanism.privacy.plan import plan_release
 
     for eps in (0.1, 0.5, 1.0):
         plan = plan_release(N_ADULT, (6, 4), eps)
@@ -357,7 +357,7 @@ def test_plan_warning_absent_on_adult_and_present_at_huge_k() -> None:
 
 
 def test_plan_warning_names_an_m_or_epsilon_that_works() -> None:
-    from secure_release.mechanism.plan import plan_release
+    from secure_release.mechanism.privacy.plan import plan_release
 
     # a bad m at an epsilon where a better m exists
     plan = plan_release(N_ADULT, (6, 4), 0.5, m=3)
@@ -377,7 +377,7 @@ def test_plan_warning_names_an_m_or_epsilon_that_works() -> None:
 
 
 def test_plan_refuses_a_single_cell_domain() -> None:
-    from secure_release.mechanism.plan import plan_release
+    from secure_release.mechanism.privacy.plan import plan_release
 
     with pytest.raises(EmptyDomainError, match="need K >= 2"):
         plan_release(100, (1, 1), 1.0)

@@ -9,7 +9,7 @@ from cryptography.hazmat.primitives.ciphers import algorithms
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from secure_release.mechanism.alignment import (
+from secure_release.mechanism.alignment.keyed_hash import (
     TAG_DTYPE,
     DuplicateIdError,
     aes_cmac,
@@ -20,7 +20,7 @@ from secure_release.mechanism.alignment import (
     id_tags,
 )
 from secure_release.mechanism.errors import ShapeMismatchError
-from secure_release.mechanism.keys import AlignmentKey
+from secure_release.mechanism.primitives.keys import AlignmentKey
 
 # RFC 4493 section 4 (AES-128) and NIST SP 800-38B appendix D.3 (AES-256) examples.
 _MSG = bytes.fromhex(

@@ -11,7 +11,7 @@ from cryptography.hazmat.primitives.ciphers import algorithms
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from secure_release.mechanism.alignment import (
+from secure_release.mechanism.alignment.keyed_hash import (
     TAG_DTYPE,
     DuplicateIdError,
     align,
@@ -20,7 +20,7 @@ from secure_release.mechanism.alignment import (
     id_tags,
 )
 from secure_release.mechanism.errors import ShapeMismatchError
-from secure_release.mechanism.keys import AlignmentKey
+from secure_release.mechanism.primitives.keys import AlignmentKey
 
 KEY = AlignmentKey(bytes(range(32)))
 
@@ -161,7 +161,7 @@ def test_align_follows_an_agreed_list_in_any_order_and_refuses_bad_ones() -> Non
 
 @pytest.mark.parametrize("step", [1, 2, 3, 7, 1 << 20])
 def test_the_chunked_steps_equal_the_whole_array_ones(step: int) -> None:
-    from secure_release.mechanism.alignment import _equal_neighbours, _join_prefixes
+    from secure_release.mechanism.alignment.keyed_hash import _equal_neighbours, _join_prefixes
 
     rng = np.random.default_rng(step)
     values = np.sort(rng.integers(0, 1 << 20, 200, dtype=np.int64))  # many equal neighbours after >> 4
@@ -190,7 +190,7 @@ def test_the_chunked_steps_equal_the_whole_array_ones(step: int) -> None:
 
 
 def test_align_with_tags_sorted_ahead_equals_align() -> None:
-    from secure_release.mechanism.alignment import TAG_DTYPE, align, common_tags, sort_tags
+    from secure_release.mechanism.alignment.keyed_hash import TAG_DTYPE, align, common_tags, sort_tags
 
     rng = np.random.default_rng(11)
     own = np.zeros(5000, dtype=TAG_DTYPE)
@@ -203,7 +203,7 @@ def test_align_with_tags_sorted_ahead_equals_align() -> None:
     assert np.array_equal(plain.row_order, ahead.row_order) and ahead.num_matched == 3000
     stranger = sort_tags(own.copy())  # sorted from another array: not used, same result
     assert np.array_equal(align(own, agreed, stranger).row_order, plain.row_order)
-    from secure_release.mechanism.alignment import align_all
+    from secure_release.mechanism.alignment.keyed_hash import align_all
 
     common, rows = align_all([own, other])
     common_ahead, rows_ahead = align_all([own, other], sort_tags(own))

@@ -1,4 +1,4 @@
-"""Tests of (conditional) independence on PRAM-perturbed counts (mechanism/association.py).
+"""Tests of (conditional) independence on PRAM-perturbed counts (mechanism/analysis/association.py).
 
 Exact checks first (closed forms at keep = 1, scipy's G-test, the multinomial log-pmf, the null
 fit's optimality), then bounded calibration under H0 by simulation with fixed seeds and stated
@@ -13,8 +13,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from secure_release.mechanism import association as assoc
-from secure_release.mechanism.accounting import gamma_from_epsilon
+from secure_release.mechanism.analysis import association as assoc
 from secure_release.mechanism.errors import (
     EmptySampleError,
     EmptyStratumError,
@@ -24,7 +23,8 @@ from secure_release.mechanism.errors import (
     TooFewLevelsError,
     UnknownTestMethodError,
 )
-from secure_release.mechanism.pram import PramChannel
+from secure_release.mechanism.primitives.pram import PramChannel
+from secure_release.mechanism.privacy.accounting import gamma_from_epsilon
 
 
 def _product(rng: np.random.Generator, shape: tuple[int, int, int], concentration: float = 4.0) -> np.ndarray:

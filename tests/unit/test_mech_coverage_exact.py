@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from secure_release.mechanism import accounting as acc
-from secure_release.mechanism.datasets import synthetic_counts
-from secure_release.mechanism.pram import PramChannel
-from secure_release.mechanism.simulation import exact_cell_coverage, hypergeometric_pmf, observed_count_pmf
+from secure_release.mechanism.primitives.pram import PramChannel
+from secure_release.mechanism.privacy import accounting as acc
+from secure_release.mechanism.simulation.datasets import synthetic_counts
+from secure_release.mechanism.simulation.monte_carlo import exact_cell_coverage, hypergeometric_pmf, observed_count_pmf
 from secure_release.tables import adult
 
 

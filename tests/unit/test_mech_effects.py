@@ -1,4 +1,4 @@
-"""Effect sizes of an association on PRAM-perturbed counts (mechanism/effects.py, DESIGN 11):
+"""Effect sizes of an association on PRAM-perturbed counts (mechanism/analysis/effects.py, DESIGN 11):
 the formulas against scipy / statsmodels / hand computation, the named errors, the intervals'
 behaviour at keep = 1 and large m, and a bounded coverage simulation."""
 
@@ -13,7 +13,7 @@ from scipy import stats
 from scipy.stats.contingency import association
 from statsmodels.stats.contingency_tables import Table2x2
 
-from secure_release.mechanism import effects
+from secure_release.mechanism.analysis import effects
 from secure_release.mechanism.errors import (
     InvalidCountsError,
     InvalidDrawsError,
@@ -22,7 +22,7 @@ from secure_release.mechanism.errors import (
     ShapeMismatchError,
     TooFewLevelsError,
 )
-from secure_release.mechanism.estimators import mle_water_filling
+from secure_release.mechanism.estimation.estimators import mle_water_filling
 
 _RNG = np.random.default_rng(20261127)
 TABLES = [

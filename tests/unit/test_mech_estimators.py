@@ -13,13 +13,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from secure_release.mechanism import estimators as est
-from secure_release.mechanism import reference
-from secure_release.mechanism.accounting import expected_squared_error, gamma_from_epsilon
 from secure_release.mechanism.errors import EmptySampleError, NonFiniteInputError, ShapeMismatchError
-from secure_release.mechanism.keys import PramKey, Seed
-from secure_release.mechanism.pram import PramChannel, perturb
-from secure_release.mechanism.sampling import sample_positions
+from secure_release.mechanism.estimation import estimators as est
+from secure_release.mechanism.estimation import reference
+from secure_release.mechanism.primitives.keys import PramKey, Seed
+from secure_release.mechanism.primitives.pram import PramChannel, perturb
+from secure_release.mechanism.primitives.sampling import sample_positions
+from secure_release.mechanism.privacy.accounting import expected_squared_error, gamma_from_epsilon
 from secure_release.mechanism.schema import joint_codes, split_joint
 
 ADULT_CSV = Path(__file__).resolve().parents[2] / "app" / "data" / "adult_counts.csv"
@@ -203,7 +203,7 @@ def test_standard_errors_and_intervals() -> None:
     ch = PramChannel(5.0, 4)
     t = np.array([0.1, 0.2, 0.3, 0.4])
     se = est.standard_errors(t, 1000, 100, ch)
-    from secure_release.mechanism.accounting import cell_variance
+    from secure_release.mechanism.privacy.accounting import cell_variance
 
     assert np.allclose(se**2, cell_variance(1000, 100, 4, 5.0, t))
     lo, hi = reference.confidence_intervals(t, se)

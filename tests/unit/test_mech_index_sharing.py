@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from scipy.stats import chi2 as chi2_dist
 
 from secure_release.mechanism.errors import InvalidSampleSizeError, SecureReleaseError
-from secure_release.mechanism.index_sharing import (
+from secure_release.mechanism.primitives.stream import KeyStream, nonce_for, uniform_below
+from secure_release.mechanism.protocol.index_sharing import (
     InvalidIndexTupleError,
     draw_index_tuple,
     first_distinct,
@@ -22,7 +23,6 @@ from secure_release.mechanism.index_sharing import (
     packed_size,
     unpack_indices,
 )
-from secure_release.mechanism.stream import KeyStream, nonce_for, uniform_below
 
 
 @settings(max_examples=150, deadline=None)

@@ -8,8 +8,6 @@ import numpy as np
 import pytest
 from scipy import special, stats
 
-from secure_release.mechanism import estimators as est
-from secure_release.mechanism import reference
 from secure_release.mechanism.errors import (
     InvalidCountsError,
     InvalidLevelError,
@@ -17,7 +15,9 @@ from secure_release.mechanism.errors import (
     ShapeMismatchError,
     UnknownIntervalMethodError,
 )
-from secure_release.mechanism.pram import PramChannel
+from secure_release.mechanism.estimation import estimators as est
+from secure_release.mechanism.estimation import reference
+from secure_release.mechanism.primitives.pram import PramChannel
 
 
 def test_log_gamma_matches_scipy() -> None:

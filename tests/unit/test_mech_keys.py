@@ -8,7 +8,7 @@ import pickle
 import pytest
 
 from secure_release.mechanism.errors import InvalidSeedError
-from secure_release.mechanism.keys import AlignmentKey, PadKey, PramKey, Seed, derive_bytes
+from secure_release.mechanism.primitives.keys import AlignmentKey, PadKey, PramKey, Seed, derive_bytes
 
 KINDS = [Seed, PadKey, PramKey, AlignmentKey]
 RAWS = [bytes(range(32)), bytes(32), bytes([0xAB]) * 32, bytes(range(100, 132))]

@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 
-from secure_release.mechanism import estimators as est
-from secure_release.mechanism import reference
 from secure_release.mechanism.errors import NonFiniteInputError
-from secure_release.mechanism.pram import PramChannel
+from secure_release.mechanism.estimation import estimators as est
+from secure_release.mechanism.estimation import reference
+from secure_release.mechanism.primitives.pram import PramChannel
 
 
 def _cases(seed: int, count: int) -> list[tuple[np.ndarray, float]]:

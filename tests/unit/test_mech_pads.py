@@ -9,7 +9,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from secure_release.mechanism import pads
 from secure_release.mechanism.errors import (
     InvalidSeedError,
     PadReuseError,
@@ -17,8 +16,9 @@ from secure_release.mechanism.errors import (
     SymbolOutOfRangeError,
     UnknownCipherError,
 )
-from secure_release.mechanism.keys import PadKey
-from secure_release.mechanism.pads import (
+from secure_release.mechanism.primitives import pads
+from secure_release.mechanism.primitives.keys import PadKey
+from secure_release.mechanism.primitives.pads import (
     PAD_BLOCK_SYMBOLS,
     CipherMode,
     ReleasePad,
@@ -28,7 +28,7 @@ from secure_release.mechanism.pads import (
     new_release_pad,
     otp_pad,
 )
-from secure_release.mechanism.stream import (
+from secure_release.mechanism.primitives.stream import (
     KeyStream,
     chacha20_keystream,
     keystream_words,

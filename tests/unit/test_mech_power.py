@@ -1,4 +1,4 @@
-"""mechanism/power.py: the power of the independence test planned from public inputs. Exact checks
+"""mechanism/analysis/power.py: the power of the independence test planned from public inputs. Exact checks
 of each formula (the channel on the pair, the noncentrality, m a^2's maximum, the marginal
 efficiency), then the claim itself checked by simulation with an LRT written here, independently
 of the module's: at the planned V the chi-square LRT's power is near 0.8, also at small m where
@@ -14,7 +14,7 @@ import numpy.typing as npt
 import pytest
 from scipy import linalg, stats
 
-from secure_release.mechanism import power as pw
+from secure_release.mechanism.analysis import power as pw
 from secure_release.mechanism.errors import (
     InvalidLevelError,
     RepeatedAttributeError,
@@ -22,7 +22,7 @@ from secure_release.mechanism.errors import (
     TooFewLevelsError,
     UnknownAttributeError,
 )
-from secure_release.mechanism.pram import PramChannel
+from secure_release.mechanism.primitives.pram import PramChannel
 from secure_release.mechanism.schema import Attribute, CuratorSchema
 
 FloatArray = npt.NDArray[np.float64]

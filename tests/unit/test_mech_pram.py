@@ -11,9 +11,9 @@ import pytest
 from scipy import stats
 
 from secure_release.mechanism.errors import InvalidGammaError, NonFiniteInputError, ShapeMismatchError
-from secure_release.mechanism.keys import PadKey, PramKey
-from secure_release.mechanism.pads import chacha20_pad, decrypt, encrypt
-from secure_release.mechanism.pram import PRAM_BLOCK_ROWS, PramChannel, check_gamma, perturb, perturb_block
+from secure_release.mechanism.primitives.keys import PadKey, PramKey
+from secure_release.mechanism.primitives.pads import chacha20_pad, decrypt, encrypt
+from secure_release.mechanism.primitives.pram import PRAM_BLOCK_ROWS, PramChannel, check_gamma, perturb, perturb_block
 from secure_release.mechanism.schema import joint_codes
 
 Z_1E7 = float(stats.norm.isf(0.5e-7))  # two-sided alpha = 1e-7 -> z = 5.33

@@ -16,8 +16,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from secure_release.mechanism.accounting import epsilon_from_gamma, gamma_from_epsilon
-from secure_release.mechanism.pram import PramChannel
+from secure_release.mechanism.primitives.pram import PramChannel
+from secure_release.mechanism.privacy.accounting import epsilon_from_gamma, gamma_from_epsilon
 
 CASES = [
     (3, 2, 2, 3.0),

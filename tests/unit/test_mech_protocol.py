@@ -1,4 +1,4 @@
-"""The whole protocol in memory (mechanism.protocol.run_release) with injected keys."""
+"""The whole protocol in memory (mechanism.protocol.in_memory.run_release) with injected keys."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ import itertools
 import numpy as np
 import pytest
 
-from secure_release.mechanism import keys as keys_module
 from secure_release.mechanism.errors import PadReuseError, TooFewCuratorsError
-from secure_release.mechanism.keys import AlignmentKey, PadKey, PramKey, Seed
-from secure_release.mechanism.protocol import CuratorTable, agree_alignment, curator_tags, run_release
-from secure_release.mechanism.sampling import sample_positions
+from secure_release.mechanism.primitives import keys as keys_module
+from secure_release.mechanism.primitives.keys import AlignmentKey, PadKey, PramKey, Seed
+from secure_release.mechanism.primitives.sampling import sample_positions
+from secure_release.mechanism.protocol.in_memory import CuratorTable, agree_alignment, curator_tags, run_release
 from secure_release.mechanism.schema import Attribute, CuratorSchema
 
 ALICE = CuratorSchema("alice", (Attribute("edu", ("a", "b", "c")), Attribute("mar", ("m", "s"))))

@@ -1,4 +1,4 @@
-"""The N-party ECDH PSI (mechanism.psi): correctness against a plain set intersection, one
+"""The N-party ECDH PSI (mechanism.alignment.psi): correctness against a plain set intersection, one
 canonical order at every curator, rejection of bad points, and what a curator receives.
 
 What is exactly testable about the received messages (with every curator's scalar fixed):
@@ -20,8 +20,8 @@ import os
 import numpy as np
 import pytest
 
-from secure_release.mechanism.alignment import align, common_tags
-from secure_release.mechanism.psi import (
+from secure_release.mechanism.alignment.keyed_hash import align, common_tags
+from secure_release.mechanism.alignment.psi import (
     POINT_BYTES,
     InvalidPointError,
     PsiKey,
@@ -34,7 +34,7 @@ from secure_release.mechanism.psi import (
     run_psi,
     split_points,
 )
-from secure_release.mechanism.psi_group import FIELD_PRIME, check_points, point_mul, swiftec_decode
+from secure_release.mechanism.alignment.psi_group import FIELD_PRIME, check_points, point_mul, swiftec_decode
 
 KEYS = [PsiKey(hashlib.sha256(b"psi-%d" % j).digest()) for j in range(3)]
 

@@ -1,5 +1,5 @@
 # tier: unit
-"""The PSI's group (mechanism/psi_group.py, issue 41): known answers for the hash to the group.
+"""The PSI's group (mechanism/alignment/psi_group.py, issue 41): known answers for the hash to the group.
 
 1. BIP 324's official ElligatorSwift decoding vectors (bitcoin/bips, bip-0324,
    ``ellswift_decode_test_vectors.csv``; a selection covering the degenerate inputs u = 0,
@@ -19,8 +19,8 @@ import hashlib
 import numpy as np
 import pytest
 
-from secure_release.mechanism.psi import hash_to_group
-from secure_release.mechanism.psi_group import (
+from secure_release.mechanism.alignment.psi import hash_to_group
+from secure_release.mechanism.alignment.psi_group import (
     FIELD_PRIME,
     ORDER,
     POINT_BYTES,

@@ -16,7 +16,7 @@ import pytest
 import statsmodels.api as sm
 from scipy import stats
 
-from secure_release.mechanism import regression as reg
+from secure_release.mechanism.analysis import regression as reg
 from secure_release.mechanism.errors import (
     DesignRowsError,
     DifferentTablesError,

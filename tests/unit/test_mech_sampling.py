@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from scipy import stats
 
 from secure_release.mechanism.errors import InvalidSampleSizeError
-from secure_release.mechanism.keys import Seed
-from secure_release.mechanism.sampling import (
+from secure_release.mechanism.primitives.keys import Seed
+from secure_release.mechanism.primitives.sampling import (
     _ordered,
     _smallest,
     _streaming_smallest,

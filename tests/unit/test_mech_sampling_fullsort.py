@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from secure_release.mechanism.sampling import _all_positions_ordered, sorted_by_key
+from secure_release.mechanism.primitives.sampling import _all_positions_ordered, sorted_by_key
 
 
 @settings(max_examples=150, deadline=None)

@@ -14,9 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from secure_release.mechanism import sampling
-from secure_release.mechanism.keys import Seed
-from secure_release.mechanism.sampling import (
+from secure_release.mechanism.primitives import sampling
+from secure_release.mechanism.primitives.keys import Seed
+from secure_release.mechanism.primitives.sampling import (
     _all_positions_ordered,
     _all_positions_ordered_split,
     position_keys,

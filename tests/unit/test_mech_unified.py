@@ -1,4 +1,4 @@
-"""The unified (Feldman-Cousins) intervals of mechanism/unified.py: the acceptance sets against a
+"""The unified (Feldman-Cousins) intervals of mechanism/estimation/unified.py: the acceptance sets against a
 brute-force ranking, never empty, always holding the estimate, exact coverage (binomial at every
 rate, and under sampling without replacement by enumeration), and the two boundary cases of the
 issue in miniature. Every check is exact (enumeration, no Monte Carlo): no false-failure rate."""
@@ -9,20 +9,21 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from secure_release.mechanism import accounting as acc
-from secure_release.mechanism import estimators as est
-from secure_release.mechanism import marginals, protocol, unified
 from secure_release.mechanism.errors import (
     InvalidCountsError,
     InvalidLevelError,
     NonFiniteInputError,
     ShapeMismatchError,
 )
-from secure_release.mechanism.plan import plan_release
-from secure_release.mechanism.pram import PramChannel
-from secure_release.mechanism.report import build_report
+from secure_release.mechanism.estimation import estimators as est
+from secure_release.mechanism.estimation import marginals, unified
+from secure_release.mechanism.estimation.report import build_report
+from secure_release.mechanism.primitives.pram import PramChannel
+from secure_release.mechanism.privacy import accounting as acc
+from secure_release.mechanism.privacy.plan import plan_release
+from secure_release.mechanism.protocol import in_memory as protocol
 from secure_release.mechanism.schema import Attribute, CuratorSchema, JointSchema
-from secure_release.mechanism.simulation import exact_cell_coverage
+from secure_release.mechanism.simulation.monte_carlo import exact_cell_coverage
 
 # (m, keep a, off-diagonal b, alpha): small and large m, b m below and above 1, a + b near 1,
 # a Bonferroni alpha

@@ -9,24 +9,13 @@ import numpy as np
 import pytest
 from test_mech_protocol import _tables
 
+from secure_release.mechanism.alignment.psi import PsiKey
 from secure_release.mechanism.errors import BudgetExceededError, SeedReuseError, ShapeMismatchError
-from secure_release.mechanism.index_sharing import InvalidIndexTupleError, pack_indices
-from secure_release.mechanism.keys import AlignmentKey, PadKey, PramKey, Seed
-from secure_release.mechanism.pads import PAD_BLOCK_SYMBOLS, CipherMode, chacha20_pad
-from secure_release.mechanism.pram import perturb
-from secure_release.mechanism.protocol import ReleaseResult, researcher_decrypt, run_release
-from secure_release.mechanism.psi import PsiKey
-from secure_release.mechanism.sampling import sample_positions
-from secure_release.mechanism.server_sampling import (
-    KeyPath,
-    TableKey,
-    UnknownKeyPathError,
-    curator_store_table,
-    researcher_decrypt_stored,
-    table_pad_key,
-    table_pads,
-)
-from secure_release.mechanism.variants import (
+from secure_release.mechanism.primitives.keys import AlignmentKey, PadKey, PramKey, Seed
+from secure_release.mechanism.primitives.pads import PAD_BLOCK_SYMBOLS, CipherMode, chacha20_pad
+from secure_release.mechanism.primitives.pram import perturb
+from secure_release.mechanism.primitives.sampling import sample_positions
+from secure_release.mechanism.protocol.architectures import (
     AlignmentMode,
     SamplingMode,
     StoredRelease,
@@ -37,6 +26,17 @@ from secure_release.mechanism.variants import (
     align_tables,
     run_variant_release,
     sample_fingerprint,
+)
+from secure_release.mechanism.protocol.in_memory import ReleaseResult, researcher_decrypt, run_release
+from secure_release.mechanism.protocol.index_sharing import InvalidIndexTupleError, pack_indices
+from secure_release.mechanism.protocol.server_sampling import (
+    KeyPath,
+    TableKey,
+    UnknownKeyPathError,
+    curator_store_table,
+    researcher_decrypt_stored,
+    table_pad_key,
+    table_pads,
 )
 
 SEED = Seed(bytes(32))
@@ -123,8 +123,8 @@ def test_agreement_helpers_and_bad_modes() -> None:
 
 
 def test_agreement_positions_validates_the_packed_tuple() -> None:
-    from secure_release.mechanism.protocol import leader_agree
-    from secure_release.mechanism.variants import leader_agree_variant
+    from secure_release.mechanism.protocol.architectures import leader_agree_variant
+    from secure_release.mechanism.protocol.in_memory import leader_agree
 
     tables = list(_tables())
     aligned = align_tables(tables, "keyed-hash", AKEY)

@@ -26,8 +26,8 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from secure_release.mechanism.index_sharing import draw_index_tuple
-from secure_release.mechanism.server_sampling import overlap_likelihood_ratio
+from secure_release.mechanism.protocol.index_sharing import draw_index_tuple
+from secure_release.mechanism.protocol.server_sampling import overlap_likelihood_ratio
 
 Dist = dict[tuple[int, ...], Fraction]
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from secure_release.mechanism import sampling
-from secure_release.mechanism.keys import Seed
+from secure_release.mechanism.primitives import sampling
+from secure_release.mechanism.primitives.keys import Seed
 
 
 @pytest.mark.parametrize(("n", "m"), [(200_000, 200_000), (200_000, 199_993), (131_072, 100_000), (999, 1)])

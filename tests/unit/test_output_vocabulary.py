@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from secure_release import api, display
-from secure_release.mechanism.report import ReleaseReport
+from secure_release.mechanism.estimation.report import ReleaseReport
 from secure_release.report_page import html_report
 from secure_release.researcher.heatmap import share_grid
 from secure_release.researcher.storage import report_csv

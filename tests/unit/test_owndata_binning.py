@@ -13,8 +13,8 @@ import pytest
 
 from secure_release.curator.table import BadRowsError, SchemaFileError, load_schema, read_table
 from secure_release.mechanism.errors import InvalidBinsError, UnknownCategoryError
-from secure_release.mechanism.guarantee import privacy_guarantee
-from secure_release.mechanism.plan import plan_release
+from secure_release.mechanism.privacy.guarantee import privacy_guarantee
+from secure_release.mechanism.privacy.plan import plan_release
 from secure_release.mechanism.schema import (
     Attribute,
     attribute_from_dict,

@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 
 from secure_release import api
-from secure_release.mechanism import marginals
+from secure_release.mechanism.estimation import marginals
 
 SCHEMAS = {
     "alice": {"curator": "alice", "attributes": [{"name": "mass", "bins": [2500, 4000, 6500], "missing": "unknown"},

@@ -11,7 +11,7 @@ from test_plan_suggest import WALK_ALICE, WALK_BOB, _write  # the walk-through's
 
 from secure_release.cli import main
 from secure_release.curator.table import load_schema
-from secure_release.mechanism.power import power_plan
+from secure_release.mechanism.analysis.power import power_plan
 
 ALICE = {"curator": "alice", "id_column": "id", "attributes": [
     {"name": "education", "categories": ["a", "b", "c"]},

@@ -16,15 +16,15 @@ import pytest
 
 from secure_release import api
 from secure_release.cli import main
+from secure_release.mechanism.analysis.suggest import MAX_GRID, merged_bin_edges
 from secure_release.mechanism.errors import (
     InvalidBinsError,
     InvalidGroupsError,
     InvalidSuggestionLimitError,
     SearchTooLargeError,
 )
-from secure_release.mechanism.plan import plan_release
+from secure_release.mechanism.privacy.plan import plan_release
 from secure_release.mechanism.schema import Attribute, attribute_from_dict, attribute_to_dict
-from secure_release.mechanism.suggest import MAX_GRID, merged_bin_edges
 
 ROOT = Path(__file__).resolve().parents[2]
 

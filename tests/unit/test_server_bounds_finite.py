@@ -11,8 +11,8 @@ from fractions import Fraction
 
 import pytest
 
-from secure_release.mechanism import accounting as acc
 from secure_release.mechanism.errors import InvalidEpsilonError
+from secure_release.mechanism.privacy import accounting as acc
 
 
 @pytest.mark.parametrize("exponent", [1e308, 1e6, 800.0, 710.0])

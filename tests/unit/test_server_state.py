@@ -7,10 +7,10 @@ import dataclasses
 import pytest
 
 from secure_release.mechanism.errors import InvalidGammaError, ShapeMismatchError, TooFewCuratorsError
-from secure_release.mechanism.packing import CHUNK_ROWS
-from secure_release.mechanism.pads import CipherMode
-from secure_release.mechanism.plan import plan_release
-from secure_release.mechanism.spec import ReleaseSpec
+from secure_release.mechanism.primitives.packing import CHUNK_ROWS
+from secure_release.mechanism.primitives.pads import CipherMode
+from secure_release.mechanism.privacy.plan import plan_release
+from secure_release.mechanism.protocol.spec import ReleaseSpec
 from secure_release.server import state as st
 
 

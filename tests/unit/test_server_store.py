@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from secure_release.mechanism.keys import PramKey
+from secure_release.mechanism.primitives.keys import PramKey
 from secure_release.server.state import NoSuchReleaseError, NotACuratorError, ReleaseState
 from secure_release.server.store import Store, StoreError
 from tests import support

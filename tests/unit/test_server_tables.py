@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 
 from secure_release.infra import streams, wire
-from secure_release.mechanism.index_sharing import indices_fingerprint, pack_indices, sample_set_fingerprint
-from secure_release.mechanism.keys import PadKey, PramKey, Seed
-from secure_release.mechanism.packing import CHUNK_ROWS, digest_of, pack_symbols, unpack_symbols
-from secure_release.mechanism.pads import CipherMode
-from secure_release.mechanism.plan import plan_release
-from secure_release.mechanism.protocol import server_perturb
-from secure_release.mechanism.server_sampling import (
+from secure_release.mechanism.primitives.keys import PadKey, PramKey, Seed
+from secure_release.mechanism.primitives.packing import CHUNK_ROWS, digest_of, pack_symbols, unpack_symbols
+from secure_release.mechanism.primitives.pads import CipherMode
+from secure_release.mechanism.privacy.plan import plan_release
+from secure_release.mechanism.protocol.in_memory import server_perturb
+from secure_release.mechanism.protocol.index_sharing import indices_fingerprint, pack_indices, sample_set_fingerprint
+from secure_release.mechanism.protocol.server_sampling import (
     TableKey,
     curator_rekey,
     curator_store_table,
@@ -25,7 +25,7 @@ from secure_release.mechanism.server_sampling import (
     server_draw_sample,
     server_gather,
 )
-from secure_release.mechanism.spec import ReleaseSpec
+from secure_release.mechanism.protocol.spec import ReleaseSpec
 from secure_release.server import state as st
 from secure_release.server import tables as tb
 from secure_release.server.store import NotServerSampledError, Store

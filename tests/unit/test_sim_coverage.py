@@ -14,10 +14,10 @@ from __future__ import annotations
 import numpy as np
 from scipy import stats
 
-from secure_release.mechanism import accounting as acc
-from secure_release.mechanism.datasets import synthetic_counts
-from secure_release.mechanism.pram import PramChannel
-from secure_release.mechanism.simulation import coverage_study, exact_cell_coverage
+from secure_release.mechanism.primitives.pram import PramChannel
+from secure_release.mechanism.privacy import accounting as acc
+from secure_release.mechanism.simulation.datasets import synthetic_counts
+from secure_release.mechanism.simulation.monte_carlo import coverage_study, exact_cell_coverage
 from secure_release.tables import adult
 
 ALPHA = 1e-6 / 3

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from secure_release.mechanism.datasets import largest_remainder, shares, synthetic_counts, two_curator_split
 from secure_release.mechanism.errors import SecureReleaseError
+from secure_release.mechanism.simulation.datasets import largest_remainder, shares, synthetic_counts, two_curator_split
 from secure_release.tables import adult, read_counts_csv, read_rows
 
 

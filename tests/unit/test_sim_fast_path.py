@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from secure_release.mechanism import accounting
-from secure_release.mechanism.datasets import synthetic_counts
-from secure_release.mechanism.estimators import project_to_simplex
-from secure_release.mechanism.pram import PramChannel
-from secure_release.mechanism.reference import estimate_mle, estimate_mle_batch
-from secure_release.mechanism.simulation import (
+from secure_release.mechanism.estimation.estimators import project_to_simplex
+from secure_release.mechanism.estimation.reference import estimate_mle, estimate_mle_batch
+from secure_release.mechanism.primitives.pram import PramChannel
+from secure_release.mechanism.privacy import accounting
+from secure_release.mechanism.simulation.datasets import synthetic_counts
+from secure_release.mechanism.simulation.monte_carlo import (
     fast_observed_counts,
     per_record_observed_counts,
     project_to_simplex_batch,

@@ -42,10 +42,10 @@ from secure_release.infra.streams import (
     TagStreamError,
     tag_chunks,
 )
-from secure_release.mechanism import sharding as sh
-from secure_release.mechanism.alignment import TAG_DTYPE
-from secure_release.mechanism.keys import AlignmentKey, Seed
-from secure_release.mechanism.pads import CipherMode
+from secure_release.mechanism.alignment import sharding as sh
+from secure_release.mechanism.alignment.keyed_hash import TAG_DTYPE
+from secure_release.mechanism.primitives.keys import AlignmentKey, Seed
+from secure_release.mechanism.primitives.pads import CipherMode
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
 
 KEY = AlignmentKey(bytes(range(32)))

@@ -5,7 +5,7 @@ secure-release wire protocol, version 1.
 
 Four roles talk over mutual TLS; every RPC checks the caller's role from its certificate.
 Symbols travel as packed little-endian bytes (1, 2 or 4 bytes a symbol by alphabet size,
-see mechanism/packing.py), never as repeated integers; no message exceeds 1 MiB of payload.
+see mechanism/primitives/packing.py), never as repeated integers; no message exceeds 1 MiB of payload.
 No message the server receives has a field that can carry a pad, a key or a seed.
 """
 
@@ -519,7 +519,7 @@ Global___SampleRequest: _TypeAlias = SampleRequest  # noqa: Y015
 @_typing.final
 class SampleChunk(_message.Message):
     """The server's ordered m-tuple of stored positions, packed ceil(log2 n) bits a position
-    (mechanism/index_sharing.py), in pieces of at most 1 MiB.
+    (mechanism/protocol/index_sharing.py), in pieces of at most 1 MiB.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -993,7 +993,7 @@ class AgreementChunk(_message.Message):
     packed_indices: _builtins.bytes
     """INDICES: a piece of the packed m-tuple (ceil(log2 n) bits a position,"""
     own_rows: _builtins.bytes
-    """mechanism/index_sharing.py); pieces follow the common tags, in order
+    """mechanism/protocol/index_sharing.py); pieces follow the common tags, in order
     instead of common_tags, to a follower: its own rows (uint32, little-endian)
     """
     @_builtins.property
@@ -1063,7 +1063,7 @@ class PsiChunk(_message.Message):
     last: _builtins.bool
     proof: _builtins.bytes
     """PsiSend at hop >= 2, on the first chunk: the sender's public key B = k G and a proof that the
-    list (sliced: this slice) is the previous hop's raised to k (mechanism/psi_proof.py); the
+    list (sliced: this slice) is the previous hop's raised to k (mechanism/alignment/psi_proof.py); the
     leader checks both.
     """
     public_key: _builtins.bytes

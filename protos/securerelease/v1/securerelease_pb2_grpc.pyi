@@ -5,7 +5,7 @@ secure-release wire protocol, version 1.
 
 Four roles talk over mutual TLS; every RPC checks the caller's role from its certificate.
 Symbols travel as packed little-endian bytes (1, 2 or 4 bytes a symbol by alphabet size,
-see mechanism/packing.py), never as repeated integers; no message exceeds 1 MiB of payload.
+see mechanism/primitives/packing.py), never as repeated integers; no message exceeds 1 MiB of payload.
 No message the server receives has a field that can carry a pad, a key or a seed.
 """
 

@@ -1,0 +1,1 @@
+"""Tests of independence, effects, models, power, sub-tables. Imports: floor, primitives, privacy, estimation."""

@@ -1,0 +1,1 @@
+"""Count-level Monte Carlo and Sec. IV data sets. Imports: floor, primitives, privacy, estimation."""
