@@ -9,7 +9,9 @@ the release and spends no privacy budget.
 
 from __future__ import annotations
 
+import math
 import textwrap
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,11 +19,17 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from secure_release.frames import Backend, to_frame
 from secure_release.mechanism.analysis import association as assoc
 from secure_release.mechanism.analysis import effects as fx
+from secure_release.mechanism.analysis import printing, subtables
 from secure_release.mechanism.analysis import regression as reg
-from secure_release.mechanism.analysis import subtables
-from secure_release.mechanism.errors import NotNestedModelsError, OldResultError, UnknownAttributeError
+from secure_release.mechanism.errors import (
+    FlatLikelihoodWarning,
+    NotNestedModelsError,
+    OldResultError,
+    UnknownAttributeError,
+)
 from secure_release.mechanism.estimation.report import ReleaseReport
 
 Names = Sequence[str] | str
@@ -82,6 +90,41 @@ class AssociationTest:
             "strata": self.strata,
             "privacy": NO_BUDGET,
         }
+
+    # ------------------------------------------------------------------- reading the test
+    @property
+    def title(self) -> str:
+        """The test's name (the first line of its print)."""
+        return "Likelihood-ratio test of independence on perturbed counts"
+
+    @property
+    def data(self) -> str:
+        """What was tested: the attributes, the strata and m."""
+        given = f" given {', '.join(self.given)} ({self.strata} strata)" if self.given else ""
+        return f"{', '.join(self.a)} and {', '.join(self.b)}{given}; m = {self.m} released records"
+
+    def block(self, effects: Sequence[str] = (), extra: Sequence[str] = (), data: str = "") -> printing.Block:
+        """R's ``print.htest`` layout (:func:`~secure_release.mechanism.analysis.printing.htest_block`)."""
+        within = f" within some level of {', '.join(self.given)}" if self.given else ""
+        return printing.htest_block(
+            self.title, data or self.data, self.statistic, self.df, self.p_value, statistic_name="G",
+            null=self.hypothesis, alternative=f"{', '.join(self.a)} and {', '.join(self.b)} are associated{within}",
+            effects=effects, method=self.method, extra=(*extra, NO_BUDGET),
+        )  # fmt: skip
+
+    def __str__(self) -> str:
+        return self.block().text()
+
+    def __repr__(self) -> str:
+        given = f" | {', '.join(self.given)}" if self.given else ""
+        return printing.short_repr(
+            "AssociationTest",
+            f"{', '.join(self.a)} ~ {', '.join(self.b)}{given}: G = {printing.sig(self.statistic)}, df = {self.df}, "
+            f"p-value = {printing.p_value(self.p_value)}, m = {self.m}",
+        )
+
+    def _repr_html_(self) -> str:
+        return self.block().html()
 
 
 def test_independence(
@@ -172,6 +215,33 @@ class Association:
             "privacy": NO_BUDGET,
         }
 
+    # ------------------------------------------------------------------- reading the effects
+    def block(self) -> printing.Block:
+        """The effects as a table with their intervals, then the method."""
+        return self.effects.block(
+            f"Association of {', '.join(self.a)} with {', '.join(self.b)} ({self.levels[0]} x {self.levels[1]} "
+            f"table), {printing.level_text(self.effects.level)} intervals",
+            notes=(NO_BUDGET,),
+        )
+
+    def to_frame(self, backend: Backend = "pandas") -> Any:
+        """The effects as a DataFrame: effect, estimate, ci_low, ci_high (pandas or polars)."""
+        return to_frame(self.effects.columns(), backend)
+
+    def __str__(self) -> str:
+        return self.block().text()
+
+    def __repr__(self) -> str:
+        return printing.short_repr(
+            "Association",
+            f"{', '.join(self.a)} ~ {', '.join(self.b)} ({self.levels[0]} x {self.levels[1]}): Cramer's V = "
+            f"{printing.fixed(self.cramers_v)} {printing.interval(self.ci_low, self.ci_high)} "
+            f"({printing.level_text(self.effects.level)})",
+        )
+
+    def _repr_html_(self) -> str:
+        return self.block().html()
+
 
 def association(
     report: ReleaseReport,
@@ -225,6 +295,41 @@ class AssociationRow:
             "mi_ci_low": mi.low,
             "mi_ci_high": mi.high,
         }
+
+    # ------------------------------------------------------------------- reading the row
+    def block(self) -> printing.Block:
+        """The test in R's ``print.htest`` layout with the curators, Cramer's V and the mutual
+        information with their intervals, and the Holm-adjusted p-value."""
+        t = self.test
+        level = printing.level_text(self.effect.effects.level)
+        effects = [
+            f"{e.label} = {printing.fixed(e.estimate)}, {level} interval {printing.interval(e.low, e.high)}"
+            for e in (self.effect.effects.cramers_v, self.effect.effects.mutual_information)
+        ]
+        data = (f"{t.a[0]} ({self.holders[0]}) and {t.b[0]} ({self.holders[1]}); m = {t.m} released records")
+        return t.block(
+            effects=[*effects, f"Holm-adjusted p-value = {printing.p_value(self.p_adjusted)} ({ADJUSTMENT})"],
+            data=data,
+        )
+
+    def to_frame(self, backend: Backend = "pandas") -> Any:
+        """This pair as a one-row DataFrame, the columns of ``Result.associations()``."""
+        return to_frame(association_columns([self]), backend)
+
+    def __str__(self) -> str:
+        return self.block().text()
+
+    def __repr__(self) -> str:
+        v = self.effect.effects.cramers_v
+        return printing.short_repr(
+            "AssociationRow",
+            f"{self.test.a[0]} ({self.holders[0]}) ~ {self.test.b[0]} ({self.holders[1]}): p-value = "
+            f"{printing.p_value(self.test.p_value)}, Holm {printing.p_value(self.p_adjusted)}, Cramer's V = "
+            f"{printing.fixed(v.estimate)} {printing.interval(v.low, v.high)}",
+        )
+
+    def _repr_html_(self) -> str:
+        return self.block().html()
 
 
 #: How :func:`associations` adjusts its p-values (the page and the CLI print it).
@@ -284,6 +389,52 @@ class Model:
             "privacy": NO_BUDGET,
         }
 
+    # ------------------------------------------------------------------- reading the model
+    @property
+    def formula(self) -> str:
+        """``outcome ~ a + b + a:b`` (``~ 1`` with no covariates)."""
+        terms = [*self.covariates, *(f"{p}:{q}" for p, q in self.interactions)]
+        return f"{self.outcome} ~ {' + '.join(terms) if terms else '1'}"
+
+    @property
+    def not_estimated(self) -> tuple[str, ...]:
+        """The coefficients the likelihood does not determine, even where the fit converged
+        (:attr:`~secure_release.mechanism.analysis.regression.ModelFit.not_estimated`: a standard
+        error above 10 on the logit scale, or not finite)."""
+        return self.fit.not_estimated
+
+    @property
+    def flat_likelihood_warning(self) -> str:
+        """Empty, or which coefficients are not estimated, why, and what to do."""
+        return self.fit.flat_likelihood_warning
+
+    def block(self) -> printing.Block:
+        """statsmodels' ``summary()`` layout: the header block, then the coefficient table."""
+        kind = "Logistic" if len(self.fit.outcome_levels) == 2 else "Multinomial logistic"
+        return self.fit.summary_block(
+            f"{kind} regression of {self.outcome} on perturbed counts",
+            head=(("Model", self.formula),), notes=(NO_BUDGET,),
+        )  # fmt: skip
+
+    def to_frame(self, backend: Backend = "pandas") -> Any:
+        """The coefficient table as a DataFrame: name, coef, se, z, p_value, ci_low, ci_high,
+        not_estimated (pandas or polars)."""
+        return to_frame(self.fit.columns(), backend)
+
+    def __str__(self) -> str:
+        return self.block().text()
+
+    def __repr__(self) -> str:
+        flag = printing.not_estimated_flag(self.not_estimated)
+        return printing.short_repr(
+            "Model",
+            f"{self.formula}: m = {self.fit.m}, log-likelihood = {printing.sig(self.fit.log_likelihood, 6)}, "
+            f"{'converged' if self.fit.converged else 'NOT converged'}, {len(self.fit.names)} coefficients{flag}",
+        )
+
+    def _repr_html_(self) -> str:
+        return self.block().html()
+
     @property
     def warning(self) -> str:
         """Empty, or why the coefficients are not estimates (a fit that did not converge)."""
@@ -335,7 +486,10 @@ def logistic(
         names=columns,
         level=level,
     )
-    return Model(outcome, tuple(names), tuple((p, q) for p, q in interactions), tuple(cells), fit)
+    model = Model(outcome, tuple(names), tuple((p, q) for p, q in interactions), tuple(cells), fit)
+    if model.not_estimated:  # the caller's line: Result.logistic -> logistic
+        warnings.warn(f"{model.formula}: {model.flat_likelihood_warning}", FlatLikelihoodWarning, stacklevel=3)
+    return model
 
 
 @dataclass(frozen=True)
@@ -357,6 +511,64 @@ class ModelComparison:
             "p_value": self.p_value,
             "privacy": NO_BUDGET,
         }
+
+    # ------------------------------------------------------------------- reading the comparison
+    def columns(self) -> dict[str, list[Any]]:
+        """R's ``anova`` table as named columns: model (reduced, full), formula, num_params,
+        log_likelihood, df, deviance, p_value (NaN on the reduced row)."""
+        return {
+            "model": ["reduced", "full"],
+            "formula": [self.reduced.formula, self.full.formula],
+            "num_params": [self.reduced.fit.num_params, self.full.fit.num_params],
+            "log_likelihood": [self.reduced.fit.log_likelihood, self.full.fit.log_likelihood],
+            "df": [math.nan, float(self.df)],
+            "deviance": [math.nan, self.statistic],
+            "p_value": [math.nan, self.p_value],
+        }
+
+    def to_frame(self, backend: Backend = "pandas") -> Any:
+        """:meth:`columns` as a DataFrame (pandas or polars)."""
+        return to_frame(self.columns(), backend)
+
+    def block(self) -> printing.Block:
+        """R's ``print.htest`` layout, then the two models' parameters and log-likelihoods."""
+        r, f = self.reduced, self.full
+        added = [c for c in f.covariates if c not in r.covariates] + [
+            f"{p}:{q}" for p, q in f.interactions if (p, q) not in r.interactions
+        ]
+        test = printing.htest_block(
+            "Deviance (likelihood-ratio) test of nested logistic models",
+            f"{r.formula} against {f.formula}; one table of m = {f.fit.m} records", self.statistic, self.df,
+            self.p_value, null=f"the reduced model {r.formula} fits as well as the full model",
+            alternative=f"the full model's added terms ({', '.join(added)}) improve the fit",
+            method="G = 2 (l_full - l_reduced), p from chi-square(df) (Wilks); the reduced model refitted on the "
+            "full model's table",
+        )  # fmt: skip
+        rows = tuple(
+            (name, m.formula, str(m.fit.num_params), printing.sig(m.fit.log_likelihood, 6),
+             ", ".join(m.not_estimated) or "-")
+            for name, m in (("reduced", r), ("full", f))
+        )  # fmt: skip
+        notes = [f"WARNING ({name}): {m.flat_likelihood_warning}" for name, m in (("reduced", r), ("full", f))
+                 if m.not_estimated]  # fmt: skip
+        notes += [f"WARNING ({name}): {m.warning}" for name, m in (("reduced", r), ("full", f)) if m.warning]
+        return printing.Block(
+            test.title, lines=test.lines, header=("model", "formula", "params", "log-lik", "not estimated"),
+            rows=rows, align="llrrl", notes=(*notes, NO_BUDGET),
+        )  # fmt: skip
+
+    def __str__(self) -> str:
+        return self.block().text()
+
+    def __repr__(self) -> str:
+        return printing.short_repr(
+            "ModelComparison",
+            f"{self.reduced.formula} vs {self.full.formula}: G = {printing.sig(self.statistic)}, df = {self.df}, "
+            f"p-value = {printing.p_value(self.p_value)}",
+        )
+
+    def _repr_html_(self) -> str:
+        return self.block().html()
 
 
 def compare_models(report: ReleaseReport, reduced: Model, full: Model) -> ModelComparison:
@@ -408,13 +620,7 @@ def test_lines(t: AssociationTest, alpha: float = 0.05) -> list[str]:
 
 
 #: How the text and the page name each effect.
-EFFECT_NAMES = {
-    "cramers_v": "Cramer's V",
-    "mutual_information": "mutual information (nats)",
-    "odds_ratio": "odds ratio",
-    "risk_difference": "risk difference",
-    "kendall_tau_b": "Kendall's tau-b",
-}
+EFFECT_NAMES = printing.EFFECT_NAMES
 
 
 def _effect_line(e: fx.Effect, level: float) -> str:

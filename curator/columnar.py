@@ -19,7 +19,7 @@ engine, ``duckdb`` being an optional extra). The happy path costs little beyond 
   repeated id with the line of its first occurrence (a key collision without a repeat finds
   nothing there, so the check stays exact). A curator that hashes the ids anyway reads with
   ``check_repeats=False`` and finds repeats as equal tags in its own sort of them
-  (``curator.release.runner.hashed_tags``), then :func:`raise_repeats` gives the same report;
+  (``curator.release.aligning.hashed_tags``), then :func:`raise_repeats` gives the same report;
 * category codes are gathered straight into the narrowest type and the joint symbol is
   built in place in uint32 (no int64 copy of any column);
 * an attribute value is looked up as raw bytes among the categories that trimming leaves

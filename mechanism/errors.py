@@ -222,3 +222,19 @@ class InvalidInteractionError(SecureReleaseError):
 class DifferentTablesError(NotNestedModelsError):
     """A deviance test of two fits of different observed tables (or keep probabilities): the
     likelihoods are not comparable."""
+
+
+class FlatLikelihoodWarning(UserWarning):
+    """A fitted model's likelihood is (nearly) flat along some coefficient, even where the fit
+    converged: its standard error is above 10 on the logit scale, or not finite (the information
+    matrix is singular there), because too few records inform it (a covariate level with almost
+    none at a small m). The coefficient is not estimated; merge bins or levels, spend more epsilon
+    or release more records. A warning, not an error: the fit is returned, flagged
+    (``ModelFit.not_estimated``)."""
+
+
+class InvalidQuestionError(SecureReleaseError):
+    """A researcher's question is not one of the forms a design plans: ``A ~ B`` (independence),
+    ``A ~ B | C + D`` (independence given a set) or ``Y ~ X1 + X2`` (a model: an outcome and two or
+    more predictors); a side is empty, a token is neither a name nor ``~``, ``+`` or ``|``, or a
+    question is asked twice."""

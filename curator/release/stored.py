@@ -48,18 +48,19 @@ from secure_release.curator.records.keystore import (
 )
 from secure_release.curator.records.witness import BudgetWitness
 from secure_release.curator.release.agreement import agree, leader_state, own_alignment
-from secure_release.curator.release.runner import (
-    abort_and_settle,
-    cluster_aligned,
+from secure_release.curator.release.aligning import ClusterSettings, TableSource, shard_table
+from secure_release.curator.release.budget import settle
+from secure_release.curator.release.failing import abort_and_settle
+from secure_release.curator.release.opening import (
+    ListenSettings,
     load_table,
     open_keystore,
     own_schema,
-    serve_until_acknowledged,
-    settle,
-    shard_table,
     start_server,
     stop_on_sigterm,
 )
+from secure_release.curator.release.preparing import cluster_aligned
+from secure_release.curator.release.serving import ServeSettings, serve_until_acknowledged
 from secure_release.curator.release.upload import (
     STATUS_CALL_S,
     UPLOAD_CALL_S,
@@ -152,7 +153,7 @@ class TableLink(ServerChannel):
 # ------------------------------------------------------------------------------ store-table
 def _store_service(config: CuratorConfig, log: EventLog) -> tuple[CuratorService, LeaderState | None]:
     """The Curator service for the agreement (the leader's state under the table id)."""
-    spec = own_schema(config)
+    spec = own_schema(config.schema, config.name)
     service = CuratorService(config.name, spec.schema, log, config.max_rows)
     kind = ClusterLeader if config.engine == "dask" else LeaderState
     state = leader_state(config, spec.schema.alphabet_size, kind) if config.leader else None
@@ -169,11 +170,11 @@ def store_table(config: CuratorConfig) -> int:
     log = EventLog("curator", config.name)
     stop = stop_on_sigterm()
     service, state = _store_service(config, log)
-    server = start_server(config, service, log)
+    server = start_server(ListenSettings.of(config), service, log)
     deadline = Deadline(config.timeout, stop)
     link = TableLink(config, log, deadline)
     try:
-        spec = own_schema(config)
+        spec = own_schema(config.schema, config.name)
         keystore = Keystore(config.keystore)
         fingerprint = dataset_fingerprint(config.data)
         known = keystore.load_table(table_id)
@@ -227,7 +228,7 @@ def _aligned(
     config: CuratorConfig, spec: TableSpec, state: LeaderState | None, log: EventLog, deadline: Deadline
 ) -> tuple[VariantAgreement, SymbolArray]:
     """The agreement and this curator's whole aligned column, in this process."""
-    table = load_table(config, log, spec)
+    table = load_table(config.data, config.query, log, spec)
     if config.alignment is AlignmentMode.PSI:
         from secure_release.curator.release.psi_ring import run_ring
 
@@ -247,7 +248,7 @@ def _cluster_aligned(
     config: CuratorConfig, spec: TableSpec, state: LeaderState | None, log: EventLog, deadline: Deadline
 ) -> tuple[VariantAgreement, SymbolArray]:
     """:func:`_aligned` on the curator's cluster (``--engine dask``): the same column."""
-    sharded = shard_table(config, log, spec, state, stop=deadline.stop)
+    sharded = shard_table(ClusterSettings.of(config), TableSource.of(config), log, spec, state, stop=deadline.stop)
     try:
         agreement = agree(config, sharded.tag_pieces, spec.schema.alphabet_size, state, log, deadline)
         if state is not None:
@@ -360,12 +361,12 @@ def prepare_stored(run: StoredRun, spec: ReleaseSpec) -> ReleaseRecord:
 def fail_stored(run: StoredRun, exc: Exception) -> None:
     """Abort the release at the server with the reason; refund the reservation once the server
     confirms ABORTED (or never knew the release)."""
-    abort_and_settle(run.config, run.keystore, run.link, run.log, exc)
+    abort_and_settle(run.config.name, run.config.release_id, run.keystore, run.link, run.log, exc)
 
 
 def serve_stored_keys(run: StoredRun, record: ReleaseRecord, stop: threading.Event) -> None:
-    """Serve the release key to the granted researchers (as a run does: ``runner.serve_until_acknowledged``)."""
-    serve_until_acknowledged(run.config, run.service, run.log, record, stop)
+    """Serve the release key to the granted researchers (as a run does: ``serving.serve_until_acknowledged``)."""
+    serve_until_acknowledged(ServeSettings.of(run.config), run.service, run.log, record, stop)
 
 
 def _resumable(config: CuratorConfig, keystore: Keystore) -> ReleaseRecord | None:
@@ -385,7 +386,7 @@ def run_server_sampled(config: CuratorConfig) -> int:
     assert config.table_id is not None
     log = EventLog("curator", config.name)
     stop = stop_on_sigterm()
-    keystore = open_keystore(config)
+    keystore = open_keystore(config.keystore, config.certs, config.name, config.insecure)
     table = keystore.load_table(config.table_id)
     if table is None:
         raise TableNotStoredError(
@@ -394,7 +395,7 @@ def run_server_sampled(config: CuratorConfig) -> int:
         )
     service = CuratorService(config.name, table.schema, log, config.max_rows)
     service.hold_key(config.release_id, "the release is not sealed yet")
-    server = start_server(config, service, log)
+    server = start_server(ListenSettings.of(config), service, log)
     link = ServerLink(config, log, Deadline(config.timeout, stop))
     run = StoredRun(config, log, keystore, table, service, link)
     try:
@@ -407,7 +408,7 @@ def run_server_sampled(config: CuratorConfig) -> int:
             link.register(record.spec)
             link.upload(record.spec, record.ciphertext())
             link.wait_sealed()
-            settle(config, keystore, sealed=True, log=log)
+            settle(config.release_id, keystore, sealed=True, log=log)
         except (SecureReleaseError, grpc.RpcError) as exc:
             if not isinstance(exc, KeystoreError | ConfigError):
                 fail_stored(run, exc)

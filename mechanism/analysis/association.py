@@ -69,6 +69,7 @@ import numpy as np
 import numpy.typing as npt
 from scipy import stats
 
+from secure_release.mechanism.analysis import printing
 from secure_release.mechanism.errors import (
     EmptySampleError,
     EmptyStratumError,
@@ -121,6 +122,53 @@ class IndependenceTest:
     draws: int  # bootstrap draws used (0 for chi-square)
     null_fit: FloatArray  # (I, J, L) true-cell shares under H0
     saturated_fit: FloatArray  # (I, J, L) the unconstrained MLE
+
+    # ------------------------------------------------------------------- reading the test
+    @property
+    def title(self) -> str:
+        """The test's name (the first line of its print)."""
+        if self.method.startswith("Wald"):
+            return "Wald test of independence on perturbed counts (RAPPOR baseline)"
+        return "Likelihood-ratio test of independence on perturbed counts"
+
+    @property
+    def statistic_name(self) -> str:
+        """G (likelihood ratio) or W (the Wald baseline)."""
+        return "W" if self.method.startswith("Wald") else "G"
+
+    @property
+    def short_method(self) -> str:
+        """How the p-value was made, in a few words."""
+        if self.draws:
+            return f"parametric bootstrap, {self.draws} draws"
+        return f"chi-square({self.df})"
+
+    def block(self) -> printing.Block:
+        """R's ``print.htest`` layout (:func:`printing.htest_block`)."""
+        n_i, n_j, n_l = self.null_fit.shape
+        strata = f", {n_l} strata" if n_l > 1 else ""
+        within, some = (" within every stratum", " within some stratum") if n_l > 1 else ("", "")
+        return printing.htest_block(
+            self.title, f"an observed {n_i} x {n_j} table{strata}", self.statistic, self.df, self.p_value,
+            statistic_name=self.statistic_name,
+            null=f"the two attributes are independent{within}",
+            alternative=f"the two attributes are associated{some}",
+            method=self.method,
+        )  # fmt: skip
+
+    def __str__(self) -> str:
+        return self.block().text()
+
+    def __repr__(self) -> str:
+        return printing.short_repr(
+            "IndependenceTest",
+            f"{self.statistic_name} = {printing.sig(self.statistic)}, df = {self.df}, "
+            f"p-value = {printing.p_value(self.p_value)} "
+            f"({self.short_method})",
+        )
+
+    def _repr_html_(self) -> str:
+        return self.block().html()
 
 
 # ----------------------------------------------------------------------------- validation

@@ -44,10 +44,12 @@ import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from secure_release.mechanism.analysis import printing
 from secure_release.mechanism.analysis.association import check_draws as _check_draws
 from secure_release.mechanism.errors import (
     InvalidCountsError,
@@ -89,6 +91,24 @@ class Effect:
     low: float
     high: float
 
+    @property
+    def label(self) -> str:
+        """The effect's reading name (``Cramer's V``)."""
+        return printing.effect_name(self.name)
+
+    def __str__(self) -> str:
+        return f"{self.label} = {printing.fixed(self.estimate)}, interval {printing.interval(self.low, self.high)}"
+
+    def __repr__(self) -> str:
+        return printing.short_repr("Effect", f"{self.label} {printing.fixed(self.estimate)} "
+                                             f"{printing.interval(self.low, self.high)}")  # fmt: skip
+
+    def _repr_html_(self) -> str:
+        return printing.Block(
+            self.label, header=("effect", "estimate", "ci_low", "ci_high"),
+            rows=((self.label, printing.fixed(self.estimate), printing.fixed(self.low), printing.fixed(self.high)),),
+        ).html()  # fmt: skip
+
 
 @dataclass(frozen=True)
 class AssociationEffects:
@@ -106,6 +126,51 @@ class AssociationEffects:
     level: float
     method: str
     draws: int
+
+    # ------------------------------------------------------------------- reading the effects
+    def measures(self) -> list[Effect]:
+        """Every effect the table has, Cramer's V first (those that are None left out)."""
+        optional = [self.odds_ratio, self.risk_difference, self.kendall_tau_b]
+        return [self.cramers_v, self.mutual_information, *[x for x in optional if x is not None]]
+
+    def columns(self) -> dict[str, list[Any]]:
+        """The effects as named columns (for a DataFrame): effect, estimate, ci_low, ci_high."""
+        shown = self.measures()
+        return {
+            "effect": [e.name for e in shown],
+            "estimate": [e.estimate for e in shown],
+            "ci_low": [e.low for e in shown],
+            "ci_high": [e.high for e in shown],
+        }
+
+    def table(self) -> tuple[tuple[str, ...], tuple[tuple[str, ...], ...]]:
+        """The effects table: header and rows (the effect's name, estimate, interval ends)."""
+        lo, hi = printing.interval_columns(self.level)
+        rows = tuple((e.label, printing.fixed(e.estimate), printing.fixed(e.low), printing.fixed(e.high))
+                     for e in self.measures())  # fmt: skip
+        return ("", "estimate", lo, hi), rows
+
+    def block(self, title: str = "", notes: tuple[str, ...] = ()) -> printing.Block:
+        """The effects as a table with their intervals at ``level``, then the method."""
+        header, rows = self.table()
+        return printing.Block(
+            title or f"Effect sizes of an association, {printing.level_text(self.level)} intervals",
+            header=header, rows=rows, notes=(f"intervals: {self.method}", *notes),
+        )  # fmt: skip
+
+    def __str__(self) -> str:
+        return self.block().text()
+
+    def __repr__(self) -> str:
+        v = self.cramers_v
+        return printing.short_repr(
+            "AssociationEffects",
+            f"Cramer's V = {printing.fixed(v.estimate)} {printing.interval(v.low, v.high)} "
+            f"({printing.level_text(self.level)}), {len(self.measures())} effects",
+        )
+
+    def _repr_html_(self) -> str:
+        return self.block().html()
 
 
 # --- the formulas (vectorised over leading axes; shares (..., I, J), normalised here) --------

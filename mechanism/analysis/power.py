@@ -50,6 +50,7 @@ import numpy as np
 import numpy.typing as npt
 from scipy import linalg, optimize, stats
 
+from secure_release.mechanism.analysis import printing
 from secure_release.mechanism.analysis.association import likelihood_ratio_statistics
 from secure_release.mechanism.analysis.effects import cramers_v
 from secure_release.mechanism.errors import (
@@ -432,6 +433,70 @@ class PowerPlan:
         out["attributes"], out["levels"] = list(self.attributes), list(self.levels)
         out["ratio_m_star_to_best_m"] = self.ratio_m_star_to_best_m
         return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in out.items()}
+
+    # ------------------------------------------------------------------- reading the plan
+    def _keep_at_m_star(self) -> float:
+        if self.m_star == self.m:
+            return self.keep
+        if self.m_star == self.best_m:
+            return self.best_keep
+        if self.n >= 1 and self.joint_size >= 2 and self.epsilon > 0 and 1 <= self.m_star <= self.n:
+            return keep_probability(self.n, self.m_star, self.joint_size, self.epsilon)
+        return math.nan
+
+    def columns(self) -> dict[str, list[Any]]:
+        """The plan's rows as named columns (for a DataFrame): at (which m), m, keep,
+        min_detectable_cramers_v (inf: no table is dependent enough) and method; one row per
+        distinct m (the m asked, the best m, m*)."""
+        rows = [("m*" if self.m == self.m_star else "m", self.m, self.keep, self.min_detectable_cramers_v,
+                 self.method)]  # fmt: skip
+        if self.best_m != self.m:
+            rows.append(("best m", self.best_m, self.best_keep, self.min_detectable_cramers_v_at_best_m,
+                         self.method_at_best_m))  # fmt: skip
+        if self.m_star not in (self.m, self.best_m):
+            rows.append(("m*", self.m_star, self._keep_at_m_star(), self.min_detectable_cramers_v_at_m_star,
+                         self.method_at_m_star))  # fmt: skip
+        names = ("at", "m", "keep", "min_detectable_cramers_v", "method")
+        return {name: [row[i] for row in rows] for i, name in enumerate(names)}
+
+    def block(self) -> printing.Block:
+        """The plan as a short table: a row per distinct m, its keep probability, the smallest
+        detectable Cramer's V and how it was found; the note under it."""
+        a, b = self.attributes
+        cols = self.columns()
+        rows = tuple(
+            (at, str(m), printing.sig(keep), printing.fixed(v) if math.isfinite(v) else "none", how)
+            for at, m, keep, v, how in zip(*cols.values(), strict=True)
+        )
+        public = f"; n = {self.n}, K = {self.joint_size}, epsilon = {self.epsilon:g}" if self.n else ""
+        notes = [self.note] if self.note else []
+        if any(not math.isfinite(v) for v in cols["min_detectable_cramers_v"]):
+            notes.append("none: no table is dependent enough to be detected with this power")
+        return printing.Block(
+            f"Power of the likelihood-ratio test of independence: {a} x {b}",
+            lines=(
+                f"data:  {self.levels[0]} x {self.levels[1]} levels (df = {self.df}){public}",
+                f"smallest Cramer's V detected with probability {self.power:g} at level {self.alpha:g}; assumes "
+                f"{self.assumption}",
+            ),
+            header=("at", "m", "keep a", "detectable V", "how"), rows=rows, align="lrrrl", notes=tuple(notes),
+        )  # fmt: skip
+
+    def __str__(self) -> str:
+        return self.block().text()
+
+    def __repr__(self) -> str:
+        v = self.min_detectable_cramers_v
+        shown = printing.fixed(v) if math.isfinite(v) else "none"
+        return printing.short_repr(
+            "PowerPlan",
+            f"{self.attributes[0]} x {self.attributes[1]} ({self.levels[0]} x {self.levels[1]}): detectable "
+            f"Cramer's V {shown} at m = {self.m}, power {self.power:g}, level {self.alpha:g}; best m = {self.best_m}, "
+            f"m* = {self.m_star}",
+        )
+
+    def _repr_html_(self) -> str:
+        return self.block().html()
 
 
 def _ratio(x: float, y: float) -> float:

@@ -23,11 +23,13 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 from scipy import stats
 
+from secure_release.mechanism.analysis import printing
 from secure_release.mechanism.errors import (
     DesignRowsError,
     DifferentTablesError,
@@ -68,6 +70,20 @@ DECREMENT_TOLERANCE = 1e-20
 #: At most this many Newton steps in one M-step.
 INNER_STEPS = 30
 INTERCEPT = "Intercept"
+#: A coefficient whose standard error exceeds this (on the logit scale), or is not finite (the
+#: information matrix is singular or not positive definite there), is not estimated
+#: (:attr:`ModelFit.not_estimated`): its 95% Wald interval spans more than +-19.6 log-odds, odds
+#: ratios from e^-20 to e^20, so the likelihood is flat along it whether or not the fit converged.
+FLAT_STANDARD_ERROR = 10.0
+#: Why a coefficient is not estimated, and what to do (the printed warning line, and the text of
+#: :class:`~secure_release.mechanism.errors.FlatLikelihoodWarning`).
+FLAT_LIKELIHOOD = (
+    "flat likelihood in {names}: too few records in some cell of the table inform {them}, so {pronoun} not "
+    "estimated (standard error above {limit:g} on the logit scale, or not finite: the information matrix is "
+    "(nearly) singular there{converged}). Merge bins or levels, spend more epsilon, or release more records."
+)
+#: The header's short name of the fitting method.
+FIT_METHOD = "MLE of the perturbed counts (EM + Newton)"
 
 
 # --- the design -----------------------------------------------------------------------------
@@ -430,6 +446,111 @@ class ModelFit:
     outcome_levels: tuple[str, ...]
     observed: IntArray
     keep: float
+
+    # ------------------------------------------------------------------- reading the fit
+    @property
+    def m(self) -> int:
+        """The records of the fitted table."""
+        return int(self.observed.sum())
+
+    @property
+    def z_values(self) -> FloatArray:
+        """Wald z = coef / standard error (NaN where the standard error is not finite and > 0)."""
+        se = self.standard_error
+        ok = np.isfinite(se) & (se > 0)
+        return np.asarray(np.where(ok, self.coef / np.where(ok, se, 1.0), np.nan), dtype=np.float64)
+
+    @property
+    def p_values(self) -> FloatArray:
+        """Two-sided Wald p-values 2 P(Z > |z|) (NaN where z is)."""
+        return np.asarray([printing.wald_p_value(float(z)) for z in self.z_values], dtype=np.float64)
+
+    @property
+    def flat(self) -> npt.NDArray[np.bool_]:
+        """Per coefficient: its standard error is above :data:`FLAT_STANDARD_ERROR` or not finite
+        (the likelihood is flat along it: see :attr:`not_estimated`)."""
+        se = self.standard_error
+        return np.asarray(~np.isfinite(se) | (se > FLAT_STANDARD_ERROR), dtype=np.bool_)
+
+    @property
+    def not_estimated(self) -> tuple[str, ...]:
+        """The coefficients the likelihood does not determine, even where the fit converged: a
+        standard error above :data:`FLAT_STANDARD_ERROR` (10) on the logit scale, or not finite
+        (the information matrix singular or not positive definite). Typically a covariate level
+        with (almost) no records at a small m; the print flags them "not estimated"."""
+        return tuple(n for n, f in zip(self.names, self.flat.tolist(), strict=True) if f)
+
+    @property
+    def flat_likelihood_warning(self) -> str:
+        """Empty, or why some coefficients are not estimated and what to do (:data:`FLAT_LIKELIHOOD`)."""
+        names = self.not_estimated
+        if not names:
+            return ""
+        return FLAT_LIKELIHOOD.format(
+            names=", ".join(names), them="it" if len(names) == 1 else "them",
+            pronoun="it is" if len(names) == 1 else "they are", limit=FLAT_STANDARD_ERROR,
+            converged=", although the fit converged" if self.converged else "",
+        )
+
+    def columns(self) -> dict[str, list[Any]]:
+        """The coefficient table as named columns (for a DataFrame): name, coef, se, z, p_value,
+        ci_low, ci_high, not_estimated."""
+        return {
+            "name": list(self.names),
+            "coef": self.coef.tolist(),
+            "se": self.standard_error.tolist(),
+            "z": self.z_values.tolist(),
+            "p_value": self.p_values.tolist(),
+            "ci_low": self.ci_low.tolist(),
+            "ci_high": self.ci_high.tolist(),
+            "not_estimated": self.flat.tolist(),
+        }
+
+    def summary_block(
+        self, title: str = "", head: tuple[tuple[str, str], ...] = (), notes: tuple[str, ...] = ()
+    ) -> printing.Block:
+        """The statsmodels-like layout: ``head`` (e.g. the model's formula), then m, the
+        log-likelihood, convergence, keep, parameters and the method, then the coefficient table,
+        the warnings (not converged; coefficients not estimated) and ``notes``."""
+        kind = "Logistic" if len(self.outcome_levels) == 2 else "Multinomial logistic"
+        pairs = (
+            *head,
+            ("Outcome levels", ", ".join(self.outcome_levels)),
+            ("m (records)", str(self.m)),
+            ("Log-likelihood", printing.sig(self.log_likelihood, 6)),
+            ("Converged", "yes" if self.converged else "NO"),
+            ("Keep probability a", printing.sig(self.keep)),
+            ("Parameters", f"{self.num_params} = {len(self.names)} coef. + {self.num_params - len(self.names)} shares"),
+            ("Iterations", str(self.iterations)),
+            ("Method", FIT_METHOD),
+        )
+        lines = []
+        if not self.converged:
+            lines.append(
+                "WARNING: the fit did not converge: the maximum likelihood is at infinity (a separated outcome); "
+                "the coefficients and standard errors are not estimates."
+            )
+        if self.not_estimated:
+            lines.append(f"WARNING: {self.flat_likelihood_warning}")
+        return printing.coefficient_block(
+            title or f"{kind} regression on perturbed counts", pairs, self.names, self.coef.tolist(),
+            self.standard_error.tolist(), self.z_values.tolist(), self.p_values.tolist(), self.ci_low.tolist(),
+            self.ci_high.tolist(), self.level, self.flat.tolist(), (*lines, *notes),
+        )  # fmt: skip
+
+    def __str__(self) -> str:
+        return self.summary_block().text()
+
+    def __repr__(self) -> str:
+        flag = printing.not_estimated_flag(self.not_estimated)
+        return printing.short_repr(
+            "ModelFit",
+            f"{len(self.names)} coefficients, m = {self.m}, log-likelihood = {printing.sig(self.log_likelihood, 6)}, "
+            f"converged = {self.converged}{flag}",
+        )
+
+    def _repr_html_(self) -> str:
+        return self.summary_block().html()
 
 
 def wald_interval(coef: FloatArray, standard_error: FloatArray, level: float) -> tuple[FloatArray, FloatArray]:

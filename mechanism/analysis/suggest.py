@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from secure_release.mechanism.analysis import printing
 from secure_release.mechanism.analysis.power import DEFAULT_ALPHA, DEFAULT_POWER, PowerPlan, power_plan
 from secure_release.mechanism.errors import (
     InvalidBinsError,
@@ -245,6 +246,77 @@ class SuggestionReport:
             "search": {"grid_size": self.grid_size, "thinned": list(self.thinned), "max_grid": MAX_GRID},
         }
 
+    # ------------------------------------------------------------------- reading the report
+    def columns(self) -> dict[str, list[Any]]:
+        """The suggestions as named columns (for a DataFrame): rank, K, m, the per-cell RMSE,
+        the target, the attributes kept and what each gives up (joined by "; ")."""
+        return {
+            "rank": list(range(1, len(self.suggestions) + 1)),
+            "K": [s.figures.K for s in self.suggestions],
+            "m": [s.figures.m for s in self.suggestions],
+            "predicted_rmse_per_cell": [s.figures.predicted_rmse_per_cell for s in self.suggestions],
+            "target": [s.figures.target for s in self.suggestions],
+            "keeps": [", ".join(s.keeps) for s in self.suggestions],
+            "gives_up": ["; ".join(s.gives_up) for s in self.suggestions],
+        }
+
+    def block(self) -> printing.Block:
+        """The current figures, a row per suggestion (K, m, per-cell RMSE, target, what it keeps),
+        what each gives up, the epsilon that would do unchanged and the search's bound."""
+        now = self.current
+        target = "1/(2K) of each changed K" if self.target is None else printing.sig(self.target)
+        verdict = "<=" if now.meets_target else ">"
+        lines = (
+            f"data:  n = {self.n}, epsilon = {self.epsilon:g}; target: per-cell RMSE <= {target}",
+            f"now:  K = {now.K} ({' x '.join(str(k) for k in now.alphabet_sizes)}), m = {now.m} (m*): per-cell "
+            f"RMSE {printing.sig(now.predicted_rmse_per_cell)} {verdict} target {printing.sig(now.target)}",
+        )
+        rows = tuple((str(i), str(s.figures.K), str(s.figures.m), printing.sig(s.figures.predicted_rmse_per_cell),
+                      printing.sig(s.figures.target), ", ".join(s.keeps))
+                     for i, s in enumerate(self.suggestions, 1))  # fmt: skip
+        notes: list[str] = []
+        if now.meets_target:
+            notes.append("The schemas meet the target as they are: nothing to give up.")
+        elif self.grid_size == 0:
+            notes.append("Only alphabet sizes given: the schemas are needed to search for drops and merges.")
+        elif not self.suggestions:
+            notes.append("No change of the schemas (drops, bin merges, group merges) meets the target.")
+        for i, s in enumerate(self.suggestions, 1):
+            notes += [f"{i}. gives up {item}" for item in s.gives_up]
+        if self.omitted:
+            notes.append(f"... and {self.omitted} more suggestion(s) (a larger limit lists them)")
+        found = self.epsilon_unchanged
+        if found is None:
+            notes.append(f"unchanged schemas: no epsilon <= {MAX_SUGGESTED_EPSILON:g} meets the target")
+        elif not now.meets_target:
+            notes.append(f"unchanged schemas: epsilon = {found.epsilon:g} would meet it, at m = {found.m} (m*): "
+                         f"per-cell RMSE {printing.sig(found.predicted_rmse_per_cell)}")  # fmt: skip
+        if self.grid_size:
+            thinned = f"; bin merges thinned for {', '.join(self.thinned)}" if self.thinned else ""
+            notes.append(f"searched {self.grid_size} combinations (per attribute: keep, merge into groups, merge "
+                         f"adjacent bins or drop; every curator keeps an attribute{thinned})")  # fmt: skip
+        return printing.Block(
+            "Schema changes that meet the per-cell RMSE target", lines=lines,
+            header=("#", "K", "m", "RMSE/cell", "target", "keeps") if rows else (), rows=rows, align="rrrrrl",
+            notes=tuple(notes),
+        )  # fmt: skip
+
+    def __str__(self) -> str:
+        return self.block().text()
+
+    def __repr__(self) -> str:
+        now = self.current
+        more = f" (+{self.omitted} more)" if self.omitted else ""
+        return printing.short_repr(
+            "SuggestionReport",
+            f"n = {self.n}, epsilon = {self.epsilon:g}: {len(self.suggestions)} suggestion(s){more}; now K = {now.K}, "
+            f"per-cell RMSE {printing.sig(now.predicted_rmse_per_cell)} "
+            f"{'<=' if now.meets_target else '>'} target {printing.sig(now.target)}",
+        )
+
+    def _repr_html_(self) -> str:
+        return self.block().html()
+
 
 def search_grid(schemas: Sequence[CuratorSchema]) -> tuple[list[list[Option]], list[str]]:
     """Every attribute's options (curator by curator, in schema order), thinned until their
@@ -406,6 +478,62 @@ class PairPowerView:
             "current": self.current.to_dict(),
             "suggestions": [None if p is None else p.to_dict() for p in self.suggestions],
         }
+
+    # ------------------------------------------------------------------- reading the view
+    def columns(self) -> dict[str, list[Any]]:
+        """One row now, then one per suggestion (as named columns, for a DataFrame): which, the
+        pair's levels (None: the suggestion drops one of the pair), m, the smallest detectable
+        Cramer's V and its ratio to now's."""
+        plans = [self.current, *self.suggestions]
+        now = self.current.min_detectable_cramers_v
+        return {
+            "at": ["now", *(f"suggestion {i}" for i in range(1, len(self.suggestions) + 1))],
+            "levels": [None if p is None else f"{p.levels[0]} x {p.levels[1]}" for p in plans],
+            "m": [None if p is None else p.m for p in plans],
+            "min_detectable_cramers_v": [None if p is None else p.min_detectable_cramers_v for p in plans],
+            "ratio_to_now": [None if p is None else _ratio_to(p.min_detectable_cramers_v, now) for p in plans],
+        }
+
+    def block(self) -> printing.Block:
+        """The pair's detectable V now and after each suggestion, as a table."""
+        a, b = self.attributes
+        cols = self.columns()
+        rows = []
+        for at, levels, m, v, ratio in zip(*cols.values(), strict=True):
+            if levels is None:
+                rows.append((at, "-", "-", "not testable", ""))
+                continue
+            rows.append((at, levels, str(m), printing.fixed(v) if math.isfinite(v) else "none",
+                         printing.sig(ratio, 3) if math.isfinite(ratio) else ""))  # fmt: skip
+        c = self.current
+        notes = ["not testable: the suggestion drops one of the pair"] if None in self.suggestions else []
+        if any(row[3] == "none" for row in rows):
+            notes.append("none: no table is dependent enough to be detected with this power")
+        return printing.Block(
+            f"Detectable dependence of {a} x {b}, now and after each suggestion",
+            lines=(f"smallest Cramer's V detected with probability {c.power:g} at level {c.alpha:g}; assumes "
+                   f"{c.assumption}",),
+            header=("at", "levels", "m", "detectable V", "vs now"), rows=tuple(rows), align="lrrrr",
+            notes=tuple(notes),
+        )  # fmt: skip
+
+    def __str__(self) -> str:
+        return self.block().text()
+
+    def __repr__(self) -> str:
+        v = self.current.min_detectable_cramers_v
+        return printing.short_repr(
+            "PairPowerView",
+            f"{self.attributes[0]} x {self.attributes[1]}: detectable Cramer's V now "
+            f"{printing.fixed(v) if math.isfinite(v) else 'none'}, {len(self.suggestions)} suggestion(s)",
+        )
+
+    def _repr_html_(self) -> str:
+        return self.block().html()
+
+
+def _ratio_to(value: float, now: float) -> float:
+    return value / now if math.isfinite(value) and math.isfinite(now) and now > 0 else math.nan
 
 
 def pair_power_view(

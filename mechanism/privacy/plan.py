@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import html
 import math
+import textwrap
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from math import prod
@@ -102,6 +104,48 @@ class ReleasePlan:
         d = asdict(self)
         d["alphabet_sizes"] = list(self.alphabet_sizes)
         return d
+
+    # ------------------------------------------------------------------- reading the plan
+    def rows(self) -> list[tuple[str, str, str]]:
+        """The plan as (name, value rounded for reading, meaning) rows: the public parameters,
+        m*, and the predicted error against the typical cell share (DESIGN 3's exact MSE)."""
+        K = self.joint_size
+        rmse = accounting.predicted_rmse(self.n, self.m, K, self.gamma)
+        sizes = " x ".join(str(k) for k in self.alphabet_sizes)
+        return [
+            ("n", f"{self.n}", "records all curators hold (after alignment); public"),
+            ("m", f"{self.m}", "records sampled, the same m at every curator"),
+            ("K", f"{K}", f"joint cells: the product of the curators' alphabet sizes ({sizes})"),
+            ("epsilon", f"{self.epsilon:g}", "privacy level"),
+            ("gamma", f"{self.gamma:.4g}", "PRAM's diagonal weight (Eq. 2)"),
+            ("keep a", f"{self.channel.keep:.4g}", "a sampled record keeps its cell w.p. a, else a uniform one"),
+            ("m*", f"{accounting.optimal_sample_size(self.n, K, self.epsilon):.4g}", "the m of least error (Cor. 3.6)"),
+            ("RMSE", f"{rmse:.4g}", "predicted l2 RMSE of the raw estimate, exact, worst case over the data"),
+            ("RMSE/cell", f"{rmse / math.sqrt(K):.4g}", f"l2 / sqrt K; the typical cell share 1/K = {1 / K:.4g}"),
+        ]
+
+    def __str__(self) -> str:
+        rows = self.rows()
+        wn, wv = max(len(r[0]) for r in rows), max(len(r[1]) for r in rows)
+        lines = ["Release plan", "", *(f"  {n:<{wn}}  {v:>{wv}}  {t}" for n, v, t in rows)]
+        warning = self.utility_warning()
+        if warning:
+            lines += ["", *textwrap.wrap(f"WARNING: {warning}", 78, subsequent_indent="    ")]
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        sizes = " x ".join(str(k) for k in self.alphabet_sizes)
+        return (f"<ReleasePlan n = {self.n}, m = {self.m}, K = {self.joint_size} ({sizes}), "
+                f"epsilon = {self.epsilon:g}, gamma = {self.gamma:.4g}>")  # fmt: skip
+
+    def _repr_html_(self) -> str:
+        """A small HTML table of :meth:`rows` (every string escaped), and the warning if any."""
+        cells = "".join(f"<tr><th style=\"text-align:left\">{html.escape(n)}</th><td style=\"text-align:right\">"
+                        f"{html.escape(v)}</td><td>{html.escape(t)}</td></tr>" for n, v, t in self.rows())  # fmt: skip
+        warning = self.utility_warning()
+        note = f"<p>WARNING: {html.escape(warning)}</p>" if warning else ""
+        return (f'<div class="secure-release-result"><p><strong>Release plan</strong></p>'
+                f"<table>{cells}</table>{note}</div>")  # fmt: skip
 
 
 def plan_release(

@@ -16,7 +16,9 @@ from secure_release.curator.errors import AgreementFixedError, AlphabetSizeMisma
 from secure_release.curator.leader import LeaderState
 from secure_release.curator.records.keystore import Keystore
 from secure_release.curator.release.agreement import check_agreement, leader_state, spec_differences
-from secure_release.curator.release.runner import OwnData, check_ledger, prepare, reserve
+from secure_release.curator.release.aligning import OwnData
+from secure_release.curator.release.budget import check_ledger, reserve
+from secure_release.curator.release.preparing import prepare
 from secure_release.infra.logs import EventLog
 from secure_release.infra.streams import AgreementError
 from secure_release.mechanism.alignment.keyed_hash import TAG_DTYPE, align

@@ -20,6 +20,7 @@ import secure_release.curator.release.runner as runner
 from secure_release.curator.config import CuratorConfig
 from secure_release.curator.records.keystore import Keystore
 from secure_release.curator.records.ledgerfile import file_fingerprint
+from secure_release.curator.release import opening
 from secure_release.curator.table import load_schema, read_table
 from secure_release.mechanism.primitives.keys import AlignmentKey, PadKey, PramKey, Seed
 from secure_release.mechanism.primitives.packing import unpack_symbols
@@ -127,7 +128,7 @@ def _run_both(tmp_path: Path) -> dict[str, int]:
 
 def test_two_curators_run_to_the_upload(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _write(tmp_path)
-    monkeypatch.setattr(runner, "ServerLink", FakeLink)
+    monkeypatch.setattr(opening, "ServerLink", FakeLink)
     FakeLink.uploads.clear()
     FakeWitnessStub.held.clear()
     fingerprints = {name: file_fingerprint(tmp_path / f"{name}.csv") for name in ("alice", "bob")}

@@ -14,7 +14,7 @@ from support import SIZES, make_spec
 
 from secure_release.curator.config import CuratorConfig
 from secure_release.curator.records.keystore import Keystore, ReleaseRecord, TableChangedError
-from secure_release.curator.release.runner import resumable_record
+from secure_release.curator.release.opening import resumable_record
 from secure_release.curator.release.upload import ServerLink, pack_chunks
 from secure_release.curator.waits import Deadline
 from secure_release.infra import tls

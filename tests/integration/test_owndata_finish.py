@@ -18,7 +18,7 @@ import pytest
 from support import make_spec
 
 from secure_release.curator.records.keystore import ReleaseRecord
-from secure_release.curator.release.runner import serve_until_acknowledged
+from secure_release.curator.release.serving import serve_until_acknowledged
 from secure_release.curator.service import CuratorService
 from secure_release.infra.auth import AuthedContext
 from secure_release.infra.identity import Identity
@@ -127,7 +127,7 @@ def test_the_key_retention_bounds_the_wait_and_serving_until_stopped_is_opt_in()
 
 
 def test_the_researcher_acknowledges_each_curator_whose_key_it_used(tmp_path: Path) -> None:
-    from secure_release.curator.release.runner import start_server
+    from secure_release.curator.release.opening import start_server
 
     service = _service(grants=("researcher",))
     config = SimpleNamespace(listen_host="127.0.0.1", listen_port=0, certs=None, name="alice", insecure=True,

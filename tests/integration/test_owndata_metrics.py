@@ -13,7 +13,7 @@ import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from secure_release.curator.release.runner import start_server
+from secure_release.curator.release.opening import start_server
 from secure_release.curator.service import CuratorService
 from secure_release.infra import metrics
 from secure_release.infra.logs import ROOT_LOGGER, EventLog

@@ -23,7 +23,7 @@ from secure_release.curator.cluster.sharded import ShardedTable
 from secure_release.curator.config import CuratorConfig
 from secure_release.curator.leader import LeaderState
 from secure_release.curator.release.agreement import LEADER_CALLS_PER_PEER, follow_leader
-from secure_release.curator.release.runner import start_server
+from secure_release.curator.release.opening import start_server
 from secure_release.curator.service import CuratorService
 from secure_release.curator.table import load_schema
 from secure_release.curator.waits import Deadline

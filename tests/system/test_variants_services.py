@@ -29,6 +29,7 @@ from secure_release.curator.leader import LeaderState
 from secure_release.curator.records.keystore import Keystore
 from secure_release.curator.records.ledgerfile import LedgerFile
 from secure_release.curator.records.ledgersign import HeadSigner
+from secure_release.curator.release import opening
 from secure_release.curator.service import CuratorService
 from secure_release.curator.table import load_schema, read_table
 from secure_release.demo_data import write_demo_data
@@ -121,7 +122,7 @@ def _run_both(tmp: Path, alice_change: Change, bob_change: Change) -> dict[str, 
 
 def _prepared(tmp: Path, monkeypatch: pytest.MonkeyPatch) -> list:  # type: ignore[type-arg]
     _write(tmp)
-    monkeypatch.setattr(runner, "ServerLink", FakeLink)
+    monkeypatch.setattr(opening, "ServerLink", FakeLink)
     FakeLink.uploads.clear()
     FakeWitnessStub.held.clear()  # a fresh server witness for every deployment
     for name in ("alice", "bob"):

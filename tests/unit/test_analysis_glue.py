@@ -30,8 +30,8 @@ SCHEMAS = {
 }
 
 
-@pytest.fixture(scope="module")
-def result() -> api.Result:
+def released() -> api.Result:
+    """A release of three curators' tables (n = 4,000, m = 2,000, epsilon 3) with fixed test keys."""
     rng = np.random.default_rng(42)
     n = 4000
     ids = np.char.add("p", np.arange(n).astype(str))
@@ -45,6 +45,11 @@ def result() -> api.Result:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return api.release(tables, SCHEMAS, epsilon=3.0, m=2000, test_keys=42)
+
+
+@pytest.fixture(scope="module")
+def result() -> api.Result:
+    return released()
 
 
 def test_the_layout_names_each_attribute_and_its_curator(result: api.Result) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from secure_release.curator.release.runner import _load_acks, _save_acks
+from secure_release.curator.release.serving import _load_acks, _save_acks
 from secure_release.infra.fileio import UnsafePathError
 from secure_release.infra.logs import EventLog
 

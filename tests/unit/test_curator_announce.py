@@ -8,7 +8,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from secure_release.curator.records.keystore import Keystore
-from secure_release.curator.release.runner import announce_release
+from secure_release.curator.release.serving import announce_release
 
 
 def test_the_released_line_tells_the_budget_left_on_the_data_set(tmp_path: Path) -> None:

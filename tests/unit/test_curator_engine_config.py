@@ -143,13 +143,13 @@ def test_the_runs_stop_event_reaches_the_engine(base: list[str], monkeypatch: py
     """The run's SIGTERM event is the engine's stop event (before, the run never handed it over:
     a SIGTERM during the read stage waited for the whole shuffle)."""
     import secure_release.curator.cluster.engine as engine_module
-    from secure_release.curator.release import runner
+    from secure_release.curator.release import aligning
 
     given: dict[str, Any] = {}
     monkeypatch.setattr(engine_module, "open_engine", lambda engine, **kw: given.update(kw) or "an engine")
     stop = threading.Event()
     config = _config([*base, "--engine", "dask"])
-    assert runner.start_engine(config, EventLog("curator", "t"), stop) == "an engine"
+    assert aligning.start_engine(config, EventLog("curator", "t"), stop) == "an engine"
     assert given["stop"] is stop
     assert given["spill_dir"] == str(config.keystore / "dask-spill")  # under the keystore, never the cwd
 

@@ -14,7 +14,7 @@ import pyarrow.csv as pacsv
 import pytest
 
 from secure_release.curator import columnar as columnar_module
-from secure_release.curator.release.runner import hashed_tags
+from secure_release.curator.release.aligning import hashed_tags
 from secure_release.curator.table import BadRowsError, load_schema, raise_repeats, read_table
 from secure_release.mechanism.alignment.keyed_hash import TAG_DTYPE, SortedTags, has_repeated_tag, id_tags, sort_tags
 from secure_release.mechanism.primitives.keys import AlignmentKey
