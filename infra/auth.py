@@ -42,6 +42,8 @@ ACCESS: Mapping[str, frozenset[str]] = {
     _RS + "DeleteTable": frozenset({"curator"}),  # per table: only its curators
     _RS + "FetchSample": frozenset({"curator"}),  # per release: only its registered curators
     _RS + "WitnessLedger": frozenset({"curator"}),  # per curator: only its own witness
+    _RS + "DeclareRelease": frozenset({"curator"}),  # per curator: only its own record
+    _RS + "GetRefusals": frozenset({"curator", "researcher"}),  # only refusals a second party confirms
     _CU + "SubmitTags": frozenset({"curator"}),
     _CU + "GetAgreement": frozenset({"curator"}),
     _CU + "ReleaseKey": frozenset({"researcher"}),

@@ -2,7 +2,8 @@
 
 Release parameters <-> :class:`~secure_release.mechanism.protocol.spec.ReleaseSpec` (with the release
 kind: curator- or server-sampled, and the stored table), the mode enums (cipher, sampling,
-alignment), curator schemas, a stored table's status, and the researcher's
+alignment), curator schemas, a stored table's status, a curator's declaration of a release and
+its refusal before the agreement (:class:`Declaration`, :class:`Refusal`), and the researcher's
 :class:`~secure_release.mechanism.estimation.report.ReleaseReport` <-> ``EstimateResponse``. The chunked
 streams (tags, PSI lists, the agreement, uploads, tables, samples, perturbed rows, keys) live
 in :mod:`.streams`, each encoder beside its decoder.
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 
 from secure_release.mechanism.errors import SecureReleaseError, UnknownCipherError
 from secure_release.mechanism.estimation.report import CELL_COLUMNS, ReleaseReport
@@ -20,7 +22,7 @@ from secure_release.mechanism.primitives.packing import CHUNK_ROWS
 from secure_release.mechanism.primitives.pads import CipherMode
 from secure_release.mechanism.privacy.plan import ReleasePlan
 from secure_release.mechanism.protocol.architectures import AlignmentMode, SamplingMode, UnknownVariantError
-from secure_release.mechanism.protocol.spec import ReleaseSpec
+from secure_release.mechanism.protocol.spec import MAX_PARTIES, ReleaseSpec, check_name, check_party_name
 from secure_release.mechanism.schema import Attribute, CuratorSchema
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
 
@@ -240,3 +242,145 @@ def report_from_pb(resp: pb.EstimateResponse) -> ReleaseReport:
             "refused": dict(resp.refused),
         }
     )
+
+
+# ---------------------------------------------------------------------------------- refusals
+#: A refusal's public detail: at most this many printable characters (an error's name and a
+#: public count, never a value of the data).
+MAX_REFUSAL_DETAIL = 200
+
+
+class RefusalClass(StrEnum):
+    """Why a curator refuses a release, as every party is told (never the data)."""
+
+    BUDGET = "budget"  # no budget set for the data set, or too little left
+    DATA = "data"  # a data check failed: bad rows, a repeated id, a table that changed
+    KEY = "key"  # a key or certificate refused
+    SEED = "seed"  # a seed or pad reused
+
+
+_PB_OF_REFUSAL = {
+    RefusalClass.BUDGET: pb.REFUSAL_CLASS_BUDGET,
+    RefusalClass.DATA: pb.REFUSAL_CLASS_DATA,
+    RefusalClass.KEY: pb.REFUSAL_CLASS_KEY,
+    RefusalClass.SEED: pb.REFUSAL_CLASS_SEED,
+}
+_REFUSAL_OF_PB = {v: k for k, v in _PB_OF_REFUSAL.items()}
+
+
+class DeclarationError(SecureReleaseError):
+    """A release declaration or refusal out of bounds: a bad name, too many parties, a party
+    named twice, an unknown reason class, a detail too long or not printable (INVALID_ARGUMENT:
+    nothing is stored)."""
+
+
+@dataclass(frozen=True)
+class Declaration:
+    """One curator's record of a release: the parties it takes part with and, if it refuses,
+    the reason class and a short public detail."""
+
+    release_id: str
+    curator: str
+    parties: tuple[str, ...] = ()
+    refusal: RefusalClass | None = None
+    detail: str = ""
+
+    def validate(self) -> Declaration:
+        """Itself if every field is within its bounds, else :class:`DeclarationError`."""
+        try:
+            check_name(self.release_id, "release id")
+            check_party_name(self.curator, "curator")
+            for party in self.parties:
+                check_party_name(party, "party")
+        except SecureReleaseError as exc:
+            raise DeclarationError(str(exc)) from None
+        if len(self.parties) > MAX_PARTIES:
+            raise DeclarationError(f"a declaration names at most {MAX_PARTIES} parties, got {len(self.parties)}")
+        if len(set(self.parties)) != len(self.parties):
+            raise DeclarationError(f"a declaration names each party once, got {list(self.parties)}")
+        if self.parties and self.curator not in self.parties:
+            raise DeclarationError(f"curator {self.curator!r} declares parties {list(self.parties)} without itself")
+        if len(self.detail) > MAX_REFUSAL_DETAIL or not self.detail.isprintable():
+            raise DeclarationError(
+                f"a refusal's detail is at most {MAX_REFUSAL_DETAIL} printable characters, got {len(self.detail)}"
+            )
+        if self.refusal is None and self.detail:
+            raise DeclarationError("a detail needs a reason class (a declaration without a refusal carries none)")
+        return self
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A curator's refusal of a release, as the other parties see it."""
+
+    release_id: str
+    curator: str
+    reason_class: RefusalClass
+    detail: str = ""
+
+    def message(self) -> str:
+        """One line for the other parties' last line: marked as a refusal (exit 3), naming the
+        curator and the reason class."""
+        detail = f" ({self.detail})" if self.detail else ""
+        return (
+            f"refused: {self.curator} refuses release {self.release_id!r} before the agreement: "
+            f"{self.reason_class.value}{detail}"
+        )
+
+
+def _refusal_class_from_pb(value: int) -> RefusalClass | None:
+    if value == pb.REFUSAL_CLASS_UNSPECIFIED:
+        return None
+    try:
+        return _REFUSAL_OF_PB[value]  # type: ignore[index]
+    except KeyError:
+        raise DeclarationError(
+            f"unknown refusal class {value}; allowed: "
+            + ", ".join(f"{c.value} ({int(v)})" for c, v in _PB_OF_REFUSAL.items())
+        ) from None
+
+
+def check_release_id(release_id: str) -> str:
+    """``release_id`` if it follows the grammar, else :class:`DeclarationError`."""
+    return Declaration(release_id, "x").validate().release_id
+
+
+def declaration_to_pb(d: Declaration) -> pb.ReleaseDeclaration:
+    return pb.ReleaseDeclaration(
+        release_id=d.release_id,
+        curator=d.curator,
+        parties=list(d.parties),
+        reason_class=_PB_OF_REFUSAL[d.refusal] if d.refusal is not None else pb.REFUSAL_CLASS_UNSPECIFIED,
+        detail=d.detail,
+    )
+
+
+def declaration_from_pb(m: pb.ReleaseDeclaration) -> Declaration:
+    """The validated declaration (:class:`DeclarationError` if out of bounds)."""
+    return Declaration(
+        str(m.release_id), str(m.curator), tuple(str(p) for p in m.parties),
+        _refusal_class_from_pb(int(m.reason_class)), str(m.detail),
+    ).validate()  # fmt: skip
+
+
+def refusals_to_pb(refusals: Iterable[Refusal]) -> pb.RefusalList:
+    return pb.RefusalList(
+        refusals=[
+            pb.Refusal(release_id=r.release_id, curator=r.curator, reason_class=_PB_OF_REFUSAL[r.reason_class],
+                       detail=r.detail)
+            for r in refusals
+        ]
+    )  # fmt: skip
+
+
+def refusals_from_pb(m: pb.RefusalList) -> list[Refusal]:
+    """The validated refusals of a list (:class:`DeclarationError` for one out of bounds; an
+    UNSPECIFIED class is not a refusal)."""
+    out = []
+    for r in m.refusals:
+        d = Declaration(str(r.release_id), str(r.curator), (), _refusal_class_from_pb(int(r.reason_class)),
+                        str(r.detail)).validate()  # fmt: skip
+        if d.refusal is None:
+            raise DeclarationError(f"a refusal of {d.curator!r} carries no reason class")
+        out.append(Refusal(d.release_id, d.curator, d.refusal, d.detail))
+    return out

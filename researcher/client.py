@@ -29,7 +29,14 @@ from secure_release.infra.logs import EventLog
 from secure_release.infra.retry import with_retries
 from secure_release.infra.streams import FetchError, PerturbedStream, key_from_chunks, perturbed_from_chunks
 from secure_release.infra.tls import secure_channel
-from secure_release.infra.wire import cipher_from_pb, schema_from_pb, spec_from_pb
+from secure_release.infra.wire import (
+    DeclarationError,
+    Refusal,
+    cipher_from_pb,
+    refusals_from_pb,
+    schema_from_pb,
+    spec_from_pb,
+)
 from secure_release.mechanism.errors import ErrorKind
 from secure_release.mechanism.primitives.keys import PadKey
 from secure_release.mechanism.primitives.packing import CHUNK_ROWS, unpack_symbols
@@ -75,6 +82,16 @@ class ReleaseRefusedByCuratorError(AbortedBeforeSealError):
     """A curator refused the release (its budget, a permission); exit 3 as at every party."""
 
     kind = ErrorKind.PERMISSION_DENIED
+
+
+class RefusedBeforeAgreementError(ReleaseRefusedByCuratorError):
+    """A curator of the release refused it before the agreement (no budget, a data check, a key,
+    a reused seed), so the server never heard a spec: its recorded refusal names the curator and
+    the reason class (never the data). Exit 3, as at every party."""
+
+    def __init__(self, refusal: Refusal) -> None:
+        super().__init__(refusal.message())
+        self.refusal = refusal
 
 
 class FetchDeadline:
@@ -166,14 +183,37 @@ def _status_or_none(stub: pb_grpc.ReleaseServerStub, release_id: str, seconds: f
     return status
 
 
+def _refusal_or_none(
+    stub: pb_grpc.ReleaseServerStub, release_id: str, curators: Iterable[str], seconds: float
+) -> Refusal | None:
+    """The first refusal of ``release_id`` the server shows (from one of ``curators`` when the
+    researcher names them with --curator); None if there is none, or the server cannot say (an
+    older server without GetRefusals, unreachable or slow)."""
+    try:
+        answer = stub.GetRefusals(pb.RefusalQuery(release_id=release_id), timeout=max(POLL_SECONDS, seconds))
+        shown = refusals_from_pb(answer)
+    except (grpc.RpcError, DeclarationError):
+        return None
+    known = set(curators)
+    refusals = [r for r in shown if r.release_id == release_id and (not known or r.curator in known)]
+    return refusals[0] if refusals else None
+
+
 def wait_perturbed(endpoints: Endpoints, release_id: str, timeout: float | FetchDeadline) -> PerturbedRelease:
     """Poll the server until ``release_id`` is PERTURBED (until ``timeout``: seconds or a
-    :class:`FetchDeadline`); an ABORTED release raises :class:`AbortedBeforeSealError` with its reason."""
+    :class:`FetchDeadline`); an ABORTED release raises :class:`AbortedBeforeSealError` with its reason,
+    a curator's refusal before the agreement (no spec at the server yet)
+    :class:`RefusedBeforeAgreementError` naming the curator and the reason class."""
     deadline = timeout if isinstance(timeout, FetchDeadline) else FetchDeadline(timeout)
     with endpoints.server_channel() as channel:
         stub = pb_grpc.ReleaseServerStub(channel)
         while True:
             status = _status_or_none(stub, release_id, min(STATUS_RPC_SECONDS, deadline.left()))
+            if status is None or status.state not in (pb.RELEASE_STATE_PERTURBED, pb.RELEASE_STATE_ABORTED):
+                seconds = min(STATUS_RPC_SECONDS, deadline.left())
+                refusal = _refusal_or_none(stub, release_id, endpoints.curators, seconds)
+                if refusal is not None:
+                    raise RefusedBeforeAgreementError(refusal)
             if status is not None and status.state == pb.RELEASE_STATE_PERTURBED:
                 return _perturbed_release(status, release_id)
             if status is not None and status.state == pb.RELEASE_STATE_ABORTED:

@@ -229,6 +229,29 @@ class ReleaseService(pb_grpc.ReleaseServerServicer):
         return status_to_proto(rel)
 
 
+    def DeclareRelease(self, request: pb.ReleaseDeclaration, context: Any) -> pb.RefusalList:  # noqa: N802
+        """A curator's own record of a release: its parties and, once it refuses, why (the
+        security note is server/refusals.py's docstring). Answers the refusals that show."""
+        ident = caller(context)
+        try:
+            declaration = wire.declaration_from_pb(request)
+            refusals = self.store.declare(declaration, ident.name)
+        except SecureReleaseError as exc:
+            _fail(context, exc, "DeclareRelease")
+        if declaration.refusal is not None:
+            log.info("refused", extra={"release": declaration.release_id, "curator": ident.name,
+                                       "reason_class": declaration.refusal.value})  # fmt: skip
+        return wire.refusals_to_pb(refusals)
+
+    def GetRefusals(self, request: pb.RefusalQuery, context: Any) -> pb.RefusalList:  # noqa: N802
+        """The refusals of a release that show (a curator's refusal once another party confirms
+        it takes part): what a researcher's fetch and a curator's wait read before any spec."""
+        try:
+            release_id = wire.check_release_id(request.release_id)
+            return wire.refusals_to_pb(self.store.refusals(release_id))
+        except SecureReleaseError as exc:
+            _fail(context, exc, "GetRefusals")
+
     # --------------------------------------------------- stored tables (server-side sampling)
     def StoreTable(  # noqa: N802
         self, request_iterator: Iterator[pb.TableChunk], context: Any

@@ -2,7 +2,9 @@
 
 The store is created 0600 in a 0700 directory. Tables: ``releases`` (spec JSON, state,
 perturbed digest), ``parts`` (per curator: registered, committed, digest), ``chunks`` (release,
-curator, seq, bytes, sha256) and ``perturbed`` (release, seq, curator index, bytes). A call
+curator, seq, bytes, sha256) and ``perturbed`` (release, seq, curator index, bytes);
+``declarations`` (per release and curator: its parties and a refusal before the agreement,
+server/refusals.py, which says who may write one and what it costs). A call
 returns only after its transaction committed, so whatever it acknowledges survives a crash.
 Every check runs on a copy of the
 in-memory release state (server/state.py) before anything is written, so a rejected call stores
@@ -45,6 +47,7 @@ import numpy as np
 
 from secure_release.infra.fileio import check_owned, open_nofollow, private_dir
 from secure_release.infra.streams import TableDeclaration
+from secure_release.infra.wire import Declaration, Refusal
 from secure_release.mechanism.errors import ErrorKind, SecureReleaseError
 from secure_release.mechanism.primitives.keys import PramKey, Seed
 from secure_release.mechanism.primitives.packing import CHUNK_ROWS, pack_symbols, symbol_width, unpack_symbols
@@ -58,6 +61,7 @@ from secure_release.mechanism.protocol.index_sharing import (
 from secure_release.mechanism.protocol.server_sampling import server_apply_rekey, server_draw_sample
 from secure_release.mechanism.protocol.spec import ReleaseSpec
 from secure_release.mechanism.schema import SymbolArray
+from secure_release.server.refusals import Declarations, shown
 from secure_release.server.sqltx import StoreFullError, transaction
 from secure_release.server.state import (
     AbortedAtServerError,
@@ -198,6 +202,7 @@ class Store:
                 self._db.execute("ALTER TABLE tables ADD COLUMN owner TEXT NOT NULL DEFAULT ''")  # older stores
             self._lock = threading.RLock()
             self.witness = Witness(self._db, self._lock)
+            self.declarations = Declarations(self._db, self._lock)
             # Per release id, its candidate specs; once every curator of one has registered,
             # that one is bound and the others are discarded (nobody can squat an id).
             self._releases: dict[str, list[Release]] = {}
@@ -574,6 +579,21 @@ class Store:
                     self._set_state(rel.spec, rel.state)
                 self._keep(rel)
             return copy.deepcopy(rel)
+
+    def declare(self, declaration: Declaration, caller: str) -> list[Refusal]:
+        """Record ``caller``'s declaration of a release (server/refusals.py says who may and
+        what it costs); the release's refusals that show after it."""
+        self.declarations.declare(declaration, caller)
+        return self.refusals(declaration.release_id)
+
+    def refusals(self, release_id: str) -> list[Refusal]:
+        """The refusals of ``release_id`` that show (:func:`~secure_release.server.refusals.shown`)."""
+        with self._lock:
+            candidates = [
+                (rel.spec.curators, [c for c, p in rel.parts.items() if p.registered], rel.is_bound)
+                for rel in self._releases.get(release_id, [])
+            ]
+            return shown(self.declarations.of(release_id), candidates)
 
     def abort(self, release_id: str, curator: str, caller: str, reason: str) -> Release:
         """Abort a release before sealing (idempotent); its ciphertext is erased at once."""

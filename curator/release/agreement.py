@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 from typing import Any, Protocol, runtime_checkable
@@ -41,6 +42,7 @@ from secure_release.infra.streams import (
     tag_chunks,
 )
 from secure_release.infra.tls import secure_channel
+from secure_release.infra.wire import Refusal, refusals_from_pb
 from secure_release.mechanism.alignment.keyed_hash import TAG_DTYPE, Alignment, RowOrder, SortedTags, TagArray, align
 from secure_release.mechanism.errors import SecureReleaseError
 from secure_release.mechanism.privacy.plan import plan_release
@@ -267,6 +269,56 @@ def _fetch_agreement(
     return agreement_from_chunks(iter(stub.GetAgreement(request, timeout=timeout)), rows_sink)
 
 
+REFUSAL_CALL_S = 2.0  # one GetRefusals call to the server
+REFUSAL_EVERY_S = 2.0  # how often a wait asks the server for another curator's refusal
+_TRANSIENT = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
+def server_refusal(config: CuratorConfig) -> Refusal | None:
+    """Another curator's refusal of this release as the server shows it (a refusal recorded
+    before the agreement: no budget, a data check, a key, a seed; only one of ``--curators``);
+    None if there is none, or the server cannot say. What a curator's wait reads when the refusing
+    party cannot tell it directly (a leader gone, a follower that could not reach the leader)."""
+    try:
+        channel = secure_channel(config.server, config.certs, config.name, config.insecure,
+                                 role="curator", peer_role="server")  # fmt: skip
+    except Exception:  # best effort: the wait goes on
+        return None
+    try:
+        answer = pb_grpc.ReleaseServerStub(channel).GetRefusals(
+            pb.RefusalQuery(release_id=config.release_id), timeout=REFUSAL_CALL_S
+        )
+        refusals = refusals_from_pb(answer)
+    except (grpc.RpcError, SecureReleaseError):
+        return None
+    finally:
+        channel.close()
+    return next((r for r in refusals if r.curator != config.name and r.curator in config.curators), None)
+
+
+class RefusalWatch:
+    """Asks the server for another curator's refusal at most every :data:`REFUSAL_EVERY_S`."""
+
+    def __init__(self, config: CuratorConfig) -> None:
+        self.config = config
+        self.next_at = 0.0
+
+    def __call__(self) -> Refusal | None:
+        """The refusal the server shows, if it is time to ask and there is one."""
+        now = time.monotonic()
+        if now < self.next_at:
+            return None
+        self.next_at = now + REFUSAL_EVERY_S
+        return server_refusal(self.config)
+
+    def check(self) -> None:
+        """:class:`ReleaseRefusedError` (exit 3) naming the refusing curator and the reason
+        class, if the server shows a refusal."""
+        refusal = self()
+        if refusal is not None:
+            raise ReleaseRefusedError(refusal.message())
+
+
 def follow_leader(
     config: CuratorConfig, tags: TagSource, own_size: int, log: EventLog, deadline: Deadline,
     rows_sink: RowSink | None = None,
@@ -289,8 +341,15 @@ def follow_leader(
     try:
         stub = pb_grpc.CuratorStub(channel)
 
+        watch = RefusalWatch(config)  # the leader gone: its refusal recorded at the server ends the wait
+
         def submit(timeout: float) -> int:
-            sent, streams = submit_tags(stub, config, tags, own_size, timeout, log)
+            try:
+                sent, streams = submit_tags(stub, config, tags, own_size, timeout, log)
+            except grpc.RpcError as exc:
+                if exc.code() in _TRANSIENT:
+                    watch.check()
+                raise
             log("tags_submitted", leader=config.leader_address, tags=sent, streams=streams)
             return sent
 
@@ -298,6 +357,8 @@ def follow_leader(
             try:
                 return _fetch_agreement(stub, config, timeout, rows_sink)
             except grpc.RpcError as exc:
+                if exc.code() in _TRANSIENT:
+                    watch.check()
                 if "TagsMissingError" in (exc.details() or ""):  # the leader restarted: send again
                     submit(max(0.05, min(deadline.left(), call_seconds(SUBMIT_TIMEOUT_S, rows * TAG_BYTES))))
                 raise
@@ -346,16 +407,25 @@ def report_failure_to_leader(config: CuratorConfig, reason: str, log: EventLog, 
         channel.close()
 
 
-def collect_tags(state: LeaderState, deadline: Deadline, step_s: float = 1.0) -> VariantAgreement:
+def collect_tags(
+    state: LeaderState, deadline: Deadline, step_s: float = 1.0, refused: Callable[[], Refusal | None] | None = None
+) -> VariantAgreement:
     """The leader's agreement once every curator's tags arrived (:meth:`LeaderState.collect`),
     waited for in steps of ``step_s`` so that SIGTERM ends the wait within a step: the release
     is failed for every follower, then :class:`StoppedError`. (A single wait of the whole
     --timeout did not see SIGTERM: a leader whose follower died mid-ring stayed, with its
-    workers, until its timeout.)"""
+    workers, until its timeout.) ``refused``: a follower's refusal recorded at the server (one
+    that could not reach the leader), which fails the release for every follower and raises
+    :class:`ReleaseRefusedError`."""
     what = "the tags of every curator"
     while deadline.left() > step_s and not state.wait_all_tags(step_s):
         if state.error is not None:
             break  # collect raises it
+        refusal = refused() if refused is not None else None
+        if refusal is not None:
+            state.mark_told(refusal.curator)  # it refused: nothing to tell it
+            state.fail(refusal.message())
+            raise ReleaseRefusedError(refusal.message())
         if deadline.stop.is_set():
             state.fail(f"the leader was {stopped_error(deadline.stop, 'while waiting for the tags')}")
             deadline.check(what)  # raises StoppedError
@@ -372,7 +442,7 @@ def agree(
         agreement = state.agreement
     elif state is not None:
         state.add_tags(config.name, tags if isinstance(tags, np.ndarray) else np.zeros(0, dtype=TAG_DTYPE), own_size)
-        agreement = collect_tags(state, deadline)
+        agreement = collect_tags(state, deadline, refused=RefusalWatch(config))
     else:
         agreement = follow_leader(config, tags, own_size, log, deadline, rows_sink)
     agreement = check_agreement(config, own_size, agreement)

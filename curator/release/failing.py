@@ -1,29 +1,159 @@
 """The refusal and abort paths of a release, in one place: the ledger's refusal found when the run
 opens, a refusal made visible at the server, a failure before the agreement (every party stops at
 once) and a failed release (aborted at the server with the reason, the reservation refunded once
-the server confirms ABORTED)."""
+the server confirms ABORTED).
+
+A refusal before the agreement (no budget or too little, a data check, a key or certificate, a
+reused seed) has no spec at the server to abort: the curator declares it instead
+(:func:`declare_refusal`, ``DeclareRelease``: its name, the reason class and the error's name,
+never the data), and every curator declares the parties it takes part with when it starts
+(:func:`announce_parties`), which is what lets another's refusal show to the researcher."""
 
 from __future__ import annotations
 
 import contextlib
+import threading
+import time
 
 import grpc
 
+from secure_release.curator.badrows import BadRowsError
 from secure_release.curator.config import CuratorConfig
 from secure_release.curator.errors import ReleaseAbortedError, ReleaseRefusedError
 from secure_release.curator.leader import LeaderState
-from secure_release.curator.records.keystore import Keystore, ReleaseRecord
+from secure_release.curator.records.keystore import Keystore, ReleaseRecord, TableChangedError
+from secure_release.curator.records.ledgersign import SigningKeyError
 from secure_release.curator.records.witness import BudgetWitness
 from secure_release.curator.release.agreement import report_failure_to_leader
 from secure_release.curator.release.budget import LedgerSettings, check_ledger, settle
 from secure_release.curator.release.upload import ServerLink
-from secure_release.infra.exitcodes import refusal_reason
+from secure_release.infra.exitcodes import grpc_status_name, refusal_reason
+from secure_release.infra.identity import PkiError
 from secure_release.infra.logs import EventLog
-from secure_release.mechanism.errors import SecureReleaseError
+from secure_release.infra.tls import secure_channel
+from secure_release.infra.wire import MAX_REFUSAL_DETAIL, Declaration, RefusalClass, declaration_to_pb
+from secure_release.mechanism.alignment.keyed_hash import DuplicateIdError
+from secure_release.mechanism.errors import (
+    BudgetExceededError,
+    PadReuseError,
+    PolicyEpsilonError,
+    SecureReleaseError,
+    SeedReuseError,
+)
+from secure_release.mechanism.privacy.ledger import LedgerTamperedError, NoBudgetError
 from secure_release.mechanism.protocol.spec import ReleaseSpec
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
+from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
 
 LINGER_S = 10.0  # how long a failed leader keeps answering followers with the failure
+DECLARE_S = 5.0  # how long a refusal is offered to the server (best effort)
+ANNOUNCE_S = 30.0  # how long a starting curator keeps offering its party list to the server
+_RETRY_S = 0.3
+#: This process's own refusals, by (release id, curator): its announcement must not replace them
+#: at the server. The lock orders the two: an announcement attempt in flight ends before a refusal is sent.
+_REFUSED: set[tuple[str, str]] = set()
+_DECLARING = threading.Lock()
+_CLASSES: tuple[tuple[tuple[type[BaseException], ...], RefusalClass], ...] = (
+    ((NoBudgetError, BudgetExceededError, PolicyEpsilonError, LedgerTamperedError), RefusalClass.BUDGET),
+    ((BadRowsError, DuplicateIdError, TableChangedError), RefusalClass.DATA),
+    ((SigningKeyError, PkiError), RefusalClass.KEY),
+    ((SeedReuseError, PadReuseError), RefusalClass.SEED),
+)
+
+
+def refusal_class(exc: BaseException) -> RefusalClass | None:
+    """The reason class of this curator's own refusal ``exc`` (None: not one of the classes, or
+    a refusal passed on from another party, which that party declares)."""
+    if isinstance(exc, ReleaseAbortedError | ReleaseRefusedError):
+        return None
+    for types, cls in _CLASSES:
+        if isinstance(exc, types):
+            return cls
+    if grpc_status_name(exc) in ("PERMISSION_DENIED", "UNAUTHENTICATED"):
+        return RefusalClass.KEY  # the server or a peer refused our certificate
+    return None
+
+
+def _public_detail(exc: BaseException) -> str:
+    """The error's name and, if it has one, its public message (a count, never a value)."""
+    public = getattr(exc, "public_message", None)
+    text = type(exc).__name__ + (f": {public}" if isinstance(public, str) else "")
+    return "".join(ch if ch.isprintable() else " " for ch in text)[:MAX_REFUSAL_DETAIL]
+
+
+def _declare(config: CuratorConfig, declaration: Declaration, seconds: float, log: EventLog) -> bool:
+    """Offer ``declaration`` to the server for up to ``seconds`` (retrying while it is not
+    reachable); True once it is stored. Never raises: the run's own outcome does not depend on it.
+    An announcement (no refusal) is given up once this process refused the release."""
+    end = time.monotonic() + seconds
+    try:
+        channel = secure_channel(config.server, config.certs, config.name, config.insecure,
+                                 role="curator", peer_role="server")  # fmt: skip
+    except Exception as exc:  # best effort: the run reports its own error
+        log.warning("declaration_unsent", release_id=declaration.release_id, error=type(exc).__name__)
+        return False
+    try:
+        stub = pb_grpc.ReleaseServerStub(channel)
+        while True:
+            left = end - time.monotonic()
+            try:
+                if declaration.refusal is not None:
+                    stub.DeclareRelease(declaration_to_pb(declaration), timeout=max(0.2, min(left, DECLARE_S)))
+                    return True
+                with _DECLARING:
+                    if (declaration.release_id, declaration.curator) in _REFUSED:
+                        return False
+                    stub.DeclareRelease(declaration_to_pb(declaration), timeout=max(0.2, min(left, DECLARE_S)))
+                return True
+            except grpc.RpcError as exc:
+                transient = exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+                if not transient or left <= _RETRY_S:
+                    log.warning("declaration_unsent", release_id=declaration.release_id, error=exc.code().name)
+                    return False
+            time.sleep(_RETRY_S)
+    finally:
+        channel.close()
+
+
+def announce_parties(config: CuratorConfig, log: EventLog) -> threading.Thread:
+    """Tell the server, in the background, which curators this curator takes part with in the
+    release (its ``--curators``): what confirms another curator's refusal before any spec exists,
+    so the researcher hears it within seconds. A daemon thread, best effort."""
+
+    def run() -> None:
+        declaration = Declaration(config.release_id, config.name, tuple(config.curators))
+        try:
+            declaration.validate()
+        except SecureReleaseError as exc:
+            log.warning("declaration_unsent", release_id=config.release_id, error=f"{type(exc).__name__}: {exc}")
+            return
+        if _declare(config, declaration, min(ANNOUNCE_S, config.timeout), log):
+            log.debug("parties_declared", release_id=config.release_id, parties=",".join(config.curators))
+
+    thread = threading.Thread(target=run, name="announce-parties", daemon=True)
+    thread.start()
+    return thread
+
+
+def declare_refusal(config: CuratorConfig, exc: BaseException, log: EventLog) -> RefusalClass | None:
+    """If ``exc`` is this curator's own refusal of one of the classes, record it at the server
+    (``DeclareRelease``: curator, class, the error's name; never the data), so the researcher and
+    every curator hear it though the release never reached the agreement. Its class, else None."""
+    cls = refusal_class(exc)
+    if cls is None:
+        return None
+    with _DECLARING:  # an announcement in flight lands first; none is sent after this
+        _REFUSED.add((config.release_id, config.name))
+    parties = tuple(config.curators) if config.name in config.curators else ()
+    declaration = Declaration(config.release_id, config.name, parties, cls, _public_detail(exc))
+    try:
+        declaration.validate()
+    except SecureReleaseError as bad:
+        log.warning("declaration_unsent", release_id=config.release_id, error=f"{type(bad).__name__}: {bad}")
+        return cls
+    if _declare(config, declaration, min(DECLARE_S, config.timeout), log):
+        log("refusal_declared", release_id=config.release_id, reason_class=cls.value)
+    return cls
 
 
 def ledger_refusal(
@@ -72,6 +202,7 @@ def fail_before_agreement(
     the leader; the leader fails its agreement and keeps answering until every follower was told
     (a few seconds at most), so none waits for its --timeout."""
     reason = refusal_reason(exc, config.name)
+    declare_refusal(config, exc, log)
     if state is None:
         report_failure_to_leader(config, reason, log)
         return
@@ -121,6 +252,7 @@ def fail_release(
     reason = refusal_reason(exc, name)
     if state is not None:
         state.fail(reason)
+    declare_refusal(link.config, exc, log)  # a refusal before any spec: the server records it
     abort_and_settle(name, release_id, keystore, link, log, exc)
     if state is not None and not state.published:
         state.wait_all_told(min(LINGER_S, timeout))

@@ -38,7 +38,7 @@ from secure_release.curator.release.aligning import (
     start_engine,
 )
 from secure_release.curator.release.budget import LedgerSettings
-from secure_release.curator.release.failing import ledger_refusal
+from secure_release.curator.release.failing import announce_parties, ledger_refusal
 from secure_release.curator.release.upload import ServerLink
 from secure_release.curator.service import CALLS_PER_PEER, SERVICE_NAME, CuratorService
 from secure_release.curator.table import TableSpec, load_schema, read_table
@@ -141,8 +141,10 @@ class OpenedService(NamedTuple):
 
 def open_service(config: CuratorConfig, log: EventLog) -> OpenedService:
     """The Curator service (and the leader's state) from the schema alone, so the curator can
-    listen and answer health while it reads its table; keys stay held until the release seals."""
+    listen and answer health while it reads its table; keys stay held until the release seals.
+    The curator's parties are declared to the server meanwhile (:func:`announce_parties`)."""
     spec = own_schema(config.schema, config.name)
+    announce_parties(config, log)  # in the background: confirms another curator's early refusal
     service = CuratorService(config.name, spec.schema, log, config.max_rows)
     service.hold_key(config.release_id, "the release is not sealed yet")
     if not config.leader:

@@ -151,6 +151,38 @@ RELEASE_STATE_ABORTED: ReleaseState.ValueType  # 5
 """stopped before sealing; abort_reason says why; nothing served"""
 Global___ReleaseState: _TypeAlias = ReleaseState  # noqa: Y015
 
+class _RefusalClass:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _RefusalClassEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_RefusalClass.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    REFUSAL_CLASS_UNSPECIFIED: _RefusalClass.ValueType  # 0
+    """no refusal: the declaration only names the parties"""
+    REFUSAL_CLASS_BUDGET: _RefusalClass.ValueType  # 1
+    """no budget set for the data set, or too little left"""
+    REFUSAL_CLASS_DATA: _RefusalClass.ValueType  # 2
+    """a data check failed (bad rows, a repeated id, a changed table)"""
+    REFUSAL_CLASS_KEY: _RefusalClass.ValueType  # 3
+    """a key or certificate refused"""
+    REFUSAL_CLASS_SEED: _RefusalClass.ValueType  # 4
+    """a seed or pad reused"""
+
+class RefusalClass(_RefusalClass, metaclass=_RefusalClassEnumTypeWrapper):
+    """Why a curator refuses a release (a class, never the data)."""
+
+REFUSAL_CLASS_UNSPECIFIED: RefusalClass.ValueType  # 0
+"""no refusal: the declaration only names the parties"""
+REFUSAL_CLASS_BUDGET: RefusalClass.ValueType  # 1
+"""no budget set for the data set, or too little left"""
+REFUSAL_CLASS_DATA: RefusalClass.ValueType  # 2
+"""a data check failed (bad rows, a repeated id, a changed table)"""
+REFUSAL_CLASS_KEY: RefusalClass.ValueType  # 3
+"""a key or certificate refused"""
+REFUSAL_CLASS_SEED: RefusalClass.ValueType  # 4
+"""a seed or pad reused"""
+Global___RefusalClass: _TypeAlias = RefusalClass  # noqa: Y015
+
 @_typing.final
 class ReleaseParams(_message.Message):
     """The public parameters of one release: everything the server may know."""
@@ -260,6 +292,110 @@ class CuratorSchema(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CuratorSchema: _TypeAlias = CuratorSchema  # noqa: Y015
+
+@_typing.final
+class ReleaseDeclaration(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RELEASE_ID_FIELD_NUMBER: _builtins.int
+    CURATOR_FIELD_NUMBER: _builtins.int
+    PARTIES_FIELD_NUMBER: _builtins.int
+    REASON_CLASS_FIELD_NUMBER: _builtins.int
+    DETAIL_FIELD_NUMBER: _builtins.int
+    release_id: _builtins.str
+    curator: _builtins.str
+    """the calling curator (must match its certificate)"""
+    reason_class: Global___RefusalClass.ValueType
+    """UNSPECIFIED: no refusal"""
+    detail: _builtins.str
+    """at most 200 printable characters, public (an error's name)"""
+    @_builtins.property
+    def parties(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """the release's curators as the caller knows them (with itself; at most 16)"""
+
+    def __init__(
+        self,
+        *,
+        release_id: _builtins.str = ...,
+        curator: _builtins.str = ...,
+        parties: _abc.Iterable[_builtins.str] | None = ...,
+        reason_class: Global___RefusalClass.ValueType = ...,
+        detail: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["curator", b"curator", "detail", b"detail", "parties", b"parties", "reason_class", b"reason_class", "release_id", b"release_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReleaseDeclaration: _TypeAlias = ReleaseDeclaration  # noqa: Y015
+
+@_typing.final
+class RefusalQuery(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RELEASE_ID_FIELD_NUMBER: _builtins.int
+    release_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        release_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["release_id", b"release_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RefusalQuery: _TypeAlias = RefusalQuery  # noqa: Y015
+
+@_typing.final
+class Refusal(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RELEASE_ID_FIELD_NUMBER: _builtins.int
+    CURATOR_FIELD_NUMBER: _builtins.int
+    REASON_CLASS_FIELD_NUMBER: _builtins.int
+    DETAIL_FIELD_NUMBER: _builtins.int
+    release_id: _builtins.str
+    curator: _builtins.str
+    reason_class: Global___RefusalClass.ValueType
+    detail: _builtins.str
+    def __init__(
+        self,
+        *,
+        release_id: _builtins.str = ...,
+        curator: _builtins.str = ...,
+        reason_class: Global___RefusalClass.ValueType = ...,
+        detail: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["curator", b"curator", "detail", b"detail", "reason_class", b"reason_class", "release_id", b"release_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Refusal: _TypeAlias = Refusal  # noqa: Y015
+
+@_typing.final
+class RefusalList(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REFUSALS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def refusals(self) -> _containers.RepeatedCompositeFieldContainer[Global___Refusal]: ...
+    def __init__(
+        self,
+        *,
+        refusals: _abc.Iterable[Global___Refusal] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["refusals", b"refusals"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RefusalList: _TypeAlias = RefusalList  # noqa: Y015
 
 @_typing.final
 class WitnessRequest(_message.Message):

@@ -85,6 +85,16 @@ class ReleaseServerStub:
                 request_serializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.WitnessRequest.SerializeToString,
                 response_deserializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.WitnessReply.FromString,
                 _registered_method=True)
+        self.DeclareRelease = channel.unary_unary(
+                '/securerelease.v1.ReleaseServer/DeclareRelease',
+                request_serializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.ReleaseDeclaration.SerializeToString,
+                response_deserializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.RefusalList.FromString,
+                _registered_method=True)
+        self.GetRefusals = channel.unary_unary(
+                '/securerelease.v1.ReleaseServer/GetRefusals',
+                request_serializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.RefusalQuery.SerializeToString,
+                response_deserializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.RefusalList.FromString,
+                _registered_method=True)
 
 
 class ReleaseServerServicer:
@@ -166,6 +176,25 @@ class ReleaseServerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DeclareRelease(self, request, context):
+        """curator: this curator's record of a release, before or after its spec exists: the parties
+        it takes part with and, once it refuses, why (a reason class and a short public detail,
+        never data). One record per (release, curator), replaced by the curator's next declaration
+        (a rerun clears an old refusal). Returns the refusals of the release that show (see GetRefusals).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetRefusals(self, request, context):
+        """curator, researcher: the refusals of a release that show: a curator's refusal shows once
+        another party confirms it takes part (a spec a second curator registered, or a second
+        curator's declaration naming both), so an outsider cannot make a release look refused.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ReleaseServerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -218,6 +247,16 @@ def add_ReleaseServerServicer_to_server(servicer, server):
                     servicer.WitnessLedger,
                     request_deserializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.WitnessRequest.FromString,
                     response_serializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.WitnessReply.SerializeToString,
+            ),
+            'DeclareRelease': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeclareRelease,
+                    request_deserializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.ReleaseDeclaration.FromString,
+                    response_serializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.RefusalList.SerializeToString,
+            ),
+            'GetRefusals': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetRefusals,
+                    request_deserializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.RefusalQuery.FromString,
+                    response_serializer=secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.RefusalList.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -491,6 +530,60 @@ class ReleaseServer:
             '/securerelease.v1.ReleaseServer/WitnessLedger',
             secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.WitnessRequest.SerializeToString,
             secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.WitnessReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeclareRelease(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/securerelease.v1.ReleaseServer/DeclareRelease',
+            secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.ReleaseDeclaration.SerializeToString,
+            secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.RefusalList.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetRefusals(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/securerelease.v1.ReleaseServer/GetRefusals',
+            secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.RefusalQuery.SerializeToString,
+            secure__release_dot_protos_dot_securerelease_dot_v1_dot_securerelease__pb2.RefusalList.FromString,
             options,
             channel_credentials,
             insecure,

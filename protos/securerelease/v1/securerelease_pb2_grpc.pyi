@@ -67,6 +67,17 @@ class ReleaseServerStub:
     the witness first moves up to the curator's counts (it never moves down). A curator whose
     ledger is behind the answer refuses to release (the ledger was rolled back or replaced).
     """
+    DeclareRelease: _grpc.UnaryUnaryMultiCallable[_securerelease_pb2.ReleaseDeclaration, _securerelease_pb2.RefusalList]
+    """curator: this curator's record of a release, before or after its spec exists: the parties
+    it takes part with and, once it refuses, why (a reason class and a short public detail,
+    never data). One record per (release, curator), replaced by the curator's next declaration
+    (a rerun clears an old refusal). Returns the refusals of the release that show (see GetRefusals).
+    """
+    GetRefusals: _grpc.UnaryUnaryMultiCallable[_securerelease_pb2.RefusalQuery, _securerelease_pb2.RefusalList]
+    """curator, researcher: the refusals of a release that show: a curator's refusal shows once
+    another party confirms it takes part (a spec a second curator registered, or a second
+    curator's declaration naming both), so an outsider cannot make a release look refused.
+    """
 
 @_typing.type_check_only
 class ReleaseServerAsyncStub(ReleaseServerStub):
@@ -100,6 +111,17 @@ class ReleaseServerAsyncStub(ReleaseServerStub):
     reservations and how much epsilon this curator's ledger has recorded for it. With record,
     the witness first moves up to the curator's counts (it never moves down). A curator whose
     ledger is behind the answer refuses to release (the ledger was rolled back or replaced).
+    """
+    DeclareRelease: _aio.UnaryUnaryMultiCallable[_securerelease_pb2.ReleaseDeclaration, _securerelease_pb2.RefusalList]  # type: ignore[assignment]
+    """curator: this curator's record of a release, before or after its spec exists: the parties
+    it takes part with and, once it refuses, why (a reason class and a short public detail,
+    never data). One record per (release, curator), replaced by the curator's next declaration
+    (a rerun clears an old refusal). Returns the refusals of the release that show (see GetRefusals).
+    """
+    GetRefusals: _aio.UnaryUnaryMultiCallable[_securerelease_pb2.RefusalQuery, _securerelease_pb2.RefusalList]  # type: ignore[assignment]
+    """curator, researcher: the refusals of a release that show: a curator's refusal shows once
+    another party confirms it takes part (a spec a second curator registered, or a second
+    curator's declaration naming both), so an outsider cannot make a release look refused.
     """
 
 class ReleaseServerServicer(metaclass=_abc_1.ABCMeta):
@@ -191,6 +213,29 @@ class ReleaseServerServicer(metaclass=_abc_1.ABCMeta):
         reservations and how much epsilon this curator's ledger has recorded for it. With record,
         the witness first moves up to the curator's counts (it never moves down). A curator whose
         ledger is behind the answer refuses to release (the ledger was rolled back or replaced).
+        """
+
+    @_abc_1.abstractmethod
+    def DeclareRelease(
+        self,
+        request: _securerelease_pb2.ReleaseDeclaration,
+        context: _ServicerContext,
+    ) -> _typing.Union[_securerelease_pb2.RefusalList, _abc.Awaitable[_securerelease_pb2.RefusalList]]:
+        """curator: this curator's record of a release, before or after its spec exists: the parties
+        it takes part with and, once it refuses, why (a reason class and a short public detail,
+        never data). One record per (release, curator), replaced by the curator's next declaration
+        (a rerun clears an old refusal). Returns the refusals of the release that show (see GetRefusals).
+        """
+
+    @_abc_1.abstractmethod
+    def GetRefusals(
+        self,
+        request: _securerelease_pb2.RefusalQuery,
+        context: _ServicerContext,
+    ) -> _typing.Union[_securerelease_pb2.RefusalList, _abc.Awaitable[_securerelease_pb2.RefusalList]]:
+        """curator, researcher: the refusals of a release that show: a curator's refusal shows once
+        another party confirms it takes part (a spec a second curator registered, or a second
+        curator's declaration naming both), so an outsider cannot make a release look refused.
         """
 
 def add_ReleaseServerServicer_to_server(servicer: ReleaseServerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
