@@ -20,10 +20,11 @@ import numpy as np
 import numpy.typing as npt
 
 from secure_release.frames import Backend, to_frame
+from secure_release.mechanism import printing
 from secure_release.mechanism.analysis import association as assoc
 from secure_release.mechanism.analysis import effects as fx
-from secure_release.mechanism.analysis import printing, subtables
 from secure_release.mechanism.analysis import regression as reg
+from secure_release.mechanism.analysis import subtables
 from secure_release.mechanism.errors import (
     FlatLikelihoodWarning,
     NotNestedModelsError,
@@ -104,7 +105,7 @@ class AssociationTest:
         return f"{', '.join(self.a)} and {', '.join(self.b)}{given}; m = {self.m} released records"
 
     def block(self, effects: Sequence[str] = (), extra: Sequence[str] = (), data: str = "") -> printing.Block:
-        """R's ``print.htest`` layout (:func:`~secure_release.mechanism.analysis.printing.htest_block`)."""
+        """R's ``print.htest`` layout (:func:`~secure_release.mechanism.printing.htest_block`)."""
         within = f" within some level of {', '.join(self.given)}" if self.given else ""
         return printing.htest_block(
             self.title, data or self.data, self.statistic, self.df, self.p_value, statistic_name="G",

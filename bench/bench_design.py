@@ -41,8 +41,8 @@ from secure_release import demo_data
 from secure_release.mechanism.analysis import power as pw
 from secure_release.mechanism.analysis.association import independence_test
 from secure_release.mechanism.analysis.design import Design, design
-from secure_release.mechanism.analysis.printing import table_lines
 from secure_release.mechanism.analysis.questions import parse_question
+from secure_release.mechanism.printing import table_lines
 from secure_release.mechanism.schema import Attribute, CuratorSchema
 
 SEED = 20261127

@@ -13,7 +13,8 @@ it (``tests/unit/test_layers.py`` checks every import against this table):
 room           holds                                                       may import
 =============  ==========================================================  ==============================
 (the floor)    ``errors`` (named errors), ``schema`` (attributes, joint    the floor
-               codes, DESIGN 3), ``cells`` (the one cell rule)
+               codes, DESIGN 3), ``cells`` (the one cell rule),
+               ``printing`` (results laid out as tables, no I/O)
 primitives/    keys, ChaCha20 keystreams, pads (DESIGN 3.3), packing,      the floor
                the shared m-tuple (DESIGN 3.2), gamma-diagonal PRAM (3.4)
 alignment/     keyed id tags (``keyed_hash``, DESIGN 3.1), sharding, the   primitives

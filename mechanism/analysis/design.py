@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 
+from secure_release.mechanism import printing
 from secure_release.mechanism.analysis import design_search as ds
 from secure_release.mechanism.analysis import power as pw
-from secure_release.mechanism.analysis import printing
 from secure_release.mechanism.analysis.questions import (
     Question,
     as_question,

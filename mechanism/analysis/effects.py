@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from secure_release.mechanism.analysis import printing
+from secure_release.mechanism import printing
 from secure_release.mechanism.analysis.association import check_draws as _check_draws
 from secure_release.mechanism.errors import (
     InvalidCountsError,

@@ -50,7 +50,7 @@ import numpy as np
 import numpy.typing as npt
 from scipy import linalg, optimize, stats
 
-from secure_release.mechanism.analysis import printing
+from secure_release.mechanism import printing
 from secure_release.mechanism.analysis.association import likelihood_ratio_statistics
 from secure_release.mechanism.analysis.effects import cramers_v
 from secure_release.mechanism.errors import (

@@ -29,7 +29,7 @@ import numpy as np
 import numpy.typing as npt
 from scipy import stats
 
-from secure_release.mechanism.analysis import printing
+from secure_release.mechanism import printing
 from secure_release.mechanism.errors import (
     DesignRowsError,
     DifferentTablesError,

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from secure_release.mechanism.analysis import printing
+from secure_release.mechanism import printing
 from secure_release.mechanism.analysis.power import DEFAULT_ALPHA, DEFAULT_POWER, PowerPlan, power_plan
 from secure_release.mechanism.errors import (
     InvalidBinsError,

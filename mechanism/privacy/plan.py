@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import html
 import math
-import textwrap
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from math import prod
 from typing import Any
 
+from secure_release.mechanism import printing
 from secure_release.mechanism.errors import EmptyDomainError
 from secure_release.mechanism.primitives.pram import PramChannel
 from secure_release.mechanism.primitives.sampling import check_sample_size
@@ -124,14 +123,14 @@ class ReleasePlan:
             ("RMSE/cell", f"{rmse / math.sqrt(K):.4g}", f"l2 / sqrt K; the typical cell share 1/K = {1 / K:.4g}"),
         ]
 
-    def __str__(self) -> str:
-        rows = self.rows()
-        wn, wv = max(len(r[0]) for r in rows), max(len(r[1]) for r in rows)
-        lines = ["Release plan", "", *(f"  {n:<{wn}}  {v:>{wv}}  {t}" for n, v, t in rows)]
+    def block(self) -> printing.Block:
+        """The plan laid out for reading (:meth:`rows` as a table, the utility warning under it)."""
         warning = self.utility_warning()
-        if warning:
-            lines += ["", *textwrap.wrap(f"WARNING: {warning}", 78, subsequent_indent="    ")]
-        return "\n".join(lines)
+        return printing.Block("Release plan", header=("parameter", "value", "meaning"), rows=self.rows(), align="lrl",
+                              notes=(f"WARNING: {warning}",) if warning else ())  # fmt: skip
+
+    def __str__(self) -> str:
+        return self.block().text()
 
     def __repr__(self) -> str:
         sizes = " x ".join(str(k) for k in self.alphabet_sizes)
@@ -139,13 +138,8 @@ class ReleasePlan:
                 f"epsilon = {self.epsilon:g}, gamma = {self.gamma:.4g}>")  # fmt: skip
 
     def _repr_html_(self) -> str:
-        """A small HTML table of :meth:`rows` (every string escaped), and the warning if any."""
-        cells = "".join(f"<tr><th style=\"text-align:left\">{html.escape(n)}</th><td style=\"text-align:right\">"
-                        f"{html.escape(v)}</td><td>{html.escape(t)}</td></tr>" for n, v, t in self.rows())  # fmt: skip
-        warning = self.utility_warning()
-        note = f"<p>WARNING: {html.escape(warning)}</p>" if warning else ""
-        return (f'<div class="secure-release-result"><p><strong>Release plan</strong></p>'
-                f"<table>{cells}</table>{note}</div>")  # fmt: skip
+        """The same table as an HTML fragment (every string escaped)."""
+        return self.block().html()
 
 
 def plan_release(
