@@ -52,6 +52,8 @@ _RETRY_S = 0.3
 #: This process's own refusals, by (release id, curator): its announcement must not replace them
 #: at the server. The lock orders the two: an announcement attempt in flight ends before a refusal is sent.
 _REFUSED: set[tuple[str, str]] = set()
+#: (release, curator) whose party list the server has stored (announced at the start or confirmed on failing).
+_ANNOUNCED: set[tuple[str, str]] = set()
 _DECLARING = threading.Lock()
 _CLASSES: tuple[tuple[tuple[type[BaseException], ...], RefusalClass], ...] = (
     ((NoBudgetError, BudgetExceededError, PolicyEpsilonError, LedgerTamperedError), RefusalClass.BUDGET),
@@ -128,11 +130,27 @@ def announce_parties(config: CuratorConfig, log: EventLog) -> threading.Thread:
             log.warning("declaration_unsent", release_id=config.release_id, error=f"{type(exc).__name__}: {exc}")
             return
         if _declare(config, declaration, min(ANNOUNCE_S, config.timeout), log):
+            _ANNOUNCED.add((config.release_id, config.name))
             log.debug("parties_declared", release_id=config.release_id, parties=",".join(config.curators))
 
     thread = threading.Thread(target=run, name="announce-parties", daemon=True)
     thread.start()
     return thread
+
+
+def confirm_parties(config: CuratorConfig, log: EventLog) -> None:
+    """Store this curator's party list now, unless its start-up announcement already landed: a
+    curator that stops because another refused must not exit before its list reaches the server,
+    since that list is what lets the other's refusal show to the researcher (bounded by DECLARE_S)."""
+    if (config.release_id, config.name) in _ANNOUNCED:
+        return
+    declaration = Declaration(config.release_id, config.name, tuple(config.curators))
+    try:
+        declaration.validate()
+    except SecureReleaseError:
+        return
+    if _declare(config, declaration, min(DECLARE_S, config.timeout), log):
+        _ANNOUNCED.add((config.release_id, config.name))
 
 
 def declare_refusal(config: CuratorConfig, exc: BaseException, log: EventLog) -> RefusalClass | None:
@@ -202,7 +220,8 @@ def fail_before_agreement(
     the leader; the leader fails its agreement and keeps answering until every follower was told
     (a few seconds at most), so none waits for its --timeout."""
     reason = refusal_reason(exc, config.name)
-    declare_refusal(config, exc, log)
+    if declare_refusal(config, exc, log) is None:
+        confirm_parties(config, log)
     if state is None:
         report_failure_to_leader(config, reason, log)
         return
@@ -252,7 +271,8 @@ def fail_release(
     reason = refusal_reason(exc, name)
     if state is not None:
         state.fail(reason)
-    declare_refusal(link.config, exc, log)  # a refusal before any spec: the server records it
+    if declare_refusal(link.config, exc, log) is None:  # a refusal before any spec: the server records it
+        confirm_parties(link.config, log)  # another's refusal: our party list lets it show
     abort_and_settle(name, release_id, keystore, link, log, exc)
     if state is not None and not state.published:
         state.wait_all_told(min(LINGER_S, timeout))
