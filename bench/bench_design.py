@@ -24,6 +24,21 @@ Run:  .venv/bin/python bench/bench_design.py [--releases 400] [--quick] [--repea
    target at most 5 s. The reference, measured in the same run the same way: one
    power.power_plan call for a pair of the same schemas; the ratio says how many single-pair
    plans one design costs.
+
+4. Calibration with public marginals (``--calibration-releases``, default 4,000 a point): the
+   issue's table shape (n = 5,226, K = 128, epsilon 2, question "a0 ~ b0" of two binary
+   attributes) planned with uniform shares and with 25/75 and 17/83 and 10/90 and 10/90; the
+   type-I error under independence and the power at the planned detectable V (planned 0.8), each
+   against its Monte Carlo SE (the suite's bounded version: tests/unit/test_design_calibration.py).
+
+5. The release's run time: a designed release of the bundled Adult records (n = 45,222, the
+   design for "salary ~ education | sex", two curators) in memory
+   (mechanism.protocol.in_memory.run_tables_release) against the whole joint's release of the
+   same records and n (run_release at the joint's m* ... and at the same total m), best of
+   ``--repeat``; the ratio is the target (within 10%).
+
+``--figure PATH`` draws the worst detectable V against epsilon on the bundled table, design
+against whole joint (docs/figures/design_vs_joint.png).
 """
 
 from __future__ import annotations
@@ -161,6 +176,111 @@ def speed(repeat: int) -> dict[str, float]:
     return {"design_s": took, "power_plan_s": reference, "ratio": took / reference}
 
 
+def calibration(releases: int) -> list[dict[str, Any]]:
+    """Section 4: level and power of the first question's test with marginals (module text)."""
+    rng = np.random.default_rng(SEED + 1)
+    schemas = two_curators((2, 4, 4), (2, 2))
+    out = []
+    for name, marginals in (("uniform", None), ("25/75, 17/83", {"a0": [0.25, 0.75], "b0": [0.17, 0.83]}),
+                            ("10/90, 10/90", {"a0": [0.1, 0.9], "b0": [0.1, 0.9]})):  # fmt: skip
+        d = design(5226, schemas, 2.0, ["a0 ~ b0"], marginals=marginals)
+        figure = d.release.figures[0]
+        table = d.release.tables[figure.table]
+        rows = np.array(marginals["a0"] if marginals else [0.5, 0.5])
+        cols = np.array(marginals["b0"] if marginals else [0.5, 0.5])
+        rates = []
+        for v in (0.0, figure.detectable_v):
+            delta = v * math.sqrt(rows.prod() * cols.prod())
+            p = np.outer(rows, cols) + np.array([[delta, -delta], [-delta, delta]])
+            other = table.joint_size // 4
+            q = table.keep * np.repeat(p.ravel() / other, other) + (1 - table.keep) / table.joint_size
+            counts = rng.multinomial(table.m, q / q.sum(), size=releases).reshape(releases, 4, other).sum(axis=2)
+            rates.append(float(np.mean([independence_test(o.reshape(2, 2), table.keep, method="chi2").p_value <= 0.05
+                                        for o in counts])))  # fmt: skip
+        out.append({"marginals": name, "m": table.m, "keep": table.keep, "detectable_v": figure.detectable_v,
+                    "level": rates[0], "level_se": math.sqrt(0.05 * 0.95 / releases), "power": rates[1],
+                    "power_se": math.sqrt(rates[1] * (1 - rates[1]) / releases)})  # fmt: skip
+    return out
+
+
+def adult_records() -> tuple[list[Any], list[CuratorSchema]]:
+    """The bundled Adult records as two in-memory curator tables (ids 0..n-1, as the demo)."""
+    from secure_release.mechanism.protocol.in_memory import CuratorTable
+
+    names, cells, counts = demo_data.adult_cells()
+    rows = np.repeat(np.arange(len(cells)), counts)
+    schemas, _, _ = adult()
+    ids = np.array([f"r{i}" for i in range(rows.size)])
+    tables = []
+    for s in schemas:
+        cols = {a.name: np.array([c[names.index(a.name)] for c in cells])[rows] for a in s.attributes}
+        tables.append(CuratorTable(s, ids, cols))
+    return tables, schemas
+
+
+def run_time(repeat: int) -> dict[str, float]:
+    """Section 5: a designed release against the whole joint's, same records, in memory."""
+    from secure_release.mechanism.primitives.keys import AlignmentKey
+    from secure_release.mechanism.protocol.in_memory import run_release, run_tables_release
+
+    tables, schemas = adult_records()
+    n = tables[0].num_rows
+    d = design(n, schemas, 1.0, ["salary ~ education | sex"])
+    planned = d.planned_tables()
+    total = sum(m for _, m, _ in planned)
+    key = AlignmentKey.generate()
+
+    def best(fn: Any) -> float:
+        times = []
+        for _ in range(repeat):
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    designed = best(lambda: run_tables_release(tables, [a for a, _, _ in planned], [m for _, m, _ in planned],
+                                               [g for _, _, g in planned], 1.0, d.digest(), d.n,
+                                               alignment_key=key))  # fmt: skip
+    joint = best(lambda: run_release(tables, 1.0, total, alignment_key=key))
+    return {"n": n, "m": total, "designed_s": designed, "whole_joint_s": joint, "ratio": designed / joint}
+
+
+def figure(path: str) -> list[dict[str, Any]]:
+    """Worst detectable V against epsilon, design and whole joint: on the bundled table, and on
+    the K = 128 shape of section 4 (n = 5,226)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    schemas, _, _ = adult()
+    cases = [("Adult, n = 45,222 (K = 24): salary ~ education | sex", N, schemas, "salary ~ education | sex"),
+             ("n = 5,226, K = 128: a0 ~ b0", 5226, two_curators((2, 4, 4), (2, 2)), "a0 ~ b0")]  # fmt: skip
+    epsilons = [0.1, 0.2, 0.5, 1.0, 2.0, 4.0]
+    points: list[dict[str, Any]] = []
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for ax, (title, n, s, question) in zip(axes, cases, strict=True):
+        mine = []
+        for eps in epsilons:
+            d = design(n, s, eps, [question])
+            mine.append({"case": title, "epsilon": eps, "design": d.release.worst_v,
+                         "whole_joint": d.whole_joint.worst_v})  # fmt: skip
+        points += mine
+        top = pw.max_uniform_cramers_v(2, 2)
+        ax.plot(epsilons, [min(p["whole_joint"], top) for p in mine], "o-", label="whole joint")
+        ax.plot(epsilons, [p["design"] for p in mine], "s-", label="designed: the question's table")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("epsilon (total)")
+        ax.set_ylabel("detectable Cramer's V (power 0.8, level 0.05; 1: none)")
+        ax.set_title(title, fontsize=10)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    return points
+
+
 def finite(x: Any) -> Any:
     """``x`` with every non-finite float as None (strict JSON)."""
     if isinstance(x, float):
@@ -182,6 +302,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="every third setting only")
     parser.add_argument("--repeat", type=int, default=3, help="best of this many cold design() runs (default 3)")
     parser.add_argument("--json", help="write every figure as JSON here")
+    parser.add_argument("--calibration-releases", type=int, default=4000,
+                        help="simulated releases a point in section 4 (default 4000)")
+    parser.add_argument("--figure", help="draw detectable V against epsilon on the bundled table here (PNG)")
     args = parser.parse_args()
     rows = planned_and_simulated(args.releases, args.quick)
     head = ("setting", "eps", "questions", "design tables (K_t: m_t)", "joint K: m", "V design", "V joint", "gain")
@@ -201,9 +324,25 @@ def main() -> None:
     flag = "" if timing["design_s"] <= 5.0 else "  <-- over the 5 s target"
     print(f"\n3. Speed: design() for 10 attributes and 5 questions: {timing['design_s']:.2f} s (target 5 s){flag}; "
           f"one power_plan call {timing['power_plan_s']:.3f} s; ratio {timing['ratio']:.1f}")  # fmt: skip
+    cal = calibration(args.calibration_releases)
+    print(f"\n4. Calibration with public marginals ({args.calibration_releases} releases a point): "
+          "n = 5,226, K = 128, epsilon 2, a0 ~ b0")  # fmt: skip
+    body = [(c["marginals"], str(c["m"]), f"{c['keep']:.3f}", f"{c['detectable_v']:.3f}",
+             f"{c['level']:.4f} (SE {c['level_se']:.4f})", f"{c['power']:.3f} (SE {c['power_se']:.3f})",
+             f"{c['power'] - 0.8:+.3f}") for c in cal]  # fmt: skip
+    print("\n".join(table_lines(("marginals", "m_t", "keep", "planned V", "type-I at 0.05", "power at V (plan 0.8)",
+                                  "power - plan"), body, "lrrrrrr")))  # fmt: skip
+    took = run_time(args.repeat)
+    print(f"\n5. Run time, in memory, Adult n = {took['n']}: designed release {took['designed_s']:.2f} s, whole "
+          f"joint at the same m = {took['m']} {took['whole_joint_s']:.2f} s; ratio {took['ratio']:.2f} "
+          "(target <= 1.10)")  # fmt: skip
+    points = figure(args.figure) if args.figure else []
+    if points:
+        print(f"\nfigure: {args.figure}")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump(finite({"planned_and_simulated": rows, "speed": timing}), fh, indent=1, allow_nan=False)
+            json.dump(finite({"planned_and_simulated": rows, "speed": timing, "calibration": cal, "run_time": took,
+                              "figure": points}), fh, indent=1, allow_nan=False)  # fmt: skip
 
 
 if __name__ == "__main__":

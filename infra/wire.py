@@ -23,6 +23,7 @@ from secure_release.mechanism.primitives.pads import CipherMode
 from secure_release.mechanism.privacy.plan import ReleasePlan
 from secure_release.mechanism.protocol.architectures import AlignmentMode, SamplingMode, UnknownVariantError
 from secure_release.mechanism.protocol.spec import MAX_PARTIES, ReleaseSpec, check_name, check_party_name
+from secure_release.mechanism.protocol.tables import TableLayout
 from secure_release.mechanism.schema import Attribute, CuratorSchema
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
 
@@ -108,6 +109,8 @@ def spec_to_pb(spec: ReleaseSpec) -> pb.ReleaseParams:
         alphabet_sizes=list(spec.plan.alphabet_sizes),
         cipher=cipher_to_pb(spec.cipher),
         researchers=list(spec.researchers),
+        tables=[pb.TableParams(m=t.m, gamma=t.gamma, alphabet_sizes=list(t.alphabet_sizes)) for t in spec.tables],
+        design_digest=spec.design_digest,
     )
 
 
@@ -129,6 +132,8 @@ def spec_from_pb(p: pb.ReleaseParams) -> ReleaseSpec:
         cipher=cipher_from_pb(p.cipher),
         plan=plan_from_pb(p),
         researchers=tuple(p.researchers),
+        tables=tuple(TableLayout(int(t.m), float(t.gamma), tuple(int(k) for k in t.alphabet_sizes)) for t in p.tables),
+        design_digest=p.design_digest,
     ).validate()
 
 

@@ -238,3 +238,19 @@ class InvalidQuestionError(SecureReleaseError):
     ``A ~ B | C + D`` (independence given a set) or ``Y ~ X1 + X2`` (a model: an outcome and two or
     more predictors); a side is empty, a token is neither a name nor ``~``, ``+`` or ``|``, or a
     question is asked twice."""
+
+
+class MultiTableResultError(SecureReleaseError):
+    """A result of a release of several tables read where one table is expected (a reader of
+    single-table results, or ``ReleaseReport.from_dict``): it never reads one of the tables as the
+    whole; load it with ``load_result`` of a version that knows ``secure-release/result/2``."""
+
+
+class NoTableHoldsError(UnknownAttributeError):
+    """An analysis names attributes that no single table of a release of several tables holds
+    together; the message lists the release's tables."""
+
+
+class DesignMismatchError(SecureReleaseError):
+    """A curator runs a different design than the leader (their digests differ), or a design that
+    does not fit the release (its schemas, its tables)."""

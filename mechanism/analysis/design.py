@@ -15,6 +15,7 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -159,11 +160,34 @@ class Design:
             data["assumption"], data["search"], tuple(data["notes"]),
         )  # fmt: skip
 
+    def canonical_json(self) -> bytes:
+        """:meth:`to_dict` as canonical JSON (sorted keys, no spaces): the bytes a curator sends
+        the researcher with its key, and what :meth:`digest` hashes."""
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+
     def digest(self) -> str:
-        """SHA-256 of the canonical JSON of :meth:`to_dict` (sorted keys, no spaces): every party
-        checks it runs the same design."""
-        text = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"), allow_nan=False)
-        return hashlib.sha256(text.encode()).hexdigest()
+        """SHA-256 of :meth:`canonical_json`: every party checks it runs the same design."""
+        return hashlib.sha256(self.canonical_json()).hexdigest()
+
+    def planned_tables(self) -> list[tuple[tuple[str, ...], int, float]]:
+        """(attributes, m_t, gamma_t) of each designed table, as planned for :attr:`n` records
+        (``protocol.tables.layouts_for`` rescales them to the aligned n)."""
+        return [(t.attributes, t.m, t.gamma) for t in self.release.tables]
+
+    def to_file(self, path: str | Path) -> Path:
+        """Write the design (indented JSON) for every curator to run with (``--design FILE``)."""
+        target = Path(path)
+        target.write_text(json.dumps(self.to_dict(), indent=2, allow_nan=False) + "\n", encoding="utf-8")
+        return target
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> Design:
+        """The design in ``path`` (:meth:`to_file`); a named error for another file."""
+        try:
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise InvalidQuestionError(f"cannot read a design from {str(path)!r}: {exc}") from exc
+        return cls.from_dict(data)
 
     # ----------------------------------------------------------------------- reading it
     def blocks(self) -> tuple[printing.Block, printing.Block]:

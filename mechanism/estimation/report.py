@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from secure_release.mechanism.errors import MultiTableResultError
 from secure_release.mechanism.estimation.estimators import DEFAULT_ESTIMATOR
 from secure_release.mechanism.estimation.unified import hold_estimate
 from secure_release.mechanism.privacy.guarantee import plan_report
@@ -195,6 +196,11 @@ class ReleaseReport:
     def from_dict(cls, d: Mapping[str, Any]) -> ReleaseReport:
         """A report from :meth:`to_dict`'s JSON (cells in :data:`OUTPUT_COLUMNS`), or from the
         fields' own names (:data:`CELL_COLUMNS`: files written before the vocabulary, the wire)."""
+        if "tables" in d:
+            raise MultiTableResultError(
+                f"{d.get('release_id', 'this result')!r} is a release of {len(d['tables'])} tables "
+                f"(format {d.get('format')!r}); read it with TablesReport.from_dict or load_result, not as one table"
+            )
         cells = d["cells"]
         legacy = bool(cells) and "raw" not in cells[0]
         key = {field: field for field in CELL_COLUMNS}
@@ -272,3 +278,51 @@ def build_report(
         interval_method=label,
         refused=dict(refused or {}),
     )
+
+
+#: The JSON format of a result of several tables (a single table's has no ``format`` key).
+TABLES_FORMAT = "secure-release/result/2"
+
+
+@dataclass(frozen=True)
+class TablesReport:
+    """A finished release of several tables (``mechanism/protocol/tables.py``): one
+    :class:`ReleaseReport` a table (its plan n, m_t, gamma_t and the release's epsilon; its
+    curators those with an attribute in it), the design the curators ran (its JSON, as the
+    curators sent it; its digest is the spec's), and the whole release's epsilon (Eq. T1, as
+    charged) beside sequential composition (Eq. T3)."""
+
+    release_id: str
+    tables: tuple[ReleaseReport | None, ...]  # design order; None: not estimated (``missing`` says why)
+    design: Mapping[str, Any]
+    design_digest: str
+    epsilon: float
+    sequential_epsilon: float
+    missing: Mapping[int, str] = field(default_factory=dict)  # table -> why it was not estimated
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": TABLES_FORMAT,
+            "release_id": self.release_id,
+            "epsilon": self.epsilon,
+            "sequential_epsilon": self.sequential_epsilon,
+            "design_digest": self.design_digest,
+            "design": dict(self.design),
+            "missing": {str(t): why for t, why in self.missing.items()},
+            "tables": [None if t is None else t.to_dict() for t in self.tables],
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> TablesReport:
+        if d.get("format") != TABLES_FORMAT:
+            raise MultiTableResultError(f"not a result of several tables: format {d.get('format')!r}, "
+                                        f"expected {TABLES_FORMAT!r}")  # fmt: skip
+        return cls(
+            release_id=str(d["release_id"]),
+            tables=tuple(None if t is None else ReleaseReport.from_dict(t) for t in d["tables"]),
+            design=dict(d["design"]),
+            design_digest=str(d["design_digest"]),
+            epsilon=float(d["epsilon"]),
+            sequential_epsilon=float(d["sequential_epsilon"]),
+            missing={int(t): str(why) for t, why in d.get("missing", {}).items()},
+        )

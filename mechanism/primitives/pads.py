@@ -188,14 +188,41 @@ def _aligned(
     return x, v
 
 
+#: One table of a designed release, as one curator's pad sees it: (m_t, k_t) = the table's rows
+#: and this curator's alphabet in it (1: none of its attributes is in the table, every symbol 0).
+Segments = tuple[tuple[int, int], ...]
+
+
+def check_segments(segments: Segments, alphabet_size: int, length: int) -> Segments:
+    """Raise unless the segments' rows sum to ``length`` and each k_t is in 1..``alphabet_size``."""
+    out = tuple((int(m), int(k)) for m, k in segments)
+    if not out or sum(m for m, _ in out) != length or any(m < 1 for m, _ in out):
+        raise ShapeMismatchError(f"table segments {list(out)} must have rows >= 1 summing to m = {length}")
+    if any(not 1 <= k <= alphabet_size for _, k in out):
+        raise ShapeMismatchError(f"table segments {list(out)} need alphabets in 1..{alphabet_size}")
+    return out
+
+
+def segment_stream_key(key: PadKey, table: int) -> bytes:
+    """The ChaCha20 stream key of table ``table``'s pad in a designed release: its own HKDF label,
+    so no keystream word serves two tables (each table's pad is exactly uniform on its Z_k_t)."""
+    return key.derive(f"pad table {table}")
+
+
 class ReleasePad:
     """The pad of one curator for one release; it encrypts once.
 
     ``key`` is set for ``chacha20`` (the researcher receives only the key); ``pad_symbols`` for
     ``otp`` (the researcher receives the whole pad). :meth:`pad` recomputes any range.
+
+    ``segments`` (a release of several tables, docs/privacy.md): rows [s_t, s_t + m_t) belong to
+    table t and are added modulo that table's k_t (this curator's alphabet there, 1 if it has no
+    attribute in it); ``alphabet_size`` is then the packing alphabet (the curator's whole schema),
+    and a chacha20 pad draws table t from its own stream key (:func:`segment_stream_key`).
     """
 
-    __slots__ = ("_small_pad", "_stream_key", "_used", "alphabet_size", "key", "length", "mode", "pad_symbols")
+    __slots__ = ("_small_pad", "_stream_key", "_used", "alphabet_size", "key", "length", "mode", "pad_symbols",
+                 "segments")  # fmt: skip
 
     def __init__(
         self,
@@ -204,6 +231,7 @@ class ReleasePad:
         length: int,
         key: PadKey | None = None,
         pad_symbols: SymbolArray | None = None,
+        segments: Segments | None = None,
     ) -> None:
         if (mode is CipherMode.CHACHA20) != (key is not None):
             raise ShapeMismatchError("a chacha20 pad needs a key and an otp pad must not have one")
@@ -211,9 +239,43 @@ class ReleasePad:
             raise ShapeMismatchError(f"an otp pad needs exactly {length} pad symbols")
         self.mode, self.alphabet_size, self.length = mode, alphabet_size, length
         self.key, self.pad_symbols = key, pad_symbols
+        self.segments = None if segments is None else check_segments(segments, alphabet_size, length)
         self._stream_key = key.derive("pad") if key is not None else b""  # derived once per pad
         self._small_pad: SymbolArray | None = None  # a short chacha20 pad, computed once
         self._used = False
+        if self.segments is not None and pad_symbols is not None:
+            _check_moduli(pad_symbols, self.moduli(0, length))
+
+    def _starts(self) -> list[int]:
+        assert self.segments is not None
+        return [0, *np.cumsum([m for m, _ in self.segments]).tolist()]
+
+    def moduli(self, start: int, count: int) -> SymbolArray | None:
+        """Each row's modulus k_t over [start, start + count) (None: one release-wide k)."""
+        if self.segments is None:
+            return None
+        starts = self._starts()
+        out = np.empty(count, dtype=np.uint32)
+        for t, (_, k) in enumerate(self.segments):
+            lo, hi = max(start, starts[t]), min(start + count, starts[t + 1])
+            if lo < hi:
+                out[lo - start : hi - start] = k
+        return out
+
+    def _segment_pad(self, start: int, count: int) -> SymbolArray:
+        """ChaCha20 pad of a designed release: table t's rows from table t's own stream."""
+        assert self.segments is not None and self.key is not None
+        starts, out = self._starts(), np.empty(count, dtype=np.uint32)
+        for t, (_, k) in enumerate(self.segments):
+            lo, hi = max(start, starts[t]), min(start + count, starts[t + 1])
+            if lo >= hi:
+                continue
+            if k == 1:
+                out[lo - start : hi - start] = 0
+            else:
+                stream = segment_stream_key(self.key, t)
+                out[lo - start : hi - start] = _chacha20_pad(stream, k, lo - starts[t], hi - lo)
+        return out
 
     def pad(self, start: int = 0, count: int | None = None) -> SymbolArray:
         """Pad symbols [start, start + count)."""
@@ -224,10 +286,14 @@ class ReleasePad:
             )
         if self.pad_symbols is not None:
             return self.pad_symbols[start : start + count]
+        compute = self._segment_pad if self.segments is not None else self._whole_pad
         if self.length <= _SMALL_PAD_SYMBOLS:  # short releases: compute the pad once, then slice
             if self._small_pad is None:
-                self._small_pad = _chacha20_pad(self._stream_key, self.alphabet_size, 0, self.length)
+                self._small_pad = compute(0, self.length)
             return self._small_pad[start : start + count]
+        return compute(start, count)
+
+    def _whole_pad(self, start: int, count: int) -> SymbolArray:
         return _chacha20_pad(self._stream_key, self.alphabet_size, start, count)
 
     def encrypt(self, symbols: npt.ArrayLike) -> SymbolArray:
@@ -240,30 +306,70 @@ class ReleasePad:
         if x.size != self.length:
             raise ShapeMismatchError(f"pad is for {self.length} symbols, got {x.size}")
         self._used = True
-        return _add_mod(x, self.pad(), self.alphabet_size)
+        return self.encrypt_range(x, 0)
+
+    def encrypt_range(self, symbols: npt.ArrayLike, start: int = 0) -> SymbolArray:
+        """c = (x + v) mod k over rows [start, start + len) with no once-only guard: for a record
+        that binds this pad to one sample (``curator.records.keystore``), never to other plaintext."""
+        x = _checked(symbols, self.alphabet_size)
+        ks = self.moduli(start, x.size)
+        if ks is None:
+            return _add_mod(x, self.pad(start, x.size), self.alphabet_size)
+        _check_moduli(x, ks)
+        return _add_mod_rows(x, self.pad(start, x.size), ks)
 
     def decrypt(self, ciphertext: npt.ArrayLike, start: int = 0) -> SymbolArray:
         """Decrypt symbols that sit at positions [start, start + len) of the release."""
         c = _checked(ciphertext, self.alphabet_size)
-        return _sub_mod(c, self.pad(start, c.size), self.alphabet_size)
+        ks = self.moduli(start, c.size)
+        if ks is None:
+            return _sub_mod(c, self.pad(start, c.size), self.alphabet_size)
+        _check_moduli(c, ks)
+        v = self.pad(start, c.size)
+        return ((c.astype(np.int64) - v + ks) % ks).astype(np.uint32)
 
     def __repr__(self) -> str:
-        return f"ReleasePad(mode={self.mode.value}, k={self.alphabet_size}, length={self.length})"
+        tables = "" if self.segments is None else f", tables={len(self.segments)}"
+        return f"ReleasePad(mode={self.mode.value}, k={self.alphabet_size}, length={self.length}{tables})"
+
+
+def _check_moduli(symbols: SymbolArray, moduli: SymbolArray | None) -> None:
+    """Raise unless each symbol is below its row's modulus."""
+    if moduli is not None and symbols.size and bool(np.any(symbols >= moduli)):
+        row = int(np.flatnonzero(symbols >= moduli)[0])
+        raise ShapeMismatchError(
+            f"symbol {int(symbols[row])} at row {row} is outside its table's alphabet 0..{int(moduli[row]) - 1}"
+        )
+
+
+def _add_mod_rows(x: SymbolArray, v: SymbolArray, moduli: SymbolArray) -> SymbolArray:
+    """(x + v) mod k_row, elementwise, for symbols already in Z_k_row."""
+    return ((x.astype(np.uint64) + v) % moduli).astype(np.uint32)
 
 
 def new_release_pad(
-    mode: CipherMode | str, alphabet_size: int, length: int, injected_key: PadKey | None = None
+    mode: CipherMode | str,
+    alphabet_size: int,
+    length: int,
+    injected_key: PadKey | None = None,
+    segments: Segments | None = None,
 ) -> ReleasePad:
     """A fresh pad for one curator's column in one release (fresh key or fresh OTP).
 
     ``injected_key`` exists for reproducible tests only (chacha20): production code passes
     nothing, so every release draws a fresh key from the OS and a pad is never reused.
+    ``segments``: the (m_t, k_t) of each table of a designed release (:class:`ReleasePad`).
     """
     mode = CipherMode.parse(mode) if isinstance(mode, str) else mode
     check_joint_alphabet([alphabet_size])
+    if segments is not None:
+        segments = check_segments(segments, alphabet_size, length)
     if mode is CipherMode.CHACHA20:
         key = injected_key if injected_key is not None else PadKey.generate()
-        return ReleasePad(mode, alphabet_size, length, key=key)
+        return ReleasePad(mode, alphabet_size, length, key=key, segments=segments)
     if injected_key is not None:
         raise ShapeMismatchError("an otp pad comes from the OS CSPRNG; it takes no key")
-    return ReleasePad(mode, alphabet_size, length, pad_symbols=otp_pad(alphabet_size, length))
+    if segments is None:
+        return ReleasePad(mode, alphabet_size, length, pad_symbols=otp_pad(alphabet_size, length))
+    parts = [otp_pad(k, m) if k > 1 else np.zeros(m, dtype=np.uint32) for m, k in segments]
+    return ReleasePad(mode, alphabet_size, length, pad_symbols=np.concatenate(parts), segments=segments)

@@ -174,6 +174,39 @@ def perturb(
     return out
 
 
+def perturb_table(
+    columns: Sequence[SymbolArray],
+    alphabet_sizes: Sequence[int],
+    channel: PramChannel,
+    key: PramKey,
+    table: int,
+    first_row: int,
+) -> list[SymbolArray]:
+    """PRAM of table ``table`` of a designed release on its rows [first_row, first_row + len)
+    (release row numbers; any start): the table's own keystream (``key`` labelled by the table),
+    block b of the release's rows using nonce b, so the bytes do not depend on how a caller
+    splits the rows as long as no call splits a block's rows of one table (the server's chunks
+    are whole blocks). A column whose alphabet is 1 (a curator with no attribute in the table)
+    stays all zero; the rest is gamma_t-diagonal PRAM on the table's joint, as :func:`perturb`."""
+    rows = _check_columns(columns, alphabet_sizes, channel)
+    if first_row < 0:
+        raise ShapeMismatchError(f"first_row must be >= 0, got {first_row}")
+    live = [j for j, k in enumerate(alphabet_sizes) if int(k) > 1]
+    sizes = [int(alphabet_sizes[j]) for j in live]
+    stream_key = key.derive(f"pram table {table}")
+    arrays = [np.asarray(c) for c in columns]
+    out = [np.array(a, dtype=np.uint32) for a in arrays]
+    lo = 0
+    while lo < rows:
+        block = (first_row + lo) // PRAM_BLOCK_ROWS
+        hi = min(rows, (block + 1) * PRAM_BLOCK_ROWS - first_row)
+        if live:
+            _perturb_block([arrays[j][lo:hi] for j in live], sizes, channel, stream_key, block,
+                           [out[j][lo:hi] for j in live])  # fmt: skip
+        lo = hi
+    return out
+
+
 def _check_columns(
     columns: Sequence[SymbolArray], alphabet_sizes: Sequence[int], channel: PramChannel
 ) -> int:

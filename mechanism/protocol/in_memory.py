@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from math import prod
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -39,6 +40,16 @@ from secure_release.mechanism.primitives.pram import perturb
 from secure_release.mechanism.primitives.sampling import sample_positions
 from secure_release.mechanism.privacy.plan import ReleasePlan, plan_release
 from secure_release.mechanism.protocol.spec import ReleaseSpec
+from secure_release.mechanism.protocol.tables import (
+    TableLayout,
+    count_rows,
+    layouts_for,
+    perturb_rows,
+    project_rows,
+    segments_of,
+    symbol_map,
+    table_plan,
+)
 from secure_release.mechanism.schema import (
     CuratorSchema,
     JointSchema,
@@ -295,3 +306,96 @@ def run_release(
         server_view=server_view,
         researcher_view=researcher_view,
     )
+
+
+# ------------------------------------------------------------------ a release of several tables
+@dataclass
+class TablesResult:
+    """The outcome of :func:`run_tables_release`: the agreed spec (with its table layouts), per
+    table its plan, estimate (None where the researcher lacks a key of a curator in it), the
+    true type over the n aligned rows, and every party's view."""
+
+    spec: ReleaseSpec
+    plans: tuple[ReleasePlan, ...]
+    estimates: tuple[ReleaseEstimate | None, ...]
+    true_types: tuple[npt.NDArray[np.float64], ...]
+    matched_rows: dict[str, int]
+    server_view: dict[str, Any] = field(default_factory=dict)
+    researcher_view: dict[str, Any] = field(default_factory=dict)
+
+
+def run_tables_release(
+    tables: Sequence[CuratorTable],
+    table_attributes: Sequence[Sequence[str]],
+    sample_sizes: Sequence[int],
+    gammas: Sequence[float],
+    epsilon: float,
+    design_digest: str,
+    planned_n: int | None = None,
+    cipher: CipherMode | str = CipherMode.CHACHA20,
+    release_id: str = "release-1",
+    seed: Seed | None = None,
+    alignment_key: AlignmentKey | None = None,
+    pram_key: PramKey | None = None,
+    granted: Sequence[int] | None = None,
+    pad_keys: Sequence[PadKey] | None = None,
+) -> TablesResult:
+    """A release of several tables (``protocol/tables.py``) in memory, one alignment: table t
+    holds ``table_attributes[t]``, with m_t and gamma_t as planned for ``planned_n`` records
+    (rescaled to the aligned n by ``layouts_for``). The sampled ordered tuple of M = sum m_t rows
+    is split in order into the tables' disjoint groups; each curator encrypts its designed column
+    under a pad with one segment a table, the server applies each table's PRAM, the researcher
+    decrypts, counts each table and estimates it as a release of its own (n, m_t, gamma_t)."""
+    if len(tables) < 2:
+        raise TooFewCuratorsError(f"a release needs N >= 2 curators, got {len(tables)}")
+    schemas = [t.schema for t in tables]
+    alignment_key = alignment_key or AlignmentKey.generate()
+    alignments = agree_alignment([curator_tags(t, alignment_key) for t in tables])
+    n = alignments[0].num_matched
+    planned = [(tuple(a), int(m), float(g)) for a, m, g in zip(table_attributes, sample_sizes, gammas, strict=True)]
+    layouts = layouts_for(n, schemas, planned, epsilon, planned_n)
+    sizes = tuple(s.alphabet_size for s in schemas)
+    total = sum(x.m for x in layouts)
+    plan = ReleasePlan(n, total, sizes, epsilon, max(x.gamma for x in layouts))
+    spec = ReleaseSpec(release_id, tuple(s.name for s in schemas), CipherMode(cipher), plan,
+                       tables=layouts, design_digest=design_digest).validate()  # fmt: skip
+    positions = sample_positions(seed or Seed.generate(), n, total, release_id)
+    aligned = [t.symbols()[a.row_order] for t, a in zip(tables, alignments, strict=True)]
+    attrs = [p[0] for p in planned]
+    pads, ciphertexts = [], []
+    for j, schema in enumerate(schemas):
+        column = project_rows(aligned[j][positions], schema, attrs, layouts)
+        key = None if pad_keys is None else pad_keys[j]
+        pad = new_release_pad(cipher, schema.alphabet_size, total, key, segments_of(layouts, j))
+        ciphertexts.append(pad.encrypt(column))
+        pads.append(pad)
+    perturbed = perturb_rows(ciphertexts, layouts, pram_key or PramKey.generate())
+    subset = set(range(len(tables)) if granted is None else granted)
+    decrypted = [pads[j].decrypt(perturbed[j]) if j in subset else None for j in range(len(tables))]
+    counts = [np.zeros(prod(x.alphabet_sizes[j] for j in x.live), dtype=np.int64) for x in layouts]
+    count_rows(decrypted, layouts, 0, counts)
+    plans = tuple(table_plan(n, epsilon, x) for x in layouts)
+    estimates = tuple(
+        estimate_from_counts(c, p) if all(j in subset for j in x.live) else None
+        for c, p, x in zip(counts, plans, layouts, strict=True)
+    )
+    true_types = tuple(_true_type(aligned, schemas, a, x) for a, x in zip(attrs, layouts, strict=True))
+    return TablesResult(
+        spec=spec,
+        plans=plans,
+        estimates=estimates,
+        true_types=true_types,
+        matched_rows={t.name: a.num_matched for t, a in zip(tables, alignments, strict=True)},
+        server_view={"spec": spec.to_dict(), "ciphertexts": ciphertexts, "perturbed": perturbed},
+        researcher_view={"perturbed": perturbed, "pads": [pads[j] for j in sorted(subset)]},
+    )
+
+
+def _true_type(
+    aligned: Sequence[SymbolArray], schemas: Sequence[CuratorSchema], attributes: Sequence[str], layout: TableLayout
+) -> npt.NDArray[np.float64]:
+    """Table ``attributes``' shares over every aligned row (in-memory runs and tests only)."""
+    digits = [symbol_map(schemas[j], attributes)[aligned[j]] for j in layout.live]
+    sizes = [layout.alphabet_sizes[j] for j in layout.live]
+    n = int(aligned[0].size)
+    return np.bincount(mixed_radix_encode(digits, sizes), minlength=prod(sizes)) / n

@@ -24,6 +24,7 @@ from secure_release.mechanism.primitives.pram import check_gamma
 from secure_release.mechanism.primitives.sampling import check_sample_size
 from secure_release.mechanism.privacy import accounting
 from secure_release.mechanism.privacy.plan import ReleasePlan
+from secure_release.mechanism.protocol.tables import TableLayout, check_layouts, segments_of
 from secure_release.mechanism.schema import check_joint_alphabet
 
 #: Release ids: a letter or digit, then up to 127 letters, digits, '.', '_', '-'.
@@ -99,6 +100,19 @@ class ReleaseSpec:
     plan: ReleasePlan
     researchers: tuple[str, ...] = ()  # granted researchers (certificate names)
     table_id: str = ""  # server-sampled release: the stored table the server samples
+    #: a release of several tables (``protocol/tables.py``): each table's m_t, gamma_t and the
+    #: curators' alphabets in it; empty for the one whole joint table (the plan's m and gamma)
+    tables: tuple[TableLayout, ...] = ()
+    design_digest: str = ""  # the design every curator runs with (SHA-256 hex), with ``tables``
+
+    @property
+    def designed(self) -> bool:
+        """True for a release of the tables of a design (``tables``), not the whole joint."""
+        return bool(self.tables)
+
+    def segments_of(self, curator: str) -> tuple[tuple[int, int], ...] | None:
+        """The (m_t, k_t) of ``curator``'s pad in a designed release, None for the whole joint."""
+        return segments_of(self.tables, self.curators.index(curator)) if self.tables else None
 
     @property
     def server_sampled(self) -> bool:
@@ -118,7 +132,24 @@ class ReleaseSpec:
             raise ShapeMismatchError(
                 f"{len(self.plan.alphabet_sizes)} alphabet sizes for {len(self.curators)} curators"
             )
-        check_plan(self.plan)
+        if not self.tables:
+            check_plan(self.plan)
+            return self
+        if self.table_id:
+            raise ShapeMismatchError("a release of several tables is sampled by the curators, not from a stored table")
+        if not re.fullmatch("[0-9a-f]{64}", self.design_digest):
+            raise ShapeMismatchError(
+                f"a designed release needs its design's SHA-256 (64 hex digits), got {self.design_digest!r}"
+            )
+        check_sample_size(self.plan.n, self.plan.m)
+        accounting.check_epsilon(self.plan.epsilon)
+        check_joint_alphabet(self.plan.alphabet_sizes)
+        for k in self.plan.alphabet_sizes:
+            symbol_width(k)
+        check_layouts(self.plan.n, self.plan.alphabet_sizes, self.plan.epsilon, self.tables)
+        if sum(t.m for t in self.tables) != self.plan.m:
+            total = sum(t.m for t in self.tables)
+            raise ShapeMismatchError(f"the tables' m_t sum to {total}, not the release's m = {self.plan.m}")
         return self
 
     # ------------------------------------------------------------------ derived
@@ -160,7 +191,9 @@ class ReleaseSpec:
             "researchers": list(self.researchers),
             **self.plan.to_dict(),
             **({"table_id": self.table_id} if self.table_id else {}),  # curator-sampled: as before
-        }
+            **({"tables": [t.to_dict() for t in self.tables], "design_digest": self.design_digest}
+               if self.tables else {}),  # the whole joint: as before
+        }  # fmt: skip
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ReleaseSpec:
@@ -178,4 +211,6 @@ class ReleaseSpec:
             plan=plan,
             researchers=tuple(str(r) for r in d.get("researchers", ())),
             table_id=str(d.get("table_id", "")),
+            tables=tuple(TableLayout.from_dict(t) for t in d.get("tables", ())),
+            design_digest=str(d.get("design_digest", "")),
         )

@@ -200,6 +200,8 @@ class ReleaseParams(_message.Message):
     RESEARCHERS_FIELD_NUMBER: _builtins.int
     KIND_FIELD_NUMBER: _builtins.int
     TABLE_ID_FIELD_NUMBER: _builtins.int
+    TABLES_FIELD_NUMBER: _builtins.int
+    DESIGN_DIGEST_FIELD_NUMBER: _builtins.int
     release_id: _builtins.str
     n: _builtins.int
     """aligned records"""
@@ -212,6 +214,8 @@ class ReleaseParams(_message.Message):
     kind: Global___ReleaseKind.ValueType
     table_id: _builtins.str
     """SERVER_SAMPLED: the stored table the server samples"""
+    design_digest: _builtins.str
+    """with tables: SHA-256 (hex) of the design every curator runs"""
     @_builtins.property
     def curators(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """curator names, in joint-code order"""
@@ -223,6 +227,12 @@ class ReleaseParams(_message.Message):
     @_builtins.property
     def researchers(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """granted researchers (certificate names); the first is notified when ready"""
+
+    @_builtins.property
+    def tables(self) -> _containers.RepeatedCompositeFieldContainer[Global___TableParams]:
+        """A release of several tables from disjoint samples (mechanism/protocol/tables.py): rows
+        [s_t, s_t + m_t) of the m sampled rows are table t's; none for the one whole joint table.
+        """
 
     def __init__(
         self,
@@ -238,14 +248,46 @@ class ReleaseParams(_message.Message):
         researchers: _abc.Iterable[_builtins.str] | None = ...,
         kind: Global___ReleaseKind.ValueType = ...,
         table_id: _builtins.str = ...,
+        tables: _abc.Iterable[Global___TableParams] | None = ...,
+        design_digest: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["alphabet_sizes", b"alphabet_sizes", "cipher", b"cipher", "curators", b"curators", "epsilon", b"epsilon", "gamma", b"gamma", "kind", b"kind", "m", b"m", "n", b"n", "release_id", b"release_id", "researchers", b"researchers", "table_id", b"table_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["alphabet_sizes", b"alphabet_sizes", "cipher", b"cipher", "curators", b"curators", "design_digest", b"design_digest", "epsilon", b"epsilon", "gamma", b"gamma", "kind", b"kind", "m", b"m", "n", b"n", "release_id", b"release_id", "researchers", b"researchers", "table_id", b"table_id", "tables", b"tables"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ReleaseParams: _TypeAlias = ReleaseParams  # noqa: Y015
+
+@_typing.final
+class TableParams(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    M_FIELD_NUMBER: _builtins.int
+    GAMMA_FIELD_NUMBER: _builtins.int
+    ALPHABET_SIZES_FIELD_NUMBER: _builtins.int
+    m: _builtins.int
+    """this table's sampled rows"""
+    gamma: _builtins.float
+    """this table's PRAM weight (the whole release: Eq. T1)"""
+    @_builtins.property
+    def alphabet_sizes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """each curator's alphabet in this table (1: no attribute in it)"""
+
+    def __init__(
+        self,
+        *,
+        m: _builtins.int = ...,
+        gamma: _builtins.float = ...,
+        alphabet_sizes: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["alphabet_sizes", b"alphabet_sizes", "gamma", b"gamma", "m", b"m"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TableParams: _TypeAlias = TableParams  # noqa: Y015
 
 @_typing.final
 class Attribute(_message.Message):
@@ -1366,6 +1408,7 @@ class KeyChunk(_message.Message):
     SEQUENCE_FIELD_NUMBER: _builtins.int
     OTP_PAD_FIELD_NUMBER: _builtins.int
     LAST_FIELD_NUMBER: _builtins.int
+    DESIGN_FIELD_NUMBER: _builtins.int
     release_id: _builtins.str
     curator: _builtins.str
     cipher: Global___CipherMode.ValueType
@@ -1377,6 +1420,8 @@ class KeyChunk(_message.Message):
     otp_pad: _builtins.bytes
     """otp: packed pad symbols of this chunk"""
     last: _builtins.bool
+    design: _builtins.bytes
+    """on the first chunk of a designed release: the design file (its digest is the spec's)"""
     @_builtins.property
     def schema(self) -> Global___CuratorSchema:
         """on the first chunk: labels of this curator's symbols"""
@@ -1394,10 +1439,11 @@ class KeyChunk(_message.Message):
         sequence: _builtins.int = ...,
         otp_pad: _builtins.bytes = ...,
         last: _builtins.bool = ...,
+        design: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["schema", b"schema"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["alphabet_size", b"alphabet_size", "chacha20_key", b"chacha20_key", "cipher", b"cipher", "curator", b"curator", "last", b"last", "m", b"m", "otp_pad", b"otp_pad", "release_id", b"release_id", "schema", b"schema", "sequence", b"sequence"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["alphabet_size", b"alphabet_size", "chacha20_key", b"chacha20_key", "cipher", b"cipher", "curator", b"curator", "design", b"design", "last", b"last", "m", b"m", "otp_pad", b"otp_pad", "release_id", b"release_id", "schema", b"schema", "sequence", b"sequence"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
