@@ -28,7 +28,7 @@ install: $(STAMP)
 	  && echo '$(SOURCES)' > $(MODULES); }
 
 demo: install
-	$(VENV)/bin/secure-release demo
+	$(VENV)/bin/secure-release demo --question "salary ~ education | sex"
 
 plan: install
 	$(VENV)/bin/secure-release plan --n 45222 --alphabet 6,4 --epsilon 0.5

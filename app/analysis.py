@@ -340,9 +340,22 @@ ADJUSTMENT = "Holm (1979) step-down over every cross-curator pair: family-wise e
 def associations(report: ReleaseReport, *, seed: int = 0, draws: int = 999) -> list[AssociationRow]:
     """Every pair of attributes held by different curators: the independence test with raw and
     Holm-adjusted p-values, and Cramer's V with its interval; sorted by adjusted p."""
-    lay = release_layout(report)
+    return adjusted_associations([(report, a, b) for a, b in cross_curator_pairs(report)], seed=seed, draws=draws)
+
+
+def cross_curator_pairs(report: ReleaseReport) -> list[tuple[str, str]]:
+    """The pairs of attributes of ``report`` held by different curators, in attribute order."""
+    return subtables.cross_curator_pairs(release_layout(report))
+
+
+def adjusted_associations(
+    pairs: Sequence[tuple[ReleaseReport, str, str]], *, seed: int = 0, draws: int = 999
+) -> list[AssociationRow]:
+    """:func:`associations` of the given (report, a, b) pairs, each tested on its own report (a
+    release of several tables: the table that answers the pair), Holm-adjusted over all of them."""
     rows = []
-    for a, b in subtables.cross_curator_pairs(lay):
+    for report, a, b in pairs:
+        lay = release_layout(report)
         test = test_independence(report, a, b, draws=draws, seed=seed)
         effect = association(report, a, b, seed=seed)
         rows.append(AssociationRow(test, effect, (lay.holders[lay.index(a)], lay.holders[lay.index(b)])))
@@ -594,6 +607,325 @@ def compare_models(report: ReleaseReport, reduced: Model, full: Model) -> ModelC
     )  # fmt: skip
     g, df, p = reg.deviance_test(refit.fit, full.fit)
     return ModelComparison(refit, full, float(g), int(df), float(p))
+
+
+# ------------------------------------------------------------------- a release of several tables
+# A designed release (``mechanism.analysis.design``) releases several tables from disjoint
+# samples; each question of the design is answered from the table that holds its attributes.
+
+
+def _finite(x: float | None) -> float | None:
+    """JSON-safe: None for a missing or non-finite number."""
+    return None if x is None or not math.isfinite(float(x)) else float(x)
+
+
+@dataclass(frozen=True)
+class QuestionAnswer:
+    """One question of a design answered from a table of the release (:func:`answer_question`).
+
+    ``number`` is the question's place in the design (Q1, Q2, ...), ``table`` the table that
+    answered it (1-based, as the design prints them; None when none could). ``test`` names the test
+    made, ``statistic`` (G), ``df`` and ``p_value`` are its figures and ``method`` how the p-value
+    was made. ``effect`` names the effect size (Cramer's V of the tested pair) with ``estimate``
+    and its interval [``ci_low``, ``ci_high``] at ``level``. ``planned_v`` is the design's
+    smallest Cramer's V the question's test detects (inf: none), ``planned_power`` the power the
+    design planned at its ``at_v`` (None without one). A model of a binary outcome also carries
+    its ``coefficients``. Missing numbers are NaN (None in :meth:`to_dict`)."""
+
+    number: int
+    question: str
+    kind: str
+    table: int | None
+    test: str
+    statistic: float
+    df: int | None
+    p_value: float
+    method: str
+    effect: str
+    estimate: float
+    ci_low: float
+    ci_high: float
+    level: float
+    planned_v: float
+    planned_power: float | None
+    m: int | None
+    note: str = ""
+    coefficients: tuple[dict[str, Any], ...] = ()
+
+    @property
+    def answered(self) -> bool:
+        return self.table is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe (non-finite numbers as None)."""
+        return {
+            "number": self.number, "question": self.question, "kind": self.kind, "table": self.table,
+            "test": self.test, "statistic": _finite(self.statistic), "df": self.df, "p_value": _finite(self.p_value),
+            "method": self.method, "effect": self.effect, "estimate": _finite(self.estimate),
+            "ci_low": _finite(self.ci_low), "ci_high": _finite(self.ci_high), "level": self.level,
+            "planned_v": _finite(self.planned_v), "planned_power": _finite(self.planned_power), "m": self.m,
+            "note": self.note, "coefficients": [dict(c) for c in self.coefficients],
+        }  # fmt: skip
+
+
+def unanswered(
+    number: int, question: str, kind: str, planned_v: float, planned_power: float | None, why: str
+) -> QuestionAnswer:
+    """A question no table of the release could answer, and why."""
+    nan = math.nan
+    return QuestionAnswer(number, question, kind, None, "not answered", nan, None, nan, "", "", nan, nan, nan, 0.95,
+                          planned_v, planned_power, None, why)  # fmt: skip
+
+
+def answer_question(
+    report: ReleaseReport, question: Any, number: int, table: int, planned_v: float, planned_power: float | None,
+    *, seed: int = 0, draws: int = 999, level: float = 0.95,
+) -> QuestionAnswer:  # fmt: skip
+    """``question`` (a parsed :class:`~secure_release.mechanism.analysis.questions.Question`)
+    answered from ``report``, the release's table ``table`` (1-based) that holds its attributes:
+
+    - ``A ~ B``: the likelihood-ratio test of independence (:func:`test_independence`) and Cramer's
+      V of A and B with its interval (:func:`association`);
+    - ``A ~ B | C + D``: the test of independence within every level of (C, D), and Cramer's V of
+      A and B over the whole table (marginal over C, D: the note says so);
+    - ``Y ~ X1 + X2`` with a binary Y: the deviance test of the logistic model without X1 against
+      the full model (:func:`logistic`; X1 is the predictor the design plans the test for), with the
+      full model's coefficients and Cramer's V of Y and X1; with Y of more levels: the design's
+      planned test, of Y and X1 independent given the other predictors (the note says which)."""
+    a, b, given = question.tested
+    lay = release_layout(report)
+    kind = "model" if question.kind == "model" else "conditional independence" if given else "independence"
+    common: dict[str, Any] = {"number": number, "question": question.text, "kind": kind, "table": table, "level": level,
+              "planned_v": planned_v, "planned_power": planned_power, "m": int(report.plan.m)}  # fmt: skip
+    effect = association(report, a, b, level=level, seed=seed)
+    marginal = ", marginal" if given else ""
+    measured: dict[str, Any] = {"effect": f"Cramer's V ({a} x {b}{marginal})", "estimate": effect.cramers_v,
+                "ci_low": effect.ci_low, "ci_high": effect.ci_high}  # fmt: skip
+    outcome_levels = lay.levels[lay.index(question.target)]
+    if question.kind == "model" and outcome_levels == 2:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", FlatLikelihoodWarning)
+            full = logistic(report, question.target, list(question.others), level=level)
+            reduced = logistic(report, question.target, list(question.others[1:]), level=level, over=full.over)
+        g, df, p = reg.deviance_test(reduced.fit, full.fit)
+        notes = [f"{m.formula}: {m.warning}" for m in (reduced, full) if m.warning]
+        notes += [str(w.message) for w in caught if issubclass(w.category, FlatLikelihoodWarning)]
+        coefficients = tuple(full.to_dict()["coefficients"])
+        shown = [c for c in coefficients if c["name"].startswith(f"{b}[")]
+        notes.append(f"{full.formula}, coefficients of {b} (log-odds of {question.target} = "
+                     f"{full.fit.outcome_levels[1]!r} against {b}'s first level): "
+                     + "; ".join(f"{c['name']} {printing.fixed(c['coef'])} "
+                                 f"{printing.interval(c['ci_low'], c['ci_high'])}" for c in shown))  # fmt: skip
+        return QuestionAnswer(
+            **common, test=f"deviance test of {reduced.formula} against {full.formula}", statistic=float(g), df=int(df),
+            p_value=float(p), method="G = 2 (l_full - l_reduced), p from chi-square(df) (Wilks)", **measured,
+            note="; ".join(notes), coefficients=coefficients,
+        )  # fmt: skip
+    test = test_independence(report, a, b, list(given) or None, draws=draws, seed=seed)
+    within = f" given {', '.join(given)}" if given else ""
+    note = f"V is of {a} and {b} over every level of {', '.join(given)}" if given else ""
+    if question.kind == "model":
+        note = (f"{question.target} has {outcome_levels} levels: answered by the design's planned test, {a} "
+                f"independent of {b} given {', '.join(given)} (a logistic deviance test needs a binary outcome); "
+                + note)  # fmt: skip
+    return QuestionAnswer(**common, test=f"likelihood-ratio test of independence{within}", statistic=test.statistic,
+                          df=test.df, p_value=test.p_value, method=test.method, **measured, note=note)  # fmt: skip
+
+
+def short_test(test: str) -> str:
+    """The test column of the answers: "LR", "LR given C" or "deviance" (the notes say it whole)."""
+    if test.startswith("deviance"):
+        return "deviance"
+    return "LR" + test.removeprefix("likelihood-ratio test of independence")
+
+
+@dataclass(frozen=True)
+class QuestionAnswers:
+    """Every question of a design answered from the release's tables (``Result.questions()``):
+    prints as a table (``str``, ``_repr_html_``), ``columns()``/``to_frame()`` one row a
+    question, ``to_dict()`` the JSON of ``secure-release analyst questions --json``."""
+
+    release_id: str
+    design_digest: str
+    answers: tuple[QuestionAnswer, ...]
+    alpha: float
+    power: float
+    at_v: float | None
+    planned_n: int
+    n: int
+    epsilon: float
+    sequential_epsilon: float
+
+    #: The columns of :meth:`columns`, in order.
+    COLUMNS = ("number", "question", "kind", "table", "test", "statistic", "df", "p_value", "method", "effect",
+               "estimate", "ci_low", "ci_high", "planned_v", "planned_power", "m", "note")  # fmt: skip
+
+    def columns(self) -> dict[str, npt.NDArray[Any]]:
+        """One row a question: :data:`COLUMNS` (NaN where a number is missing; ``table`` 0 for a
+        question no table answered)."""
+        def col(name: str) -> npt.NDArray[Any]:
+            values = [getattr(a, name) for a in self.answers]
+            if name in ("table", "df", "m"):
+                return np.asarray([0 if v is None else v for v in values], dtype=np.int64)
+            if name == "planned_power":
+                return np.asarray([math.nan if v is None else v for v in values], dtype=np.float64)
+            if name in ("statistic", "p_value", "estimate", "ci_low", "ci_high", "planned_v"):
+                return np.asarray(values, dtype=np.float64)
+            return np.asarray(values, dtype=np.int64 if name == "number" else object)
+
+        return {name: col(name) for name in self.COLUMNS}
+
+    def to_frame(self, backend: Backend = "pandas") -> Any:
+        """:meth:`columns` as a DataFrame (pandas or polars)."""
+        return to_frame(self.columns(), backend)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "release_id": self.release_id, "design_digest": self.design_digest, "alpha": self.alpha,
+            "power": self.power, "at_v": self.at_v, "planned_n": self.planned_n, "n": self.n,
+            "epsilon": self.epsilon, "sequential_epsilon": self.sequential_epsilon,
+            "questions": [a.to_dict() for a in self.answers], "privacy": NO_BUDGET,
+        }  # fmt: skip
+
+    def block(self) -> printing.Block:
+        """The answers as one table: each question's table, test, G, df, p-value, effect with its
+        interval, and the design's planned V and power beside them; the notes after it."""
+        head = ["Q", "question", "table", "test", "G", "df", "p-value", "effect", "estimate", "interval", "V planned"]
+        if self.at_v is not None:
+            head.append(f"power@{self.at_v:g}")
+        rows = []
+        for x in self.answers:
+            figures = ([printing.sig(x.statistic), str(x.df), printing.p_value(x.p_value)] if x.answered
+                       else ["", "", ""])  # fmt: skip
+            effect = ([x.effect.split(" (")[0], printing.fixed(x.estimate), printing.interval(x.ci_low, x.ci_high)]
+                      if x.answered else ["", "", ""])  # fmt: skip
+            row = [f"Q{x.number}", x.question, "" if x.table is None else str(x.table),
+                   short_test(x.test) if x.answered else "not answered", *figures, *effect,
+                   printing.fixed(x.planned_v, 3) if math.isfinite(x.planned_v) else "none"]  # fmt: skip
+            if self.at_v is not None:
+                row.append("" if x.planned_power is None else printing.fixed(x.planned_power, 3))
+            rows.append(tuple(row))
+        plain = "likelihood-ratio test of independence"
+        said = [(x.number, [t for t in (x.test if x.answered and x.test != plain else "", x.note) if t])
+                for x in self.answers]  # fmt: skip
+        notes = [f"Q{number}: " + "; ".join(texts) for number, texts in said if texts]
+        methods = dict.fromkeys(x.method for x in self.answers if x.method)
+        notes += [f"p-values ({', '.join(f'Q{x.number}' for x in self.answers if x.method == m)}): {m}"
+                  for m in methods]  # fmt: skip
+        level = next((x.level for x in self.answers if x.answered), 0.95)
+        notes += [f"intervals: {printing.level_text(level)}; V planned: the design's smallest Cramer's V each test "
+                  f"detects with probability {self.power:g} at level {self.alpha:g}, for {self.planned_n} records "
+                  "('none': no useful power)", NO_BUDGET]  # fmt: skip
+        n = f"n = {self.n}" + (f" (planned {self.planned_n})" if self.n != self.planned_n else "")
+        return printing.Block(
+            f"The design's {len(self.answers)} question(s), answered: release {self.release_id}",
+            lines=(f"data:  {n}; epsilon charged (Eq. T1) {printing.sig(self.epsilon, 6)}, sequential (Eq. T3) "
+                   f"{printing.sig(self.sequential_epsilon, 6)}; design {self.design_digest[:16]}",),
+            header=tuple(head), rows=tuple(rows), align="lllll" + "r" * 3 + "lrl" + "r" * (len(head) - 11),
+            notes=tuple(notes),
+        )  # fmt: skip
+
+    def __str__(self) -> str:
+        return self.block().text()
+
+    def __repr__(self) -> str:
+        parts = [f"Q{x.number} p = {printing.p_value(x.p_value)}" if x.answered else f"Q{x.number} not answered"
+                 for x in self.answers]  # fmt: skip
+        return printing.short_repr("QuestionAnswers", f"release {self.release_id}: " + "; ".join(parts))
+
+    def _repr_html_(self) -> str:
+        return self.block().html()
+
+
+@dataclass(frozen=True)
+class TableInfo:
+    """One table of a release (``Result.tables()``): its number (1-based), attributes, the
+    curators holding them, K_t, m_t, gamma_t, keep a_t (None where it was not estimated), the
+    design's questions it answers and whether it was estimated."""
+
+    table: int
+    attributes: tuple[str, ...]
+    curators: tuple[str, ...]
+    K: int
+    m: int | None
+    gamma: float | None
+    keep: float | None
+    questions: tuple[int, ...] = ()
+    missing: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"table": self.table, "attributes": list(self.attributes), "curators": list(self.curators),
+                "K": self.K, "m": self.m, "gamma": self.gamma, "keep": self.keep,
+                "questions": list(self.questions), "missing": self.missing or None}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ReleaseTables:
+    """The tables of a release (``Result.tables()``), printable: table, attributes, K, m, gamma
+    and keep a of each, with the questions each answers; the release's epsilon as charged (Eq.
+    T1) and by sequential composition (Eq. T3). One row for a release of the whole joint."""
+
+    release_id: str
+    rows: tuple[TableInfo, ...]
+    epsilon: float
+    sequential_epsilon: float
+    n: int
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index: int) -> TableInfo:
+        return self.rows[index]
+
+    def columns(self) -> dict[str, npt.NDArray[Any]]:
+        """table, attributes (joined by ", "), curators, K, m, gamma, keep (NaN/0 where not
+        estimated), questions ("Q1, Q2"), missing."""
+        r = self.rows
+        return {
+            "table": np.asarray([x.table for x in r], dtype=np.int64),
+            "attributes": np.asarray([", ".join(x.attributes) for x in r], dtype=object),
+            "curators": np.asarray([", ".join(x.curators) for x in r], dtype=object),
+            "K": np.asarray([x.K for x in r], dtype=np.int64),
+            "m": np.asarray([0 if x.m is None else x.m for x in r], dtype=np.int64),
+            "gamma": np.asarray([math.nan if x.gamma is None else x.gamma for x in r], dtype=np.float64),
+            "keep": np.asarray([math.nan if x.keep is None else x.keep for x in r], dtype=np.float64),
+            "questions": np.asarray([", ".join(f"Q{q}" for q in x.questions) for x in r], dtype=object),
+            "missing": np.asarray([x.missing for x in r], dtype=object),
+        }
+
+    def to_frame(self, backend: Backend = "pandas") -> Any:
+        """:meth:`columns` as a DataFrame (pandas or polars)."""
+        return to_frame(self.columns(), backend)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"release_id": self.release_id, "n": self.n, "epsilon": self.epsilon,
+                "sequential_epsilon": self.sequential_epsilon, "tables": [x.to_dict() for x in self.rows]}  # fmt: skip
+
+    def block(self) -> printing.Block:
+        rows = tuple(
+            (str(x.table), ", ".join(x.attributes), str(x.K), "" if x.m is None else str(x.m),
+             "" if x.gamma is None else printing.sig(x.gamma), "" if x.keep is None else printing.sig(x.keep),
+             ", ".join(f"Q{q}" for q in x.questions) or ("not estimated" if x.missing else ""))
+            for x in self.rows
+        )  # fmt: skip
+        return printing.Block(
+            f"Release {self.release_id}: {len(self.rows)} table(s)",
+            lines=(f"data:  n = {self.n}; epsilon charged (Eq. T1) {printing.sig(self.epsilon, 6)}, sequential "
+                   f"(Eq. T3) {printing.sig(self.sequential_epsilon, 6)}",),
+            header=("table", "attributes", "K", "m", "gamma", "keep a", "answers"), rows=rows, align="llrrrrl",
+            notes=tuple(f"table {x.table} not estimated: {x.missing}" for x in self.rows if x.missing),
+        )  # fmt: skip
+
+    def __str__(self) -> str:
+        return self.block().text()
+
+    def __repr__(self) -> str:
+        text = "; ".join(f"{x.table}: {', '.join(x.attributes)}"
+                         + (" (not estimated)" if x.m is None else f" (m={x.m})") for x in self.rows)
+        return printing.short_repr("ReleaseTables", f"release {self.release_id}: {text}")
+
+    def _repr_html_(self) -> str:
+        return self.block().html()
 
 
 # ------------------------------------------------------------------------------------ text

@@ -11,9 +11,9 @@ from typing import Any
 
 import grpc
 
-from secure_release.infra.wire import report_from_pb
+from secure_release.infra.wire import report_from_pb, tables_report_from_pb
 from secure_release.mechanism.errors import ErrorKind, SecureReleaseError
-from secure_release.mechanism.estimation.report import ReleaseReport
+from secure_release.mechanism.estimation.report import ReleaseReport, TablesReport
 
 
 def _channel(address: str, certs: Path | None, name: str, insecure: bool = False) -> Any:
@@ -36,8 +36,9 @@ class ResearcherUnreachableError(SecureReleaseError):
 def fetch_report(
     address: str, certs: Path | None, name: str, release_id: str, wait: bool = True, timeout: float = 300.0,
     insecure: bool = False,
-) -> ReleaseReport:  # fmt: skip
-    """The estimate of ``release_id`` from the researcher service at ``address``."""
+) -> ReleaseReport | TablesReport:  # fmt: skip
+    """The estimate of ``release_id`` from the researcher service at ``address`` (a release of
+    several tables: its :class:`TablesReport`)."""
     from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
     from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
 
@@ -51,7 +52,8 @@ def fetch_report(
                 ) from None
         request = pb.EstimateRequest(release_id=release_id, wait=wait)
         resp = pb_grpc.ResearcherStub(ch).GetEstimate(request, timeout=timeout)
-    return report_from_pb(resp)
+    tables = tables_report_from_pb(resp)
+    return tables if tables is not None else report_from_pb(resp)
 
 
 def list_releases(

@@ -5,6 +5,11 @@
     >>> p.m, round(p.guarantee["epsilon"], 6), p.guarantee["delta"]
     (1472, 0.5, 0.0)
 
+A release designed for the researcher's questions: ``d = api.design(n, schemas, epsilon,
+["salary ~ education | sex"])`` picks tables and each one's disjoint sample; ``api.release(tables,
+schemas, epsilon, design=d)`` releases them, and its Result answers ``questions()``, lists
+``tables()`` and reads every analysis on the table that holds its attributes.
+
 Every result converts to DataFrames (pandas by default, polars with ``backend="polars"``;
 ``pip install 'secure-release[notebook]'``). The release itself needs neither: it runs on numpy
 (:func:`secure_release.mechanism.protocol.in_memory.run_release`). ``docs/tutorial.md`` walks through it.
@@ -35,16 +40,31 @@ from secure_release.frames import (
     to_arrow,
     to_frame,
 )
+from secure_release.mechanism.analysis.design import Design
+from secure_release.mechanism.analysis.design import design as _design
 from secure_release.mechanism.analysis.power import PowerPlan, power_plan
 from secure_release.mechanism.analysis.suggest import DEFAULT_LIMIT, SuggestionReport, suggest_changes
 from secure_release.mechanism.cells import number_key
+from secure_release.mechanism.errors import (
+    DesignMismatchError,
+    MultiTableResultError,
+    NoTableHoldsError,
+    SecureReleaseError,
+)
 from secure_release.mechanism.estimation import marginals
-from secure_release.mechanism.estimation.report import ReleaseReport, build_report
+from secure_release.mechanism.estimation.report import TABLES_FORMAT, ReleaseReport, TablesReport, build_report
 from secure_release.mechanism.primitives.keys import AlignmentKey, PadKey, PramKey, Seed
 from secure_release.mechanism.primitives.pads import CipherMode
-from secure_release.mechanism.privacy.guarantee import plan_report, privacy_guarantee, utility_check
+from secure_release.mechanism.privacy.guarantee import (
+    guarantee_statement,
+    plan_report,
+    privacy_guarantee,
+    tables_guarantee,
+    utility_check,
+)
 from secure_release.mechanism.privacy.plan import ReleasePlan, plan_release
-from secure_release.mechanism.protocol.in_memory import CuratorTable, run_release
+from secure_release.mechanism.protocol.in_memory import CuratorTable, run_release, run_tables_release
+from secure_release.mechanism.protocol.tables import tables_report
 from secure_release.mechanism.schema import (
     Attribute,
     CuratorSchema,
@@ -364,27 +384,188 @@ class Result:
     the private data the release protects, so it never leaves the object by default:
     :meth:`cells`, :meth:`to_pandas`, :meth:`to_polars`, :meth:`to_dict` and :meth:`save` omit it
     unless the caller passes ``include_truth=True`` (simulations and demos only).
+
+    A release of several tables (``release(design=...)``, a designed release fetched or loaded)
+    holds one single-table Result a table in ``parts`` and the :class:`TablesReport`. Its
+    analyses (:meth:`test_independence`, :meth:`association`, :meth:`logistic`,
+    :meth:`compare_models`, :meth:`marginal`, :meth:`conditional`, :meth:`plot_marginal`) read the
+    table that holds every attribute they name (of several, the one with the largest m_t a_t^2),
+    or raise ``NoTableHoldsError`` listing the tables; :meth:`tables` lists them, :meth:`part`
+    gives one, :meth:`questions` answers the design's questions. ``report``, ``truth``,
+    :meth:`cells` and the other views of one table of cells are then the first estimated table's.
     """
 
     report: ReleaseReport
     truth: FloatArray | None = None
     warnings: tuple[str, ...] = field(default=())
+    #: A release of several tables (a designed release): one single-table Result a table, in the
+    #: design's order (None: not estimated, ``tables_report.missing`` says why), and the release's
+    #: :class:`TablesReport`. ``report`` (and ``truth``) is then the first estimated table's.
+    parts: tuple[Result | None, ...] = field(default=())
+    tables_report: TablesReport | None = None
+    #: A table of a release of several tables: the whole release (its guarantee is the table's).
+    whole: Result | None = field(default=None, repr=False, compare=False)
+
+    # ---------------------------------------------------------- a release of several tables
+    @property
+    def designed(self) -> bool:
+        """Whether this is a release of several tables (a design's), not the whole joint."""
+        return self.tables_report is not None
 
     @property
+    def design(self) -> Design | None:
+        """The design the curators ran (a release of several tables), else None."""
+        return None if self.tables_report is None else Design.from_dict(self.tables_report.design)
+
+    def part(self, table: int) -> Result:
+        """Table ``table`` (1-based, as :meth:`tables` numbers them) as a single-table Result: its
+        cells, marginals, page. A release of the whole joint has one table, itself."""
+        parts = self.parts or (self,)
+        if not 1 <= table <= len(parts):
+            raise NoTableHoldsError(f"release {self.report.release_id!r} has tables 1 to {len(parts)}, not {table}; "
+                                    f"its tables: {self._table_list()}")  # fmt: skip
+        found = parts[table - 1]
+        if found is None:
+            assert self.tables_report is not None
+            why = self.tables_report.missing.get(table - 1, "not estimated")
+            raise NoTableHoldsError(f"table {table} of release {self.report.release_id!r} was not estimated: {why}")
+        return found
+
+    def _table_list(self) -> str:
+        """The release's tables for a message: 'table 1 (a, x); table 2 (b, y): not estimated (why)'."""
+        out = []
+        for info in self.tables().rows:
+            text = f"table {info.table} ({', '.join(info.attributes)})"
+            out.append(text + (f": not estimated ({info.missing})" if info.missing else ""))
+        return "; ".join(out)
+
+    def _route(self, *names: Sequence[str] | str | None) -> Result:
+        """The table that answers an analysis of these attributes: itself for a release of the
+        whole joint; else the table holding every one of them, of several the one whose counts
+        tell most (the largest m_t a_t^2, a_t its channel's keep probability; the first of equals);
+        :class:`NoTableHoldsError` listing the release's tables if none does."""
+        if not self.parts:
+            return self
+        wanted = {x for g in names if g is not None for x in ([g] if isinstance(g, str) else g)}
+        holding = [p for p in self.parts if p is not None and wanted <= set(p.report.attributes)]
+        if not holding:
+            raise NoTableHoldsError(
+                f"no table of release {self.report.release_id!r} holds {sorted(wanted)} together: a release of "
+                f"several tables answers only what one of its tables holds; its tables: {self._table_list()}"
+            )
+        return max(holding, key=lambda p: p.report.plan.m * p.report.plan.channel.keep**2)
+
+    def tables(self) -> analysis.ReleaseTables:
+        """The release's tables, printable (``str``, a notebook's HTML, ``to_frame()``,
+        ``to_dict()``): per table (1-based) its attributes, curators, K_t, m_t, gamma_t, keep a_t
+        and the design's questions it answers. A release of the whole joint: one table."""
+        if self.tables_report is None:
+            p = self.report.plan
+            row = analysis.TableInfo(1, self.report.attributes, self.report.covered, p.joint_size, p.m, p.gamma,
+                                     p.channel.keep)  # fmt: skip
+            return analysis.ReleaseTables(self.report.release_id, (row,), p.epsilon, p.epsilon, p.n)
+        t, d = self.tables_report, self.design
+        planned = d.release.tables if d is not None else ()
+        rows = []
+        for i, part in enumerate(self.parts):
+            answers = tuple(q + 1 for q in planned[i].questions) if i < len(planned) else ()
+            if part is None:
+                attrs = planned[i].attributes if i < len(planned) else ()
+                size = planned[i].joint_size if i < len(planned) else 0
+                rows.append(analysis.TableInfo(i + 1, attrs, (), size, None, None, None, answers,
+                                               t.missing.get(i, "not estimated")))  # fmt: skip
+                continue
+            p = part.report.plan
+            rows.append(analysis.TableInfo(i + 1, part.report.attributes, part.report.covered, p.joint_size, p.m,
+                                           p.gamma, p.channel.keep, answers))  # fmt: skip
+        return analysis.ReleaseTables(t.release_id, tuple(rows), t.epsilon, t.sequential_epsilon, self.report.plan.n)
+
+    def questions(self, *, seed: int = 0, draws: int = 999, level: float = 0.95) -> analysis.QuestionAnswers:
+        """Every question of the design answered from the table that holds it (the design's table
+        for it; if that one was not estimated, another holding its attributes): for ``A ~ B`` and
+        ``A ~ B | C + D`` the likelihood-ratio test's p-value and Cramer's V with its interval, for
+        ``Y ~ X1 + X2`` of a binary Y the logistic deviance test of X1 (else the planned test of
+        independence, and the answer says so), each beside the design's planned detectable V and
+        its power at the design's ``at_v`` (:func:`analysis.answer_question`). Prints as a table
+        (``str``, a notebook's HTML); ``to_frame()``, ``columns()``, ``to_dict()``. A release of
+        the whole joint has no design: :class:`NoDesignError`. Spends no privacy budget."""
+        from secure_release.mechanism.analysis.questions import parse_question
+
+        d, t = self.design, self.tables_report
+        if d is None or t is None:
+            raise NoDesignError(
+                f"release {self.report.release_id!r} is one table of the whole joint, not a release designed for "
+                "questions: it has no questions to answer. Ask yours with test_independence, association or "
+                "logistic (`secure-release analyst test`), or design a release for them (`secure-release plan "
+                "--question`)"
+            )
+        out = []
+        for i, (text, figure) in enumerate(zip(d.questions, d.release.figures, strict=True)):
+            question = parse_question(text)
+            part = self.parts[figure.table] if figure.table < len(self.parts) else None
+            table = figure.table + 1
+            if part is None:
+                try:
+                    part = self._route(question.attributes)
+                    table = next(k for k, p in enumerate(self.parts, start=1) if p is part)
+                except NoTableHoldsError:
+                    why = t.missing.get(figure.table, "its table was not estimated")
+                    out.append(analysis.unanswered(
+                        i + 1, text, question.kind, figure.detectable_v, figure.power_at_v,
+                        f"its table {figure.table + 1} was not estimated: {why}",
+                    ))  # fmt: skip
+                    continue
+            out.append(analysis.answer_question(part.report, question, i + 1, table, figure.detectable_v,
+                                                figure.power_at_v, seed=seed, draws=draws, level=level))  # fmt: skip
+        return analysis.QuestionAnswers(t.release_id, t.design_digest, tuple(out), d.alpha, d.power, d.at_v, d.n,
+                                        self.report.plan.n, t.epsilon, t.sequential_epsilon)  # fmt: skip
+
+    # -------------------------------------------------------------------------- the release
+    @property
     def plan(self) -> ReleasePlan:
+        """The release plan (a release of several tables: the first estimated table's; each
+        table's is ``part(t).plan``, and :meth:`tables` lists them)."""
         return self.report.plan
 
     @property
     def attributes(self) -> tuple[str, ...]:
-        return self.report.attributes
+        """The released attributes (a release of several tables: of every estimated table, in
+        the order they first appear)."""
+        if not self.parts:
+            return self.report.attributes
+        return tuple(dict.fromkeys(a for p in self.parts if p is not None for a in p.report.attributes))
 
     @property
     def guarantee(self) -> dict[str, Any]:
-        """The privacy guarantee in standard form."""
+        """The privacy guarantee in standard form (a release of several tables, and each of its
+        tables: the whole release's, Eq. T1 with sequential composition beside it)."""
+        if self.whole is not None:
+            return self.whole.guarantee
+        if self.tables_report is not None:
+            t = self.tables_report
+            full = [x.plan for x in t.tables if x is not None]
+            ms, gs, ks = [p.m for p in full], [p.gamma for p in full], [p.joint_size for p in full]
+            out = tables_guarantee(full[0].n, ms, gs, ks)
+            # the charged figures of the whole release, whatever tables the researcher could estimate
+            return out | {"epsilon": t.epsilon, "sequential_epsilon": t.sequential_epsilon,
+                          "statement": guarantee_statement(t.epsilon)}  # fmt: skip
         return privacy_guarantee(self.report.plan)
 
     def __repr__(self) -> str:
-        """A few lines: release id, n, m, K, epsilon, estimator and the guarantee (never the truth)."""
+        """A few lines: release id, n, m, K, epsilon, estimator and the guarantee (never the truth);
+        a release of several tables: n, each table's attributes with m_t and gamma_t, and epsilon
+        as charged (Eq. T1) and by sequential composition (Eq. T3)."""
+        if self.tables_report is not None:
+            t = self.tables_report
+            truth = any(p is not None and p.truth is not None for p in self.parts)
+            lines = [f"<Result {t.release_id}: {len(t.tables)} tables from disjoint samples of n={self.report.plan.n}, "
+                     f"design {t.design_digest[:12]}"]  # fmt: skip
+            for row in self.tables().rows:
+                what = f"m={row.m}, gamma={row.gamma:.4g}, K={row.K}" if row.m is not None else "not estimated"
+                lines.append(f"  table {row.table} ({', '.join(row.attributes)}): {what}")
+            lines.append(f"  epsilon charged (Eq. T1) {t.epsilon:.6g}; sequential composition (Eq. T3) "
+                         f"{t.sequential_epsilon:.6g}{'; truth held, not exported' if truth else ''}>")  # fmt: skip
+            return "\n".join(lines)
         r, plan = self.report, self.report.plan
         g = self.guarantee
         held = "; truth held, not exported" if self.truth is not None else ""
@@ -397,10 +578,15 @@ class Result:
 
     def _repr_html_(self) -> str:
         """Jupyter: the page of ``analyst report`` (one template, ``report_page.report_fragment``):
-        the headline and warnings, charts, guarantee, plan and cells."""
+        the headline and warnings, charts, guarantee, plan and cells (a release of several
+        tables: the design's questions answered, then each table)."""
         from secure_release.report_page import report_fragment
 
         return report_fragment(self)
+
+    # The cells (a release of several tables: of its first estimated table, ``report``; every
+    # table's are ``part(t)``'s, and the analyses below route to the table that holds their
+    # attributes).
 
     @property
     def headline(self) -> npt.NDArray[np.float64]:
@@ -445,6 +631,8 @@ class Result:
         """The marginal over ``attributes`` as arrays (``Marginal.columns()`` names them): its
         headline is its own raw estimate projected onto its own simplex, its MLE that of its own
         counts (:func:`mechanism.estimation.marginals.marginal`)."""
+        if self.parts:
+            return self._route(attributes).marginal_table(*attributes)
         r = self.report
         return marginals.marginal(
             r.attributes, r.labels, r.estimate, attributes, r.plan.n, r.plan.m, r.plan.channel.keep, r.observed
@@ -472,6 +660,8 @@ class Result:
         at 97.5%, widened where needed to hold the estimate;
         :func:`mechanism.estimation.marginals.conditional_table`). No raw and no se: a ratio of shares that
         may be negative is no probability."""
+        if self.parts:
+            return self._route(target, given).conditional_columns(target, given)
         tgt = [target] if isinstance(target, str) else list(target)
         giv = [given] if isinstance(given, str) else list(given)
         r = self.report
@@ -507,6 +697,8 @@ class Result:
         perturbed multinomial, its null fitted by EM; the p-value from a seeded parametric
         bootstrap wherever the chi-square approximation is not trustworthy (``method`` says
         which). Returns ``statistic``, ``df``, ``p_value`` and ``method``."""
+        if self.parts:
+            return self._route(a, b, given).test_independence(a, b, given, method=method, draws=draws, seed=seed)
         return analysis.test_independence(self.report, a, b, given, method=method, draws=draws, seed=seed)
 
     def association(
@@ -522,12 +714,20 @@ class Result:
         ``ci_high``, the mutual information, the odds ratio and risk difference of two binary
         attributes, Kendall's tau-b of two ordered ones (binned numbers, or named in ``ordered``),
         each with its interval at ``level``."""
+        if self.parts:
+            return self._route(a, b).association(a, b, ordered=ordered, level=level, seed=seed)
         return analysis.association(self.report, a, b, ordered=ordered, level=level, seed=seed)
 
     def association_rows(self, *, seed: int = 0, draws: int = 999) -> list[analysis.AssociationRow]:
         """Every pair of attributes held by different curators, tested and measured, sorted by the
-        Holm-adjusted p-value."""
-        return analysis.associations(self.report, seed=seed, draws=draws)
+        Holm-adjusted p-value (a release of several tables: every such pair of any table, each
+        tested on the table that answers it, as :meth:`test_independence` routes, adjusted over
+        all of them)."""
+        if not self.parts:
+            return analysis.associations(self.report, seed=seed, draws=draws)
+        pairs = dict.fromkeys(x for p in self.parts if p is not None for x in analysis.cross_curator_pairs(p.report))
+        chosen = [(self._route(a, b).report, a, b) for a, b in pairs]
+        return analysis.adjusted_associations(chosen, seed=seed, draws=draws)
 
     def associations(self, backend: Backend = "pandas", *, seed: int = 0, draws: int = 999) -> Any:
         """:meth:`association_rows` as a DataFrame: a, b, the curators holding them, statistic,
@@ -547,10 +747,15 @@ class Result:
         ``covariates`` (main effects, dummy-coded against their first category, and the named
         pairwise ``interactions``), fitted on the likelihood of the perturbed counts by EM over
         the true cells: coefficients with standard errors and intervals."""
+        if self.parts:
+            part = self._route(outcome, covariates)
+            return part.logistic(outcome, covariates, interactions=interactions, level=level)
         return analysis.logistic(self.report, outcome, covariates, interactions=interactions, level=level)
 
     def compare_models(self, reduced: analysis.Model, full: analysis.Model) -> analysis.ModelComparison:
         """The deviance test of a reduced model against a fuller one (both from :meth:`logistic`)."""
+        if self.parts:
+            return self._route(full.outcome, full.over).compare_models(reduced, full)
         return analysis.compare_models(self.report, reduced, full)
 
     def plot_marginal(self, attribute: str, ax: Any = None) -> Any:
@@ -559,6 +764,8 @@ class Result:
         the chart of the report page)."""
         from secure_release.plotting import marginal_bars
 
+        if self.parts:
+            return self._route(attribute).plot_marginal(attribute, ax)
         plt = require("matplotlib.pyplot")
         if ax is None:
             _, ax = plt.subplots(figsize=(5, 3))
@@ -568,7 +775,15 @@ class Result:
 
     def to_dict(self, include_truth: bool = False) -> dict[str, Any]:
         """The report's JSON with ``guarantee`` and ``warnings`` (and, with ``include_truth`` for
-        a simulation or demo, ``truth`` if known: it is the private data the release protects)."""
+        a simulation or demo, ``truth`` if known: it is the private data the release protects). A
+        release of several tables: its :class:`TablesReport`'s (format ``secure-release/result/2``,
+        every table's report and the design) with the whole release's guarantee, the warnings and
+        (``include_truth``) one truth a table (None where unknown)."""
+        if self.tables_report is not None:
+            out = {**self.tables_report.to_dict(), "guarantee": self.guarantee, "warnings": list(self.warnings)}
+            if include_truth and any(p is not None and p.truth is not None for p in self.parts):
+                out["truth"] = [None if p is None or p.truth is None else p.truth.tolist() for p in self.parts]
+            return out
         d = {**self.report.to_dict(), "guarantee": self.guarantee, "warnings": list(self.warnings)}
         if include_truth and self.truth is not None:
             d["truth"] = self.truth.tolist()
@@ -586,7 +801,13 @@ class Result:
     def to_parquet(self, path: str | Path) -> Path:
         """Write :meth:`cell_columns` (never the truth) as Parquet to ``path``; the guarantee and
         what each column holds (``mechanism.estimation.report.COLUMN_MEANINGS``) go in the file's metadata
-        under ``secure_release`` (``analyst export R r.parquet``)."""
+        under ``secure_release`` (``analyst export R r.parquet``). A release of several tables
+        has no one table of cells: write each table's (``part(t).to_parquet``) or :meth:`save`."""
+        if self.parts:
+            raise MultiTableResultError(
+                f"release {self.report.release_id!r} has {len(self.parts)} tables: write one table's cells with "
+                "part(t).to_parquet(path) (tables() lists them), or the whole release as JSON with save(path)"
+            )
         import pyarrow as pa
         import pyarrow.parquet as pq
 
@@ -609,8 +830,44 @@ def _result(report: ReleaseReport, truth: FloatArray | None = None) -> Result:
 
 
 def load_result(path: str | Path) -> Result:
-    """A result file the researcher wrote (``<release>.json``, or the API's ``to_dict``)."""
-    return _result(ReleaseReport.from_dict(json.loads(Path(path).read_text(encoding="utf-8"))))
+    """A result file the researcher wrote (``<release>.json``, or the API's ``to_dict``): one
+    table, or a release of several (format ``secure-release/result/2``)."""
+    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    if isinstance(data, dict) and data.get("format") == TABLES_FORMAT:
+        return result_from_tables(TablesReport.from_dict(data))
+    return _result(ReleaseReport.from_dict(data))
+
+
+def result_from_tables(report: TablesReport, truths: Sequence[FloatArray | None] | None = None) -> Result:
+    """The :class:`Result` of a release of several tables: a single-table Result a table
+    (``parts``; ``truths``: each table's true shares, in-memory runs only), its analyses routed to
+    the table holding the attributes named; ``report`` is the first estimated table's. The
+    warnings are each table's, named by its number."""
+    parts = tuple(None if r is None else _result(r, None if truths is None else truths[t])
+                  for t, r in enumerate(report.tables))  # fmt: skip
+    first = next((p for p in parts if p is not None), None)
+    if first is None:
+        raise NoKeysEstimatedError(f"release {report.release_id!r}: no table was estimated ({dict(report.missing)})")
+    warnings_ = tuple(f"table {t}: {w}" for t, p in enumerate(parts, start=1) if p is not None for w in p.warnings)
+    whole = Result(first.report, first.truth, warnings_, parts, report)
+    for p in parts:  # each table states the whole release's guarantee, not its own Theorem 3.2
+        if p is not None:
+            object.__setattr__(p, "whole", whole)
+    return whole
+
+
+class NoKeysEstimatedError(SecureReleaseError):
+    """A release of several tables of which no table could be estimated (keys missing)."""
+
+
+class NoDesignError(SecureReleaseError):
+    """``questions()`` (``secure-release analyst questions``) of a release of the whole joint: only
+    a release designed for questions (``plan --question``, ``api.design``) has questions to answer."""
+
+
+class DesignEpsilonError(DesignMismatchError):
+    """``release(design=d)`` with an epsilon other than the design's: a design fixes the release's
+    total epsilon (its m_t and gamma_t are chosen for it)."""
 
 
 # ------------------------------------------------------------------------------------- release
@@ -679,6 +936,7 @@ def release(
     release_id: str = "release-1",
     granted: Sequence[str] | None = None,
     test_keys: int | None = None,
+    design: Design | None = None,
 ) -> Result:
     """Run a whole release in memory (align, sample, encrypt, PRAM, decrypt, estimate) on one
     table per curator (pandas/polars DataFrames, Arrow tables or mappings of columns), keyed by
@@ -689,11 +947,23 @@ def release(
     :class:`IdColumnConflictError`). ``granted``: curators whose keys the researcher gets
     (default all; fewer gives a marginal). ``test_keys``: reproducible keys, tutorials/tests only.
     Warns (``UserWarning``) when the plan's predicted RMSE exceeds the typical cell share 1/K.
+
+    ``design`` (a :class:`Design` from :func:`design` or :func:`load_design`): release the
+    design's tables from disjoint samples of one alignment instead of the whole joint
+    (``mechanism.protocol.in_memory.run_tables_release``: each table's m_t and gamma_t as planned
+    for ``design.n`` records, rescaled to the aligned n), for the design's digest. ``epsilon``
+    must be the design's (else :class:`DesignEpsilonError`), ``m`` None, the schemas the design's
+    (else ``DesignMismatchError``); ``granted`` and ``test_keys`` work as without a design. The
+    :class:`Result` then holds one table a part (``tables()`` lists them, ``part(t)`` is one), its
+    analyses go to the table that holds the attributes they name (``NoTableHoldsError`` if none
+    does), ``questions()`` answers the design's questions, and ``report`` is the first table's.
     """
     ts = curator_tables(tables, schemas, id_column)
     names = [t.name for t in ts]
     keys = TestKeys.from_int(test_keys, len(ts)) if test_keys is not None else None
     subset = None if granted is None else [names.index(g) for g in granted]
+    if design is not None:
+        return _designed_release(ts, design, epsilon, m, cipher, release_id, subset, keys)
     result = run_release(
         ts, epsilon, m, CipherMode.parse(cipher), release_id,
         seed=keys.seed if keys else None, alignment_key=keys.alignment_key if keys else None,
@@ -706,6 +976,104 @@ def release(
     for message in out.warnings:
         warnings.warn(message, UserWarning, stacklevel=2)
     return out
+
+
+def design(
+    n: int,
+    schemas: Mapping[str, CuratorSchema | Mapping[str, Any] | str | Path]
+    | Sequence[CuratorSchema | Mapping[str, Any] | str | Path],
+    epsilon: float,
+    questions: Sequence[str],
+    marginals: Mapping[str, Sequence[float]] | None = None,
+    **options: Any,
+) -> Design:
+    """The release designed for ``questions`` (``"A ~ B"``, ``"A ~ B | C + D"``, ``"Y ~ X1 + X2"``)
+    on n aligned records of the curators' ``schemas`` at total ``epsilon``
+    (:func:`mechanism.analysis.design.design`): its tables, disjoint m_t and gamma_t (Eq. T1), each
+    question's detectable Cramer's V beside the whole joint's. ``schemas`` as :func:`release` takes
+    them, keyed by curator in joint-code order (a CuratorSchema, a schema dict or file, or
+    ``{attribute: [categories]}``), or a list of CuratorSchemas, schema dicts or files (named as
+    they say). ``marginals``: public expected shares per attribute (else uniform). ``options``:
+    alpha, power, at_v (a Cramer's V at which to report each question's power), max_useful_v,
+    replicates, seed. The :class:`Design` prints as its tables and questions, shows as HTML in a
+    notebook, and :func:`save_design` writes the file every curator runs (``--design``); pass it to
+    :func:`release` as ``design=``."""
+    return _design(n, _schema_list(schemas), epsilon, list(questions), marginals, **options)
+
+
+def _schema_list(
+    schemas: Mapping[str, CuratorSchema | Mapping[str, Any] | str | Path]
+    | Sequence[CuratorSchema | Mapping[str, Any] | str | Path],
+) -> list[CuratorSchema]:
+    """The curators' schemas, in order: a mapping's keys name them (as :func:`release` reads its
+    tables); a list's entries name themselves (``curator<j>`` for a bare ``{attribute: [...]}``)."""
+    if isinstance(schemas, Mapping):
+        return [CuratorSchema(name, _as_spec(name, s, None)[0].attributes) for name, s in schemas.items()]
+    return [_as_spec(f"curator{j + 1}", s, None)[0] for j, s in enumerate(schemas)]
+
+
+def _designed_release(
+    ts: Sequence[CuratorTable], d: Design, epsilon: float, m: int | None, cipher: str, release_id: str,
+    subset: Sequence[int] | None, keys: TestKeys | None,
+) -> Result:  # fmt: skip
+    """:func:`release` of a design's tables: ``mechanism.protocol.in_memory.run_tables_release``
+    with each table's attributes, m_t and gamma_t as the design planned them for ``d.n`` records
+    (rescaled to the aligned n), its digest and epsilon; labelled by ``protocol.tables.tables_report``."""
+    if not isinstance(d, Design):
+        raise DesignMismatchError(f"design= takes a Design (api.design, api.load_design), got {type(d).__name__}")
+    if float(epsilon) != d.epsilon:
+        raise DesignEpsilonError(f"epsilon {epsilon!r} differs from the design's {d.epsilon!r}: a design fixes the "
+                                 "release's total epsilon (its m_t and gamma_t are chosen for it); pass the design's "
+                                 "epsilon, or design again for this one")  # fmt: skip
+    if m is not None:
+        raise DesignMismatchError(f"m={m} with design=: a design fixes each table's m_t; pass no m")
+    own = {t.name: t.schema for t in ts}
+    theirs = {s.name: s for s in d.schemas}
+    if set(own) != set(theirs):
+        raise DesignMismatchError(f"the design is for curators {sorted(theirs)}, the tables are of {sorted(own)}; "
+                                  "give one table for each curator of the design")  # fmt: skip
+    for name, s in theirs.items():
+        if own[name].attributes != s.attributes:
+            raise DesignMismatchError(
+                f"curator {name!r}: the design's schema has {[attribute_to_dict(a) for a in s.attributes]}, its table "
+                f"is read with {[attribute_to_dict(a) for a in own[name].attributes]}; design with the schema the "
+                "table is read with"
+            )
+    planned = d.planned_tables()
+    attributes = [a for a, _, _ in planned]
+    res = run_tables_release(
+        ts, attributes, [x for _, x, _ in planned], [g for _, _, g in planned], d.epsilon, d.digest(),
+        d.n, CipherMode.parse(cipher), release_id, seed=keys.seed if keys else None,
+        alignment_key=keys.alignment_key if keys else None, pram_key=keys.pram_key if keys else None,
+        granted=subset, pad_keys=keys.pad_keys if keys else None,
+    )  # fmt: skip
+    granted = set(range(len(ts))) if subset is None else set(subset)
+    missing = {
+        t: "no key of " + ", ".join(res.spec.curators[j] for j in layout.live if j not in granted)
+        for t, (layout, e) in enumerate(zip(res.spec.tables, res.estimates, strict=True)) if e is None
+    }
+    report = tables_report(release_id, res.spec.curators, res.spec.n, d.epsilon, res.spec.tables, attributes, own,
+                           res.estimates, d.to_dict(), d.digest(), missing)  # fmt: skip
+    out = result_from_tables(report, res.true_types)
+    for message in out.warnings:
+        warnings.warn(message, UserWarning, stacklevel=3)
+    return out
+
+
+def save_design(design: Design, path: str | Path) -> Path:
+    """Write ``design`` as the file every curator runs with (``secure-release-curator run
+    --design FILE``); :func:`load_design` reads it back."""
+    from secure_release.infra.designfile import write_design
+
+    return write_design(design, path)
+
+
+def load_design(path: str | Path) -> Design:
+    """The design in a file :func:`save_design` or ``secure-release plan --question ... --out``
+    wrote (named errors for anything else)."""
+    from secure_release.infra.designfile import read_design
+
+    return read_design(path)
 
 
 # ---------------------------------------------------------------------------------- simulation
@@ -751,7 +1119,8 @@ def fetch_result(address: str, certs: str | Path, name: str, release_id: str, ti
     analyst's own directory ``certs``: ``ca.pem``, ``NAME.pem``, ``NAME.key``)."""
     from secure_release.analyst import fetch_report
 
-    return _result(fetch_report(address, Path(certs), name, release_id, wait=True, timeout=timeout))
+    report = fetch_report(address, Path(certs), name, release_id, wait=True, timeout=timeout)
+    return result_from_tables(report) if isinstance(report, TablesReport) else _result(report)
 
 
 # ------------------------------------------------------------------------------- four services

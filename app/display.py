@@ -95,8 +95,12 @@ def cell_table(report: ReleaseReport, truth: Sequence[float] | None = None) -> l
     return _table(report.attributes, report.labels, report.columns(), truth)
 
 
-def explain(report: ReleaseReport, truth: Sequence[float] | None = None, l2: float | None = None) -> str:
-    """The whole human-readable result: cells, column legend, parameters, guarantee, warnings."""
+def explain(
+    report: ReleaseReport, truth: Sequence[float] | None = None, l2: float | None = None, guarantee: bool = True
+) -> str:
+    """The whole human-readable result: cells, column legend, parameters, guarantee (unless
+    ``guarantee`` is False: a table of a release of several, whose guarantee is the release's),
+    warnings."""
     plan = report.plan
     legend = [f"  {name:<10} {text}" for name, text in COLUMNS if truth is not None or name != "truth"]
     out = [f"Release {report.release_id}: {report.note}", "", *cell_table(report, truth), "", "Columns:", *legend]
@@ -108,7 +112,9 @@ def explain(report: ReleaseReport, truth: Sequence[float] | None = None, l2: flo
         "negative (noise around a small share). Read the estimate column (the headline); raw is kept for "
         "unbiased aggregation.",
     ]
-    out += ["", "Parameters:", *parameter_lines(plan), "", "Guarantee:", *guarantee_lines(plan), ""]
+    out += ["", "Parameters:", *parameter_lines(plan), ""]
+    if guarantee:
+        out += ["Guarantee:", *guarantee_lines(plan), ""]
     rmse = utility_check(plan)["predicted_rmse"]
     err = f"l2 error of raw {l2:.4f} against the truth; " if l2 is not None else ""
     out.append(f"{err}predicted RMSE (l2, worst case) {rmse:.4f}; typical cell share 1/K = {1 / plan.joint_size:.4f}")
@@ -126,3 +132,19 @@ def conditional_lines(columns: Mapping[str, Any], names: Sequence[str], title: s
     labels and the estimate, mle, ci_low and ci_high of each row."""
     labels = np.column_stack([np.asarray(columns[a], dtype=str) for a in names]).tolist()
     return "\n".join([title, *_table(names, labels, columns)])
+
+
+def explain_tables(result: Any) -> str:
+    """A release of several tables (an ``api.Result`` with ``parts``) as text: its tables (epsilon
+    as charged, Eq. T1, and by sequential composition, Eq. T3), then each table as :func:`explain`
+    prints one (``analyst show``); a table not estimated says why."""
+    g = result.guarantee
+    out = [str(result.tables()), "", "Guarantee:", f"  {g['statement']}", f"  {g['statistical']}",
+           f"  {g['computational']}", f"  privacy unit: {g['privacy_unit']}",
+           f"  neighbouring: {g['neighbouring_relation']}", f"  mechanism:    {g['mechanism']}",
+           f"  theorem:      {g['theorem']}"]  # fmt: skip
+    for info, part in zip(result.tables().rows, result.parts, strict=True):
+        head = f"Table {info.table}: {', '.join(info.attributes)}"
+        out += ["", "=" * len(head), head, "=" * len(head)]
+        out.append(f"not estimated: {info.missing}" if part is None else explain(part.report, guarantee=False))
+    return "\n".join(out)

@@ -17,6 +17,7 @@ not raise, shows that message where the charts would be.
 
 from __future__ import annotations
 
+import math
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -107,14 +108,24 @@ def _plan(result: Any) -> list[dict[str, str]]:
     return [{"name": name, "value": repr(value), "shown": shown, "text": text} for name, value, shown, text in rows]
 
 
-def _charts(result: Any) -> list[dict[str, Any]]:
+def _charts(result: Any, prefix: str = "") -> list[dict[str, Any]]:
     from secure_release.plotting import report_charts
 
     def caption(attributes: tuple[str, ...]) -> str:
         return attributes[0] if len(attributes) == 1 else f"{attributes[0]} by {attributes[1]}"
 
-    return [{"chart_id": c.chart_id, "attributes": c.attributes, "caption": caption(c.attributes), "svg": c.svg}
-            for c in report_charts(result)]  # fmt: skip
+    return [{"chart_id": c.chart_id, "attributes": c.attributes, "caption": caption(c.attributes),
+             "svg": _prefixed_svg(c.svg, prefix)} for c in report_charts(result)]  # fmt: skip
+
+
+def _prefixed_svg(svg: str, prefix: str) -> str:
+    """``svg`` with every id it declares, and every reference to one, starting with ``prefix``:
+    the charts of several tables on one page then share no id (matplotlib names a chart's clip
+    paths and glyphs alike in every chart)."""
+    if not prefix:
+        return svg
+    out = svg.replace(' id="', f' id="{prefix}').replace("url(#", f"url(#{prefix}")
+    return out.replace('href="#', f'href="#{prefix}')
 
 
 #: The associations table's numeric columns, in order, and how each is shown.
@@ -152,7 +163,16 @@ def _associations(result: Any) -> dict[str, Any]:
 
 def render(result: Any, standalone: bool, charts_missing: str | None = None) -> str:
     """The page of ``result`` (an :class:`~secure_release.api.Result`), a whole document when
-    ``standalone``; ``charts_missing`` replaces the charts with that message."""
+    ``standalone``; ``charts_missing`` replaces the charts with that message. A release of
+    several tables: :func:`render_tables`."""
+    if getattr(result, "parts", ()):
+        return render_tables(result, standalone, charts_missing)
+    return _render_table(result, standalone, charts_missing)
+
+
+def _render_table(result: Any, standalone: bool, charts_missing: str | None, prefix: str = "") -> str:
+    """One table's page; with ``prefix``, its section of a release of several tables (no wrapper,
+    style or guarantee; every id starting with ``prefix``)."""
     spans = int(np.sum(spans_zero(result.report.ci_low, result.report.ci_high)))
     negatives = int(np.sum(result.report.estimate < 0.0))
     note = (f"{spans} of {len(result.report.labels)} cells have a 95% interval reaching 0: not distinguishable "
@@ -161,12 +181,16 @@ def render(result: Any, standalone: bool, charts_missing: str | None = None) -> 
     terms, recipes = _guarantee(result)
     return str(
         _template().render(
-            standalone=standalone,
+            standalone=standalone and not prefix,
+            tables_page=False,
+            bare=bool(prefix),
+            prefix=prefix,
+            h="h3" if prefix else "h2",
             release_id=result.report.release_id,
             note=result.report.note,
             summary=_summary(result, spans),
             warnings=[*result.warnings, *notes],
-            charts=[] if charts_missing else _charts(result),
+            charts=[] if charts_missing else _charts(result, prefix),
             charts_missing=charts_missing,
             **_associations(result),
             guarantee=terms,
@@ -176,6 +200,128 @@ def render(result: Any, standalone: bool, charts_missing: str | None = None) -> 
             attributes=result.report.attributes,
             columns=OUTPUT_COLUMNS,
             cells=_cells(result),
+        )
+    )
+
+
+#: The numeric columns of the questions' table, in order, after Q, question, table, test and effect.
+QUESTION_COLUMNS = (("statistic", "G"), ("df", "df"), ("p_value", "p"), ("estimate", "estimate"),
+                    ("ci_low", "low"), ("ci_high", "high"), ("planned_v", "V planned"))  # fmt: skip
+
+
+def _number(value: Any, fmt: str) -> tuple[str, str]:
+    """(full precision, shown) of one number of the questions' or tables' table ("" when missing)."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return repr(value), "" if value is None or math.isnan(value) else "none"
+    return repr(value), fmt % value
+
+
+def _questions(result: Any) -> dict[str, Any]:
+    """The Questions section: every question of the design answered (``Result.questions``), or why not."""
+    from secure_release.analysis import short_test
+    from secure_release.mechanism import printing
+    from secure_release.mechanism.errors import SecureReleaseError
+
+    try:
+        answers = result.questions()
+    except SecureReleaseError as exc:
+        return {"questions": [], "questions_missing": f"no answers: {exc}", "questions_header": [],
+                "questions_notes": [], "questions_level": "", "questions_planned": ""}  # fmt: skip
+    header = ["Q", "question", "table", "test", "effect", *(name for _, name in QUESTION_COLUMNS)]
+    if answers.at_v is not None:
+        header.append(f"power at V {answers.at_v:g}")
+    rows = []
+    for a in answers.answers:
+        numbers = [
+            _number(a.statistic, "%.4g"), _number(a.df, "%d"),
+            (repr(a.p_value), printing.p_value(a.p_value) if a.answered else ""),
+            _number(a.estimate, "%.4f"), _number(a.ci_low, "%.4f"), _number(a.ci_high, "%.4f"),
+            _number(a.planned_v, "%.3f"),
+        ]  # fmt: skip
+        if answers.at_v is not None:
+            numbers.append(_number(a.planned_power, "%.3f"))
+        rows.append({"number": a.number, "question": a.question, "table": a.table, "numbers": numbers,
+                     "test": short_test(a.test) if a.answered else "not answered", "effect": a.effect})  # fmt: skip
+    notes = [*(f"Q{a.number}: {a.test}" for a in answers.answers if a.answered),
+             *(f"Q{a.number}: {a.note}" for a in answers.answers if a.note),
+             *(f"Q{a.number} p-value: {a.method}" for a in answers.answers if a.method)]  # fmt: skip
+    planned = (f"with probability {answers.power:g} at level {answers.alpha:g}, for the {answers.planned_n:,} "
+               "records the design planned; 'none': no useful power")  # fmt: skip
+    level = next((a.level for a in answers.answers if a.answered), 0.95)
+    return {"questions": rows, "questions_missing": None, "questions_header": header, "questions_notes": notes,
+            "questions_level": f"{100 * level:g}%", "questions_planned": planned}  # fmt: skip
+
+
+def _tables_summary(result: Any) -> list[dict[str, str]]:
+    t, tables = result.tables_report, result.tables()
+    d = result.design
+    items = [
+        ("epsilon", "epsilon charged (Eq. T1)", t.epsilon, f"{t.epsilon:.6g}"),
+        ("sequential_epsilon", "by sequential composition (Eq. T3)", t.sequential_epsilon,
+         f"{t.sequential_epsilon:.6g}"),
+        ("n", "records n", tables.n, f"{tables.n:,}"),
+        ("tables", "tables", len(tables), f"{len(tables)}"),
+    ]  # fmt: skip
+    if d is not None:
+        items.append(("questions", "questions", len(d.questions), f"{len(d.questions)}"))
+    items.append(("design", "design (SHA-256)", t.design_digest, t.design_digest[:16]))
+    return [{"key": k, "name": name, "value": repr(value), "shown": shown} for k, name, value, shown in items]
+
+
+def _tables_rows(result: Any) -> list[dict[str, Any]]:
+    return [{"table": x.table, "attributes": ", ".join(x.attributes), "curators": ", ".join(x.curators),
+             "answers": ", ".join(f"Q{q}" for q in x.questions) or ("not estimated" if x.missing else ""),
+             "numbers": [_number(x.K, "%d"), _number(x.m, "%d"), _number(x.gamma, "%.6g"), _number(x.keep, "%.4g")]}
+            for x in result.tables().rows]  # fmt: skip
+
+
+def _tables_guarantee(result: Any) -> list[tuple[str, str]]:
+    g = result.guarantee
+    return [
+        ("Statement", g["statement"]),
+        ("Privacy unit", g["privacy_unit"]),
+        ("Neighbouring relation", g["neighbouring_relation"]),
+        ("What is statistical", g["statistical"]),
+        ("What is computational", g["computational"]),
+        ("Mechanism", g["mechanism"]),
+        ("Theorem", g["theorem"]),
+        ("Sequential composition", f"the tables' epsilons by sequential composition (Eq. T3) would sum to "
+         f"{g['sequential_epsilon']:.6g}; the release is charged {g['epsilon']:.6g} (Eq. T1), never more"),
+        ("Analyses", "The answers and associations on this page, and every test, effect size and model of "
+         "`secure-release analyst` and the notebook's Result, are post-processing of the released counts: they "
+         "spend no privacy budget."),
+    ]  # fmt: skip
+
+
+def render_tables(result: Any, standalone: bool, charts_missing: str | None = None) -> str:
+    """The page of a release of several tables: the summary (epsilon as charged and by
+    sequential composition), the design's questions answered, the tables, the whole release's
+    guarantee, then one section a table (``table-1``, ...: the single-table page's summary, charts,
+    associations, plan and cells, every id prefixed ``t1-``, ...)."""
+    t = result.tables_report
+    d = result.design
+    sections = []
+    for number, part in enumerate(result.parts, start=1):
+        info = result.tables().rows[number - 1]
+        fragment = "" if part is None else _render_table(part, False, charts_missing, prefix=f"t{number}-").strip()
+        sections.append({"number": number, "attributes": info.attributes, "missing": info.missing,
+                         "fragment": fragment})  # fmt: skip
+    questions = f" designed for {len(d.questions)} question(s)" if d is not None else ""
+    note = (f"A release of {len(result.parts)} tables from disjoint samples of one alignment{questions} "
+            f"(design {t.design_digest[:16]}): each table answers only what it holds.")  # fmt: skip
+    return str(
+        _template().render(
+            standalone=standalone,
+            tables_page=True,
+            bare=False,
+            release_id=t.release_id,
+            note=note,
+            summary=_tables_summary(result),
+            warnings=list(result.warnings),
+            **_questions(result),
+            tables=_tables_rows(result),
+            guarantee=_tables_guarantee(result),
+            table_sections=sections,
         )
     )
 

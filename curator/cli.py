@@ -88,6 +88,20 @@ add to the same command a directory of Parquet files and the cluster engine, e.g
   --data people/ --engine dask --scheduler-file scheduler.json        (your running cluster)
 """
 
+DESIGN_EPILOG = """
+A release designed for questions (--design FILE): the researcher plans the tables that answer
+its questions under one epsilon ('secure-release plan --question "salary ~ education | sex"
+--question "marital ~ sex" --n N --schema alice.json --schema bob.json --epsilon 1 --out design.json')
+and gives every curator the same file. The run is a release as above (hash or PSI alignment, seed or
+indices sampling, chacha20 or otp, --engine dask), except that the m = sum m_t sampled records are
+split in order into the tables: in table t's records each curator uploads only its attributes in
+that table, under its pad (one segment a table), and the server perturbs each table with its own
+gamma_t. The leader sizes the tables for the aligned n; each follower checks the spec against its
+own design (the digest and the tables) and refuses another. The researcher gets the design file
+with the first key chunk and estimates each table.
+  secure-release-curator run --design design.json --data alice.csv --schema alice.json --release-id r2 ...
+"""
+
 SERVER_SAMPLED_EPILOG = """
 Server-side sampling (--sampling server): once the curators stored their aligned
 columns encrypted under table keys ('store-table'), each release needs only the table key:
@@ -149,7 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
         "run",
         help="take part in one release and serve keys afterwards",
         description="Take part in one release as a curator, then serve keys.",
-        epilog=EPILOG + SERVER_SAMPLED_EPILOG,
+        epilog=EPILOG + DESIGN_EPILOG + SERVER_SAMPLED_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_run_arguments(p, storing=False)
@@ -203,6 +217,18 @@ def add_run_arguments(p: argparse.ArgumentParser, storing: bool) -> None:
             help=f"refuse a release with a larger epsilon (default {DEFAULT_MAX_EPSILON:g})",
         )
         r.add_argument("--m", type=int, default=None, help="sample size (default: m*, Cor. 3.6)")
+        r.add_argument(
+            "--design",
+            default=None,
+            metavar="FILE",
+            help="release the tables of a design made for the researcher's questions (the file `secure-release plan "
+            "--question ... --out FILE` wrote, the same file at every curator): one alignment, and the sampled records "
+            "split into the design's tables, each from records of its own (disjoint), with its own gamma, the whole at "
+            "the design's epsilon (the ledger charges it once; --epsilon may be left out, or must equal it; no --m). "
+            "Its schema of this curator must be --schema's. The leader's spec carries the design's digest: a curator "
+            "running another design (or none) refuses it, and every party exits 3 naming both digests. Not with "
+            "--sampling server (see 'A release designed for questions' below)",
+        )
         r.add_argument(
             "--cipher",
             default="chacha20",

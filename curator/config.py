@@ -18,18 +18,29 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from secure_release.curator.errors import DesignFileError
 from secure_release.curator.partitions import dataset_name, require_data
+from secure_release.curator.table import load_schema
 from secure_release.infra.config import ConfigError, require, split_address, testing_enabled
+from secure_release.infra.designfile import read_design as read_design_file
 from secure_release.infra.fileio import require_dir, require_file
 from secure_release.infra.streams import MAX_TAG_PARTS
 from secure_release.mechanism.alignment.psi import PsiKey
-from secure_release.mechanism.errors import UnknownCipherError
+from secure_release.mechanism.analysis.design import Design
+from secure_release.mechanism.errors import (
+    DesignMismatchError,
+    InvalidQuestionError,
+    SecureReleaseError,
+    UnknownCipherError,
+)
 from secure_release.mechanism.primitives.keys import AlignmentKey, PadKey, Seed
 from secure_release.mechanism.primitives.pads import CipherMode
 from secure_release.mechanism.privacy.accounting import check_epsilon
 from secure_release.mechanism.protocol.architectures import AlignmentMode, SamplingMode, UnknownVariantError
 from secure_release.mechanism.protocol.server_sampling import TableKey
 from secure_release.mechanism.protocol.spec import DEFAULT_MAX_EPSILON, check_name, check_names, check_party_name
+from secure_release.mechanism.protocol.tables import TablesPlan
+from secure_release.mechanism.schema import CuratorSchema
 
 #: Settings that hold secrets: allowed as flags or environment, never in a --config file.
 SECRET_SETTINGS = frozenset(
@@ -58,6 +69,12 @@ POSITIONS_PATH_REFUSAL = (
     "(above m1 m2 / n for a binary joint alphabet, below it too for K >= 3, where no bound is proved; the "
     "ledger's pure-DP budget no longer holds), and a long-lived table key "
     "in the researcher's hands would take away each curator's power to refuse a later release"
+)
+
+#: Why ``--design`` is refused with server-side sampling.
+DESIGN_SERVER_SAMPLED = (
+    "--design releases tables from disjoint samples the curators draw themselves; server-side sampling "
+    "(--sampling server, store-table) is not supported for a designed release: run it with --sampling seed or indices"
 )
 
 
@@ -110,6 +127,13 @@ class CuratorConfig:
     worker_memory: str = "2GiB"  # --worker-memory: each embedded worker's memory limit
     shard_bits: int | None = None  # --shards (log2): tag shards (default about 10^6 tags a shard)
     tag_streams: int = 0  # --tag-streams: a follower's concurrent tag streams (0: the cluster's workers, at most 8)
+    design: TablesPlan | None = None  # --design: a release of the design's tables (its digest must agree)
+    design_json: bytes = b""  # the design file's canonical JSON: sent to the researcher with the key
+
+    @property
+    def design_digest(self) -> str:
+        """The digest of the design this curator runs (``--design``); "" for the whole joint."""
+        return self.design.digest if self.design is not None else ""
 
     @property
     def server_sampled(self) -> bool:
@@ -287,12 +311,14 @@ def config_from_args(args: argparse.Namespace, storing: bool = False) -> Curator
     parsed flags, env and config-file defaults already applied). Raises a named error for any
     bad setting."""
     server_sampled = not storing and str(getattr(args, "sampling", None) or "seed").lower() == "server"
+    if getattr(args, "design", None) and (server_sampled or storing):
+        raise ConfigError(DESIGN_SERVER_SAMPLED)
     if storing:
         _store_settings(args)
     elif server_sampled:
         _server_sampled_settings(args)
     else:
-        require(args, *REQUIRED)
+        require(args, *(r for r in REQUIRED if not (r == "epsilon" and getattr(args, "design", None))))
     if not args.insecure:
         require(args, "certs")
         require_dir(args.certs, "--certs")
@@ -321,10 +347,13 @@ def config_from_args(args: argparse.Namespace, storing: bool = False) -> Curator
     if args.m is not None and args.m < 1:
         raise ConfigError(f"--m must be an integer >= 1 (or unset for m*), got {args.m}")
     host, port = split_address(args.listen)
+    release_id = check_name(args.release_id, "release id")
+    design, design_json = _design_settings(args, name, curators, server_sampled or storing)
+    epsilon = check_epsilon(args.epsilon) if design is None else _design_epsilon(args, design)
     return CuratorConfig(
         name=name,
-        release_id=check_name(args.release_id, "release id"),
-        epsilon=check_epsilon(args.epsilon),
+        release_id=release_id,
+        epsilon=epsilon,
         m=args.m,
         cipher=parse_cipher(args.cipher),
         curators=curators,
@@ -359,9 +388,71 @@ def config_from_args(args: argparse.Namespace, storing: bool = False) -> Curator
         test_table_key=test_table_key,
         psi_workers=_psi_workers(getattr(args, "psi_workers", 1)),
         psi_slice_points=_psi_slice_points(getattr(args, "psi_slice_points", None)),
-        max_epsilon=_max_epsilon(args),
+        max_epsilon=_max_epsilon(args, epsilon),
         **_engine_settings(args, sampling, alignment, server_sampled, leader, len(curators)),
+        design=design,
+        design_json=design_json,
     )
+
+
+def _design_settings(
+    args: argparse.Namespace, name: str, curators: tuple[str, ...], server_side: bool
+) -> tuple[TablesPlan | None, bytes]:
+    """``--design FILE``: the design every curator of the release runs, read and checked before
+    anything is sent: a release the curators sample (no stored table), no ``--m``, a schema for
+    exactly the ``--curators``, this curator's the one it runs with (``--schema``), and tables
+    that fit them. (None, b"") without the flag."""
+    path = getattr(args, "design", None)
+    if not path:
+        return None, b""
+    if server_side:
+        raise ConfigError(DESIGN_SERVER_SAMPLED)
+    if getattr(args, "m", None) is not None:
+        raise ConfigError("--design fixes each table's m_t; give no --m with it")
+    design = read_design(path)
+    names = [s.name for s in design.schemas]
+    if sorted(names) != sorted(curators):
+        raise DesignMismatchError(
+            f"the design in {path} is for the curators {names}, this release's --curators are {list(curators)}; "
+            "every curator of the release runs the same design, made for exactly them"
+        )
+    mine = design.schemas[names.index(name)]
+    if getattr(args, "schema", None):
+        own = load_schema(Path(args.schema)).schema
+        if own.attributes != mine.attributes:
+            raise DesignMismatchError(
+                f"the design in {path} holds another schema for {name!r} than --schema {args.schema}: the design's "
+                f"{_attributes(mine)}, the schema's {_attributes(own)}; plan the design with this schema"
+            )
+    plan = TablesPlan(design.schemas, tuple(design.planned_tables()), design.epsilon, design.n, design.digest())
+    plan.layouts(design.n, curators)  # the tables fit the schemas at the planned n (named errors)
+    return plan, design.canonical_json()
+
+
+def read_design(path: str | Path) -> Design:
+    """The design in ``path`` (``infra.designfile.write_design``); :class:`DesignFileError` naming the file if
+    it is missing, unreadable or not a design."""
+    try:
+        require_file(path, "--design")
+        return read_design_file(path)
+    except (ConfigError, InvalidQuestionError, KeyError, TypeError, ValueError, AttributeError) as exc:
+        detail = str(exc) if isinstance(exc, SecureReleaseError) else f"{type(exc).__name__}: {exc}"
+        raise DesignFileError(
+            f"--design {path} is not a readable design ({detail}); give the file `secure-release plan --question "
+            "... --out FILE` (or api.save_design) wrote, the same at every curator"
+        ) from None
+
+
+def _attributes(schema: CuratorSchema) -> list[str]:
+    return [f"{a.name}({len(a.categories)})" for a in schema.attributes]
+
+
+def _design_epsilon(args: argparse.Namespace, design: TablesPlan) -> float:
+    """A designed release's epsilon is the design's; a different --epsilon is refused by name."""
+    if args.epsilon is not None and float(args.epsilon) != design.epsilon:
+        raise DesignMismatchError(f"--epsilon {args.epsilon!r} differs from the design's total epsilon "
+                                  f"{design.epsilon!r}; give the design's or none")  # fmt: skip
+    return check_epsilon(design.epsilon)
 
 
 _MEMORY_SIZE = re.compile(r"^\s*\d+(\.\d+)?\s*(B|[KMGT]i?B)?\s*$", re.IGNORECASE)
@@ -456,15 +547,17 @@ def _dataset_name(args: argparse.Namespace, server_sampled: bool) -> str:
     return "" if server_sampled else dataset_name(args.data)
 
 
-def _max_epsilon(args: argparse.Namespace) -> float:
-    """``--max-epsilon`` (finite, > 0), and the run's epsilon within it (:class:`ConfigError`)."""
+def _max_epsilon(args: argparse.Namespace, epsilon: float | None = None) -> float:
+    """``--max-epsilon`` (finite, > 0), and the run's epsilon within it (:class:`ConfigError`;
+    ``epsilon``: the run's, if not ``--epsilon``'s, e.g. a design's)."""
     cap = getattr(args, "max_epsilon", None)
     cap = DEFAULT_MAX_EPSILON if cap is None else float(cap)
     if not math.isfinite(cap) or cap <= 0:
         raise ConfigError(f"--max-epsilon must be a finite number > 0, got {cap!r}")
-    if args.epsilon is not None and float(args.epsilon) > cap:
+    epsilon = args.epsilon if epsilon is None else epsilon
+    if epsilon is not None and float(epsilon) > cap:
         raise ConfigError(
-            f"--epsilon {args.epsilon:g} exceeds this curator's cap of {cap:g} per release (--max-epsilon, default "
+            f"--epsilon {epsilon:g} exceeds this curator's cap of {cap:g} per release (--max-epsilon, default "
             f"{DEFAULT_MAX_EPSILON:g}); e^epsilon is the likelihood ratio an adversary may gain"
         )
     return cap

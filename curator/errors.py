@@ -23,6 +23,18 @@ class SpecRefusedError(AgreementError):
         self.spec = spec
 
 
+class DesignRefusedError(SpecRefusedError):
+    """This curator runs another design than the leader (or none where the leader runs one, or
+    one where the leader runs none), or the leader's tables are not what its design gives for the
+    agreed n: a refusal, exit 3 at every party, naming both digests."""
+
+    kind = ErrorKind.PERMISSION_DENIED
+
+
+class DesignFileError(SecureReleaseError):
+    """``--design FILE`` is missing, unreadable or not a design file (exit 2)."""
+
+
 class AlphabetSizeMismatchError(AgreementError):
     """A curator's alphabet size contradicts the leader's --alphabet-sizes (or is missing)."""
 

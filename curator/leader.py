@@ -47,6 +47,7 @@ from secure_release.mechanism.protocol.architectures import (
     VariantAgreement,
     leader_agree_variant,
 )
+from secure_release.mechanism.protocol.tables import TablesPlan
 
 
 def psi_mismatch(curators: tuple[str, ...], tags: dict[str, TagArray]) -> PsiMismatchError:
@@ -203,6 +204,7 @@ class LeaderState:
     _psi_mailbox: PsiMailbox | None = field(default=None, repr=False)
     psi_public: dict[str, bytes] = field(default_factory=dict)  # sender -> its re-blinding public key
     psi_domain_tags: list[TagArray] | None = None  # PSI: the leader's own tags in every curator's domain
+    tables: TablesPlan | None = None  # --design: the spec is the design's tables (spec.designed_spec)
     parts: dict[str, TagParts] = field(default_factory=dict)  # follower -> its tags' parts as they arrive
 
     def __post_init__(self) -> None:
@@ -616,6 +618,7 @@ class LeaderState:
                         self.researchers,
                         seed=self.seed,
                         common=common,
+                        tables=self.tables,
                     )
                 except SecureReleaseError as exc:  # e.g. no common ids: tell the followers too
                     self._fail(f"{type(exc).__name__}: {exc}")

@@ -74,6 +74,7 @@ class KeyRecord:
     grants: frozenset[str]
     served: set[str] = field(default_factory=set)
     acknowledged: set[str] = field(default_factory=set)  # stored their result: the key is no longer needed
+    design: bytes = b""  # a release of a design's tables: the design file, sent with the key
 
 
 def _slice_shape(index: int, slices: int, first: int, total: int, count: int) -> SliceShape | None:
@@ -281,9 +282,10 @@ class CuratorService(pb_grpc.CuratorServicer):
         yield from point_chunks(request.release_id, self.name, request.owner, int(request.hop), points, slice_of=wire)
 
     # ----------------------------------------------------------------- key release
-    def add_release(self, release_id: str, pad: ReleasePad, grants: Sequence[str]) -> None:
-        """Serve ``pad`` for ``release_id`` to the researchers in ``grants``."""
-        self.keys[release_id] = KeyRecord(pad, frozenset(grants))
+    def add_release(self, release_id: str, pad: ReleasePad, grants: Sequence[str], design: bytes = b"") -> None:
+        """Serve ``pad`` for ``release_id`` to the researchers in ``grants`` (with ``design``, the
+        design file of a release of several tables)."""
+        self.keys[release_id] = KeyRecord(pad, frozenset(grants), design=design)
 
     def wait_keys_served(self, release_id: str, timeout: float | None = None) -> bool:
         """Block until every granted researcher fetched this release's key (False on timeout)."""
@@ -344,7 +346,7 @@ class CuratorService(pb_grpc.CuratorServicer):
             self.log.warning("key_refused", release_id=request.release_id, caller=str(ident), reason=type(exc).__name__)
             abort_with(context, exc)
         self.log("key_granted", release_id=request.release_id, caller=str(ident), cipher=rec.pad.mode.value)
-        yield from key_chunks(request.release_id, self.schema, rec.pad)
+        yield from key_chunks(request.release_id, self.schema, rec.pad, rec.design)
         with self.keys_served:
             rec.served.add(ident.name)
             self.keys_served.notify_all()

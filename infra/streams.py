@@ -778,9 +778,10 @@ class PerturbedStream:
 
 
 # ---------------------------------------------------------------------------------- a curator's key
-def key_chunks(release_id: str, schema: CuratorSchema, pad: ReleasePad) -> Iterator[pb.KeyChunk]:
+def key_chunks(release_id: str, schema: CuratorSchema, pad: ReleasePad, design: bytes = b"") -> Iterator[pb.KeyChunk]:
     """A release's key as KeyChunk messages: the ChaCha20 key in one, or the one-time pad packed
-    CHUNK_ROWS symbols a chunk; the first carries cipher, sizes and ``schema``."""
+    CHUNK_ROWS symbols a chunk; the first carries cipher, sizes and ``schema`` (and ``design``, the
+    design file of a release of several tables)."""
     head = pb.KeyChunk(
         release_id=release_id,
         curator=schema.name,
@@ -788,6 +789,7 @@ def key_chunks(release_id: str, schema: CuratorSchema, pad: ReleasePad) -> Itera
         alphabet_size=pad.alphabet_size,
         m=pad.length,
         sequence=0,
+        design=design,
     )
     head.schema.CopyFrom(schema_to_pb(schema))
     if pad.mode is CipherMode.CHACHA20:

@@ -12,12 +12,13 @@ Decoding validates: a message that does not make a valid domain value raises a n
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
 from secure_release.mechanism.errors import SecureReleaseError, UnknownCipherError
-from secure_release.mechanism.estimation.report import CELL_COLUMNS, ReleaseReport
+from secure_release.mechanism.estimation.report import CELL_COLUMNS, ReleaseReport, TablesReport
 from secure_release.mechanism.primitives.packing import CHUNK_ROWS
 from secure_release.mechanism.primitives.pads import CipherMode
 from secure_release.mechanism.privacy.plan import ReleasePlan
@@ -389,3 +390,16 @@ def refusals_from_pb(m: pb.RefusalList) -> list[Refusal]:
             raise DeclarationError(f"a refusal of {d.curator!r} carries no reason class")
         out.append(Refusal(d.release_id, d.curator, d.refusal, d.detail))
     return out
+
+
+def tables_to_pb(report: TablesReport) -> pb.EstimateResponse:
+    """A release of several tables as an ``EstimateResponse`` (its JSON in ``tables_json``)."""
+    return pb.EstimateResponse(release_id=report.release_id,
+                               tables_json=json.dumps(report.to_dict(), allow_nan=False))  # fmt: skip
+
+
+def tables_report_from_pb(resp: pb.EstimateResponse) -> TablesReport | None:
+    """The :class:`TablesReport` of a release of several tables; None for a single table."""
+    if not resp.tables_json:
+        return None
+    return TablesReport.from_dict(json.loads(resp.tables_json))

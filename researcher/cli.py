@@ -22,6 +22,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
+
 from secure_release.infra import metrics
 from secure_release.infra.config import (
     ConfigError,
@@ -37,13 +39,13 @@ from secure_release.infra.fileio import require_dir
 from secure_release.infra.health import add_health_and_reflection
 from secure_release.infra.logs import EventLog, add_log_format_flag, pop_log_format, setup_logging
 from secure_release.infra.tls import bind, make_grpc_server
-from secure_release.mechanism.estimation.report import ReleaseReport
+from secure_release.mechanism.estimation.report import TablesReport
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
 from secure_release.researcher.client import Endpoints, check_seconds
 from secure_release.researcher.heatmap import prewarm
 from secure_release.researcher.pipeline import process_release
 from secure_release.researcher.service import ReleaseTracker, ResearcherService
-from secure_release.researcher.storage import load_reports, report_json
+from secure_release.researcher.storage import AnyReport, load_reports, report_json
 
 COMMANDS = ("serve", "fetch")
 SERVICE_NAME = "securerelease.v1.Researcher"
@@ -121,6 +123,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _common(f)
     f.add_argument("--release-id", help="the release to estimate")
+    f.add_argument(
+        "--json",
+        action="store_true",
+        help="a release of several tables: print its JSON, not a short block per table (one table: always JSON)",
+    )
     return parser
 
 
@@ -166,19 +173,44 @@ def endpoints_of(args: argparse.Namespace) -> Endpoints:
 
 
 def fetch(args: argparse.Namespace, log: EventLog) -> int:
-    """``fetch``: estimate one release, write its files and print its JSON."""
+    """``fetch``: estimate one release, write its files and print its JSON (a release of several
+    tables: a short block per table, its JSON with ``--json``)."""
     report = process_release(
         endpoints_of(args), args.release_id, _out(args), log, args.timeout, allow_partial=args.allow_partial
     )
-    sys.stdout.write(report_json(report).decode())
+    if isinstance(report, TablesReport) and not args.json:
+        sys.stdout.write(tables_text(report))
+    else:
+        sys.stdout.write(report_json(report).decode())
     return 0
+
+
+def tables_text(report: TablesReport, top: int = 5) -> str:
+    """A release of several tables in short: the release's epsilon, then per table its
+    attributes, m_t, gamma_t and its ``top`` largest estimated cells (or why it is missing)."""
+    lines = [
+        f"release {report.release_id}: {len(report.tables)} tables, epsilon {report.epsilon:.6g} (Eq. T1; "
+        f"sequential {report.sequential_epsilon:.6g}), design {report.design_digest[:16]}",
+    ]
+    for t, table in enumerate(report.tables):
+        if table is None:
+            lines.append(f"table {t + 1}: not estimated ({report.missing.get(t, 'no estimate')})")
+            continue
+        plan = table.plan
+        lines.append(f"table {t + 1}: {' x '.join(table.attributes)}  m={plan.m} gamma={plan.gamma:.6g} "
+                     f"cells={len(table.labels)}")  # fmt: skip
+        order = np.argsort(-table.estimate, kind="stable")[:top]
+        for i in order.tolist():
+            lines.append(f"  {'/'.join(table.labels[i]):<32} {float(table.estimate[i]):9.4f} "
+                         f"[{float(table.ci_low[i]):.4f}, {float(table.ci_high[i]):.4f}]")  # fmt: skip
+    return "\n".join(lines) + "\n"
 
 
 def serve(args: argparse.Namespace, log: EventLog) -> int:
     """``serve``: run the Researcher service until SIGTERM or Ctrl-C."""
     endpoints, out = endpoints_of(args), _out(args)
 
-    def process(release_id: str, notified_digest: bytes) -> ReleaseReport:
+    def process(release_id: str, notified_digest: bytes) -> AnyReport:
         return process_release(endpoints, release_id, out, log, args.timeout, notified_digest, args.allow_partial)
 
     tracker = ReleaseTracker(process, log, load_reports(out, log) if out is not None else {})

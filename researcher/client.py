@@ -10,10 +10,11 @@ checked against the release's validated :class:`~secure_release.mechanism.protoc
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 import sys
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,6 +43,7 @@ from secure_release.mechanism.primitives.keys import PadKey
 from secure_release.mechanism.primitives.packing import CHUNK_ROWS, unpack_symbols
 from secure_release.mechanism.primitives.pads import CipherMode, ReleasePad
 from secure_release.mechanism.protocol.spec import ReleaseSpec
+from secure_release.mechanism.protocol.tables import count_rows
 from secure_release.mechanism.schema import CuratorSchema, SymbolArray, mixed_radix_encode
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
@@ -150,6 +152,7 @@ class CuratorKey:
     curator: str
     pad: ReleasePad
     schema: CuratorSchema
+    design: bytes = b""  # a release of a design's tables: the design file the curator ran
 
 
 @dataclass(frozen=True)
@@ -283,6 +286,47 @@ def fetch_perturbed(
     return columns
 
 
+def _decrypted_chunks(
+    endpoints: Endpoints,
+    release: PerturbedRelease,
+    pads: Mapping[int, ReleasePad],
+    consume: Callable[[list[SymbolArray | None], int], None],
+    restart: Callable[[], None],
+    log: EventLog,
+    notified_digest: bytes = b"",
+) -> None:
+    """Stream the perturbed rows, decrypt each chunk at its offset with the curators' ``pads``
+    (column index -> pad; None for a curator without one) and hand it to ``consume(columns,
+    first_row)``; ``restart`` is called before every attempt (a retry starts over). Returns only
+    if every row arrived and the digest matches the status, the stream's last chunk and (if
+    given) the ready notice."""
+    spec = release.spec
+    sizes = spec.plan.alphabet_sizes
+
+    def once() -> tuple[int, bytes, bytes]:
+        restart()
+        start = 0
+        with endpoints.server_channel() as channel:
+            chunks = pb_grpc.ReleaseServerStub(channel).FetchPerturbed(
+                pb.FetchRequest(release_id=spec.release_id), timeout=FETCH_RPC_SECONDS
+            )
+            stream = PerturbedStream(_with_progress(chunks, spec), spec)
+            for columns in stream.columns():
+                cols = {j: unpack_symbols(columns[j], sizes[j]) for j in pads}
+                rows = {c.size for c in cols.values()}
+                if len(rows) > 1 or start + next(iter(rows)) > spec.m:
+                    raise FetchError(f"perturbed chunk at row {start} has columns of {sorted(rows)} rows")
+                consume([pads[j].decrypt(cols[j], start) if j in pads else None for j in range(len(sizes))], start)
+                start += next(iter(rows))
+            return start, stream.computed, stream.streamed
+
+    rows, computed, streamed = with_retries(once, "fetch_perturbed", log)
+    _check_digest(computed, (release.digest, streamed, notified_digest), spec.release_id)
+    if rows != spec.m:
+        raise FetchError(f"expected m = {spec.m} perturbed rows per curator, got {rows}")
+    log("fetched", release_id=spec.release_id, rows=spec.m, digest=computed.hex(), tables=len(spec.tables))
+
+
 def count_perturbed(
     endpoints: Endpoints,
     release: PerturbedRelease,
@@ -293,34 +337,44 @@ def count_perturbed(
     """The observed counts of the decrypted joint symbols of the curators in ``pads`` (column
     index -> that curator's pad), counted chunk by chunk as the perturbed rows stream in: memory
     does not grow with m (each chunk is decrypted at its offset; a ChaCha20 pad computes just
-    that range). The counts are returned only if every row arrived and the digest matches the
-    status, the stream's last chunk and (if given) the ready notice."""
-    spec = release.spec
+    that range)."""
     subset = sorted(pads)
-    sizes = [spec.plan.alphabet_sizes[j] for j in subset]
+    sizes = [release.spec.plan.alphabet_sizes[j] for j in subset]
     cells = int(np.prod(sizes))
+    counts = np.zeros(cells, dtype=np.int64)
 
-    def once() -> tuple[npt.NDArray[np.int64], int, bytes, bytes]:
-        counts, start = np.zeros(cells, dtype=np.int64), 0
-        with endpoints.server_channel() as channel:
-            chunks = pb_grpc.ReleaseServerStub(channel).FetchPerturbed(
-                pb.FetchRequest(release_id=spec.release_id), timeout=FETCH_RPC_SECONDS
-            )
-            stream = PerturbedStream(_with_progress(chunks, spec), spec)
-            for columns in stream.columns():
-                cols = [unpack_symbols(columns[j], k) for j, k in zip(subset, sizes, strict=True)]
-                if len({c.size for c in cols}) > 1 or start + cols[0].size > spec.m:
-                    raise FetchError(f"perturbed chunk at row {start} has columns of {[c.size for c in cols]} rows")
-                plain = [pads[j].decrypt(c, start) for j, c in zip(subset, cols, strict=True)]
-                counts += np.bincount(mixed_radix_encode(plain, sizes), minlength=cells)[:cells]
-                start += cols[0].size
-            return counts, start, stream.computed, stream.streamed
+    def consume(plain: list[SymbolArray | None], _: int) -> None:
+        digits = [d for j in subset if (d := plain[j]) is not None]
+        counts[:] += np.bincount(mixed_radix_encode(digits, sizes), minlength=cells)[:cells]
 
-    counts, rows, computed, streamed = with_retries(once, "fetch_perturbed", log)
-    _check_digest(computed, (release.digest, streamed, notified_digest), spec.release_id)
-    if rows != spec.m:
-        raise FetchError(f"expected m = {spec.m} perturbed rows per curator, got {rows}")
-    log("fetched", release_id=spec.release_id, rows=spec.m, digest=computed.hex())
+    def restart() -> None:
+        counts[:] = 0
+
+    _decrypted_chunks(endpoints, release, pads, consume, restart, log, notified_digest)
+    return counts
+
+
+def count_tables(
+    endpoints: Endpoints,
+    release: PerturbedRelease,
+    pads: Mapping[int, ReleasePad],
+    log: EventLog,
+    notified_digest: bytes = b"",
+) -> list[npt.NDArray[np.int64]]:
+    """A release of several tables (``mechanism/protocol/tables.py``): each table's observed
+    counts over its curators, decrypted and counted chunk by chunk as :func:`count_perturbed`
+    does (a table with a curator outside ``pads`` keeps zero counts: the caller reports it)."""
+    spec = release.spec
+    counts = [np.zeros(int(np.prod([x.alphabet_sizes[j] for j in x.live])), dtype=np.int64) for x in spec.tables]
+
+    def consume(plain: list[SymbolArray | None], start: int) -> None:
+        count_rows(plain, spec.tables, start, counts)
+
+    def restart() -> None:
+        for c in counts:
+            c[:] = 0
+
+    _decrypted_chunks(endpoints, release, pads, consume, restart, log, notified_digest)
     return counts
 
 
@@ -351,17 +405,24 @@ def _curator_key(head: pb.KeyChunk, otp: bytes, spec: ReleaseSpec, curator: str)
     """The checked pad and schema of one curator."""
     _check_key_head(head, spec, curator)
     k = spec.alphabet_of(curator)
+    segments = spec.segments_of(curator)
+    design = bytes(head.design)
+    if spec.tables and hashlib.sha256(design).hexdigest() != spec.design_digest:
+        raise KeyMismatchError(
+            f"{curator} sent a design with SHA-256 {hashlib.sha256(design).hexdigest()}; the release runs "
+            f"design {spec.design_digest}"
+        )
     if spec.cipher is CipherMode.CHACHA20:
-        pad = ReleasePad(spec.cipher, k, spec.m, key=PadKey(bytes(head.chacha20_key)))
+        pad = ReleasePad(spec.cipher, k, spec.m, key=PadKey(bytes(head.chacha20_key)), segments=segments)
     else:
-        pad = ReleasePad(spec.cipher, k, spec.m, pad_symbols=unpack_symbols(otp, k))
+        pad = ReleasePad(spec.cipher, k, spec.m, pad_symbols=unpack_symbols(otp, k), segments=segments)
     # The cells are labelled under the release's curator name, whatever the schema file calls it.
     schema = dataclasses.replace(schema_from_pb(head.schema, curator), name=curator)
     if schema.alphabet_size != k:
         raise KeyMismatchError(
             f"{curator}'s schema has {schema.alphabet_size} symbols; the release gives {curator} k = {k}"
         )
-    return CuratorKey(curator, pad, schema)
+    return CuratorKey(curator, pad, schema, design if spec.tables else b"")
 
 
 def _key_with_backoff(

@@ -11,14 +11,17 @@ report says which curators are missing and why. One ``timeout`` covers the whole
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 
 from secure_release.infra.logs import EventLog
+from secure_release.infra.streams import FetchError
 from secure_release.mechanism.errors import ErrorKind, SecureReleaseError
-from secure_release.mechanism.estimation.report import ReleaseReport, build_report
+from secure_release.mechanism.estimation.report import ReleaseEstimate, ReleaseReport, TablesReport, build_report
 from secure_release.mechanism.protocol.in_memory import estimate_from_counts, researcher_decrypt, researcher_estimate
 from secure_release.mechanism.protocol.spec import ReleaseSpec, check_name
+from secure_release.mechanism.protocol.tables import table_plan, tables_report
 from secure_release.mechanism.schema import JointSchema, SymbolArray
 from secure_release.researcher.client import (
     Endpoints,
@@ -27,11 +30,12 @@ from secure_release.researcher.client import (
     PerturbedRelease,
     acknowledge_keys,
     count_perturbed,
+    count_tables,
     fetch_keys,
     wait_perturbed,
 )
 from secure_release.researcher.errors import NoKeysError
-from secure_release.researcher.storage import write_report
+from secure_release.researcher.storage import AnyReport, write_report
 
 
 class MissingKeysError(SecureReleaseError):
@@ -88,6 +92,35 @@ def estimate_streamed(
     return build_report(spec.release_id, spec.plan, spec.curators, estimate, schema, keys.missing())
 
 
+def estimate_tables(
+    endpoints: Endpoints, release: PerturbedRelease, keys: KeyResults, log: EventLog, notified_digest: bytes = b""
+) -> TablesReport:
+    """A release of several tables: each table estimated from its counts as a release of its own
+    (n, m_t, gamma_t), labelled with its curators' attributes in it; a table with a curator whose
+    key is missing is not estimated (``missing`` says whose)."""
+    spec = release.spec
+    granted = granted_columns(spec, keys)
+    pads = {j: keys.granted[spec.curators[j]].pad for j in granted}
+    design_bytes = next(k.design for k in keys.granted.values())
+    design = json.loads(design_bytes)
+    attributes = [tuple(t["attributes"]) for t in design["release"]["tables"]]
+    if len(attributes) != len(spec.tables):
+        raise FetchError(f"the design names {len(attributes)} tables, the release {len(spec.tables)}")
+    counts = count_tables(endpoints, release, pads, log, notified_digest)
+    estimates: list[ReleaseEstimate | None] = []
+    missing: dict[int, str] = {}
+    for t, (layout, c) in enumerate(zip(spec.tables, counts, strict=True)):
+        absent = [spec.curators[j] for j in layout.live if j not in pads]
+        if absent:
+            estimates.append(None)
+            missing[t] = "no key from " + ", ".join(absent)
+            continue
+        estimates.append(estimate_from_counts(c, table_plan(spec.n, spec.plan.epsilon, layout)))
+    schemas = {c: k.schema for c, k in keys.granted.items()}
+    return tables_report(spec.release_id, spec.curators, spec.n, spec.plan.epsilon, spec.tables, attributes,
+                         schemas, estimates, design, spec.design_digest, missing)  # fmt: skip
+
+
 def process_release(
     endpoints: Endpoints,
     release_id: str,
@@ -96,7 +129,7 @@ def process_release(
     timeout: float,
     notified_digest: bytes = b"",
     allow_partial: bool = True,
-) -> ReleaseReport:
+) -> AnyReport:
     """Estimate ``release_id`` and (if ``out``) write its files; nothing is written on failure.
     ``timeout`` seconds cover everything; a missing key fails it unless ``allow_partial``."""
     check_name(release_id, "release id")
@@ -104,6 +137,9 @@ def process_release(
     release = wait_perturbed(endpoints, release_id, deadline)
     keys = fetch_keys(endpoints, release.spec, log, deadline)
     check_complete(release.spec, keys, allow_partial)
+    if release.spec.tables:
+        return _finish_tables(endpoints, estimate_tables(endpoints, release, keys, log, notified_digest), out, keys,
+                              log)  # fmt: skip
     report = estimate_streamed(endpoints, release, keys, log, notified_digest)
     if report.marginal:
         log.warning("marginal_only", release_id=release_id, refused=",".join(sorted(report.refused)))
@@ -116,4 +152,20 @@ def process_release(
     log("estimated", release_id=release_id, marginal=report.marginal, cells=len(report.labels),
         note=f"estimated {release_id}: {scope} of {len(report.labels)} cells, m={report.plan.m}, "
              f"epsilon {report.plan.epsilon:g}")  # fmt: skip
+    return report
+
+
+def _finish_tables(
+    endpoints: Endpoints, report: TablesReport, out: Path | None, keys: KeyResults, log: EventLog
+) -> TablesReport:
+    """Write a release of several tables (if ``out``), acknowledge the keys, log it."""
+    rid = report.release_id
+    if out is not None:
+        paths = write_report(out, report)
+        log("written", release_id=rid, files=",".join(p.name for p in paths),
+            note=f"result of {rid} written: {', '.join(str(p) for p in paths)}")  # fmt: skip
+        acknowledge_keys(endpoints, rid, keys.granted, log)
+    done = sum(t is not None for t in report.tables)
+    note = f"estimated {rid}: {done} of {len(report.tables)} tables, epsilon {report.epsilon:.6g} (Eq. T1)"
+    log("estimated", release_id=rid, tables=len(report.tables), note=note)
     return report

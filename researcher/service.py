@@ -19,16 +19,17 @@ import grpc
 from secure_release.infra.auth import caller
 from secure_release.infra.errors import abort_with
 from secure_release.infra.logs import EventLog
-from secure_release.infra.wire import report_to_pb
+from secure_release.infra.wire import report_to_pb, tables_to_pb
 from secure_release.mechanism.errors import ErrorKind, SecureReleaseError
-from secure_release.mechanism.estimation.report import ReleaseReport
+from secure_release.mechanism.estimation.report import ReleaseReport, TablesReport
 from secure_release.mechanism.protocol.spec import check_name
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
 from secure_release.researcher.errors import EstimateNotFoundError, NotAReaderError, ReleaseFailedError
+from secure_release.researcher.storage import AnyReport
 
 #: ``process(release_id, notified_digest)``: estimate one release (and write its files).
-Processor = Callable[[str, bytes], ReleaseReport]
+Processor = Callable[[str, bytes], AnyReport]
 #: The longest a GetEstimate(wait) without a deadline blocks.
 MAX_WAIT_SECONDS = 3600.0
 #: Releases estimated at once (a fixed pool: a flood of distinct release ids starts no threads).
@@ -58,9 +59,9 @@ class ReleaseTracker:
     """Which releases are being processed, finished (their reports) or failed (their errors),
     and the background threads that process them; thread safe."""
 
-    def __init__(self, process: Processor, log: EventLog, reports: Mapping[str, ReleaseReport]) -> None:
+    def __init__(self, process: Processor, log: EventLog, reports: Mapping[str, AnyReport]) -> None:
         self.process, self.log = process, log
-        self.reports: dict[str, ReleaseReport] = dict(reports)
+        self.reports: dict[str, AnyReport] = dict(reports)
         self.failures: dict[str, SecureReleaseError] = {}
         self.running: set[str] = set()
         self.changed = threading.Condition()
@@ -89,7 +90,7 @@ class ReleaseTracker:
 
     def _run(self, release_id: str, notified_digest: bytes) -> None:
         """Process one release; record its report or its error (never crash the service)."""
-        report: ReleaseReport | None = None
+        report: AnyReport | None = None
         failure: SecureReleaseError | None = None
         try:
             report = self.process(release_id, notified_digest)
@@ -114,7 +115,7 @@ class ReleaseTracker:
                 timeout,
             )
 
-    def outcome(self, release_id: str) -> ReleaseReport | SecureReleaseError | None:
+    def outcome(self, release_id: str) -> AnyReport | SecureReleaseError | None:
         """The release's report, else its failure, else None (unknown or still running)."""
         with self.changed:
             if release_id in self.reports:
@@ -169,6 +170,9 @@ class ResearcherService(pb_grpc.ResearcherServicer):
         if isinstance(outcome, ReleaseReport):
             self.log("estimate_served", release_id=release_id, to=str(caller(context)))
             return report_to_pb(outcome)
+        if isinstance(outcome, TablesReport):
+            self.log("estimate_served", release_id=release_id, to=str(caller(context)), tables=len(outcome.tables))
+            return tables_to_pb(outcome)
         if isinstance(outcome, SecureReleaseError):
             abort_with(context, outcome)
         if request.wait:

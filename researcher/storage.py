@@ -13,15 +13,17 @@ from pathlib import Path
 
 from secure_release.infra.fileio import atomic_write, private_dir, read_nofollow
 from secure_release.infra.logs import EventLog
-from secure_release.mechanism.estimation.report import OUTPUT_COLUMNS, ReleaseReport
+from secure_release.mechanism.estimation.report import OUTPUT_COLUMNS, TABLES_FORMAT, ReleaseReport, TablesReport
 from secure_release.researcher.heatmap import heatmap_png
 
+#: A result: one table, or a release of several (``TablesReport``).
+AnyReport = ReleaseReport | TablesReport
 FILE_MODE = 0o600
 DIR_MODE = 0o700
 
 
-def report_json(report: ReleaseReport) -> bytes:
-    """The report as indented JSON (``ReleaseReport.to_dict``)."""
+def report_json(report: AnyReport) -> bytes:
+    """The report as indented JSON (``ReleaseReport.to_dict``, ``TablesReport.to_dict``)."""
     return (json.dumps(report.to_dict(), indent=1) + "\n").encode()
 
 
@@ -36,29 +38,41 @@ def report_csv(report: ReleaseReport) -> bytes:
     return text.getvalue().encode()
 
 
-def write_report(out: Path, report: ReleaseReport) -> list[Path]:
-    """Write the JSON, CSV and (if matplotlib is installed) PNG of ``report`` into ``out``."""
+def write_report(out: Path, report: AnyReport) -> list[Path]:
+    """Write the JSON, CSV and (if matplotlib is installed) PNG of ``report`` into ``out`` (a
+    release of several tables: the JSON and one CSV a table, ``<release>.t<N>.csv``)."""
     out = private_dir(Path(out), fix_mode=False)  # never through a planted link, never another user's
-    files = {f"{report.release_id}.json": report_json(report), f"{report.release_id}.csv": report_csv(report)}
-    png = heatmap_png(report)
-    if png is not None:
-        files[f"{report.release_id}.png"] = png
+    files = {f"{report.release_id}.json": report_json(report)}
+    if isinstance(report, TablesReport):
+        for t, table in enumerate(report.tables, start=1):
+            if table is not None:
+                files[f"{report.release_id}.t{t}.csv"] = report_csv(table)
+    else:
+        files[f"{report.release_id}.csv"] = report_csv(report)
+        png = heatmap_png(report)
+        if png is not None:
+            files[f"{report.release_id}.png"] = png
     for name, data in files.items():
         atomic_write(out / name, data, FILE_MODE)
     return [out / name for name in files]
 
 
-def read_report(path: Path) -> ReleaseReport:
+def read_report(path: Path) -> AnyReport:
     """The report in a JSON file written by :func:`write_report`."""
-    report = ReleaseReport.from_dict(json.loads(read_nofollow(Path(path))))
+    data = json.loads(read_nofollow(Path(path)))
+    report: AnyReport
+    if isinstance(data, dict) and data.get("format") == TABLES_FORMAT:
+        report = TablesReport.from_dict(data)
+    else:
+        report = ReleaseReport.from_dict(data)
     if report.release_id != Path(path).stem:
         raise ValueError(f"{path.name} holds release {report.release_id!r}")
     return report
 
 
-def load_reports(out: Path, log: EventLog) -> dict[str, ReleaseReport]:
+def load_reports(out: Path, log: EventLog) -> dict[str, AnyReport]:
     """Every readable report in ``out`` by release id; unreadable files are logged and skipped."""
-    reports: dict[str, ReleaseReport] = {}
+    reports: dict[str, AnyReport] = {}
     if not Path(out).is_dir():
         return reports
     for path in sorted(Path(out).glob("*.json")):

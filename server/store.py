@@ -48,7 +48,7 @@ import numpy as np
 from secure_release.infra.fileio import check_owned, open_nofollow, private_dir
 from secure_release.infra.streams import TableDeclaration
 from secure_release.infra.wire import Declaration, Refusal
-from secure_release.mechanism.errors import ErrorKind, SecureReleaseError
+from secure_release.mechanism.errors import ErrorKind, SecureReleaseError, ShapeMismatchError
 from secure_release.mechanism.primitives.keys import PramKey, Seed
 from secure_release.mechanism.primitives.packing import CHUNK_ROWS, pack_symbols, symbol_width, unpack_symbols
 from secure_release.mechanism.primitives.pram import PRAM_BLOCK_ROWS, perturb
@@ -60,6 +60,7 @@ from secure_release.mechanism.protocol.index_sharing import (
 )
 from secure_release.mechanism.protocol.server_sampling import server_apply_rekey, server_draw_sample
 from secure_release.mechanism.protocol.spec import ReleaseSpec
+from secure_release.mechanism.protocol.tables import check_rows, perturb_rows
 from secure_release.mechanism.schema import SymbolArray
 from secure_release.server.refusals import Declarations, shown
 from secure_release.server.sqltx import StoreFullError, transaction
@@ -81,6 +82,15 @@ from secure_release.server.witness import Witness
 assert CHUNK_ROWS == PRAM_BLOCK_ROWS, "upload chunk s must be PRAM block s"
 
 MAX_CHUNK_BYTES = 4 * CHUNK_ROWS  # 1 MiB
+
+
+def check_table_rows(symbols: SymbolArray, spec: ReleaseSpec, curator: str, first_row: int) -> None:
+    """A chunk of a release of several tables: every row's symbol below its table's alphabet for
+    this curator (``ChunkShapeError``, INVALID_ARGUMENT, before anything is stored)."""
+    try:
+        check_rows(symbols, spec.tables, spec.curators.index(curator), first_row)
+    except ShapeMismatchError as exc:
+        raise ChunkShapeError(f"chunk at row {first_row} of {curator!r}: {exc}") from None
 
 
 class StoreError(ServerStateError):
@@ -547,6 +557,8 @@ class Store:
             rel.check_open()
             k = rel.spec.alphabet_of(curator)
             symbols = unpack_symbols(data, k)  # range and whole-symbol length
+            if rel.spec.tables:  # a release of several tables: each row within its table's alphabet
+                check_table_rows(symbols, rel.spec, curator, seq * CHUNK_ROWS)
             if not rel.check_chunk(curator, caller, seq, len(symbols), sha):
                 return False
             new_state = rel.state_with_chunk()
@@ -660,7 +672,10 @@ class Store:
                     if gathered is not None:  # server-sampled: stored rows + re-key columns
                         lo = seq * CHUNK_ROWS
                         cols = server_apply_rekey([g[lo : lo + cols[0].size] for g in gathered], cols, sizes)
-                    out = perturb(cols, sizes, channel, key, first_row=seq * CHUNK_ROWS)
+                    if p.tables:  # each table's rows: gamma_t-diagonal PRAM on its joint, its own keystream
+                        out = perturb_rows(cols, p.tables, key, first_row=seq * CHUNK_ROWS)
+                    else:
+                        out = perturb(cols, sizes, channel, key, first_row=seq * CHUNK_ROWS)
                     for j, (col, k) in enumerate(zip(out, sizes, strict=True)):
                         packed = pack_symbols(col, k)
                         h.update(packed)

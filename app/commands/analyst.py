@@ -17,10 +17,10 @@ from typing import Any
 import numpy as np
 
 from secure_release import display
-from secure_release.api import Result, _result
+from secure_release.api import Result, _result, result_from_tables
 from secure_release.frames import TableInputError
-from secure_release.mechanism.errors import SecureReleaseError
-from secure_release.mechanism.estimation.report import COLUMN_MEANINGS
+from secure_release.mechanism.errors import MultiTableResultError, SecureReleaseError
+from secure_release.mechanism.estimation.report import COLUMN_MEANINGS, TablesReport
 
 _CONN = "--researcher 127.0.0.1:7200 --certs certs/analyst --name analyst"
 EPILOG = (
@@ -33,6 +33,8 @@ EPILOG = (
     f"  secure-release analyst test r1 --between education --and salary --given sex {_CONN}\n"
     f"  secure-release analyst associations r1 {_CONN}\n"
     f"  secure-release analyst report r1 --out r1.html {_CONN}\n"
+    f"  secure-release analyst questions r1 {_CONN}   # a release designed for questions\n"
+    "  secure-release analyst questions results/r1.json --json   # a result file the researcher wrote\n"
 )
 
 
@@ -70,6 +72,17 @@ TEST_HELP = (
     "This reads only the released counts: it spends no privacy budget. docs/analysis.md has the\n"
     "methods and their calibration."
 )
+QUESTIONS_HELP = (
+    "Answer every question of a release designed for them (secure-release plan --question; every curator\n"
+    "ran the design with --design FILE), each from the table of the release that holds its attributes:\n"
+    "  A ~ B, A ~ B | C + D   the likelihood-ratio test of independence (within every level of C, D) and\n"
+    "                        Cramer's V of A and B with its 95% interval\n"
+    "  Y ~ X1 + X2           a binary Y: the logistic deviance test of X1 given X2 and the coefficients;\n"
+    "                        more levels: the planned test of independence of Y and X1 given X2 (said so)\n"
+    "beside what the design planned: the smallest Cramer's V each test detects and its power at the\n"
+    "design's V. R is a result file or the release's id at --researcher. A release of the whole joint\n"
+    "has no design: exit 2 (ask it with `analyst test`). Spends no privacy budget."
+)
 ASSOCIATIONS_HELP = (
     "Test every pair of attributes held by different curators, as `analyst test` does, with raw and\n"
     "Holm-adjusted p-values (the family-wise error over all pairs stays under alpha) and Cramer's V\n"
@@ -96,8 +109,9 @@ def check_output(path: Path, flag: str, suffixes: tuple[str, ...] = ()) -> Path:
     return path
 
 
-def _connection(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--researcher", required=True, help="HOST:PORT of the researcher service")
+def _connection(p: argparse.ArgumentParser, required: bool = True) -> None:
+    where = "" if required else " (not needed when R is a result file)"
+    p.add_argument("--researcher", required=required, help=f"HOST:PORT of the researcher service{where}")
     p.add_argument("--certs", type=Path, help="directory with ca.pem, NAME.pem, NAME.key")
     p.add_argument("--name", default="analyst", help="this analyst's certificate name (default: analyst)")
     p.add_argument("--insecure", action="store_true", help="plaintext gRPC (test deployments only)")
@@ -167,6 +181,18 @@ def register(sub: Any) -> None:
     rep.add_argument("--out", type=Path, required=True, help="the HTML file to write, e.g. r1.html")
     _connection(rep)
     rep.set_defaults(func=run_report)
+    que = asub.add_parser(
+        "questions", help="answer every question of a release designed for them (plan --question; --design)",
+        description=QUESTIONS_HELP, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )  # fmt: skip
+    que.add_argument("release_id", metavar="R",
+                     help="a result file (the researcher's results/<release>.json, or Result.save's), or the "
+                     "release's id to fetch from --researcher (secure-release analyst list shows them)")  # fmt: skip
+    que.add_argument("--seed", type=int, default=0, help="the bootstrap's seed (default 0: the same p each run)")
+    que.add_argument("--draws", type=int, default=999, help="bootstrap draws at most (default 999)")
+    que.add_argument("--json", action="store_true", help="print the answers as JSON")
+    _connection(que, required=False)
+    que.set_defaults(func=run_questions)
     exp = asub.add_parser(
         "export", help="write the cells to FILE: .csv, .json or .parquet",
         description=EXPORT_HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -182,7 +208,7 @@ def fetch(args: argparse.Namespace) -> Result:
     from secure_release.analyst import fetch_report
 
     report = fetch_report(args.researcher, args.certs, args.name, args.release_id, True, args.timeout, args.insecure)
-    return _result(report)
+    return result_from_tables(report) if isinstance(report, TablesReport) else _result(report)
 
 
 def run_report(args: argparse.Namespace) -> int:
@@ -195,9 +221,41 @@ def run_report(args: argparse.Namespace) -> int:
     check_output(args.out, "--out")
     result = fetch(args)
     atomic_write(args.out, html_report(result).encode("utf-8"), 0o644)
+    if result.designed:
+        d = result.design
+        asked = f"{len(d.questions)} questions answered, " if d is not None else ""
+        print(f"wrote {args.out} (release {args.release_id}: {asked}{len(result.parts)} tables)")
+        return 0
     print(f"wrote {args.out} (release {args.release_id}: {len(result.report.labels)} cells, "
           f"{len(result.attributes)} marginal charts)")  # fmt: skip
     return 0
+
+
+def run_questions(args: argparse.Namespace) -> int:
+    """``analyst questions R``: the design's questions answered, each from its table (a release
+    designed for questions only: a release of the whole joint exits 2, ``NoDesignError``)."""
+    answers = load_or_fetch(args).questions(seed=args.seed, draws=args.draws)
+    print(json.dumps(answers.to_dict(), allow_nan=False) if args.json else answers)
+    return 0
+
+
+class ResultSourceError(SecureReleaseError):
+    """``analyst questions R``: R is no result file, and no --researcher was given to fetch a
+    release of that id from."""
+
+
+def load_or_fetch(args: argparse.Namespace) -> Result:
+    """The Result ``args.release_id`` names: a result file (``api.load_result``: one table or a
+    release of several) when one is there, else the release of that id from --researcher."""
+    from secure_release.api import load_result
+
+    path = Path(args.release_id)
+    if path.is_file():
+        return load_result(path)
+    if args.researcher is None:
+        raise ResultSourceError(f"{args.release_id!r} is no result file here, and no --researcher HOST:PORT was given "
+                                "to fetch a release of that id from; give a file or --researcher")  # fmt: skip
+    return fetch(args)
 
 
 def run_list(args: argparse.Namespace) -> int:
@@ -210,7 +268,10 @@ def run_list(args: argparse.Namespace) -> int:
 
 def run_show(args: argparse.Namespace) -> int:
     result = fetch(args)
-    print(json.dumps(result.to_dict()) if args.json else display.explain(result.report))
+    if args.json:
+        print(json.dumps(result.to_dict()))
+    else:
+        print(display.explain_tables(result) if result.designed else display.explain(result.report))
     return 0
 
 
@@ -266,6 +327,11 @@ def run_export(args: argparse.Namespace) -> int:
 
     kind = EXPORT_FORMATS[check_output(args.file, "FILE", tuple(EXPORT_FORMATS)).suffix.lower()]
     result = fetch(args)
+    if result.designed and kind != "json":
+        raise MultiTableResultError(
+            f"release {args.release_id} is {len(result.parts)} tables with different cells: export it as .json (every "
+            "table, the design and the guarantee); a .csv or .parquet holds one table's cells"
+        )
     if kind == "json":
         atomic_write(args.file, (json.dumps(result.to_dict(), indent=1) + "\n").encode("utf-8"), 0o644)
     elif kind == "csv":

@@ -4,6 +4,10 @@ PKI (project CA) -> server, alice (leading curator), bob and the researcher as s
 processes talking gRPC over mutual TLS on OS-chosen ports -> one release of the Adult table ->
 the analyst asks the researcher for the estimate -> a table of estimate vs truth.
 
+With ``--question``: the release is designed for the researcher's questions (one table a block of
+questions, disjoint samples, one epsilon: docs/analysis.md), every curator runs the design file,
+and the demo prints each question's answer beside what the whole joint would have planned.
+
 With ``--sampling server``: the curators store the aligned table once, encrypted under
 their table keys (``store-table``), then two releases run from it with no data file: the server
 draws a fresh sample for each, the curators re-key it and charge their table ledgers twice.
@@ -36,6 +40,7 @@ from secure_release.cluster import (
     wait_exit,
 )
 from secure_release.demo_data import MAX_CURATORS
+from secure_release.infra.designfile import write_design
 
 #: --alignment psi in the demo: at most this many rows (~0.12-0.22 ms of one core per id per curator).
 MAX_PSI_ROWS = 20_000
@@ -55,7 +60,8 @@ def register(sub: Any) -> None:
         epilog="Examples:\n  secure-release demo\n  secure-release demo --curators 3 --epsilon 1.0\n"
         "  secure-release demo --json > demo.json\n"
         "  secure-release demo --sampling indices --alignment psi --rows 5000\n"
-        "  secure-release demo --sampling server     # store the table once, then two releases from it",
+        "  secure-release demo --sampling server     # store the table once, then two releases from it\n"
+        '  secure-release demo --question "salary ~ education | sex"   # a release designed for the question',
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--epsilon", type=float, default=0.5, help="privacy level epsilon > 0 (default 0.5)")
@@ -80,6 +86,15 @@ def register(sub: Any) -> None:
         help="hash: keyed-hash id tags (fast); psi: N-party ECDH private set intersection through the "
         f"leader, ~0.12-0.22 ms of one core per id per curator, so only with a small --rows (at most {MAX_PSI_ROWS:,})",
     )
+    p.add_argument(
+        "--question",
+        action="append",
+        default=None,
+        metavar="Q",
+        help="design the release for this question (repeatable): 'A ~ B', 'A ~ B | C + D' or 'Y ~ X1 + X2'; "
+        "the release is then the design's tables from disjoint samples at the same epsilon, and the demo "
+        "prints each answer and the whole joint's planned figures beside it (docs/analysis.md)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--keep", type=Path, default=None, help="keep the working directory here")
     p.set_defaults(func=run)
@@ -97,6 +112,11 @@ def check_args(args: argparse.Namespace) -> None:
         raise InvalidSampleSizeError(f"--rows must be >= 10, got {args.rows}")
     if args.m is not None and args.m < 1:
         raise InvalidSampleSizeError(f"--m must be an integer >= 1, got {args.m}")
+    if args.question and args.sampling == "server":
+        from secure_release.mechanism.errors import DesignMismatchError
+
+        raise DesignMismatchError("--question designs a release the curators sample; it does not combine with "
+                                  "--sampling server (use --sampling seed or indices)")  # fmt: skip
     if args.alignment == "psi" and (args.rows is None or args.rows > MAX_PSI_ROWS):
         raise InvalidSampleSizeError(
             f"--alignment psi costs ~0.12-0.22 ms of one core per id per curator; "
@@ -142,6 +162,8 @@ def run(args: argparse.Namespace) -> int:
         akey.chmod(0o600)
         if args.sampling == "server":
             return _server_sampled(cluster, root, akey, info, sizes, args)
+        if args.question:
+            return _designed(cluster, root, akey, info, args)
         addrs = launch_release(
             cluster, root / "data", root / "certs", "demo-1", args.epsilon, args.m, args.cipher, akey,
             curators=curators, sampling=args.sampling, alignment=args.alignment,
@@ -179,6 +201,57 @@ def run(args: argparse.Namespace) -> int:
         cluster.close()
         if tmp is not None:
             tmp.cleanup()
+
+
+def _designed(cluster: Cluster, root: Path, akey: Path, info: dict[str, Any], args: argparse.Namespace) -> int:
+    """A release designed for ``--question``: the design from the curators' schemas, every curator
+    runs its file, the researcher's tables answer the questions (``demo --question``)."""
+    from secure_release.api import result_from_tables
+    from secure_release.curator.table import load_schema
+    from secure_release.infra.wire import tables_report_from_pb
+    from secure_release.mechanism.analysis.design import design
+
+    curators = list(info["curators"])
+    schemas = [load_schema(root / "data" / f"{c}.json").schema for c in curators]
+    d = design(int(info["n"]), schemas, args.epsilon, args.question, at_v=DEMO_AT_V)
+    path = write_design(d, root / "design.json")
+    progress(f"design {d.digest()[:16]}...: {len(d.release.tables)} table(s) for {len(d.questions)} question(s); "
+             "every curator runs it (--design)")  # fmt: skip
+    addrs = launch_release(
+        cluster, root / "data", root / "certs", "demo-1", args.epsilon, None, args.cipher, akey,
+        curators=curators, sampling=args.sampling, alignment=args.alignment,
+        curator_extra={c: ["--design", str(path)] for c in curators},
+    )  # fmt: skip
+    progress("release running; asking the researcher for the tables as analyst")
+    report = tables_report_from_pb(get_estimate(addrs["researcher"], root / "certs", "demo-1"))
+    if report is None:
+        raise RuntimeError("the researcher returned a single table for a designed release")
+    result = result_from_tables(report)
+    answers = result.questions()
+    if args.json:
+        print(json.dumps({"design": d.to_dict(), "digest": d.digest(), "questions": answers.to_dict(),
+                          "result": report.to_dict()}, allow_nan=False, default=_plain))  # fmt: skip
+    else:
+        print(d)
+        print()
+        print(answers)
+        print(f"\nThe whole joint at the same epsilon {args.epsilon:g} (K = {d.whole_joint.tables[0].joint_size}) "
+              "would have planned the detectable V in the design's 'V joint' column above; the release "
+              f"charged epsilon {report.epsilon:.6g} (Eq. T1; sequential composition {report.sequential_epsilon:.6g}).")
+    return 0
+
+
+def _plain(value: Any) -> Any:
+    """JSON for numpy scalars and arrays in the answers."""
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"not JSON: {type(value).__name__}")
+
+
+#: The Cramer's V at which ``demo --question`` reports each question's planned power.
+DEMO_AT_V = 0.2
 
 
 #: The stored table and the releases of ``demo --sampling server``.

@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 import textwrap
 from pathlib import Path
 from typing import Any
 
 from secure_release import display
+from secure_release.infra.designfile import write_design
 from secure_release.mechanism.analysis.power import PowerPlan, power_plan
 from secure_release.mechanism.analysis.suggest import (
     DEFAULT_LIMIT,
@@ -64,13 +66,24 @@ def register(sub: Any) -> None:
             "into [1, n]. predicted_rmse is the exact root-mean-squared l2 error of the A^-1 "
             "estimate, worst case over the data (sum of squared cell shares = 1/K); bound is "
             "Thm 3.4's (c sqrt K + 1)/sqrt m and bound_tight the paper's (c + 1)/sqrt m. --suggest lists "
-            "instead what to give up (attributes, bins, categories) when that error is mostly noise.",
+            "instead what to give up (attributes, bins, categories) when that error is mostly noise. "
+            "--question (repeatable) designs instead a release for the researcher's questions: tables of the "
+            "attributes the questions need, each from its own disjoint sample m_t with its own gamma_t under the "
+            "one epsilon (Eq. T1, docs/privacy.md), printed beside the whole joint with each question's smallest "
+            "detectable Cramer's V (and its power at --at-v); --out writes the design file every curator runs. "
+            "A question the n records cannot answer exits 2 with the design's advice.",
             78,
         ),
         epilog="Examples:\n  secure-release plan --n 45222 --alphabet 6,4 --epsilon 0.5 --json\n"
         "  secure-release plan --n 300 --schema alice.json --schema bob.json --epsilon 1 --suggest\n"
         "  secure-release plan --n 300 --schema alice.json --schema bob.json --epsilon 1 --suggest --target 0.01\n"
-        "  secure-release plan --n 45222 --schema alice.json --schema bob.json --epsilon 0.5 --power education,sex",
+        "  secure-release plan --n 45222 --schema alice.json --schema bob.json --epsilon 0.5 --power education,sex\n"
+        '  secure-release plan --n 45222 --schema alice.json --schema bob.json --epsilon 1 \\\n'
+        '      --question "salary ~ education | sex" --question "marital ~ sex" --at-v 0.1 --out design.json\n'
+        '      # a release designed for two questions: its tables, m_t, gamma_t, each question\'s detectable V\n'
+        '  secure-release plan --n 45222 --schema alice.json --schema bob.json --epsilon 1 \\\n'
+        '      --question "salary ~ education + sex" --marginals shares.json --json\n'
+        '      # shares.json: public expected shares, e.g. {"sex": [0.48, 0.52]}',
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--n", type=int, required=True, help="number of aligned records (n >= 1)")
@@ -126,7 +139,88 @@ def register(sub: Any) -> None:
         "m, at the m that maximises it and at m*, assuming uniform marginals; with --suggest, that V for every "
         "suggestion. Public inputs only",
     )
+    p.add_argument(
+        "--question",
+        action="append",
+        default=[],
+        metavar="Q",
+        help="design the release for this question (repeatable): 'A ~ B' (is A associated with B?), "
+        "'A ~ B | C + D' (given C and D) or 'Y ~ X1 + X2' (a model), names from the --schema files. Prints the "
+        "tables, each table's disjoint sample m_t and gamma_t under the one --epsilon (Eq. T1, docs/privacy.md) and "
+        "each question's detectable Cramer's V beside the whole joint's; --out writes the design file every curator "
+        "runs with (secure-release-curator run --design FILE)",
+    )
+    p.add_argument("--marginals", type=Path, default=None, metavar="FILE",
+                   help="with --question: public expected shares per attribute, JSON {attribute: [share, ...]} "
+                   "(a census, a codebook); the power is then planned for them instead of uniform shares")  # fmt: skip
+    p.add_argument("--at-v", type=float, default=None, metavar="V",
+                   help="with --question: also print each question's power at this Cramer's V")  # fmt: skip
+    p.add_argument("--out", type=Path, default=None, metavar="FILE", help="with --question: write the design here")
     p.set_defaults(func=run)
+
+
+class QuestionsNeedMoreError(SecureReleaseError):
+    """``plan --question``: some question gets no useful power from the n records at this epsilon
+    (its detectable Cramer's V is above the design's limit); the design's advice (more epsilon,
+    coarser attributes, or dropping the question) is printed, and no design file is written."""
+
+
+class MarginalsFileError(SecureReleaseError):
+    """``plan --marginals FILE`` is not a JSON object of attribute names to lists of shares."""
+
+
+def read_marginals(path: Path) -> dict[str, list[float]]:
+    """``--marginals FILE``: JSON ``{attribute: [share, ...]}``, one share a level in the schema's
+    code order (the design checks the names, counts and sums)."""
+    from secure_release.infra.fileio import require_file
+
+    try:
+        data = json.loads(require_file(path, "--marginals").read_text(encoding="utf-8"))
+    except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise MarginalsFileError(f"--marginals {path}: not JSON ({exc}); give {{attribute: [share, ...]}}") from None
+    ok = isinstance(data, dict) and all(
+        isinstance(v, list) and v and all(isinstance(x, int | float) and not isinstance(x, bool) for x in v)
+        for v in data.values()
+    )
+    if not ok:
+        raise MarginalsFileError(f"--marginals {path}: give a JSON object {{attribute: [share, ...]}} with one number "
+                                 'a level, e.g. {"sex": [0.48, 0.52]}')  # fmt: skip
+    return {str(k): [float(x) for x in v] for k, v in data.items()}
+
+
+def run_design(args: argparse.Namespace, schemas: list[CuratorSchema]) -> int:
+    """``plan --question``: the release designed for the questions (``mechanism.analysis.design``):
+    printed (or ``--json``), written to ``--out``; a question with no useful power exits 2
+    (:class:`QuestionsNeedMoreError`) after the design and its advice are printed."""
+    from secure_release.commands.analyst import check_output
+    from secure_release.mechanism.analysis.design import design
+
+    if len(schemas) < 2 or args.alphabet or args.suggest or args.m is not None or args.power is not None:
+        raise PlanFlagsError("--question takes one --schema FILE per curator (two or more), and no --alphabet, "
+                             "--suggest, --power or --m (the design chooses each table's m and plans each "
+                             "question's power)")  # fmt: skip
+    if args.out is not None:
+        check_output(args.out, "--out")
+    marginals = None if args.marginals is None else read_marginals(args.marginals)
+    d = design(args.n, schemas, args.epsilon, args.question, marginals, at_v=args.at_v)
+    weak = [(i, f) for i, f in enumerate(d.release.figures, start=1) if f.advice]
+    if args.json:
+        print(json.dumps({**d.to_dict(), "digest": d.digest()}, allow_nan=False))
+    else:
+        print(d)
+    if weak:
+        named = ", ".join(f"Q{i} {f.question!r}" for i, f in weak)
+        raise QuestionsNeedMoreError(
+            f"{named} get(s) no useful power from n = {d.n} records at epsilon {d.epsilon:g} (detectable Cramer's V "
+            f"above {d.max_useful_v:g} or the table's largest): the design's advice is printed with it (more epsilon, "
+            "coarser attributes, or drop the question); no design file written"
+        )
+    if args.out is not None:
+        write_design(d, args.out)
+        message = (f"wrote {args.out} (design {d.digest()[:16]}): every curator runs it "
+                   f"(secure-release-curator run ... --design {args.out})")  # fmt: skip
+        print(message, file=sys.stderr if args.json else sys.stdout)
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:
@@ -137,6 +231,10 @@ def run(args: argparse.Namespace) -> int:
         raise PlanFlagsError("--target and --max-suggestions go with --suggest (without it, plan prints the plan)")
     specs = [load_schema(require_file(path, "--schema")) for path in args.schema]
     schemas = [spec.schema for spec in specs]
+    if args.question:
+        return run_design(args, schemas)
+    if args.marginals is not None or args.at_v is not None or args.out is not None:
+        raise PlanFlagsError("--marginals, --at-v and --out go with --question")
     if args.power is not None and (args.alphabet or not schemas):
         raise PlanFlagsError("--power A,B names attributes of the --schema files: give one --schema FILE per curator "
                              f"{'instead of' if args.alphabet else 'with'} --alphabet (alphabet sizes carry no "

@@ -55,7 +55,7 @@ from secure_release.mechanism.primitives.keys import Seed
 from secure_release.mechanism.privacy.plan import plan_release
 from secure_release.mechanism.protocol.architectures import AlignmentMode, SamplingMode, VariantAgreement
 from secure_release.mechanism.protocol.in_memory import Agreement
-from secure_release.mechanism.protocol.spec import ReleaseSpec
+from secure_release.mechanism.protocol.spec import ReleaseSpec, designed_spec
 
 
 class SpooledRows:
@@ -612,8 +612,12 @@ class ClusterLeader(LeaderState):
         self.results = {}  # the release takes the matches from here on (a resend is only compared now)
         self.count = sum(self.own_counts)
         self.row_files = {c: SpooledRows([self.unit_rows(c, u) for u in units], self.own_counts) for c in followers}
-        plan = plan_release(self.count, [self.sizes[c] for c in self.curators], self.epsilon, self.m)
-        spec = ReleaseSpec(self.release_id, self.curators, self.cipher, plan, self.researchers).validate()
+        if self.tables is not None:  # --design: the design's tables for this n (as LeaderState's agreement)
+            spec = designed_spec(self.release_id, self.curators, self.cipher, self.count, self.tables,
+                                 self.researchers)  # fmt: skip
+        else:
+            plan = plan_release(self.count, [self.sizes[c] for c in self.curators], self.epsilon, self.m)
+            spec = ReleaseSpec(self.release_id, self.curators, self.cipher, plan, self.researchers).validate()
         base = Agreement(spec, self.seed or Seed.generate(), np.zeros(0, dtype=TAG_DTYPE))
         return VariantAgreement(base, self.sampling, self.alignment, count=self.count)
 

@@ -33,7 +33,7 @@ from secure_release.mechanism.alignment.psi import PsiKey
 from secure_release.mechanism.errors import ErrorKind, SecureReleaseError
 from secure_release.mechanism.primitives.keys import PadKey, Seed
 from secure_release.mechanism.primitives.packing import CHUNK_ROWS, pack_symbols
-from secure_release.mechanism.primitives.pads import CipherMode, ReleasePad, encrypt
+from secure_release.mechanism.primitives.pads import CipherMode, ReleasePad
 from secure_release.mechanism.protocol.architectures import AlignmentMode, SamplingMode, VariantAgreement
 from secure_release.mechanism.protocol.in_memory import Agreement
 from secure_release.mechanism.protocol.server_sampling import TableKey
@@ -133,6 +133,7 @@ class ReleaseRecord:
     sampling: SamplingMode = SamplingMode.SEED  # how the sample was shared (says where its randomness comes from)
     table_id: str = ""  # server-sampled: the stored table; ``sample`` then holds -v_p mod k, not plaintext
     sample_file: SampleFile | None = None  # the sample in a file beside the record (``sample`` is then empty)
+    design_json: bytes = b""  # a release of a design's tables: the design file, served with the key
 
     def sample_slice(self, start: int, count: int) -> SymbolArray:
         """The sampled symbols [start, start + count) (from the sample file if there is one)."""
@@ -149,7 +150,7 @@ class ReleaseRecord:
         count = min(CHUNK_ROWS, m - start)
         if seq < 0 or count <= 0:
             raise KeystoreError(f"chunk {seq} is outside the {-(-m // CHUNK_ROWS)} chunks of m = {m}")
-        return pack_symbols(encrypt(self.sample_slice(start, count), self.pad.pad(start, count), k), k)
+        return pack_symbols(self.pad.encrypt_range(self.sample_slice(start, count), start), k)
 
     def ciphertext(self) -> SymbolArray:
         """The ciphertext this record always uploads: its pad over its own sample. Pad and
@@ -157,7 +158,7 @@ class ReleaseRecord:
         meets other plaintext. For a server-sampled release (``table_id``) ``sample`` holds the
         negated table pads at the server's positions, so this is the re-key column
         delta = (w - v_p) mod k (``server_sampling.curator_rekey``)."""
-        return encrypt(self.sample_slice(0, self.pad.length), self.pad.pad(), self.pad.alphabet_size)
+        return self.pad.encrypt_range(self.sample_slice(0, self.pad.length), 0)
 
     def check_table(self, fingerprint: str) -> None:
         """:class:`TableChangedError` unless the table still hashes to the recorded fingerprint."""
@@ -194,6 +195,8 @@ class ReleaseRecord:
                 else self.sampling.randomness
             ),
             **({"table_id": self.table_id} if self.table_id else {}),
+            **({"design": _b64(self.design_json)} if self.design_json else {}),
+            **({"segments": [list(x) for x in pad.segments]} if pad.segments is not None else {}),
         }
 
     def _sample_fields(self) -> dict[str, Any]:
@@ -209,10 +212,12 @@ class ReleaseRecord:
         mode = CipherMode(data["mode"])
         k, length = int(data["alphabet_size"]), int(data["length"])
         width = k if "symbol_width" in data else 1 << 32  # records of older versions: 4 bytes a symbol
+        spec = ReleaseSpec.from_dict(data["spec"])
+        segments = _segments(spec, data.get("segments"), k)
         if mode is CipherMode.CHACHA20:
-            pad = ReleasePad(mode, k, length, key=PadKey(bytes.fromhex(data["chacha20_key"])))
+            pad = ReleasePad(mode, k, length, key=PadKey(bytes.fromhex(data["chacha20_key"])), segments=segments)
         else:
-            pad = ReleasePad(mode, k, length, pad_symbols=_from_u32(data["otp_pad"], width))
+            pad = ReleasePad(mode, k, length, pad_symbols=_from_u32(data["otp_pad"], width), segments=segments)
         until = data.get("retention_until")
         sample_file = None
         if "sample_file" in data:
@@ -221,7 +226,7 @@ class ReleaseRecord:
                 raise ValueError(f"sample file {name!r} is not a sample file of this keystore")
             sample_file = SampleFile(directory / name, int(data["sample_count"]), k, str(data["sample_sha256"]))
         return cls(
-            ReleaseSpec.from_dict(data["spec"]),
+            spec,
             pad,
             _from_u32(data["sample"], width) if sample_file is None else np.zeros(0, dtype=np.uint32),
             str(data["table_fingerprint"]),
@@ -231,7 +236,23 @@ class ReleaseRecord:
             SamplingMode.SEED if data.get("table_id") else SamplingMode.parse(str(data.get("sampling", "seed"))),
             str(data.get("table_id", "")),
             sample_file,
+            base64.b64decode(data["design"]) if "design" in data else b"",
         )
+
+
+def _segments(spec: ReleaseSpec, stored: Any, alphabet_size: int) -> tuple[tuple[int, int], ...] | None:
+    """A record's pad segments (a designed release: one (m_t, k_t) a table), checked against its
+    spec: they are one curator's ``spec.segments_of``, of the pad's alphabet; none for the whole
+    joint. A record whose pad would not decrypt as the researcher rebuilds it is refused."""
+    segments = None if stored is None else tuple((int(m), int(k)) for m, k in stored)
+    if not spec.designed:
+        if segments is not None:
+            raise ValueError("a record of the whole joint holds table segments")
+        return None
+    fits = [c for c in spec.curators if spec.segments_of(c) == segments and spec.alphabet_of(c) == alphabet_size]
+    if not fits:
+        raise ValueError("the record's pad segments are no curator's tables of its spec")
+    return segments
 
 
 def _b64(raw: bytes) -> str:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from secure_release.curator.cluster.matching import ClusterLeader
 from secure_release.curator.config import CuratorConfig
-from secure_release.curator.errors import SpecRefusedError
+from secure_release.curator.errors import DesignRefusedError, SpecRefusedError
 from secure_release.curator.leader import LeaderState
 from secure_release.curator.records.keystore import Keystore
 from secure_release.curator.records.witness import BudgetWitness
@@ -53,7 +53,11 @@ def reach_agreement(
         return agree(config, own.tag_source(), own.alphabet_size, state, log, link.deadline, own.rows_sink)
     except SpecRefusedError as exc:
         if state is None:
-            refuse_visibly(link, exc.spec, f"{config.name} refuses the agreed spec: {exc}")  # a mismatch: exit 1
+            # a mismatch exits 1 at every party; another design is a refusal, exit 3 at every party
+            why = f"{config.name} refuses the agreed spec: {exc}"
+            if isinstance(exc, DesignRefusedError):
+                why = refusal_reason(exc, config.name)
+            refuse_visibly(link, exc.spec, why)
         raise
 
 

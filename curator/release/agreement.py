@@ -24,6 +24,7 @@ import numpy.typing as npt
 from secure_release.curator.config import CuratorConfig
 from secure_release.curator.errors import (
     AlphabetSizeMismatchError,
+    DesignRefusedError,
     ReleaseRefusedError,
     SpecRefusedError,
     stopped_error,
@@ -47,7 +48,7 @@ from secure_release.mechanism.alignment.keyed_hash import TAG_DTYPE, Alignment, 
 from secure_release.mechanism.errors import SecureReleaseError
 from secure_release.mechanism.privacy.plan import plan_release
 from secure_release.mechanism.protocol.architectures import VariantAgreement, sample_fingerprint
-from secure_release.mechanism.protocol.spec import ReleaseSpec
+from secure_release.mechanism.protocol.spec import ReleaseSpec, designed_spec
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
 
@@ -105,6 +106,7 @@ def leader_state(config: CuratorConfig, own_size: int, kind: type[LeaderState] =
         sampling=config.sampling,
         alignment=config.alignment,
         max_points=config.max_rows,
+        tables=config.design,
     )
 
 
@@ -112,6 +114,8 @@ def spec_differences(config: CuratorConfig, own_size: int, spec: ReleaseSpec, co
     """How the leader's ``spec`` differs from the spec this curator expects, readable ([] if
     none): same release id, curators and cipher, this curator's alphabet size, n = the number
     of common tags, our epsilon, our m (if we set one) and gamma by Eq. (2)."""
+    if config.design is not None or spec.designed:  # a release of a design's tables: the same design, by digest
+        return design_differences(config, spec, common_count)
     sizes = list(spec.plan.alphabet_sizes)
     if config.name in spec.curators:
         sizes[spec.curators.index(config.name)] = own_size
@@ -124,17 +128,44 @@ def spec_differences(config: CuratorConfig, own_size: int, spec: ReleaseSpec, co
     return ours.differences(spec)
 
 
+def design_differences(config: CuratorConfig, spec: ReleaseSpec, common_count: int) -> list[str]:
+    """How the leader's spec of a designed release differs from the one this curator's own design
+    gives for the same n (first of all the design's digest: both are named)."""
+    mine = config.design.digest if config.design is not None else "none (no --design)"
+    theirs = spec.design_digest or "none (the whole joint, no --design)"
+    if mine != theirs:
+        return [f"design (the leader runs design {theirs}, this curator design {mine})"]
+    assert config.design is not None
+    try:
+        ours = designed_spec(config.release_id, config.curators, config.cipher, common_count, config.design,
+                             spec.researchers)  # fmt: skip
+    except SecureReleaseError as exc:
+        return [f"plan of the design's tables ({type(exc).__name__}: {exc})"]
+    return ours.differences(spec)
+
+
 def check_agreement(config: CuratorConfig, own_size: int, agreement: VariantAgreement) -> VariantAgreement:
     """The agreement, with its spec's researchers replaced by this curator's own (what it
     registers at the server); :class:`SpecRefusedError` if the leader's spec or its sampling or
-    alignment mode differs from ours."""
+    alignment mode differs from ours; :class:`DesignRefusedError` (a refusal: exit 3 at every
+    party) if either runs a design (``--design``) and the spec is not what this curator's design
+    gives for the agreed n (another digest, none, or other tables)."""
     base = agreement.base
-    problems = spec_differences(config, own_size, base.spec, agreement.num_common)
+    differences = spec_differences(config, own_size, base.spec, agreement.num_common)
+    problems = list(differences)
     if agreement.sampling is not config.sampling:
         problems.append(f"sampling ({agreement.sampling.value!r} != {config.sampling.value!r})")
     if agreement.alignment is not config.alignment:
         problems.append(f"alignment ({agreement.alignment.value!r} != {config.alignment.value!r})")
     spec = replace(base.spec, researchers=config.researchers)
+    if differences and (config.design is not None or base.spec.designed):
+        mine = config.design.digest if config.design is not None else "none (no --design)"
+        theirs = base.spec.design_digest or "none (no --design)"
+        raise DesignRefusedError(
+            f"the leader's release spec is not this curator's design (the leader's design {theirs}, this "
+            f"curator's design {mine}): {'; '.join(problems)}",
+            spec,
+        )
     if problems:
         raise SpecRefusedError(f"the leader's release spec differs from ours: {'; '.join(problems)}", spec)
     return replace(agreement, base=base._replace(spec=spec))

@@ -49,7 +49,7 @@ from secure_release.infra.health import add_health_and_reflection
 from secure_release.infra.logs import EventLog, peak_rss_mib
 from secure_release.infra.tls import bind, make_grpc_server
 from secure_release.mechanism.alignment.keyed_hash import TAG_DTYPE, TagArray
-from secure_release.mechanism.errors import SecureReleaseError
+from secure_release.mechanism.errors import DesignMismatchError, SecureReleaseError
 from secure_release.mechanism.protocol.architectures import AlignmentMode, SamplingMode
 from secure_release.mechanism.protocol.in_memory import CuratorTable
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
@@ -286,11 +286,12 @@ class ResumeSettings(NamedTuple):
     epsilon: float
     curators: tuple[str, ...]
     sampling: SamplingMode
+    design_digest: str = ""  # --design: the digest of the design (none: the whole joint)
 
     @classmethod
     def of(cls, config: CuratorConfig) -> ResumeSettings:
         """These fields of ``config``."""
-        return cls(config.release_id, config.epsilon, config.curators, config.sampling)
+        return cls(config.release_id, config.epsilon, config.curators, config.sampling, config.design_digest)
 
 
 def resumable_record(settings: ResumeSettings, keystore: Keystore, fingerprint: str) -> ReleaseRecord | None:
@@ -307,6 +308,11 @@ def resumable_record(settings: ResumeSettings, keystore: Keystore, fingerprint: 
         raise ConfigError(
             f"release {settings.release_id!r} was prepared with epsilon {record.spec.plan.epsilon}, curators "
             f"{list(record.spec.curators)} and --sampling {record.sampling.value}; a resume must use the same settings"
+        )
+    if record.spec.design_digest != settings.design_digest:
+        raise DesignMismatchError(
+            f"release {settings.release_id!r} was prepared with design {record.spec.design_digest or 'none'}, this "
+            f"run gives {settings.design_digest or 'none'} (--design); a resume must use the same design file"
         )
     return record
 

@@ -2,10 +2,16 @@
 common tags (in this process, or gathered on its cluster), the agreed m rows sampled (from the
 seed or the leader's index tuple) and encrypted under a fresh pad, and pad, sample and table
 fingerprint persisted (0600, fsync) before anything is uploaded. A release prepared before a
-restart is resumed from that record instead (:func:`resume`)."""
+restart is resumed from that record instead (:func:`resume`).
+
+A designed release (``--design``, ``spec.tables``): the sample is split in order into the tables'
+rows, and in table t's rows the record holds (and the pad, one segment a table, encrypts) the
+symbol of this curator's attributes in table t (:func:`designed_column`), in process or as the
+cluster's sample file is written."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator
 from typing import NamedTuple
 
 import numpy as np
@@ -32,6 +38,8 @@ from secure_release.mechanism.protocol.architectures import (
     agreement_positions,
     sample_fingerprint,
 )
+from secure_release.mechanism.protocol.spec import ReleaseSpec
+from secure_release.mechanism.protocol.tables import TablesPlan, project_rows
 from secure_release.mechanism.schema import SymbolArray
 
 
@@ -41,11 +49,13 @@ class PrepareSettings(NamedTuple):
     name: str  # this curator: its row order in the leader's agreement
     dataset: str  # recorded with the release: the ledger's key of its budget
     test_pad_key: PadKey | None  # tests only: a fixed pad key
+    design: TablesPlan | None = None  # --design: the tables whose attributes each row carries
+    design_json: bytes = b""  # the design file, kept with the record (the researcher gets it with the key)
 
     @classmethod
     def of(cls, config: CuratorConfig) -> PrepareSettings:
         """These fields of ``config``."""
-        return cls(config.name, config.dataset, config.test_pad_key)
+        return cls(config.name, config.dataset, config.test_pad_key, config.design, config.design_json)
 
 
 def prepare_own_part(
@@ -81,18 +91,21 @@ def prepare(
     order, as a cluster gathered them (then nothing is aligned here); ``pieces``: the same left
     on the cluster, sampled there into the record's sample file (seed sampling)."""
     spec = agreement.base.spec
+    column = designed_column(settings, spec)
     sample_file: SampleFile | None = None
     if pieces is not None:
-        sample_file = sample_pieces(own, agreement, keystore, pieces, log)
+        sample_file = sample_pieces(own, agreement, keystore, pieces, log, column)
         sample = np.zeros(0, dtype=np.uint32)
     elif aligned is not None:
-        sample = sample_aligned(own, agreement, aligned, log)
+        sample = column(sample_aligned(own, agreement, aligned, log), 0)
     else:
-        sample = sample_table(own, agreement, leader_rows, log)
-    pad = new_release_pad(spec.cipher, own.alphabet_size, spec.m, settings.test_pad_key)
+        sample = column(sample_table(own, agreement, leader_rows, log), 0)
+    pad = new_release_pad(spec.cipher, own.alphabet_size, spec.m, settings.test_pad_key,
+                          segments=spec.segments_of(settings.name))  # fmt: skip
     fingerprint = sample_fingerprint(agreement)
     record = ReleaseRecord(spec, pad, sample, own.fingerprint, settings.dataset, fingerprint,
-                           sampling=agreement.sampling, sample_file=sample_file)  # fmt: skip
+                           sampling=agreement.sampling, sample_file=sample_file,
+                           design_json=settings.design_json)  # fmt: skip
     keystore.save_record(record)
     log(
         "prepared",
@@ -106,17 +119,47 @@ def prepare(
     return record
 
 
+#: A curator's sampled symbols at rows [first_row, ...) as the column it encrypts.
+Column = Callable[[SymbolArray, int], SymbolArray]
+
+
+def designed_column(settings: PrepareSettings, spec: ReleaseSpec) -> Column:
+    """What this curator encrypts of its sampled symbols at rows [first_row, ...): the symbols
+    themselves (the whole joint), or in a designed release (``spec.tables``) in each table's rows
+    the symbol of its attributes in that table (``tables.project_rows``, vectorized)."""
+    if not spec.designed:
+        return lambda sample, first_row: sample
+    design = settings.design
+    if design is None or design.digest != spec.design_digest:  # check_agreement refused this already
+        raise AgreementError(f"the spec is of design {spec.design_digest}, this curator runs "
+                             f"{design.digest if design is not None else 'none'}")  # fmt: skip
+    schema, attributes = design.schema_of(settings.name), design.table_attributes
+    return lambda sample, first_row: project_rows(sample, schema, attributes, spec.tables, first_row)
+
+
+def _columns(runs: Iterable[SymbolArray], column: Column) -> Iterator[SymbolArray]:
+    """``runs`` (the sample in order, a piece at a time) as ``column`` makes each piece."""
+    first_row = 0
+    for run in runs:
+        yield column(run, first_row)
+        first_row += int(run.size)
+
+
 def sample_pieces(
-    own: OwnData, agreement: VariantAgreement, keystore: Keystore, pieces: AlignedPieces, log: EventLog
-) -> SampleFile:
+    own: OwnData, agreement: VariantAgreement, keystore: Keystore, pieces: AlignedPieces, log: EventLog,
+    column: Column | None = None,
+) -> SampleFile:  # fmt: skip
     """The agreed rows of ``pieces`` (the aligned column left on the cluster) sampled there by
-    seed into the release's sample file; the pieces released."""
+    seed into the release's sample file (as ``column`` makes them: a designed release's file holds
+    each table's projected symbols, as the in-process record does); the pieces released."""
     spec = agreement.base.spec
     log("aligned", matched=pieces.num_rows, rows=own.sharded.num_rows if own.sharded else None,
         runs=len(pieces.sizes), peak_rss_mib=peak_rss_mib())  # fmt: skip
     if agreement.sampling is not SamplingMode.SEED:  # config refuses --sampling indices on a cluster
         raise AgreementError("a curator on a cluster samples by seed only (--sampling seed)")
-    runs = sample_runs(pieces, agreement.base.seed, spec.release_id, spec.m, log)
+    runs: Iterable[SymbolArray] = sample_runs(pieces, agreement.base.seed, spec.release_id, spec.m, log)
+    if column is not None:
+        runs = _columns(runs, column)
     sample_file = keystore.write_sample(spec.release_id, runs, own.alphabet_size)
     pieces.release()
     return sample_file

@@ -104,7 +104,7 @@ def serve_until_acknowledged(
     Shared with server-side sampling. The acknowledgements are kept in the keystore
     (``acknowledged-<release>.json``), so a curator restarted after a researcher acknowledged
     does not wait for it again."""
-    service.add_release(settings.release_id, record.pad, settings.grants)
+    service.add_release(settings.release_id, record.pad, settings.grants, record.design_json)
     acks = _acks_file(settings)
     saved = _load_acks(acks, log) & set(settings.grants)
     service.keys[settings.release_id].acknowledged.update(saved)

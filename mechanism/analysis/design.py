@@ -15,7 +15,6 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -174,19 +173,18 @@ class Design:
         (``protocol.tables.layouts_for`` rescales them to the aligned n)."""
         return [(t.attributes, t.m, t.gamma) for t in self.release.tables]
 
-    def to_file(self, path: str | Path) -> Path:
-        """Write the design (indented JSON) for every curator to run with (``--design FILE``)."""
-        target = Path(path)
-        target.write_text(json.dumps(self.to_dict(), indent=2, allow_nan=False) + "\n", encoding="utf-8")
-        return target
+    def to_json(self) -> str:
+        """The design file's text (indented JSON of :meth:`to_dict`); ``infra.designfile`` writes
+        it for every curator to run with (``--design FILE``)."""
+        return json.dumps(self.to_dict(), indent=2, allow_nan=False) + "\n"
 
     @classmethod
-    def from_file(cls, path: str | Path) -> Design:
-        """The design in ``path`` (:meth:`to_file`); a named error for another file."""
+    def from_json(cls, text: str) -> Design:
+        """The design in a design file's text; a named error for anything else."""
         try:
-            data = json.loads(Path(path).read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            raise InvalidQuestionError(f"cannot read a design from {str(path)!r}: {exc}") from exc
+            data = json.loads(text)
+        except ValueError as exc:
+            raise InvalidQuestionError(f"not a design: the text is not JSON ({exc})") from None
         return cls.from_dict(data)
 
     # ----------------------------------------------------------------------- reading it

@@ -213,3 +213,35 @@ def utility_check(plan: ReleasePlan) -> dict[str, Any]:
     if eps is not None:
         out["suggested_epsilon"], out["suggested_m"] = eps, accounting.best_rmse_at_epsilon(plan.n, K, eps)[0]
     return out
+
+
+def tables_guarantee(
+    n: int, sample_sizes: Sequence[int], gammas: Sequence[float], joint_sizes: Sequence[int]
+) -> dict[str, Any]:
+    """The guarantee of a release of several tables from disjoint samples (docs/privacy.md,
+    "A release of several tables"): epsilon by Eq. (T1) (``disjoint_tables.release_epsilon``, as
+    every ledger charges it), sequential composition (Eq. T3) beside it, delta = 0, the same unit
+    and neighbouring relation as one table, and each table's parameters."""
+    from secure_release.mechanism.privacy import disjoint_tables
+
+    epsilon = disjoint_tables.release_epsilon(n, sample_sizes, gammas)
+    return {
+        "definition": guarantee_statement(),
+        "statement": guarantee_statement(epsilon),
+        "statistical": STATISTICAL.replace("Theorem 3.2", "Eq. (T1) of docs/privacy.md"),
+        "computational": COMPUTATIONAL,
+        "epsilon": epsilon,
+        "sequential_epsilon": disjoint_tables.sequential_epsilon(n, sample_sizes, gammas),
+        "delta": 0.0,
+        "privacy_unit": PRIVACY_UNIT,
+        "neighbouring_relation": NEIGHBOURING,
+        "mechanism": (
+            "T tables from disjoint samples: a uniform ordered tuple of m_1 + ... + m_T of the n records, "
+            "split in order into the tables' groups; a record in group t contributes only table t's "
+            "attributes, and gamma_t-diagonal PRAM is applied to table t's joint"
+        ),
+        "theorem": "Eq. (T1), docs/privacy.md (the ratio maximised over the sets of tables a changed record "
+                   "pushes up); sequential composition (Eq. T3) is never below it",
+        "parameters": {"n": n, "tables": [{"m": m, "gamma": g, "K": k, "keep_probability": (g - 1) / (g + k - 1)}
+                                          for m, g, k in zip(sample_sizes, gammas, joint_sizes, strict=True)]},
+    }

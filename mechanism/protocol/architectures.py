@@ -68,6 +68,7 @@ from secure_release.mechanism.protocol.server_sampling import (
     server_gather,
     table_ledger_name,
 )
+from secure_release.mechanism.protocol.tables import TablesPlan
 from secure_release.mechanism.schema import JointSchema, SymbolArray, joint_codes, mixed_radix_encode
 
 IndexArray = npt.NDArray[np.int64]
@@ -177,15 +178,17 @@ def leader_agree_variant(
     seed: Seed | None = None,
     indices: IndexArray | None = None,
     common: TagArray | None = None,
+    tables: TablesPlan | None = None,
 ) -> VariantAgreement:
     """The leader's agreement (``protocol.leader_agree``) with the sample fixed by a seed or by
     an OS-drawn index tuple. ``tags_by_curator`` are keyed-hash tags or PSI tags alike.
     ``seed`` / ``indices``: reproducible tests only. ``common``: the common tags, if the caller
-    matched the lists already (``alignment.align_all``)."""
+    matched the lists already (``alignment.align_all``). ``tables``: a release of a design's
+    tables (``in_memory.leader_agree``)."""
     sampling_mode: SamplingMode = _mode(sampling, SamplingMode)
     alignment_mode: AlignmentMode = _mode(alignment, AlignmentMode)
     base = leader_agree(
-        release_id, curators, tags_by_curator, sizes_by_curator, epsilon, m, cipher, researchers, seed, common
+        release_id, curators, tags_by_curator, sizes_by_curator, epsilon, m, cipher, researchers, seed, common, tables
     )
     if sampling_mode is SamplingMode.SEED:
         if indices is not None:

@@ -39,9 +39,10 @@ from secure_release.mechanism.primitives.pads import CipherMode, ReleasePad, new
 from secure_release.mechanism.primitives.pram import perturb
 from secure_release.mechanism.primitives.sampling import sample_positions
 from secure_release.mechanism.privacy.plan import ReleasePlan, plan_release
-from secure_release.mechanism.protocol.spec import ReleaseSpec
+from secure_release.mechanism.protocol.spec import ReleaseSpec, designed_spec
 from secure_release.mechanism.protocol.tables import (
     TableLayout,
+    TablesPlan,
     count_rows,
     layouts_for,
     perturb_rows,
@@ -113,6 +114,7 @@ def leader_agree(
     researchers: Sequence[str] = (),
     seed: Seed | None = None,
     common: TagArray | None = None,
+    tables: TablesPlan | None = None,
 ) -> Agreement:
     """Step 1c, the leading curator: from every curator's tags and alphabet size, the common
     tags (ascending: the canonical order), n = their number, the plan (m defaults to m*) and a
@@ -120,6 +122,8 @@ def leader_agree(
 
     ``curators`` is the joint-code order; the spec's alphabet sizes follow it. ``common``: the
     common tags if the caller computed them already (with every list's rows, ``align_all``).
+    ``tables``: a release of a design's tables (``spec.designed_spec``; its epsilon and m_t, not
+    ``epsilon`` and ``m``).
     """
     missing = [c for c in curators if c not in tags_by_curator or c not in sizes_by_curator]
     if missing:
@@ -130,6 +134,9 @@ def leader_agree(
     if common is None:
         common = common_tags([tags_by_curator[c] for c in curators])
     common = np.ascontiguousarray(common.astype(TAG_DTYPE, copy=False))
+    if tables is not None:
+        spec = designed_spec(release_id, curators, cipher, int(common.size), tables, researchers)
+        return Agreement(spec, seed or Seed.generate(), common)
     plan = plan_release(int(common.size), [sizes_by_curator[c] for c in curators], epsilon, m)
     spec = ReleaseSpec(release_id, tuple(curators), cipher, plan, tuple(researchers)).validate()
     return Agreement(spec, seed or Seed.generate(), common)

@@ -24,7 +24,7 @@ from secure_release.mechanism.primitives.pram import check_gamma
 from secure_release.mechanism.primitives.sampling import check_sample_size
 from secure_release.mechanism.privacy import accounting
 from secure_release.mechanism.privacy.plan import ReleasePlan
-from secure_release.mechanism.protocol.tables import TableLayout, check_layouts, segments_of
+from secure_release.mechanism.protocol.tables import TableLayout, TablesPlan, check_layouts, segments_of
 from secure_release.mechanism.schema import check_joint_alphabet
 
 #: Release ids: a letter or digit, then up to 127 letters, digits, '.', '_', '-'.
@@ -214,3 +214,21 @@ class ReleaseSpec:
             tables=tuple(TableLayout.from_dict(t) for t in d.get("tables", ())),
             design_digest=str(d.get("design_digest", "")),
         )
+
+
+def designed_spec(
+    release_id: str,
+    curators: Sequence[str],
+    cipher: CipherMode,
+    n: int,
+    plan: TablesPlan,
+    researchers: Sequence[str] = (),
+) -> ReleaseSpec:
+    """The validated spec of a release of a design's tables (``protocol/tables.py``) for ``n``
+    aligned records: the layouts for this n, m = sum m_t, every curator's whole-schema alphabet
+    (the wire's packing), the design's epsilon (what every ledger charges) and its digest."""
+    layouts = plan.layouts(n, curators)
+    sizes = tuple(plan.schema_of(c).alphabet_size for c in curators)
+    whole = ReleasePlan(n, sum(x.m for x in layouts), sizes, plan.epsilon, max(x.gamma for x in layouts))
+    return ReleaseSpec(release_id, tuple(curators), cipher, whole, tuple(researchers), tables=layouts,
+                       design_digest=plan.digest).validate()  # fmt: skip

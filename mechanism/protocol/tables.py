@@ -184,6 +184,35 @@ def table_plan(n: int, epsilon: float, layout: TableLayout) -> ReleasePlan:
     return ReleasePlan(n, layout.m, tuple(layout.alphabet_sizes[j] for j in layout.live), epsilon, layout.gamma)
 
 
+@dataclass(frozen=True)
+class TablesPlan:
+    """What a design file fixes for the protocol (``mechanism.analysis.design.Design`` reduced to
+    what the parties need): every curator's schema, each table's (attributes, m_t, gamma_t) as
+    planned for ``planned_n`` records, the total epsilon and the design's digest."""
+
+    schemas: tuple[CuratorSchema, ...]
+    tables: tuple[tuple[tuple[str, ...], int, float], ...]
+    epsilon: float
+    planned_n: int
+    digest: str
+
+    def schema_of(self, curator: str) -> CuratorSchema:
+        for s in self.schemas:
+            if s.name == curator:
+                return s
+        raise UnknownAttributeError(
+            f"the design has no schema for curator {curator!r}; it has {[s.name for s in self.schemas]}"
+        )
+
+    @property
+    def table_attributes(self) -> list[tuple[str, ...]]:
+        return [a for a, _, _ in self.tables]
+
+    def layouts(self, n: int, curators: Sequence[str]) -> tuple[TableLayout, ...]:
+        """The layouts for ``n`` aligned records of ``curators`` (spec order)."""
+        return layouts_for(n, [self.schema_of(c) for c in curators], self.tables, self.epsilon, self.planned_n)
+
+
 # --------------------------------------------------------------------------- from attributes
 def sub_schema(schema: CuratorSchema, attributes: Sequence[str]) -> CuratorSchema | None:
     """``schema`` restricted to ``attributes`` (kept in the schema's order), None if it has none."""

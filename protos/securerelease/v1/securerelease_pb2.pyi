@@ -1645,12 +1645,17 @@ class EstimateResponse(_message.Message):
     INTERVAL_METHOD_FIELD_NUMBER: _builtins.int
     ALL_CURATORS_FIELD_NUMBER: _builtins.int
     REFUSED_FIELD_NUMBER: _builtins.int
+    TABLES_JSON_FIELD_NUMBER: _builtins.int
     release_id: _builtins.str
     marginal: _builtins.bool
     """true if keys of only some curators were granted"""
     mle_iterations: _builtins.int
     interval_method: _builtins.str
     """how every cell's ci_low / ci_high were computed"""
+    tables_json: _builtins.str
+    """A release of several tables: TablesReport.to_dict() as JSON ("format": "secure-release/result/2",
+    one report a table); the fields above then hold only release_id.
+    """
     @_builtins.property
     def curators(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """the curators whose attributes the cells cover"""
@@ -1682,10 +1687,11 @@ class EstimateResponse(_message.Message):
         interval_method: _builtins.str = ...,
         all_curators: _abc.Iterable[_builtins.str] | None = ...,
         refused: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        tables_json: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["privacy", b"privacy"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["all_curators", b"all_curators", "attributes", b"attributes", "cells", b"cells", "curators", b"curators", "interval_method", b"interval_method", "marginal", b"marginal", "mle_iterations", b"mle_iterations", "privacy", b"privacy", "refused", b"refused", "release_id", b"release_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["all_curators", b"all_curators", "attributes", b"attributes", "cells", b"cells", "curators", b"curators", "interval_method", b"interval_method", "marginal", b"marginal", "mle_iterations", b"mle_iterations", "privacy", b"privacy", "refused", b"refused", "release_id", b"release_id", "tables_json", b"tables_json"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
