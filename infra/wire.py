@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from secure_release.mechanism.errors import SecureReleaseError, UnknownCipherError
+from secure_release.mechanism.errors import MultiTableResultError, SecureReleaseError, UnknownCipherError
 from secure_release.mechanism.estimation.report import CELL_COLUMNS, ReleaseReport, TablesReport
 from secure_release.mechanism.primitives.packing import CHUNK_ROWS
 from secure_release.mechanism.primitives.pads import CipherMode
@@ -227,7 +227,13 @@ def report_to_pb(report: ReleaseReport) -> pb.EstimateResponse:
 
 
 def report_from_pb(resp: pb.EstimateResponse) -> ReleaseReport:
-    """An ``EstimateResponse`` as the :class:`ReleaseReport` it was made from."""
+    """An ``EstimateResponse`` as the :class:`ReleaseReport` it was made from; a release of several
+    tables (``tables_json``) raises :class:`MultiTableResultError` (read it with
+    :func:`tables_report_from_pb`), never an empty table."""
+    if resp.tables_json:
+        raise MultiTableResultError(
+            f"release {resp.release_id!r} is a release of several tables; read it with tables_report_from_pb"
+        )
     p = resp.privacy
     return ReleaseReport.from_dict(
         {

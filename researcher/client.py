@@ -47,7 +47,12 @@ from secure_release.mechanism.protocol.tables import count_rows
 from secure_release.mechanism.schema import CuratorSchema, SymbolArray, mixed_radix_encode
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
-from secure_release.researcher.errors import DigestMismatchError, KeyMismatchError, ReleaseNotReadyError
+from secure_release.researcher.errors import (
+    DigestMismatchError,
+    KeyMismatchError,
+    ReleaseDesignMismatchError,
+    ReleaseNotReadyError,
+)
 
 ROLE = "researcher"
 POLL_SECONDS = 0.3
@@ -324,7 +329,8 @@ def _decrypted_chunks(
     _check_digest(computed, (release.digest, streamed, notified_digest), spec.release_id)
     if rows != spec.m:
         raise FetchError(f"expected m = {spec.m} perturbed rows per curator, got {rows}")
-    log("fetched", release_id=spec.release_id, rows=spec.m, digest=computed.hex(), tables=len(spec.tables))
+    tables = {"tables": len(spec.tables)} if spec.tables else {}  # the whole joint: the event as before
+    log("fetched", release_id=spec.release_id, rows=spec.m, digest=computed.hex(), **tables)
 
 
 def count_perturbed(
@@ -408,7 +414,7 @@ def _curator_key(head: pb.KeyChunk, otp: bytes, spec: ReleaseSpec, curator: str)
     segments = spec.segments_of(curator)
     design = bytes(head.design)
     if spec.tables and hashlib.sha256(design).hexdigest() != spec.design_digest:
-        raise KeyMismatchError(
+        raise ReleaseDesignMismatchError(
             f"{curator} sent a design with SHA-256 {hashlib.sha256(design).hexdigest()}; the release runs "
             f"design {spec.design_digest}"
         )

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from secure_release.infra.streams import FetchError  # defined beside the streams it guards
-from secure_release.mechanism.errors import ErrorKind, SecureReleaseError
+from secure_release.mechanism.errors import DesignMismatchError, ErrorKind, SecureReleaseError
 
 
 class ReleaseNotReadyError(FetchError):
@@ -19,6 +19,13 @@ class DigestMismatchError(FetchError):
 
 class KeyMismatchError(FetchError):
     """A curator's key does not fit the release (curator, cipher, alphabet size, m or schema)."""
+
+
+class ReleaseDesignMismatchError(KeyMismatchError, DesignMismatchError):
+    """A release of several tables whose design, as the curators sent it with their keys, is not
+    the release's: its SHA-256 is not the spec's design digest, it does not make the spec's tables
+    (m_t, gamma_t, alphabets) at the release's n, or its schema of a curator is not the one that
+    curator's key labels. Nothing is estimated."""
 
 
 class NoKeysError(SecureReleaseError):

@@ -16,12 +16,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from secure_release.infra.logs import EventLog
-from secure_release.infra.streams import FetchError
+from secure_release.mechanism.analysis.design import Design
 from secure_release.mechanism.errors import ErrorKind, SecureReleaseError
 from secure_release.mechanism.estimation.report import ReleaseEstimate, ReleaseReport, TablesReport, build_report
 from secure_release.mechanism.protocol.in_memory import estimate_from_counts, researcher_decrypt, researcher_estimate
-from secure_release.mechanism.protocol.spec import ReleaseSpec, check_name
-from secure_release.mechanism.protocol.tables import table_plan, tables_report
+from secure_release.mechanism.protocol.spec import ReleaseSpec, check_name, designed_spec
+from secure_release.mechanism.protocol.tables import TablesPlan, table_plan, tables_report
 from secure_release.mechanism.schema import JointSchema, SymbolArray
 from secure_release.researcher.client import (
     Endpoints,
@@ -34,7 +34,7 @@ from secure_release.researcher.client import (
     fetch_keys,
     wait_perturbed,
 )
-from secure_release.researcher.errors import NoKeysError
+from secure_release.researcher.errors import NoKeysError, ReleaseDesignMismatchError
 from secure_release.researcher.storage import AnyReport, write_report
 
 
@@ -49,6 +49,11 @@ def check_complete(spec: ReleaseSpec, keys: KeyResults, allow_partial: bool) -> 
     """:class:`MissingKeysError` unless every curator's key arrived or ``allow_partial``."""
     missing = keys.missing()
     if missing and not allow_partial:
+        if spec.tables:
+            raise MissingKeysError(
+                f"release {spec.release_id!r}: no tables without every curator's key; missing "
+                f"{dict(sorted(missing.items()))}; pass --allow-partial for the tables the others hold alone"
+            )
         raise MissingKeysError(
             f"release {spec.release_id!r}: no joint estimate without every curator's key; missing "
             f"{dict(sorted(missing.items()))}; pass --allow-partial for the marginal of the others"
@@ -92,33 +97,66 @@ def estimate_streamed(
     return build_report(spec.release_id, spec.plan, spec.curators, estimate, schema, keys.missing())
 
 
+def check_design(spec: ReleaseSpec, keys: KeyResults) -> Design:
+    """The design the curators sent with their keys (each checked against the spec's digest by
+    ``client``), checked to make this release: the spec its curators agreed (tables, m, epsilon,
+    alphabets at the release's n, as ``protocol.spec.designed_spec`` gives), and each granted curator's
+    schema the design's; :class:`ReleaseDesignMismatchError` otherwise."""
+    rid = spec.release_id
+    try:
+        design = Design.from_dict(json.loads(next(k.design for k in keys.granted.values())))
+        plan = TablesPlan(design.schemas, tuple(design.planned_tables()), design.epsilon, design.n, spec.design_digest)
+        ours = designed_spec(rid, spec.curators, spec.cipher, spec.n, plan, spec.researchers)
+    except (SecureReleaseError, ValueError, KeyError, TypeError) as exc:
+        raise ReleaseDesignMismatchError(
+            f"release {rid!r}: the design {spec.design_digest} does not make a release of curators "
+            f"{list(spec.curators)} at n = {spec.n} ({type(exc).__name__}: {exc})"
+        ) from None
+    differences = ours.differences(spec)
+    if differences:
+        raise ReleaseDesignMismatchError(
+            f"release {rid!r}: the spec the server holds is not the one design {spec.design_digest} gives at "
+            f"n = {spec.n}: {'; '.join(differences)}"
+        )
+    for curator, key in keys.granted.items():
+        if key.schema.attributes != plan.schema_of(curator).attributes:
+            raise ReleaseDesignMismatchError(
+                f"release {rid!r}: {curator}'s key labels its symbols with another schema than design "
+                f"{spec.design_digest} holds for it"
+            )
+    return design
+
+
 def estimate_tables(
     endpoints: Endpoints, release: PerturbedRelease, keys: KeyResults, log: EventLog, notified_digest: bytes = b""
 ) -> TablesReport:
     """A release of several tables: each table estimated from its counts as a release of its own
     (n, m_t, gamma_t), labelled with its curators' attributes in it; a table with a curator whose
-    key is missing is not estimated (``missing`` says whose)."""
+    key is missing is not estimated (None; ``missing`` says whose and why), as
+    ``in_memory.run_tables_release`` with ``granted``."""
     spec = release.spec
     granted = granted_columns(spec, keys)
-    pads = {j: keys.granted[spec.curators[j]].pad for j in granted}
-    design_bytes = next(k.design for k in keys.granted.values())
-    design = json.loads(design_bytes)
-    attributes = [tuple(t["attributes"]) for t in design["release"]["tables"]]
-    if len(attributes) != len(spec.tables):
-        raise FetchError(f"the design names {len(attributes)} tables, the release {len(spec.tables)}")
-    counts = count_tables(endpoints, release, pads, log, notified_digest)
-    estimates: list[ReleaseEstimate | None] = []
+    design = check_design(spec, keys)
+    why = keys.missing()
     missing: dict[int, str] = {}
-    for t, (layout, c) in enumerate(zip(spec.tables, counts, strict=True)):
-        absent = [spec.curators[j] for j in layout.live if j not in pads]
+    for t, layout in enumerate(spec.tables):
+        absent = [spec.curators[j] for j in layout.live if j not in granted]
         if absent:
-            estimates.append(None)
-            missing[t] = "no key from " + ", ".join(absent)
-            continue
-        estimates.append(estimate_from_counts(c, table_plan(spec.n, spec.plan.epsilon, layout)))
+            missing[t] = "no key from " + "; ".join(f"{c} ({why.get(c, 'not granted')})" for c in absent)
+    pads = {j: keys.granted[spec.curators[j]].pad for j in granted}
+    counts = count_tables(endpoints, release, pads, log, notified_digest)
+    estimates: list[ReleaseEstimate | None] = [
+        None if t in missing else estimate_from_counts(c, table_plan(spec.n, spec.plan.epsilon, layout))
+        for t, (layout, c) in enumerate(zip(spec.tables, counts, strict=True))
+    ]
+    if missing:
+        log.warning("tables_not_estimated", release_id=spec.release_id,
+                    tables=",".join(str(t + 1) for t in sorted(missing)), refused=",".join(sorted(why)))  # fmt: skip
     schemas = {c: k.schema for c, k in keys.granted.items()}
+    attributes = [a for a, _, _ in design.planned_tables()]
+    sent = json.loads(next(k.design for k in keys.granted.values()))  # the design as the curators sent it
     return tables_report(spec.release_id, spec.curators, spec.n, spec.plan.epsilon, spec.tables, attributes,
-                         schemas, estimates, design, spec.design_digest, missing)  # fmt: skip
+                         schemas, estimates, sent, spec.design_digest, missing)  # fmt: skip
 
 
 def process_release(

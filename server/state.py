@@ -100,6 +100,11 @@ class ChunkShapeError(ServerStateError):
     kind = ErrorKind.INVALID_ARGUMENT
 
 
+class TableAlphabetError(ChunkShapeError):
+    """A chunk of a release of several tables holds, in some table's rows, a symbol at or above
+    the curator's alphabet in that table (1 where the curator has no attribute in it: only 0)."""
+
+
 class ConflictingChunkError(ServerStateError):
     """A chunk number already holds different bytes."""
 

@@ -75,6 +75,7 @@ from secure_release.server.state import (
     ReleaseState,
     ServerLimits,
     ServerStateError,
+    TableAlphabetError,
 )
 from secure_release.server.tables import StoredTable, TableInUseError, TablePart, UnknownTableError
 from secure_release.server.witness import Witness
@@ -86,11 +87,11 @@ MAX_CHUNK_BYTES = 4 * CHUNK_ROWS  # 1 MiB
 
 def check_table_rows(symbols: SymbolArray, spec: ReleaseSpec, curator: str, first_row: int) -> None:
     """A chunk of a release of several tables: every row's symbol below its table's alphabet for
-    this curator (``ChunkShapeError``, INVALID_ARGUMENT, before anything is stored)."""
+    this curator (``TableAlphabetError``, INVALID_ARGUMENT, before anything is stored)."""
     try:
         check_rows(symbols, spec.tables, spec.curators.index(curator), first_row)
     except ShapeMismatchError as exc:
-        raise ChunkShapeError(f"chunk at row {first_row} of {curator!r}: {exc}") from None
+        raise TableAlphabetError(f"chunk at row {first_row} of {curator!r}: {exc}") from None
 
 
 class StoreError(ServerStateError):
@@ -557,10 +558,10 @@ class Store:
             rel.check_open()
             k = rel.spec.alphabet_of(curator)
             symbols = unpack_symbols(data, k)  # range and whole-symbol length
-            if rel.spec.tables:  # a release of several tables: each row within its table's alphabet
-                check_table_rows(symbols, rel.spec, curator, seq * CHUNK_ROWS)
             if not rel.check_chunk(curator, caller, seq, len(symbols), sha):
                 return False
+            if rel.spec.tables:  # a release of several tables: each row within its table's alphabet
+                check_table_rows(symbols, rel.spec, curator, seq * CHUNK_ROWS)
             new_state = rel.state_with_chunk()
             with self._tx():
                 self._db.execute(
