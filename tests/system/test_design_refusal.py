@@ -50,10 +50,12 @@ def test_a_follower_with_another_design_is_refused_at_every_party(certs: Path, t
         while time.monotonic() < end and any(dep.procs[r].poll() is None for r in ROLES[1:]):
             time.sleep(0.05)
         codes = {r: dep.procs[r].poll() for r in ROLES[1:]}
+        elapsed = time.monotonic() - t0
     finally:
         dep.close()
     logs = {r: dep.log(r).read_text(errors="replace") for r in ROLES}
     assert codes == {"alice": 3, "bob": 3, "researcher": 3}, (codes, {r: logs[r][-1500:] for r in ROLES[1:]})
+    assert elapsed < WITHIN_S, f"the refusal took {elapsed:.1f} s, more than {WITHIN_S} s"
     for role in CURATORS:
         last = logs[role].strip().splitlines()[-1]
         assert mine.digest() in last and other.digest() in last, (role, last)
