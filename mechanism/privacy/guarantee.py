@@ -18,6 +18,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from secure_release.mechanism.primitives.pram import PramChannel
 from secure_release.mechanism.privacy import accounting
 from secure_release.mechanism.privacy.plan import ReleasePlan
 
@@ -242,6 +243,6 @@ def tables_guarantee(
         ),
         "theorem": "Eq. (T1), docs/privacy.md (the ratio maximised over the sets of tables a changed record "
                    "pushes up); sequential composition (Eq. T3) is never below it",
-        "parameters": {"n": n, "tables": [{"m": m, "gamma": g, "K": k, "keep_probability": (g - 1) / (g + k - 1)}
+        "parameters": {"n": n, "tables": [{"m": m, "gamma": g, "K": k, "keep_probability": PramChannel(g, k).keep}
                                           for m, g, k in zip(sample_sizes, gammas, joint_sizes, strict=True)]},
     }
