@@ -6,7 +6,9 @@ seed or by an OS-drawn index tuple; the tags are keyed-hash or PSI tags alike).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import os
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -202,7 +204,6 @@ class LeaderState:
     max_points: int = 1 << 24  # PSI: points a ring list may hold (--max-rows)
     psi_dir: Path | None = None  # PSI: where the mailbox keeps the lists (None: in memory)
     _psi_mailbox: PsiMailbox | None = field(default=None, repr=False)
-    psi_public: dict[str, bytes] = field(default_factory=dict)  # sender -> its re-blinding public key
     psi_domain_tags: list[TagArray] | None = None  # PSI: the leader's own tags in every curator's domain
     tables: TablesPlan | None = None  # --design: the spec is the design's tables (spec.designed_spec)
     parts: dict[str, TagParts] = field(default_factory=dict)  # follower -> its tags' parts as they arrive
@@ -238,10 +239,21 @@ class LeaderState:
     @property
     def psi_mailbox(self) -> PsiMailbox:
         """The ring's lists (:mod:`secure_release.curator.psi_mailbox`): in memory, or in files
-        under ``psi_dir`` once set (a leader on a cluster)."""
+        under ``psi_dir`` once set (a leader of a release: kept in its keystore, so a restart
+        takes them again, with each sender's pinned public key)."""
         if self._psi_mailbox is None:
             self._psi_mailbox = PsiMailbox(self.psi_dir)
         return self._psi_mailbox
+
+    def leave_psi_mailbox(self) -> None:
+        """This run is over: forget the mailbox without removing its files (the keystore deletes
+        them once the release record is saved sealed, or the release is dropped; until then a
+        rerun of this leader takes them again). A directory that holds nothing is removed."""
+        with self.cond:
+            if self.psi_dir is not None:
+                with contextlib.suppress(OSError):  # not empty (kept), or gone already
+                    os.rmdir(self.psi_dir)
+            self._psi_mailbox, self.psi_dir = None, None
 
     def psi_route(self, owner: str, hop: int) -> tuple[str, str]:
         """(sender, recipient) of ``owner``'s list after ``hop`` blindings: curator
@@ -332,7 +344,7 @@ class LeaderState:
         context: bytes,
     ) -> None:  # fmt: skip
         with self.cond:
-            pinned = self.psi_public.setdefault(sender, public)
+            pinned = self.psi_mailbox.pin(sender, public)  # kept with the slices: a restart holds it too
         try:
             if public != pinned:
                 raise ReblindProofError(f"the public key differs from the one {sender!r} sent with its first list")

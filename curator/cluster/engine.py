@@ -25,6 +25,7 @@ opaque future; arguments that are handles are resolved where the task runs.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import json
@@ -45,9 +46,9 @@ from secure_release.curator.cluster.forkserver import (
     start_method,
 )
 from secure_release.curator.cluster.trim import trim_plugin
-from secure_release.curator.errors import stopped_error
+from secure_release.curator.errors import WaitTimeoutError, stopped_error
 from secure_release.infra.logs import EventLog
-from secure_release.mechanism.errors import SecureReleaseError
+from secure_release.mechanism.errors import ErrorKind, SecureReleaseError
 
 ENGINES = ("local", "dask")
 PROGRESS_EVERY_S = 2.0
@@ -201,6 +202,11 @@ class DaskEngine:
         self._log = log
         self.description = description
         self._stop = stop or threading.Event()
+        self.worker_memory: str | None = None  # an embedded cluster's --worker-memory (named when a task cannot fit)
+        #: The run's --timeout as a monotonic end (None: no end): a stage still waiting then
+        #: raises :class:`WaitTimeoutError` naming the stage, its progress and the workers alive.
+        self.deadline: float | None = None
+        self.timeout_s: float | None = None
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> Any:
         return self.client.submit(fn, *args, pure=False)
@@ -225,20 +231,25 @@ class DaskEngine:
         """``handle``'s value; :class:`StoppedError` within a second of SIGTERM (the task is
         cancelled), as :meth:`results`."""
 
-        def wait() -> Any:
-            while not handle.done():  # polled: see POLL_S
-                if self._stop.wait(POLL_S):
-                    self.client.cancel([handle])
-                    raise stopped_error(self._stop, "while waiting for the cluster")
-            return handle.result()
-
-        return _lost_worker_named(wait)
+        stage = stage_of(handle)
+        watch = _StallWatch(self, stage, 1)
+        while not handle.done():  # polled: see POLL_S
+            if self._stop.wait(POLL_S):
+                self.client.cancel([handle])
+                raise stopped_error(self._stop, "while waiting for the cluster")
+            watch.tick(0, [handle])
+        return self._named(lambda: handle.result(), stage)
 
     def results(self, handles: Sequence[Any], stage: str) -> list[Any]:
         """Every handle's value, in order; progress as they complete; :class:`StoppedError`
-        within a second of SIGTERM (the cluster's tasks are cancelled)."""
+        within a second of SIGTERM (the cluster's tasks are cancelled). The first task that
+        fails stops the wait at once (the others are cancelled): a task whose workers kept dying
+        is :class:`WorkerLostError` naming the stage and what to change, never a wait on tasks
+        that a wedged cluster will not run. Past the run's ``--timeout``: :class:`WaitTimeoutError`;
+        while nothing completes, a ``stage_waiting`` line a minute says what is awaited."""
         started, last = time.monotonic(), [0.0]
         pending, done = set(handles), 0
+        watch = _StallWatch(self, stage, len(handles))
         while pending:
             finished = {handle for handle in pending if handle.done()}  # polled: see POLL_S
             if not finished:
@@ -246,11 +257,28 @@ class DaskEngine:
             if self._stop.is_set():
                 self.client.cancel(list(pending))
                 raise stopped_error(self._stop, f"during the {stage} stage on the cluster")
+            failed = [handle for handle in finished if handle.status == "error"]
+            if failed:
+                self.client.cancel(list(pending - set(failed)))
+                self._named(failed[0].result, stage)  # raises the task's error (named)
             for handle in finished:
                 pending.discard(handle)
                 done += 1
                 _progress(self._log, stage, done, len(handles), started, last)
-        return list(_lost_worker_named(lambda: self.client.gather(list(handles))))
+            watch.tick(done, pending)
+        return list(self._named(lambda: self.client.gather(list(handles)), stage))
+
+    def _named(self, get: Callable[[], Any], stage: str) -> Any:
+        return _lost_worker_named(get, stage, self.worker_memory)
+
+    def workers_alive(self) -> int | None:
+        """Workers the cluster has now (an embedded cluster's, read locally; else None)."""
+        if self._cluster is None:
+            return None
+        try:
+            return len(self._cluster.scheduler_info.get("workers", {}))
+        except Exception:  # a cluster closing under us: unknown
+            return None
 
     def release(self, handles: Sequence[Any]) -> None:
         for handle in handles:
@@ -264,17 +292,84 @@ class DaskEngine:
             shutil.rmtree(self.handoff, ignore_errors=True)
 
 
-def _lost_worker_named(get: Callable[[], Any]) -> Any:
+class WorkerLostError(EngineError):
+    """A task whose workers kept dying (Dask gives a task up after it killed a few workers): on
+    an embedded cluster, a worker that passes 95% of ``--worker-memory`` is killed by its nanny,
+    so a task that cannot fit in a worker's memory ends here. A runtime failure (exit 1): the
+    same command can run once the memory, the files or the shards are changed."""
+
+    kind = ErrorKind.UNAVAILABLE
+
+
+#: The stage each task function belongs to (a task's key starts with its function's name).
+TASK_STAGES = {
+    "hash_partition": "read", "point_partition": "read", "regroup": "shuffle", "piece_of": "shuffle",
+    "merge_shard": "shuffle", "locate_tags": "locate", "shard_tags": "tags",
+    "shard_summary": "shuffle", "problems_of": "read", "match_spooled": "match", "match_shard": "match",
+    "match_rows": "match", "match_symbols": "gather", "gather_symbols": "gather", "gather_symbols_from": "gather",
+    "shard_tag_slice": "tags", "shard_tag_slice_to": "tags", "keep_run": "sample", "kept_counts": "sample",
+    "kept_part": "sample", "merge_range": "sample", "point_slice": "psi-send", "reblind_slice": "psi-hop",
+    "finish_slice_tags": "psi-finish", "symbols_from": "sample",
+}
+
+
+def stage_of(handle: Any) -> str:
+    """The stage of a task handle, from its key (its function's name), or "a" stage."""
+    key = str(getattr(handle, "key", "") or "")
+    return next((stage for fn, stage in TASK_STAGES.items() if key.startswith(fn + "-")), "a")
+
+
+def _lost_worker_named(get: Callable[[], Any], stage: str = "a", worker_memory: str | None = None) -> Any:
     """A task that failed because its workers kept dying (Dask retries a lost task a few
-    times) as an :class:`EngineError`; a stage's own error (e.g. BadRowsError) passes through."""
+    times) as a :class:`WorkerLostError` naming the stage, the workers' memory and what to
+    change; a stage's own error (e.g. BadRowsError) passes through."""
     killed: type[Exception] = importlib.import_module("distributed.scheduler").KilledWorker
     try:
         return get()
     except killed as exc:
-        raise EngineError(
-            f"the cluster lost the workers running a stage too often ({exc}); the release stopped before "
-            "anything was uploaded: check the workers' memory limit and logs, then run the same command again"
+        task = str(exc.args[0]) if exc.args else "?"
+        allowed = exc.args[2] if len(exc.args) > 2 else None
+        tries = f"{allowed + 1} workers died" if isinstance(allowed, int) else "several workers died"
+        memory = f" of {worker_memory} each (a worker is killed at 95% of it)" if worker_memory else ""
+        raise WorkerLostError(
+            f"the {stage} stage cannot finish: its task {task} killed every worker that ran it ({tries}), the "
+            f"workers{memory}; a task that cannot fit in a worker's memory ends this way. Give each worker more "
+            "memory (--worker-memory), split the input into more and smaller files, or use more shards (--shards), "
+            "then run the same command again; nothing was uploaded by this stage"
         ) from None
+
+
+#: How long a stage may make no progress before a ``stage_waiting`` line says what it awaits.
+STALL_LOG_S = 60.0
+
+
+class _StallWatch:
+    """Watches one wait on the cluster: past the engine's deadline, :class:`WaitTimeoutError`
+    naming the stage; while nothing completes, a ``stage_waiting`` line a minute."""
+
+    def __init__(self, engine: DaskEngine, stage: str, total: int) -> None:
+        self.engine, self.stage, self.total = engine, stage, total
+        self.done, self.since, self.said = 0, time.monotonic(), time.monotonic()
+
+    def tick(self, done: int, pending: Any) -> None:
+        now = time.monotonic()
+        if done != self.done:
+            self.done, self.since, self.said = done, now, now
+        workers = None
+        if now - self.said >= STALL_LOG_S or (self.engine.deadline is not None and now >= self.engine.deadline):
+            workers = self.engine.workers_alive()
+        alive = "" if workers is None else f"; {workers} workers alive"
+        what = f"the {self.stage} stage on the cluster ({done} of {self.total} tasks done{alive})"
+        if self.engine.deadline is not None and now >= self.engine.deadline:
+            self.engine.client.cancel(list(pending))
+            raise WaitTimeoutError(f"gave up after {self.engine.timeout_s:g} s (--timeout) waiting for {what}")
+        log = self.engine._log
+        if now - self.said >= STALL_LOG_S and log is not None:
+            self.said = now
+            idle = now - self.since
+            note = f"still waiting for {what}, nothing done for {idle:.0f} s"
+            log.warning("stage_waiting", stage=self.stage, done=done, total=self.total, workers=workers,
+                        idle_s=round(idle, 1), note=note)  # fmt: skip
 
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
@@ -344,8 +439,11 @@ def open_engine(
     spill_dir: str | None = None,
     log: EventLog | None = None,
     stop: threading.Event | None = None,
+    timeout_s: float | None = None,
 ) -> Engine:
-    """The engine ``--engine`` names: ``local`` (in-process threads) or ``dask``."""
+    """The engine ``--engine`` names: ``local`` (in-process threads) or ``dask``; on Dask, a wait
+    still running ``timeout_s`` after the start (the run's ``--timeout``) raises
+    :class:`WaitTimeoutError`."""
     if engine == "local":
         return InlineEngine(2, log)
     if engine != "dask":
@@ -382,11 +480,24 @@ def open_engine(
             client = Client(cluster, security=security, direct_to_workers=True)  # results: worker to here, once
             desc = f"an embedded Dask cluster of {count} workers x {threads} threads, {worker_memory} each"
             eng = DaskEngine(client, cluster, log, desc, stop, direct=True)
+            eng.worker_memory = worker_memory
             eng.handoff = Path(tempfile.mkdtemp(prefix="handoff-", dir=spill_dir))  # 0700, removed at close
     except (OSError, TimeoutError) as exc:
         raise EngineError(f"cannot reach the Dask scheduler ({type(exc).__name__}: {exc})") from None
-    eng.client.run(warm_up, eng.embedded)  # each worker imports the stage modules now, not in its first task
-    eng.client.register_plugin(trim_plugin())
+    if timeout_s is not None:
+        eng.timeout_s, eng.deadline = timeout_s, time.monotonic() + timeout_s
+    try:
+        eng.client.run(warm_up, eng.embedded)  # each worker imports the stage modules now, not in its first task
+        eng.client.register_plugin(trim_plugin())
+    except Exception as exc:  # a worker that died while starting (e.g. its memory limit is below its imports')
+        with contextlib.suppress(Exception):
+            eng.close()
+        memory = f" of {worker_memory} each (a worker is killed at 95% of it)" if eng.worker_memory else ""
+        raise WorkerLostError(
+            f"the start stage cannot finish: the cluster's workers{memory} died while starting "
+            f"({type(exc).__name__}: {exc}). Give each worker more memory (--worker-memory), or check the workers' "
+            "logs; split the input into more and smaller files or use more shards (--shards) if they die later"
+        ) from None
     if log is not None:
         link = eng.client.dashboard_link if _has_bokeh() or scheduler or scheduler_file else None
         dashboard = link or "not running (pip install bokeh for Dask's dashboard)"

@@ -16,9 +16,13 @@ whose rows do not tile the follower's, fail the agreement: :class:`TagPartsError
 
 What this process holds: one unit's follower tags at a time (the spool is on disk: 20 bytes a
 tag in two files a shard, ``.tags`` and ``.rows``, under the keystore, 0700), the row orders as
-files (one a unit), and the aligned column once gathered. A shard's spool files are removed as
-soon as its units are matched, so the spool holds what has arrived and is not matched yet, not
-every follower tag (20 GB at 10^9 rows). A resend then re-matches only the shards it rewrites;
+files (one a unit), and the aligned column once gathered. On an engine whose workers share this
+host's files each match also leaves the leader's symbols of its common tags in a file (1-2 bytes
+a common row) and its handle is released: nothing of a match lives only on a worker, so a worker
+lost after it costs no re-match, and the aligned column's runs are read from those files. A
+shard's spool files are removed as soon as its units are matched, so the spool holds what has
+arrived and is not matched yet, not every follower tag (20 GB at 10^9 rows). A resend then
+re-matches only the shards it rewrites;
 it fails the agreement (:class:`TagPartsError`) only where a re-match would need removed tags
 (another follower's, or a part's own tags when it stops ascending after they were matched).
 The rest is removed at the end of the run.
@@ -42,6 +46,7 @@ import numpy as np
 import numpy.typing as npt
 
 from secure_release.curator.cluster import shards as st
+from secure_release.curator.cluster.aligned import AlignedPieces, leader_pieces
 from secure_release.curator.cluster.engine import Engine
 from secure_release.curator.cluster.sharded import WINDOW, ShardedTable, in_order
 from secure_release.curator.cluster.spool import SpoolError, SpoolRange, suffixed
@@ -470,6 +475,7 @@ class ClusterLeader(LeaderState):
         with self.cond:  # results change under cond only: a part's claim reads them (_claim)
             stale, self.stale = self.stale, set()
             dropped = [self.results.pop(u)[0] for u in list(self.results) if u >> UNIT_BITS in stale]
+            dropped = [m for m in dropped if m is not None]
             waiting = [u for u in range(self.num_units) if u not in self.results]  # ascending
         self.engine.release(dropped)
         pending: deque[tuple[int, Any, Any]] = deque()
@@ -490,6 +496,9 @@ class ClusterLeader(LeaderState):
                 for c, part in zip(followers, follower_rows or [None] * len(followers), strict=True):
                     if part is not None:  # else the worker wrote them (match_spooled)
                         self.unit_rows(c, unit).write_bytes(np.asarray(part, dtype="<u4").tobytes())
+                if self.engine.shares_files:  # its symbols are in their file too: nothing lives only on a worker
+                    self.engine.release([match])
+                    match = None
                 with self.cond:
                     self.results[unit] = (match, int(count))
                     self._remove_matched(unit >> UNIT_BITS, generation)
@@ -507,6 +516,12 @@ class ClusterLeader(LeaderState):
         """The file of ``curator``'s rows of the common tags of ``unit`` (uint32, in order)."""
         assert self.spool is not None
         return self.spool / f"rows-{curator}-{unit:06d}.u32"
+
+    def unit_symbols(self, unit: int) -> Path:
+        """The file of the leader's symbols of the common tags of ``unit`` (in order), written by
+        its match on an engine that shares this host's files."""
+        assert self.spool is not None
+        return self.spool / f"sym-{unit:06d}.bin"
 
     def _remove_matched(self, shard: int, generation: int) -> None:
         """(Under ``cond``.) Once every unit of ``shard`` is matched in this generation, the
@@ -564,7 +579,8 @@ class ClusterLeader(LeaderState):
         own = self.own.shards[shard]
         if self.engine.shares_files:
             rows = [str(self.unit_rows(c, unit)) for c in self.curators[1:]]
-            match = self.engine.submit(st.match_spooled, own, ranges, dtype, rows, (unit, bits))
+            match = self.engine.submit(st.match_spooled, own, ranges, dtype, rows, (unit, bits),
+                                       str(self.unit_symbols(unit)))  # fmt: skip
         else:
             sent = self.engine.put([r.read() for r in ranges], near=own)
             match = self.engine.submit(st.match_shard, own, sent, dtype, (unit, bits))
@@ -626,14 +642,38 @@ class ClusterLeader(LeaderState):
             return self.row_files.get(curator)
 
     def own_aligned(self) -> npt.NDArray[Any]:
-        """The leader's symbols of the common ids in canonical order (from the matches)."""
+        """The leader's symbols of the common ids in canonical order (from the matches' files, or
+        from the matches on the workers)."""
         assert self.own is not None and self.engine is not None
         engine, matches = self.engine, self.matches
-        parts = list(in_order(engine, lambda s: engine.submit(st.match_symbols, matches[s]), len(matches)))
-        engine.release(matches)
-        self.matches = []
         dtype = sh.symbol_dtype(self.own.alphabet_size)
+        if engine.shares_files:
+            parts = [np.fromfile(self.unit_symbols(u), dtype=dtype) for u in range(len(matches))]
+        else:
+            parts = list(in_order(engine, lambda s: engine.submit(st.match_symbols, matches[s]), len(matches)))
+            engine.release(matches)
+        self.matches = []
         return np.concatenate(parts).astype(dtype, copy=False) if parts else np.zeros(0, dtype=dtype)
+
+    def aligned_pieces(self, dtype: str) -> AlignedPieces:
+        """The leader's aligned column as runs on the cluster, one a shard: read from the matches'
+        files by any worker (an engine that shares this host's files: a lost worker's run is
+        read again), else the symbols the matches keep on their workers."""
+        assert self.engine is not None and self.own is not None
+        engine, matches, per_shard = self.engine, self.matches, 1 << UNIT_BITS
+        stored = sh.symbol_dtype(self.own.alphabet_size)  # as the matches wrote them
+        self.matches = []
+        if not engine.shares_files:
+            pieces = leader_pieces(engine, matches, per_shard, dtype, self.own_counts)
+            engine.release(matches)  # the runs hold what the release needs of them
+            return pieces
+        sources, sizes = [], []
+        for first in range(0, len(matches), per_shard):
+            units = range(first, min(first + per_shard, len(matches)))
+            files = [(str(self.unit_symbols(u)), stored, dtype) for u in units]
+            sources.append(engine.submit_many(st.symbols_from, files))
+            sizes.append(int(sum(self.own_counts[u] for u in units)))
+        return AlignedPieces(engine, sources, sizes, dtype)
 
     def cleanup(self) -> None:
         """Stop the matcher; remove the spool (follower tags and row orders) and the PSI ring's

@@ -28,6 +28,8 @@ The stages of one curator:
 
 from __future__ import annotations
 
+import os
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -162,15 +164,35 @@ def match_shard(
 
 
 def match_spooled(
-    own: Shard, ranges: Sequence[SpoolRange], dtype: str, row_files: Sequence[str], unit: tuple[int, int] | None = None
-) -> Match:
+    own: Shard, ranges: Sequence[SpoolRange], dtype: str, row_files: Sequence[str], unit: tuple[int, int] | None = None,
+    symbols_file: str | None = None,
+) -> Match:  # fmt: skip
     """:func:`match_shard` on a worker that shares the leader's files (an embedded cluster):
     each follower's tags read from the leader's spool (``ranges``), each follower's rows
-    written to its file in ``row_files`` (uint32) rather than kept or sent back."""
+    written to its file in ``row_files`` (uint32) rather than kept or sent back, and the
+    leader's symbols of the common tags to ``symbols_file``: once this task is done nothing of
+    the match lives only on a worker, so the spool it read can go and a lost worker costs no
+    re-match. Each file is written to a temporary name and renamed (a stray rerun of the task
+    writes the same bytes; a reader never sees half a file)."""
     match = match_shard(own, [r.read() for r in ranges], dtype, unit)
     for path, rows in zip(row_files, match.follower_rows, strict=True):
-        Path(path).write_bytes(rows.astype("<u4", copy=False).tobytes())
+        write_whole(Path(path), rows.astype("<u4", copy=False).tobytes())
+    if symbols_file is not None:
+        write_whole(Path(symbols_file), np.ascontiguousarray(match.own_symbols).tobytes())
     return Match(match.own_symbols, ())
+
+
+def write_whole(path: Path, data: bytes) -> None:
+    """``data`` at ``path``, written to a temporary name beside it and renamed."""
+    temp = path.with_name(f"{path.name}.{os.getpid()}-{threading.get_ident()}.tmp")
+    temp.write_bytes(data)
+    os.replace(temp, path)
+
+
+def symbols_from(path: str, stored: str, dtype: str) -> npt.NDArray[np.unsignedinteger]:
+    """The leader's symbols of one matched unit, from the file its match wrote as ``stored``
+    (:func:`match_spooled`), as ``dtype``: a run of the aligned column that any worker can redo."""
+    return np.fromfile(path, dtype=stored).astype(dtype, copy=False)
 
 
 def match_rows(match: Match) -> tuple[int, tuple[npt.NDArray[np.uint32], ...]]:

@@ -16,6 +16,7 @@ import base64
 import hashlib
 import json
 import os
+import shutil
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -380,9 +381,14 @@ class Keystore:
     # ------------------------------------------------------------ release records
     def save_record(self, record: ReleaseRecord) -> None:
         """Persist a release record (0600, fsync) - before the first upload. A PSI scalar kept
-        for the release is deleted: aligned and sampled, this curator never needs the ring again."""
+        for the release is deleted: aligned and sampled, this curator never needs the ring again.
+        A leader's kept PSI mailbox goes once the record is saved sealed (``retention_until``
+        set): every curator saved its own record before the release sealed, so none runs the
+        ring again (until then a follower restarted before its record still fetches its lists)."""
         atomic_write(self._path("release", record.spec.release_id), json.dumps(record.to_dict()).encode())
         self.drop_psi_key(record.spec.release_id)
+        if record.retention_until is not None:
+            self.drop_psi_mailbox(record.spec.release_id)
 
     def load_record(self, release_id: str) -> ReleaseRecord | None:
         """The stored record of ``release_id`` (None if this curator never prepared it)."""
@@ -421,14 +427,15 @@ class Keystore:
         self._path("release", release_id).unlink(missing_ok=True)
         (self.directory / f"sample-{_safe(release_id)}.bin").unlink(missing_ok=True)
         self.drop_psi_key(release_id)
+        self.drop_psi_mailbox(release_id)
 
-    # ------------------------------------------------------------ a follower's PSI scalar (ring to record)
+    # ------------------------------------------------------------ a curator's PSI scalar (ring to record)
     def psi_key(self, release_id: str, fresh: PsiKey) -> tuple[PsiKey, bool]:
         """The PSI key an earlier run of this curator kept for ``release_id`` (it was killed
         during the ring or before its record: the same scalar makes every list it re-sends
-        identical, so the leader's mailbox takes them again), else ``fresh``, persisted now (0600,
-        fsync) before any list leaves. True if the kept one was taken. Deleted with the record's
-        save or drop."""
+        identical, so the leader's mailbox takes them again; a leader's own lists match those
+        its kept mailbox holds), else ``fresh``, persisted now (0600, fsync) before any list
+        leaves. True if the kept one was taken. Deleted with the record's save or drop."""
         path = self._path("psi-key", release_id)
         if os.path.lexists(path):
             try:
@@ -441,6 +448,21 @@ class Keystore:
     def drop_psi_key(self, release_id: str) -> None:
         """Delete the PSI key kept for ``release_id`` (if any)."""
         self._path("psi-key", release_id).unlink(missing_ok=True)
+
+    # ------------------------------------------------------------ a leader's PSI mailbox (ring to seal)
+    def psi_mailbox_dir(self, release_id: str) -> Path:
+        """Where a leader keeps the PSI ring's lists of ``release_id``
+        (:mod:`secure_release.curator.psi_mailbox`: blinded points only, 0700, files 0600)."""
+        return self.directory / f"psi-mailbox-{_safe(release_id)}"
+
+    def drop_psi_mailbox(self, release_id: str) -> None:
+        """Delete the PSI mailbox kept for ``release_id`` (if any; a link there is removed, never
+        followed)."""
+        path = self.psi_mailbox_dir(release_id)
+        if path.is_symlink() or path.is_file():
+            path.unlink(missing_ok=True)
+        elif path.exists():
+            shutil.rmtree(path, ignore_errors=True)
 
     def set_retention(self, record: ReleaseRecord, until: float) -> ReleaseRecord:
         """Record when key service ends (kept if already set)."""

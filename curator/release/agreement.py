@@ -9,11 +9,13 @@ settings (:func:`spec_differences`) before it samples anything.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import queue
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import replace
 from typing import Any, Protocol, runtime_checkable
 
@@ -47,7 +49,7 @@ from secure_release.infra.wire import Refusal, refusals_from_pb
 from secure_release.mechanism.alignment.keyed_hash import TAG_DTYPE, Alignment, RowOrder, SortedTags, TagArray, align
 from secure_release.mechanism.errors import SecureReleaseError
 from secure_release.mechanism.privacy.plan import plan_release
-from secure_release.mechanism.protocol.architectures import VariantAgreement, sample_fingerprint
+from secure_release.mechanism.protocol.architectures import AlignmentMode, VariantAgreement, sample_fingerprint
 from secure_release.mechanism.protocol.spec import ReleaseSpec, designed_spec
 from secure_release.protos.securerelease.v1 import securerelease_pb2 as pb
 from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_grpc
@@ -395,23 +397,34 @@ def follow_leader(
                 raise
 
         rows = tag_count(tags)
-        retry_until(
-            submit, f"the leader {leader} at {config.leader_address} to take our tags", deadline, log,
-            per_call_s=call_seconds(SUBMIT_TIMEOUT_S, rows * TAG_BYTES),
-        )  # fmt: skip
-        return retry_until(
-            fetch,
-            f"the agreement of the leader {leader}",
-            deadline,
-            log,
-            per_call_s=call_seconds(AGREEMENT_CALL_S, rows * AGREEMENT_BYTES_PER_ROW),
-        )
+        with _waits_logged(config, log) as waiting:
+            with waiting(what := f"the leader {leader} at {config.leader_address} to take our tags"):
+                retry_until(submit, what, deadline, log, per_call_s=call_seconds(SUBMIT_TIMEOUT_S, rows * TAG_BYTES))
+            with waiting(what := f"the agreement of the leader {leader}"):
+                per_call_s = call_seconds(AGREEMENT_CALL_S, rows * AGREEMENT_BYTES_PER_ROW)
+                return retry_until(fetch, what, deadline, log, per_call_s=per_call_s)
     except grpc.RpcError as exc:
         if exit_code_for(exc) == REFUSED or is_refusal(exc.details() or ""):
             raise ReleaseRefusedError(f"the leader {leader} refused: {exc.code().name}: {exc.details()}") from None
         raise AgreementError(f"the leader {leader} refused: {exc.code().name}: {exc.details()}") from None
     finally:
         channel.close()
+
+
+@contextlib.contextmanager
+def _waits_logged(config: CuratorConfig, log: EventLog) -> Iterator[Callable[[str], AbstractContextManager[None]]]:
+    """``waiting(what)`` for a follower's waits on its leader: with ``--alignment psi`` each is
+    logged at least every half minute while it lasts (a PSI leader killed and run again redoes
+    its ring from its kept mailbox before it takes tags;
+    :class:`~secure_release.curator.release.psi_ring.WaitLog`); else nothing more than
+    :func:`retry_until` logs."""
+    if config.alignment is not AlignmentMode.PSI:
+        yield lambda what: contextlib.nullcontext()
+        return
+    from secure_release.curator.release.psi_ring import WaitLog
+
+    with WaitLog(log) as watch:
+        yield watch.waiting
 
 
 def report_failure_to_leader(config: CuratorConfig, reason: str, log: EventLog, seconds: float = 5.0) -> None:

@@ -113,12 +113,13 @@ class ClusterSettings(NamedTuple):
     worker_memory: str
     keystore: Path  # the embedded workers spill under it
     shard_bits: int | None
+    timeout: float | None = None  # the run's --timeout: a stage on the cluster waits no longer
 
     @classmethod
     def of(cls, config: CuratorConfig) -> ClusterSettings:
         """These fields of ``config``."""
         return cls(config.engine, config.scheduler, config.scheduler_file, config.workers, config.worker_memory,
-                   config.keystore, config.shard_bits)  # fmt: skip
+                   config.keystore, config.shard_bits, config.timeout)  # fmt: skip
 
 
 def start_engine(settings: ClusterSettings, log: EventLog, stop: threading.Event | None = None) -> Engine:
@@ -128,7 +129,7 @@ def start_engine(settings: ClusterSettings, log: EventLog, stop: threading.Event
 
     return open_engine(settings.engine, scheduler=settings.scheduler, scheduler_file=settings.scheduler_file,
                        workers=settings.workers, worker_memory=settings.worker_memory, log=log,
-                       spill_dir=spill_dir(settings.keystore), stop=stop)  # fmt: skip
+                       spill_dir=spill_dir(settings.keystore), stop=stop, timeout_s=settings.timeout)  # fmt: skip
 
 
 def spill_dir(keystore: Path) -> str:
@@ -166,15 +167,15 @@ def psi_points(
     fingerprint: str,
 ) -> OwnData:  # fmt: skip
     """PSI on a cluster: the table read, checked and blinded into point shards under this
-    release's PSI key (:func:`~secure_release.curator.cluster.ring.load_points`; a follower's
-    kept key if it ran before); nothing on a resume (no ``engine``)."""
+    release's PSI key (:func:`~secure_release.curator.cluster.ring.load_points`; the key this
+    curator kept if it ran before, the leader's too); nothing on a resume (no ``engine``)."""
     from secure_release.curator.cluster.ring import load_points
     from secure_release.curator.release.psi_ring import ring_key
 
     if engine is None:
         return OwnData(None, np.zeros(0, dtype=TAG_DTYPE), fingerprint)
     try:
-        key, kept = ring_key(config, state is not None)
+        key, kept = ring_key(config, state)
         points = load_points(engine, str(config.data), spec, key, len(config.curators), log, config.shard_bits)
     except BaseException:
         engine.close()
@@ -206,7 +207,7 @@ def psi_tags(
 ) -> TagArray:
     """This curator's PSI tags (of ``table``'s ids): from the ECDH ring through the leader, or (a
     leader resuming a fixed agreement) ``restored_tags``, the tags it persisted with it (its
-    scalar was never kept)."""
+    kept scalar may be gone by then)."""
     from secure_release.curator.release.psi_ring import run_ring
 
     if restored_tags is not None:

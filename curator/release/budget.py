@@ -36,7 +36,7 @@ def check_ledger(
     ledger = keystore.ledger.read()
     ledger.check_reserve(settings.dataset, settings.release_id, settings.epsilon, None)
     if witness is not None:
-        witness.check(ledger, settings.dataset)
+        witness.check(ledger, settings.dataset, reread=keystore.ledger.read)
     return ledger
 
 
@@ -48,7 +48,7 @@ def reserve(
     and seed), recording the table's fingerprint, unless the ledger is behind the server's witness;
     then move the witness up to it."""
     if witness is not None:
-        witness.check(keystore.ledger.read(), settings.dataset)
+        witness.check(keystore.ledger.read(), settings.dataset, reread=keystore.ledger.read)
     _, entry = keystore.ledger.update(
         lambda led: led.reserve(
             settings.dataset, settings.dataset, settings.release_id, settings.epsilon, seed_fingerprint, time.time(),
@@ -57,7 +57,7 @@ def reserve(
     )  # fmt: skip
     ledger = keystore.ledger.read()
     if witness is not None:
-        witness.check(ledger, settings.dataset, record=True)
+        witness.check(ledger, settings.dataset, record=True, reread=keystore.ledger.read)
     log(
         "ledger_reserved",
         release_id=settings.release_id,

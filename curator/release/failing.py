@@ -27,7 +27,7 @@ from secure_release.curator.records.witness import BudgetWitness
 from secure_release.curator.release.agreement import report_failure_to_leader
 from secure_release.curator.release.budget import LedgerSettings, check_ledger, settle
 from secure_release.curator.release.upload import ServerLink
-from secure_release.infra.exitcodes import grpc_status_name, refusal_reason
+from secure_release.infra.exitcodes import REFUSAL_MARK, grpc_status_name, is_refusal, refusal_reason
 from secure_release.infra.identity import PkiError
 from secure_release.infra.logs import EventLog
 from secure_release.infra.tls import secure_channel
@@ -63,24 +63,66 @@ _CLASSES: tuple[tuple[tuple[type[BaseException], ...], RefusalClass], ...] = (
 )
 
 
+_CREDENTIAL_STATUSES = ("PERMISSION_DENIED", "UNAUTHENTICATED")
+
+
+def _refused_credentials(exc: BaseException) -> BaseException | None:
+    """The peer's gRPC error if ``exc`` says a peer refused this curator's certificate or identity
+    (PERMISSION_DENIED or UNAUTHENTICATED, its own: not a refusal it passes on, whose reason is
+    marked): ``exc`` itself, or the error a :class:`ReleaseRefusedError` was raised from (the
+    leader's access check refused our certificate, e.g. one its CRL revokes). Else None."""
+    peer: BaseException | None = exc
+    if isinstance(exc, ReleaseRefusedError):  # the follower's agreement raises it "from None": the context stays
+        peer = exc.__cause__ or exc.__context__
+    if peer is None or grpc_status_name(peer) not in _CREDENTIAL_STATUSES:
+        return None
+    details = getattr(peer, "details", None)
+    return None if is_refusal(str(details() if callable(details) else "") or "") else peer
+
+
 def refusal_class(exc: BaseException) -> RefusalClass | None:
     """The reason class of this curator's own refusal ``exc`` (None: not one of the classes, or
-    a refusal passed on from another party, which that party declares)."""
+    a refusal passed on from another party, which that party declares). A peer that refused
+    this curator's certificate is this curator's key refusal, whether the call's error reached
+    here as it is or as the :class:`ReleaseRefusedError` a follower makes of the leader's answer."""
+    if isinstance(exc, ReleaseRefusedError) and _refused_credentials(exc) is not None:
+        return RefusalClass.KEY  # the leader refused our certificate: nobody else declares it
     if isinstance(exc, ReleaseAbortedError | ReleaseRefusedError):
         return None
     for types, cls in _CLASSES:
         if isinstance(exc, types):
             return cls
-    if grpc_status_name(exc) in ("PERMISSION_DENIED", "UNAUTHENTICATED"):
+    if _refused_credentials(exc) is not None:
         return RefusalClass.KEY  # the server or a peer refused our certificate
     return None
 
 
 def _public_detail(exc: BaseException) -> str:
-    """The error's name and, if it has one, its public message (a count, never a value)."""
+    """The error's name and, if it has one, its public message (a count, never a value); for a
+    certificate a peer refused, the status and the peer's words (a name and a serial, no data)."""
     public = getattr(exc, "public_message", None)
     text = type(exc).__name__ + (f": {public}" if isinstance(public, str) else "")
+    peer = _refused_credentials(exc)
+    if peer is not None:
+        details = getattr(peer, "details", None)
+        said = details() if callable(details) else ""
+        text = f"{type(exc).__name__}: {exc}" if peer is not exc else f"{grpc_status_name(peer)}: {said}"
     return "".join(ch if ch.isprintable() else " " for ch in text)[:MAX_REFUSAL_DETAIL]
+
+
+def classed_reason(name: str, release_id: str, exc: BaseException) -> str:
+    """The abort reason curator ``name`` sends the other parties for ``exc``
+    (:func:`~secure_release.infra.exitcodes.refusal_reason`); a refusal of one of the classes
+    that its own exit code does not mark (a data check, a signing key or certificate: exit 2 or
+    1 at this curator, whose operator must fix its input) is marked all the same, naming this
+    curator and the class, so every other party exits 3 (README, "Exit codes"). Never the data:
+    only the error's name and its public message."""
+    reason = refusal_reason(exc, name)
+    cls = refusal_class(exc)
+    if cls is None or is_refusal(reason):
+        return reason
+    # the shape of a refusal record's message (infra.wire.Refusal), which may also come after the agreement
+    return f"{REFUSAL_MARK}{name} refuses release {release_id!r}: {cls.value} ({_public_detail(exc)})"
 
 
 def _declare(config: CuratorConfig, declaration: Declaration, seconds: float, log: EventLog) -> bool:
@@ -181,7 +223,7 @@ def ledger_refusal(
     during the agreement, so the others are told), else None; the witness is asked right before
     reserving. A resume (``record`` given) needs an intact ledger: the witness checks it now."""
     if record is not None:
-        witness.check(keystore.ledger.read(), settings.dataset)
+        witness.check(keystore.ledger.read(), settings.dataset, reread=keystore.ledger.read)
         return None
     try:
         check_ledger(settings, keystore)
@@ -219,7 +261,7 @@ def fail_before_agreement(
     """A curator that fails before the agreement stops every party at once: a follower tells
     the leader; the leader fails its agreement and keeps answering until every follower was told
     (a few seconds at most), so none waits for its --timeout."""
-    reason = refusal_reason(exc, config.name)
+    reason = classed_reason(config.name, config.release_id, exc)
     if declare_refusal(config, exc, log) is None:
         confirm_parties(config, log)
     if state is None:
@@ -239,8 +281,9 @@ def abort_and_settle(
     reserved = release_id in keystore.ledger.read().releases()
     if not (reserved or isinstance(exc, ReleaseAbortedError)):
         return
-    passed_on = isinstance(exc, ReleaseAbortedError | ReleaseRefusedError)  # another party's reason
-    status, unknown = link.abort(str(exc) if passed_on else refusal_reason(exc, name))
+    # another party's reason (a refusal of our certificate by the leader is ours)
+    passed_on = isinstance(exc, ReleaseAbortedError | ReleaseRefusedError) and refusal_class(exc) is None
+    status, unknown = link.abort(str(exc) if passed_on else classed_reason(name, release_id, exc))
     if status is not None and status.state in (pb.RELEASE_STATE_SEALED, pb.RELEASE_STATE_PERTURBED):
         log.warning("sealed_after_all", release_id=release_id)
     elif (status is not None and status.state == pb.RELEASE_STATE_ABORTED) or unknown:
@@ -268,11 +311,13 @@ def fail_release(
     published the agreement also keeps telling followers) and refund the reservation once the
     server confirms ABORTED, or the server never knew the release (the record is then dropped, so
     a restart cannot resume it)."""
-    reason = refusal_reason(exc, name)
+    reason = classed_reason(name, release_id, exc)
     if state is not None:
         state.fail(reason)
     if declare_refusal(link.config, exc, log) is None:  # a refusal before any spec: the server records it
         confirm_parties(link.config, log)  # another's refusal: our party list lets it show
     abort_and_settle(name, release_id, keystore, link, log, exc)
     if state is not None and not state.published:
-        state.wait_all_told(min(LINGER_S, timeout))
+        # within the run's --timeout only: a follower still waiting then has timed out as well
+        # (a leader whose follower was cut off outlived its --timeout by the whole linger)
+        state.wait_all_told(min(LINGER_S, timeout, link.deadline.left()))

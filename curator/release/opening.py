@@ -6,9 +6,9 @@ link to the release server made. :func:`close_cluster` ends the cluster's part a
 
 from __future__ import annotations
 
+import re
 import shutil
 import signal
-import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -150,23 +150,31 @@ def open_service(config: CuratorConfig, log: EventLog) -> OpenedService:
     if not config.leader:
         return OpenedService(spec, service, None)
     state = leader_state(config, spec.schema.alphabet_size, ClusterLeader if config.engine == "dask" else LeaderState)
-    if config.engine == "dask" and config.alignment is AlignmentMode.PSI:
+    if config.alignment is AlignmentMode.PSI:
         state.psi_dir = psi_mailbox_dir(config.keystore, config.release_id)
+        kept = state.psi_mailbox  # what a killed run of this leader left there, taken again
+        if kept.kept or kept.ignored:
+            log("psi_mailbox_kept", release_id=config.release_id, slices=kept.kept, ignored=kept.ignored,
+                lists=",".join(sorted({f"{o}@{h}" for o, h, _ in kept.stored_keys()})))  # fmt: skip
     restored_tags = restore_agreement(config.keystore, config.release_id, config.name, state)
     service.lead(state)
     return OpenedService(spec, service, state, restored_tags)
 
 
 def psi_mailbox_dir(keystore: Path, release_id: str) -> Path:
-    """Where a leader on a cluster keeps the PSI ring's lists: a fresh directory (0700) in its
-    keystore directory, removed with the spool at the end of the run. One a killed run of this
-    leader left for the same release is removed first (without its scalar, kept by nobody, its
-    lists are of no use)."""
+    """Where a leader keeps the PSI ring's lists (:mod:`secure_release.curator.psi_mailbox`): one
+    directory (0700) in its keystore directory, the same at every run of the release, so a
+    leader killed during the ring and run again takes them again, with the scalar it kept
+    (:func:`~secure_release.curator.release.psi_ring.ring_key`). Deleted by the keystore once the
+    release record is saved sealed, or the release is dropped. A temporary directory an older
+    version made for the release (``psi-<id>-XXXXXXXX``, of no use without its scalar) is removed."""
     parent = Path(keystore)
     parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    older = re.compile(rf"psi-{re.escape(release_id)}-[a-z0-9_]{{8}}")
     for stale in parent.glob(f"psi-{release_id}-*"):
-        shutil.rmtree(stale, ignore_errors=True)
-    return Path(tempfile.mkdtemp(prefix=f"psi-{release_id}-", dir=parent))
+        if older.fullmatch(stale.name) and stale.is_dir() and not stale.is_symlink():
+            shutil.rmtree(stale, ignore_errors=True)
+    return Keystore(parent).psi_mailbox_dir(release_id)
 
 
 def restore_agreement(keystore: Path, release_id: str, name: str, state: LeaderState) -> TagArray | None:
@@ -318,8 +326,11 @@ def resumable_record(settings: ResumeSettings, keystore: Keystore, fingerprint: 
 
 
 def close_cluster(sharded: ShardedTable | None, state: LeaderState | None) -> None:
-    """The cluster's part of a run is over (nothing to do without ``sharded``): the leader's
-    spool removed, the engine closed."""
+    """The cluster's part of a run is over: a leader's kept PSI mailbox left for the keystore to
+    delete (at the sealed record, or a drop; a run that failed keeps it for a rerun); without
+    ``sharded`` nothing more, else the leader's spool removed and the engine closed."""
+    if state is not None:
+        state.leave_psi_mailbox()
     if sharded is None:
         return
     if isinstance(state, ClusterLeader):

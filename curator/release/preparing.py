@@ -16,8 +16,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from secure_release.curator.cluster.aligned import AlignedPieces, leader_pieces
-from secure_release.curator.cluster.matching import UNIT_BITS, ClusterLeader
+from secure_release.curator.cluster.aligned import AlignedPieces
+from secure_release.curator.cluster.matching import ClusterLeader
 from secure_release.curator.cluster.sample import sample_runs
 from secure_release.curator.cluster.sharded import ShardedTable
 from secure_release.curator.config import CuratorConfig
@@ -205,10 +205,7 @@ def cluster_pieces(own: OwnData, agreement: VariantAgreement, state: LeaderState
     if isinstance(state, ClusterLeader):
         assert state.engine is not None
         dtype = sh.symbol_dtype(own.sharded.alphabet_size)
-        pieces = leader_pieces(state.engine, state.matches, 1 << UNIT_BITS, dtype, state.own_counts)
-        state.engine.release(state.matches)  # the runs hold what the release needs of them
-        state.matches = []
-        return pieces
+        return state.aligned_pieces(dtype)
     sink = own.rows_sink
     if sink is None or sink.pieces is None or agreement.count is None:
         raise AgreementError("the leader sent the common tags, not this curator's row order; a curator on a "

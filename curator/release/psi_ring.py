@@ -17,11 +17,17 @@ each list at a time (:mod:`secure_release.curator.cluster.ring`): the leader's o
 straight into its mailbox (``psi_put_slice`` / ``psi_get_slice``), a follower's over one
 ``PsiSend`` / ``PsiReceive`` stream a slice, each retried alone.
 
-The scalar is fresh from the OS per release. A follower keeps it in its keystore (0600) from
+The scalar is fresh from the OS per release. Every curator keeps it in its keystore (0600) from
 before its first list leaves until its release record is saved (or dropped): restarted with the
 same flags after a kill during the ring, it takes the kept scalar, so every list it sends again is
-identical and the leader's mailbox (which keeps every list for the release) serves it again; the
-leader keeps no scalar (its mailbox dies with it). Only point counts and timings are logged.
+identical and the leader's mailbox (which keeps every list for the release) takes it as a resend.
+The leader keeps its mailbox too, as files in its keystore (:mod:`secure_release.curator.psi_mailbox`,
+issue 47): a leader killed at any point of the ring and run again takes its kept scalar and its
+kept lists, resends its own (identical, so no-ops) and goes on from where it was; its followers
+keep waiting for it within their ``--timeout`` (each call retried while the leader is
+unreachable) and resend or fetch again only the list or slice they were at, never starting over.
+Every wait of the ring is logged by what it waits for at least every :data:`WAIT_LOG_S` seconds
+(:class:`WaitLog`). Only point counts and timings are logged.
 
 Per element: a hash to the group and N + 1 scalar multiplications (2 at N = 2) on secp256k1 (about
 0.12 ms of CPU per id per curator at N = 2, 0.22 ms at N = 3 on this loaded machine, issue 41;
@@ -31,8 +37,10 @@ Per element: a hash to the group and N + 1 scalar multiplications (2 at N = 2) o
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections.abc import Callable, Iterator
+from types import TracebackType
 
 import grpc
 import numpy as np
@@ -65,12 +73,62 @@ from secure_release.protos.securerelease.v1 import securerelease_pb2_grpc as pb_
 
 SEND_CALL_S = 60.0
 RECEIVE_CALL_S = 5.0  # one PsiReceive waits this long at most (then asks again)
+#: A wait of the ring that lasts is logged (``psi_waiting``, naming what it waits for) this often.
+WAIT_LOG_S = 30.0
+
+
+class WaitLog:
+    """Says what this curator's ring waits for while a wait lasts: ``psi_waiting`` (what, and
+    the seconds so far) every ``every`` seconds of one wait, from a thread of its own, whatever
+    the waits' own calls do (a PsiReceive that waits 5 s and is retried logs only now and then,
+    a leader waiting on its own mailbox not at all). Used as a context manager around the ring;
+    each wait inside is ``with watch.waiting(what):``."""
+
+    def __init__(self, log: EventLog, every: float = WAIT_LOG_S) -> None:
+        self.log, self.every = log, every
+        self._what: str | None = None
+        self._since = self._said = 0.0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="psi-wait-log", daemon=True)
+
+    def __enter__(self) -> WaitLog:
+        self._thread.start()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    @contextlib.contextmanager
+    def waiting(self, what: str) -> Iterator[None]:
+        """The block waits for ``what``."""
+        with self._lock:
+            self._what, self._since = what, time.monotonic()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._what = None
+
+    def _run(self) -> None:
+        while not self._stop.wait(min(1.0, self.every / 4)):
+            with self._lock:
+                what, since = self._what, self._since
+                now = time.monotonic()
+                due = what is not None and now - since >= self.every and now - self._said >= self.every
+                if due:
+                    self._said = now
+            if due:
+                self.log("psi_waiting", what=what, waited_s=round(now - since, 1),
+                         note=f"still waiting for {what} ({now - since:.0f} s so far; until --timeout)")  # fmt: skip
+
 
 Send = Callable[[str, int, bytes, bytes, bytes], None]  # owner, hop, points, proof, public key
 Receive = Callable[[str, int], bytes]
 
 
-def _local(state: LeaderState, me: str, deadline: Deadline) -> tuple[Send, Receive]:
+def _local(state: LeaderState, me: str, deadline: Deadline, watch: WaitLog) -> tuple[Send, Receive]:
     """The leader's own sends and receives: straight into and out of its mailbox."""
 
     def send(owner: str, hop: int, points: bytes, proof: bytes = b"", public: bytes = b"") -> None:
@@ -78,28 +136,32 @@ def _local(state: LeaderState, me: str, deadline: Deadline) -> tuple[Send, Recei
 
     def receive(owner: str, hop: int) -> bytes:
         what = f"{owner}'s PSI list at hop {hop}"
-        while True:
-            got = state.psi_get(me, owner, hop, min(RECEIVE_CALL_S, deadline.check(what)))
-            if got is not None:
-                return got
+        with watch.waiting(what):
+            while True:
+                got = state.psi_get(me, owner, hop, min(RECEIVE_CALL_S, deadline.check(what)))
+                if got is not None:
+                    return got
 
     return send, receive
 
 
 def _remote(
-    stub: pb_grpc.CuratorStub, config: CuratorConfig, log: EventLog, deadline: Deadline
+    stub: pb_grpc.CuratorStub, config: CuratorConfig, log: EventLog, deadline: Deadline, watch: WaitLog
 ) -> tuple[Send, Receive]:
-    """A follower's sends and receives: RPCs to the leader, retried while it is not ready."""
+    """A follower's sends and receives: RPCs to the leader, retried while it is not ready (or
+    unreachable: killed and run again, it takes its kept mailbox, so only this call is repeated)."""
     rid, me, leader = config.release_id, config.name, config.curators[0]
 
     def send(owner: str, hop: int, points: bytes, proof: bytes = b"", public: bytes = b"") -> None:
-        retry_until(
-            lambda t: stub.PsiSend(point_chunks(rid, me, owner, hop, points, proof, public), timeout=t),
-            f"the leader {leader} to take {owner}'s PSI list at hop {hop}",
-            deadline,
-            log,
-            per_call_s=SEND_CALL_S,
-        )
+        what = f"the leader {leader} to take {owner}'s PSI list at hop {hop}"
+        with watch.waiting(what):
+            retry_until(
+                lambda t: stub.PsiSend(point_chunks(rid, me, owner, hop, points, proof, public), timeout=t),
+                what,
+                deadline,
+                log,
+                per_call_s=SEND_CALL_S,
+            )
 
     def fetch(owner: str, hop: int, timeout: float) -> bytes:
         request = pb.PsiRequest(release_id=rid, curator=me, owner=owner, hop=hop)
@@ -109,13 +171,9 @@ def _remote(
         return got.points
 
     def receive(owner: str, hop: int) -> bytes:
-        return retry_until(
-            lambda t: fetch(owner, hop, t),
-            f"{owner}'s PSI list at hop {hop} from the leader {leader}",
-            deadline,
-            log,
-            per_call_s=RECEIVE_CALL_S,
-        )
+        what = f"{owner}'s PSI list at hop {hop} from the leader {leader}"
+        with watch.waiting(what):
+            return retry_until(lambda t: fetch(owner, hop, t), what, deadline, log, per_call_s=RECEIVE_CALL_S)
 
     return send, receive
 
@@ -166,12 +224,13 @@ def leader_domain(num_curators: int) -> int:
     return 1 if num_curators == 2 else 0
 
 
-def ring_key(config: CuratorConfig, leader: bool) -> tuple[PsiKey, bool]:
-    """This release's PSI key (fresh from the OS, or the test's), and whether it is one a
-    follower kept from an earlier run (a follower keeps it until its record is saved, so a
-    restart resumes the ring; the leader keeps none)."""
+def ring_key(config: CuratorConfig, state: LeaderState | None) -> tuple[PsiKey, bool]:
+    """This release's PSI key (fresh from the OS, or the test's), and whether it is one this
+    curator kept from an earlier run (kept until its record is saved, so a restart resumes the
+    ring). A follower keeps it always, the leader (``state``) when it keeps its mailbox
+    (``state.psi_dir``: a release's leader; a stored table's keeps neither)."""
     key = config.test_psi_key or PsiKey.generate()
-    if leader:
+    if state is not None and state.psi_dir is None:
         return key, False
     return Keystore(config.keystore).psi_key(config.release_id, key)
 
@@ -182,19 +241,20 @@ def run_ring(
     """This curator's PSI tags (own row order), through the leader (``state`` given: this
     curator leads and is the mailbox). Failures raise :class:`AgreementError` (the leader's
     refusal) or a wait timeout, like the agreement step."""
-    key, kept = ring_key(config, state is not None)
+    key, kept = ring_key(config, state)
     t0 = time.perf_counter()
     log("psi_started", release_id=config.release_id, ids=int(ids.size), curators=len(config.curators),
         workers=config.psi_workers, resumed=kept)  # fmt: skip
     if state is not None:
-        send, receive = _local(state, config.name, deadline)
-        points = ring(config.name, config.curators, ids, key, send, receive, config.psi_workers)
+        with WaitLog(log) as watch:
+            send, receive = _local(state, config.name, deadline, watch)
+            points = ring(config.name, config.curators, ids, key, send, receive, config.psi_workers)
         # the leader matches follower j's tags (domain j) against its own rows in domain j
         state.psi_domain_tags = [psi_tags(points, d) for d in range(len(config.curators))]
         tags = state.psi_domain_tags[leader_domain(len(config.curators))]
     else:
-        with leader_stub(config) as stub:
-            send, receive = _remote(stub, config, log, deadline)
+        with leader_stub(config) as stub, WaitLog(log) as watch:
+            send, receive = _remote(stub, config, log, deadline, watch)
             points = ring(config.name, config.curators, ids, key, send, receive, config.psi_workers)
             tags = psi_tags(points, config.curators.index(config.name))  # in this follower's own domain
     log("psi_aligned", release_id=config.release_id, ids=int(ids.size), point_bytes=int(ids.size) * POINT_BYTES,
@@ -203,7 +263,7 @@ def run_ring(
 
 
 # ------------------------------------------------------------------------ on the curator's cluster
-def _local_slices(state: LeaderState, me: str, deadline: Deadline) -> Transport:
+def _local_slices(state: LeaderState, me: str, deadline: Deadline, watch: WaitLog) -> Transport:
     """The leader's own slices: straight into and out of its mailbox."""
 
     def send(owner: str, hop: int, shape: SliceShape, points: bytes, proof: bytes, public: bytes) -> None:
@@ -211,27 +271,33 @@ def _local_slices(state: LeaderState, me: str, deadline: Deadline) -> Transport:
 
     def receive(owner: str, hop: int, index: int) -> tuple[SliceShape, bytes]:
         what = f"slice {index} of {owner}'s PSI list at hop {hop}"
-        while True:
-            got = state.psi_get_slice(me, owner, hop, index, min(RECEIVE_CALL_S, deadline.check(what)))
-            if got is not None:
-                return got
+        with watch.waiting(what):
+            while True:
+                got = state.psi_get_slice(me, owner, hop, index, min(RECEIVE_CALL_S, deadline.check(what)))
+                if got is not None:
+                    return got
 
     return Transport(send, receive)
 
 
-def _remote_slices(stub: pb_grpc.CuratorStub, config: CuratorConfig, log: EventLog, deadline: Deadline) -> Transport:
+def _remote_slices(
+    stub: pb_grpc.CuratorStub, config: CuratorConfig, log: EventLog, deadline: Deadline, watch: WaitLog
+) -> Transport:
     """A follower's slices: one PsiSend or PsiReceive stream each, retried while the leader is
-    not ready (a slice is 2 MiB: a retry resends one slice, not a list)."""
+    not ready or unreachable (a slice is 2 MiB: a retry resends one slice, not a list)."""
     rid, me, leader = config.release_id, config.name, config.curators[0]
 
     def send(owner: str, hop: int, shape: SliceShape, points: bytes, proof: bytes, public: bytes) -> None:
-        retry_until(
-            lambda t: stub.PsiSend(point_chunks(rid, me, owner, hop, points, proof, public, shape.wire), timeout=t),
-            f"the leader {leader} to take slice {shape.index} of {owner}'s PSI list at hop {hop}",
-            deadline,
-            log,
-            per_call_s=SEND_CALL_S,
-        )
+        what = f"the leader {leader} to take slice {shape.index} of {owner}'s PSI list at hop {hop}"
+        with watch.waiting(what):
+            retry_until(
+                lambda t: stub.PsiSend(point_chunks(rid, me, owner, hop, points, proof, public, shape.wire),
+                                       timeout=t),
+                what,
+                deadline,
+                log,
+                per_call_s=SEND_CALL_S,
+            )  # fmt: skip
 
     def fetch(owner: str, hop: int, index: int, timeout: float) -> tuple[SliceShape, bytes]:
         request = pb.PsiRequest(release_id=rid, curator=me, owner=owner, hop=hop, sliced=True, slice=index)
@@ -241,13 +307,9 @@ def _remote_slices(stub: pb_grpc.CuratorStub, config: CuratorConfig, log: EventL
         return from_wire(got.slice, len(got.points) // POINT_BYTES), got.points
 
     def receive(owner: str, hop: int, index: int) -> tuple[SliceShape, bytes]:
-        return retry_until(
-            lambda t: fetch(owner, hop, index, t),
-            f"slice {index} of {owner}'s PSI list at hop {hop} from the leader {leader}",
-            deadline,
-            log,
-            per_call_s=RECEIVE_CALL_S,
-        )
+        what = f"slice {index} of {owner}'s PSI list at hop {hop} from the leader {leader}"
+        with watch.waiting(what):
+            return retry_until(lambda t: fetch(owner, hop, index, t), what, deadline, log, per_call_s=RECEIVE_CALL_S)
 
     return Transport(send, receive)
 
@@ -266,12 +328,15 @@ def run_cluster_ring(
     log("psi_started", release_id=config.release_id, ids=table.num_rows, curators=len(config.curators),
         workers=workers, resumed=kept, engine="dask")  # fmt: skip
     if state is not None:
-        tags = cluster_ring(config.name, config.curators, table, key, _local_slices(state, config.name, deadline),
-                            log, workers, config.psi_slice_points)  # fmt: skip
+        with WaitLog(log) as watch:
+            tags = cluster_ring(config.name, config.curators, table, key,
+                                _local_slices(state, config.name, deadline, watch), log, workers,
+                                config.psi_slice_points)  # fmt: skip
     else:
-        with leader_stub(config) as stub:
-            tags = cluster_ring(config.name, config.curators, table, key, _remote_slices(stub, config, log, deadline),
-                                log, workers, config.psi_slice_points)  # fmt: skip
+        with leader_stub(config) as stub, WaitLog(log) as watch:
+            tags = cluster_ring(config.name, config.curators, table, key,
+                                _remote_slices(stub, config, log, deadline, watch), log, workers,
+                                config.psi_slice_points)  # fmt: skip
     log("psi_aligned", release_id=config.release_id, ids=tags.num_rows, point_bytes=tags.num_rows * POINT_BYTES,
         seconds=round(time.perf_counter() - t0, 3))  # fmt: skip
     return tags

@@ -326,7 +326,7 @@ def prepare_stored(run: StoredRun, spec: ReleaseSpec) -> ReleaseRecord:
     try:
         ledger = run.keystore.ledger.read()
         ledger.check_reserve(dataset, config.release_id, config.epsilon, None)
-        witness.check(ledger, dataset)
+        witness.check(ledger, dataset, reread=run.keystore.ledger.read)
     except SecureReleaseError as exc:
         run.log.warning("ledger_refuses", release_id=config.release_id, reason=f"{type(exc).__name__}: {exc}")
         refuse(run, spec, exc)
@@ -343,7 +343,7 @@ def prepare_stored(run: StoredRun, spec: ReleaseSpec) -> ReleaseRecord:
     except SecureReleaseError as exc:  # e.g. a repeated sample: nothing reserved; everybody stops
         run.link.abort(refusal_reason(exc, f"{config.name} cannot reserve its budget"))
         raise
-    witness.check(run.keystore.ledger.read(), dataset, record=True)
+    witness.check(run.keystore.ledger.read(), dataset, record=True, reread=run.keystore.ledger.read)
     run.log("ledger_reserved", release_id=config.release_id, epsilon=spec.plan.epsilon, dataset=dataset,
             new=entry is not None, remaining=run.keystore.ledger.read().remaining(dataset))  # fmt: skip
     k = spec.alphabet_of(config.name)

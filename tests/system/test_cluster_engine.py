@@ -13,10 +13,12 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from support import child_env, split_parquet, stored_release
 
@@ -226,6 +228,90 @@ def test_a_release_on_the_curators_own_cluster_survives_a_killed_worker(
     assert got["n"] == local["n"] and got["digests"] == local["digests"]
     assert got["perturbed"] == local["perturbed"] and got["report"] == local["report"]
     assert f"the curator's cluster at {dask.address} (2 workers)" in got["logs"]["alice"]
+
+
+#: After which event of its own log each curator loses a worker (leader and follower alike).
+KILL_AFTER = ("partitions_read", "shards_sorted", "agreed", "aligned")
+
+
+def curator_pid(world: Path, name: str) -> int | None:
+    """The curator process of ``world`` named ``name`` (not its forkserver or workers)."""
+    keystore = str(world / f"keystore-{name}")
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        cmd = proc.info["cmdline"] or []
+        if keystore in cmd and "run" in cmd:
+            parent = proc.parent()
+            if parent is None or keystore not in (parent.cmdline() or []):
+                return int(proc.info["pid"])
+    return None
+
+
+def worker_pids(curator: int) -> list[int]:
+    """The embedded cluster's worker processes: the curator's descendants but its forkserver
+    (the one with children: the first workers) and multiprocessing's resource tracker. A worker
+    its nanny restarts is spawned as the curator's own child."""
+    out: list[int] = []
+    for proc in psutil.Process(curator).children(recursive=True):
+        try:
+            if proc.children() or any("resource_tracker" in part for part in proc.cmdline()):
+                continue
+        except psutil.NoSuchProcess:
+            continue
+        out.append(proc.pid)
+    return sorted(out)
+
+
+class Killer(threading.Thread):
+    """Kills one worker of ``name`` right after each event of :data:`KILL_AFTER` shows in its log."""
+
+    def __init__(self, world: Path, name: str) -> None:
+        super().__init__(daemon=True)
+        self.world, self.name = world, name
+        self.killed: list[tuple[str, int]] = []
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        log = self.world / f"{self.name}.log"
+        pending = list(KILL_AFTER)
+        while pending and not self.stop.wait(0.02):
+            text = log.read_text(errors="replace") if log.exists() else ""
+            if f'"event": "{pending[0]}"' not in text:
+                continue
+            pid = curator_pid(self.world, self.name)
+            workers = worker_pids(pid) if pid is not None else []
+            if not workers:  # between a kill and the nanny's restart: look again
+                continue
+            victim = workers[len(self.killed) % len(workers)]
+            os.kill(victim, signal.SIGKILL)
+            self.killed.append((pending.pop(0), victim))
+
+
+def test_workers_killed_after_every_stage_are_recomputed_and_the_release_keeps_its_bytes(
+    source: Path, local: dict, tmp_path: Path
+) -> None:
+    """Both curators on embedded clusters (6 Parquet files each): one worker of each is killed
+    (SIGKILL) right after each of its stages (:data:`KILL_AFTER`), the leader's after its
+    matching, when the follower tags it matched are gone from its spool. Dask recomputes what
+    was lost (the leader's matches left their outcome in files) and the release has the bytes of
+    the local world's (issue 47, item 3; before, the kill after "agreed" ended it: SpoolError)."""
+    dirs = {c: split_parquet(source / "data" / f"{c}.csv", tmp_path / "parts" / c, 6) for c in ("alice", "bob")}
+    flags = ["--engine", "dask", "--workers", "2", "--shards", "8"]
+    reference = local
+    world = tmp_path / "w"
+    killers = [Killer(world, c) for c in ("alice", "bob")]
+    for k in killers:
+        k.start()
+    try:
+        got = release(source, world, {"alice": flags, "bob": flags}, dirs)
+    finally:
+        for k in killers:
+            k.stop.set()
+            k.join(5)
+    for k in killers:  # every kill landed (a stage that had no worker left to kill would show here)
+        assert [stage for stage, _ in k.killed] == list(KILL_AFTER), (k.name, k.killed)
+    assert got["n"] == reference["n"] and got["digests"] == reference["digests"]
+    assert got["perturbed"] == reference["perturbed"] and got["report"] == reference["report"]
+    assert "SpoolError" not in got["logs"]["alice"] and "WorkerLostError" not in got["logs"]["alice"]
 
 
 def test_an_embedded_cluster_takes_no_work_from_a_client_without_its_certificate(tmp_path: Path) -> None:

@@ -102,10 +102,14 @@ def test_a_follower_with_bad_rows_makes_the_leader_abort_for_everybody_at_once(w
         took = time.monotonic() - started
     finally:
         cluster.close()
-    assert codes == {"alice": 1, "bob": 2}, cluster.tail("alice") + cluster.tail("bob")
+    # bob's own bad input exits 2 at bob (his operator fixes the file); alice hears a data-class
+    # refusal naming bob and exits 3, as every other party of a refused release (README, "Exit codes")
+    assert codes == {"alice": 3, "bob": 2}, cluster.tail("alice") + cluster.tail("bob")
     assert took < 20, took  # not the leader's --timeout of 60 s
     tail = cluster.tail("alice", 5)
-    assert "bob: BadRowsError: the curator's table has 1 bad row(s)" in tail and "timed out" not in tail, tail
+    heard = "refused: bob refuses release 'r-bad': data (BadRowsError: the curator's table has 1 bad row(s)"
+    assert heard in tail, tail
+    assert "timed out" not in tail, tail
     assert "not-a-category" not in tail  # the value stays on bob's machine: only the count crossed
     assert "not-a-category" in cluster.tail("bob", 8)  # bob's owner sees it on bob's own terminal
     bad = tmp_path / "bob-bad.csv"  # and every bad cell in a file only bob's owner can read

@@ -4,8 +4,8 @@ The leader whose data set has no budget left refuses before the agreement, when 
 no spec of the release yet: the followers hear it from the leader, and the researcher's fetch
 reads the leader's refusal record at the server (``DeclareRelease``, confirmed by the follower's
 declaration of its parties) instead of waiting its whole ``--timeout``. A follower whose data
-check fails (a bad row) is heard the same way. Each names the refusing curator and the reason
-class, never the data."""
+check fails (a bad row) is heard the same way: the leader and the researcher exit 3, the follower
+itself 2 (its own bad input). Each names the refusing curator and the reason class, never the data."""
 
 from __future__ import annotations
 
@@ -105,15 +105,46 @@ def test_a_follower_whose_data_check_fails_is_heard_by_every_party_within_second
     t0 = time.monotonic()
     codes, took, err = _exits(cluster, _fetch(cluster, world, addrs["server"], "r-badrow"), t0)
     print("seconds until exit:", {k: round(v, 1) for k, v in took.items()})
-    # the curators' own codes are tests/system/test_owndata_errors.py's (bob: bad input, 2; alice: 1);
-    # the researcher's fetch reads bob's refusal record and exits 3
-    assert codes == {"alice": 1, "bob": 2, "fetch": 3}, (codes, err[-1500:], cluster.tail("alice"), cluster.tail("bob"))
+    # every OTHER party hears a refusal and exits 3: alice from bob's marked failure report, the
+    # researcher's fetch from bob's refusal record. bob himself exits 2, not 3: his own input is
+    # bad and his operator must fix the file (README, "Exit codes"; tests/system/test_owndata_errors.py)
+    assert codes == {"alice": 3, "bob": 2, "fetch": 3}, (codes, err[-1500:], cluster.tail("alice"), cluster.tail("bob"))
     assert max(took.values()) < WITHIN_S, took
     last = err.strip().splitlines()[-1]
     assert last.startswith("secure-release-researcher: refused: "), last
     assert "bob refuses release 'r-badrow'" in last and ": data (BadRowsError" in last, last
     assert "not-a-category" not in err  # the value stays on bob's machine
-    assert "bob: BadRowsError" in cluster.tail("alice", 5)
+    alice_last = cluster.tail("alice", 1)
+    assert "refused: " in alice_last and "bob refuses release 'r-badrow'" in alice_last, alice_last
+    assert ": data (BadRowsError: the curator's table has 1 bad row(s)" in alice_last, alice_last
+    assert "not-a-category" not in cluster.tail("alice", 50)
+
+
+def test_a_leader_whose_data_check_fails_is_heard_by_every_party_within_seconds(
+    cluster: Cluster, world: Path, tmp_path: Path
+) -> None:
+    """The leader's own bad row: it exits 2 (its operator fixes the file), the follower hears a
+    marked refusal from it and the researcher reads its record: both exit 3 naming alice and "data"."""
+    data = tmp_path / "data"
+    shutil.copytree(world / "data", data)
+    with (data / "alice.csv").open("a") as fh:
+        fh.write("alice-extra-1,not-a-category,not-a-category\n")
+    fast = ["--timeout", FETCH_TIMEOUT]
+    alice = [*fast, "--bad-rows", str(tmp_path / "alice-bad.csv")]
+    addrs = launch_release(cluster, data, world / "certs", "r-badlead", 0.5, 300, "chacha20", world / "align.key",
+                           alice_extra=alice, bob_extra=fast)  # fmt: skip
+    t0 = time.monotonic()
+    codes, took, err = _exits(cluster, _fetch(cluster, world, addrs["server"], "r-badlead"), t0)
+    print("seconds until exit:", {k: round(v, 1) for k, v in took.items()})
+    assert codes == {"alice": 2, "bob": 3, "fetch": 3}, (codes, err[-1500:], cluster.tail("alice"), cluster.tail("bob"))
+    assert max(took.values()) < WITHIN_S, took
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("secure-release-researcher: refused: "), last
+    assert "alice refuses release 'r-badlead'" in last and ": data (BadRowsError" in last, last
+    bob_last = cluster.tail("bob", 1)
+    assert "refused: " in bob_last and "alice refuses release 'r-badlead'" in bob_last, bob_last
+    assert ": data (BadRowsError" in bob_last, bob_last
+    assert "not-a-category" not in err and "not-a-category" not in cluster.tail("bob", 50)
 
 
 def test_a_follower_that_cannot_reach_the_refusing_leader_reads_its_refusal_at_the_server(

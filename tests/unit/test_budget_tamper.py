@@ -235,3 +235,22 @@ def test_entries_written_before_the_extensions_keep_their_digest() -> None:
     e = PrivacyLedger().set_budget(D, D, 1.0, 0.0)
     assert "table" not in e.body() and "count" not in e.body()
     assert "table" in PrivacyLedger().set_budget(D, D, 1.0, 0.0, table="f" * 64).body()
+
+
+def test_a_reservation_by_a_concurrent_release_between_the_read_and_the_answer_is_not_a_rollback(
+    alice: Curator,
+) -> None:
+    """Two releases of one data set share a keystore: r4 reads the ledger, r5 (another process)
+    reserves (ledger, then witness), then r4 asks the witness, which now counts r5. The ledger
+    read again after the answer holds r5: no LedgerBehindError (the fault campaign's seed 20
+    found this race). Without the re-read, the same situation is refused; a real rollback is
+    refused with it too."""
+    alice.ledger.set_budget(D, D, 3.0)
+    stale = alice.ledger.read()  # r4's read, before r5 reserves
+    alice.try_reserve("r5", 0.4)  # the concurrent release: ledger entry, then the witness moved up
+    with pytest.raises(LedgerBehindError):
+        alice.witness.check(stale, D)  # what a single read gave: a race taken for a rollback
+    alice.witness.check(stale, D, reread=alice.ledger.read)  # the read after the answer counts r5
+    alice.witness.check(stale, D, record=True, reread=alice.ledger.read)
+    with pytest.raises(LedgerBehindError):  # a ledger really behind stays refused when read again
+        alice.witness.check(stale, D, reread=lambda: stale)

@@ -15,9 +15,8 @@ from support import split_parquet
 from test_curator_sharded import KEY, LOG, _leader, _local_aligned
 
 from secure_release.curator.cluster import sample as cs
-from secure_release.curator.cluster.aligned import AlignedPieces, ShardRowSink, leader_pieces
+from secure_release.curator.cluster.aligned import AlignedPieces, ShardRowSink
 from secure_release.curator.cluster.engine import InlineEngine
-from secure_release.curator.cluster.matching import UNIT_BITS
 from secure_release.curator.cluster.sharded import load_sharded
 from secure_release.curator.records.keystore import Keystore, KeystoreError, ReleaseRecord
 from secure_release.curator.table import load_schema
@@ -117,18 +116,22 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.parametrize(
-    ("piece_rows", "handoff"), [(1, False), (97, False), (4096, False), (10**6, False), (97, True), (10**6, True)]
-)
+    ("piece_rows", "handoff", "shares"),
+    [(1, False, True), (97, False, True), (4096, False, False), (10**6, False, True), (97, True, True),
+     (10**6, True, False)],
+)  # fmt: skip
 def test_the_leader_and_a_follower_sample_on_their_clusters_what_the_local_path_samples(
-    world: Path, tmp_path: Path, piece_rows: int, handoff: bool
+    world: Path, tmp_path: Path, piece_rows: int, handoff: bool, shares: bool
 ) -> None:
     """Alice leads, bob follows; bob's row order arrives in pieces of ``piece_rows`` (shard
     boundaries fall inside pieces, and pieces inside shards); both samples equal the in-process
     path's. ``handoff``: as on an embedded cluster, the tags and each shard's rows pass between
-    the curator process and the workers as files in the engine's handoff directory."""
+    the curator process and the workers as files in the engine's handoff directory. ``shares``:
+    the workers share the leader's files, so each match leaves its symbols in a file and the
+    leader's runs are read from them; else they stay with the matches on the workers."""
     seed = Seed(bytes(32))
     n, expected = _local_aligned(world, seed)
-    engine = InlineEngine(2)
+    engine = InlineEngine(2, shares_files=shares)
     if handoff:
         engine.handoff = tmp_path / "handoff"
         engine.handoff.mkdir()
@@ -157,7 +160,10 @@ def test_the_leader_and_a_follower_sample_on_their_clusters_what_the_local_path_
         assert len(list(tmp_path.glob("handoff/rows-*"))) == (len(sink.pieces.sizes) if handoff else 0)
         bob = np.concatenate(list(cs.sample_runs(sink.pieces, seed, "r1", m)))
         dtype = str(expected["alice"].dtype) if expected["alice"].dtype.itemsize < 4 else "uint16"
-        alice_pieces = leader_pieces(engine, leader.matches, 1 << UNIT_BITS, dtype, leader.own_counts)
+        symbol_files = sorted(tmp_path.glob("spool-*/sym-*.bin"))
+        assert len(symbol_files) == (len(leader.matches) if shares else 0)
+        assert all(m is None for m in leader.matches) == shares  # nothing of a match lives only on a worker
+        alice_pieces = leader.aligned_pieces(dtype)
         alice = np.concatenate(list(cs.sample_runs(alice_pieces, seed, "r1", m)))
         leader.cleanup()
     finally:
