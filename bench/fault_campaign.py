@@ -27,9 +27,11 @@ The invariant (:func:`check`), after every process has ended (or been stopped on
 
 * every release is either released, with the cells an uninterrupted run with the same injected
   keys gives (:func:`reference_cells`), fetched by its researcher; or aborted, with its
-  reservation refunded at every curator;
-* every ledger's spent epsilon equals the sum of the epsilons of the releases it released, and
-  none stays reserved;
+  reservation refunded at every curator; or, only where its researcher's link was cut for longer
+  than every ``--timeout`` (and so past the curators' ``--key-retention``), committed at every
+  curator and never fetched (``committed-unfetched``: spent, as a sealed release is);
+* every ledger's spent epsilon equals the sum of the epsilons of the releases it released (or
+  committed unfetched), and none stays reserved;
 * no process outlived its ``--timeout`` (plus :data:`GRACE_S`);
 * the server still answers (a ``GetRefusals`` call after the schedule).
 
@@ -495,6 +497,12 @@ def server_answers(run: Run) -> bool:
     return False
 
 
+def researcher_cut_off(schedule: Schedule, index: int) -> bool:
+    """Whether a link of release ``index``'s researcher was cut for longer than every --timeout."""
+    return any(f.kind == "blackhole" and f.for_s > TIMEOUT_S and f.target.startswith(f"researcher{index}>")
+               for f in schedule.faults)  # fmt: skip
+
+
 def check(world: dict[str, Any], run: Run) -> tuple[dict[str, str], list[str]]:
     """Each release's outcome and every violation of the invariant."""
     from secure_release.curator.records.keystore import Keystore
@@ -517,16 +525,19 @@ def check(world: dict[str, Any], run: Run) -> tuple[dict[str, str], list[str]]:
             outcomes[rid] = "released"
         elif all(s in (None, EntryKind.REFUND) for s in states.values()):
             outcomes[rid] = "aborted"
+        elif all(s is EntryKind.COMMIT for s in states.values()) and researcher_cut_off(run.schedule, index):
+            # sealed and committed, but its researcher could not reach the server or a curator for
+            # longer than its --timeout and the curators' --key-retention: spent, never fetched
+            outcomes[rid] = "committed-unfetched"
         else:
-            committed = all(s is EntryKind.COMMIT for s in states.values())
-            outcomes[rid] = "committed-unfetched" if committed else "stuck"
+            outcomes[rid] = "stuck"
             violations.append(f"{rid}: no result at the researcher and the ledgers say "
                               f"{ {c: (s.value if s else None) for c, s in states.items()} }")  # fmt: skip
     for c, led in ledgers.items():
-        released = [f"r{i}" for i in range(run.schedule.releases) if outcomes.get(f"r{i}") == "released"]
+        charged = [rid for rid, o in outcomes.items() if o in ("released", "committed-unfetched")]
         spent = sum(led.spent(ds) for ds in {r.dataset for r in led.releases().values()})
-        if not np.isclose(spent, EPSILON * len(released)):
-            violations.append(f"{c}'s ledger spent {spent:g}, the released releases {EPSILON * len(released):g}")
+        if not np.isclose(spent, EPSILON * len(charged)):
+            violations.append(f"{c}'s ledger spent {spent:g}, the released releases {EPSILON * len(charged):g}")
         reserved = [rid for rid, r in led.releases().items() if r.state is EntryKind.RESERVE]
         if reserved:
             violations.append(f"{c}'s ledger keeps {reserved} reserved")

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import re
 import shutil
 import tempfile
 import threading
@@ -235,9 +236,16 @@ class ClusterLeader(LeaderState):
 
     # ------------------------------------------------------------------ set-up and tag arrival
     def attach(self, own: ShardedTable, spool_parent: Path | None) -> None:
-        """The leader's own shards; follower tags spool under ``spool_parent`` (0700); the
-        matcher starts (it waits for the followers' shards)."""
+        """The leader's own shards; follower tags spool under ``spool_parent`` (0700), where a
+        spool an earlier run of this release left (killed before its cleanup: follower tags,
+        the leader's matched symbols) is removed first; the matcher starts (it waits for the
+        followers' shards)."""
         self.own, self.engine = own, own.engine
+        if spool_parent is not None:  # a run of this release killed before its cleanup left its spool: no use now
+            left = re.compile(rf"spool-{re.escape(self.release_id)}-[a-z0-9_]{{8}}")
+            for stale in Path(spool_parent).glob(f"spool-{self.release_id}-*"):
+                if left.fullmatch(stale.name) and stale.is_dir() and not stale.is_symlink():
+                    shutil.rmtree(stale, ignore_errors=True)
         self.spool = Path(tempfile.mkdtemp(prefix=f"spool-{self.release_id}-", dir=spool_parent))
         self.matcher = threading.Thread(target=self._match_all, name=f"match-{self.release_id}", daemon=True)
         self.matcher.start()

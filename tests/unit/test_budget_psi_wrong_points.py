@@ -17,8 +17,9 @@ import pytest
 
 from secure_release.curator.errors import PsiMismatchError
 from secure_release.curator.leader import LeaderState
-from secure_release.curator.release.psi_ring import _local, ring
+from secure_release.curator.release.psi_ring import WaitLog, _local, ring
 from secure_release.curator.waits import Deadline
+from secure_release.infra.logs import EventLog
 from secure_release.infra.streams import AgreementError, PsiStreamError
 from secure_release.mechanism.alignment.psi import POINT_BYTES, PsiKey, hash_to_group
 from secure_release.mechanism.primitives.keys import Seed
@@ -36,7 +37,7 @@ def _leader() -> LeaderState:
 
 
 def _member(state: LeaderState, me: str, wrong: str, out: dict[str, object]) -> None:
-    send, receive = _local(state, me, Deadline(RING_S))
+    send, receive = _local(state, me, Deadline(RING_S), WaitLog(EventLog("curator", me)))  # never entered: no thread
     if me == "bob":
         honest = send
 

@@ -490,3 +490,27 @@ def test_the_leader_matches_a_stream_out_of_order_or_sent_twice_like_an_ascendin
         leader.cleanup()
     finally:
         engine.close()
+
+
+def test_a_spool_left_by_a_killed_run_of_the_release_is_removed_when_the_leader_attaches(
+    world: Path, tmp_path: Path
+) -> None:
+    """A leader killed before its cleanup leaves ``spool-<release>-XXXXXXXX`` in its keystore
+    (follower tags, its own matched symbols); the rerun removes it, and nothing of another
+    release whose id begins the same way."""
+    left = tmp_path / "spool-r1-abcd_123"
+    other = tmp_path / "spool-r10-abcd_123"
+    for d in (left, other):
+        d.mkdir()
+        (d / "sym-000000.bin").write_bytes(b"\x01\x02")
+    engine = InlineEngine(2)
+    try:
+        table = load_sharded(engine, str(split_parquet(world / "alice.csv", tmp_path / "alice", 2)),
+                             load_schema(world / "alice.json"), KEY, LOG, shard_bits=2)  # fmt: skip
+        leader = _leader()
+        leader.attach(table, tmp_path)
+        assert not left.exists() and (other / "sym-000000.bin").exists()
+        assert leader.spool is not None and leader.spool.parent == tmp_path and leader.spool.exists()
+        leader.cleanup()
+    finally:
+        engine.close()
