@@ -463,9 +463,14 @@ def run_schedule(world: dict[str, Any], schedule: Schedule, root: Path) -> Resul
     finally:
         run.stop_all()
     outcomes, more = check(world, run)
+    violations += more
+    taken = [p for p in run.procs if "BindError: could not listen" in run.log(p).read_text(errors="replace")]
+    if taken:  # the harness picked ports in advance and another program took one: not the system's doing
+        notes.append(f"void: a port the harness picked for {', '.join(taken)} was taken by another process")
+        violations = []
     took = round(time.monotonic() - t0, 1)
     reasons = {rid: last_line(run.log(f"researcher{rid[1:]}")) for rid, o in outcomes.items() if o != "released"}
-    return Result(schedule.seed, schedule.describe(), outcomes, violations + more, reasons, notes, took)
+    return Result(schedule.seed, schedule.describe(), outcomes, violations, reasons, notes, took)
 
 
 def last_line(log: Path) -> str:
@@ -571,7 +576,7 @@ def summary(results: list[Result]) -> dict[str, Any]:
     worker_stages: dict[str, int] = {}
     for r in results:
         for note in r.injected:
-            kind = note.split()[0]
+            kind = note.split()[0].rstrip(":")
             faults[kind] = faults.get(kind, 0) + 1
             found = re.search(r"killed in stage (\S+)", note)
             if found:
@@ -588,6 +593,7 @@ def summary(results: list[Result]) -> dict[str, Any]:
             why[name] = why.get(name, 0) + 1
     return {
         "schedules": len(results),
+        "void_schedules": [r.seed for r in results if any(n.startswith("void") for n in r.injected)],
         "not_released_because": why,
         "releases": sum(len(r.outcomes) for r in results),
         "faults_injected": faults,
