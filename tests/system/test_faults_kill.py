@@ -4,8 +4,9 @@ flags, and require that every release ends released with an estimate bit-identic
 uninterrupted protocol with the same injected keys (or aborted with its budget refunded), with no
 acknowledged chunk lost.
 
-The default suite injects ~20 kills; ``SECURE_RELEASE_FAULTS=120`` runs the full loop (at least
-that many kills) and prints the figures.
+The default suite injects ~12 kills (random combinations with other faults are the fault
+campaign's: ``tests/system/test_fault_campaign.py``); ``SECURE_RELEASE_FAULTS=120`` runs the full
+loop (at least that many kills) and prints the figures.
 """
 
 from __future__ import annotations
@@ -266,7 +267,7 @@ def plan_kills(rng: random.Random, total: int) -> list[list[tuple[str, str]]]:
 
 
 def test_kills_at_every_phase_end_released_identically(world: dict[str, object], certs: Path, tmp_path: Path) -> None:
-    total = int(os.environ.get("SECURE_RELEASE_FAULTS", "20"))
+    total = int(os.environ.get("SECURE_RELEASE_FAULTS", "12"))  # 19 (phase, role) pairs: the full loop covers each
     rng = random.Random(20240601)
     figures = {"kills": 0, "released_identical": 0, "aborted_refunded": 0, "stuck_or_wrong": 0, "releases": 0}
     lags: list[float] = []
@@ -293,4 +294,4 @@ def test_kills_at_every_phase_end_released_identically(world: dict[str, object],
         f"p95 {np.percentile(lag, 95):.2f} max {lag.max():.2f}\n"
     )
     assert not failures, "\n".join(failures)
-    assert figures["kills"] >= min(total, 20)
+    assert figures["kills"] >= min(total, 12)
