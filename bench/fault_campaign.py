@@ -19,8 +19,9 @@ One schedule (:func:`draw_schedule`, a pure function of its seed):
   - ``pause``: SIGSTOP of a party for 2-8 s (longer than a gRPC keepalive), then SIGCONT;
   - ``blackhole`` / ``delay``: a link holds every byte, or delays each, for 1-6 s (one
     blackhole in ten outlasts every ``--timeout``);
-  - ``worker``: SIGKILL of one Dask worker of a curator on a cluster (the stage it was in is
-    read from that curator's log and reported).
+  - ``worker``: SIGKILL of one Dask worker of a curator on a cluster, right after the event that
+    starts a stage drawn at random (read, shuffle, agreement, match and align, sample) shows in
+    that curator's log.
 
 The invariant (:func:`check`), after every process has ended (or been stopped once its
 ``--timeout`` and a grace passed):
@@ -136,9 +137,10 @@ def draw_schedule(seed: int, releases: int, dask_share: float, window_s: float =
         if kind in ("blackhole", "delay"):
             lasts = TIMEOUT_S + 15 if kind == "blackhole" and rng.random() < LONG_SHARE else rng.uniform(1.0, 6.0)
             faults.append(Fault(kind, at, rng.choice(links(releases)), round(lasts, 2)))
-        elif kind == "worker":
+        elif kind == "worker":  # at a stage: right after the event that starts it, in that curator's log
             i = rng.choice([i for i, d in enumerate(dask) if d])
-            faults.append(Fault(kind, at, f"{rng.choice(CURATORS)}{i}", 0.0))
+            event = rng.choice([e for e, _ in _STAGE_EVENTS[:5]])
+            faults.append(Fault(kind, 0.3, f"{rng.choice(CURATORS)}{i}@{event}", 0.0))
         elif kind == "pause":
             faults.append(Fault(kind, at, rng.choice(parties(releases)), round(rng.uniform(2.0, 8.0), 2)))
         else:
@@ -385,6 +387,28 @@ def stage_now(log: Path) -> str:
     return stage
 
 
+def kill_worker_at(run: Run, fault: Fault, notes: list[str]) -> None:
+    """Kill one Dask worker of the curator ``party@event`` names right after ``event`` shows in
+    its log (the stage it starts: :data:`_STAGE_EVENTS`), its first run or a rerun."""
+    party, event = fault.target.split("@")
+    stage = dict(_STAGE_EVENTS)[event]
+    end = time.monotonic() + TIMEOUT_S
+    while time.monotonic() < end:
+        log = run.log(party)
+        proc = run.procs.get(party)
+        if proc is not None and proc.poll() is None and log.exists() and f'"event": "{event}"' in log.read_text(
+            errors="replace"
+        ):
+            with contextlib.suppress(Exception):
+                workers = _worker_pids(proc.pid)
+                if workers:
+                    os.kill(random.Random(fault.target).choice(workers), signal.SIGKILL)
+                    notes.append(f"worker of {party} killed in stage {stage}")
+                    return
+        time.sleep(0.02)
+    notes.append(f"worker of {party}: the {stage} stage never came with a worker running")
+
+
 def inject(run: Run, fault: Fault, notes: list[str]) -> None:
     """Start ``fault`` now (its end runs on a timer thread)."""
     if fault.kind in ("blackhole", "delay"):
@@ -393,18 +417,12 @@ def inject(run: Run, fault: Fault, notes: list[str]) -> None:
         threading.Timer(fault.for_s, lambda: setattr(proxy, "mode", "pass")).start()
         notes.append(f"{fault.kind} {fault.target}")
         return
+    if fault.kind == "worker":
+        threading.Thread(target=kill_worker_at, args=(run, fault, notes), daemon=True).start()
+        return
     proc = run.procs.get(fault.target)
     if proc is None or proc.poll() is not None:
         notes.append(f"{fault.kind} {fault.target}: already ended")
-        return
-    if fault.kind == "worker":
-        workers = _worker_pids(proc.pid)
-        stage = stage_now(run.log(fault.target))
-        if workers:
-            os.kill(random.Random(fault.at_s).choice(workers), signal.SIGKILL)
-            notes.append(f"worker of {fault.target} killed in stage {stage}")
-        else:
-            notes.append(f"worker of {fault.target}: none running (stage {stage})")
         return
     if fault.kind == "pause":
         os.killpg(proc.pid, signal.SIGSTOP)
