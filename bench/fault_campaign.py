@@ -75,8 +75,8 @@ BUDGET = 10.0
 #: Each party's --timeout (the researcher's too): the longest a party may live.
 TIMEOUT_S = 45.0
 #: How long past its --timeout a party may take to exit before it counts as hung: its start-up
-#: before the deadline begins, and the bounded wind-down that tells the others (an abort at
-#: the server is retried 10 s at most, a refusal offered 5 s).
+#: before the deadline begins, and the bounded wind-down that tells the others (past the
+#: deadline, its aborts and declarations at the server share one 10 s).
 GRACE_S = 20.0
 #: A curator's --key-retention: how long it serves a sealed release's key at most (within its
 #: --timeout budget, so a sealed release's curator too ends by then).

@@ -26,7 +26,7 @@ from secure_release.curator.records.ledgersign import SigningKeyError
 from secure_release.curator.records.witness import BudgetWitness
 from secure_release.curator.release.agreement import report_failure_to_leader
 from secure_release.curator.release.budget import LedgerSettings, check_ledger, settle
-from secure_release.curator.release.upload import ServerLink
+from secure_release.curator.release.upload import ABORT_GIVE_UP_S, ServerLink
 from secure_release.infra.exitcodes import REFUSAL_MARK, grpc_status_name, is_refusal, refusal_reason
 from secure_release.infra.identity import PkiError
 from secure_release.infra.logs import EventLog
@@ -180,7 +180,7 @@ def announce_parties(config: CuratorConfig, log: EventLog) -> threading.Thread:
     return thread
 
 
-def confirm_parties(config: CuratorConfig, log: EventLog) -> None:
+def confirm_parties(config: CuratorConfig, log: EventLog, seconds: float = DECLARE_S) -> None:
     """Store this curator's party list now, unless its start-up announcement already landed: a
     curator that stops because another refused must not exit before its list reaches the server,
     since that list is what lets the other's refusal show to the researcher (bounded by DECLARE_S)."""
@@ -191,11 +191,13 @@ def confirm_parties(config: CuratorConfig, log: EventLog) -> None:
         declaration.validate()
     except SecureReleaseError:
         return
-    if _declare(config, declaration, min(DECLARE_S, config.timeout), log):
+    if _declare(config, declaration, min(seconds, config.timeout), log):
         _ANNOUNCED.add((config.release_id, config.name))
 
 
-def declare_refusal(config: CuratorConfig, exc: BaseException, log: EventLog) -> RefusalClass | None:
+def declare_refusal(
+    config: CuratorConfig, exc: BaseException, log: EventLog, seconds: float = DECLARE_S
+) -> RefusalClass | None:
     """If ``exc`` is this curator's own refusal of one of the classes, record it at the server
     (``DeclareRelease``: curator, class, the error's name; never the data), so the researcher and
     every curator hear it though the release never reached the agreement. Its class, else None."""
@@ -211,7 +213,7 @@ def declare_refusal(config: CuratorConfig, exc: BaseException, log: EventLog) ->
     except SecureReleaseError as bad:
         log.warning("declaration_unsent", release_id=config.release_id, error=f"{type(bad).__name__}: {bad}")
         return cls
-    if _declare(config, declaration, min(DECLARE_S, config.timeout), log):
+    if _declare(config, declaration, min(seconds, config.timeout), log):
         log("refusal_declared", release_id=config.release_id, reason_class=cls.value)
     return cls
 
@@ -314,8 +316,10 @@ def fail_release(
     reason = classed_reason(name, release_id, exc)
     if state is not None:
         state.fail(reason)
-    if declare_refusal(link.config, exc, log) is None:  # a refusal before any spec: the server records it
-        confirm_parties(link.config, log)  # another's refusal: our party list lets it show
+    # past the run's --timeout the declaration and the abort share the link's one wind-down
+    offer = min(DECLARE_S, link.wind_down(ABORT_GIVE_UP_S).left())
+    if declare_refusal(link.config, exc, log, offer) is None:  # a refusal before any spec: the server records it
+        confirm_parties(link.config, log, offer)  # another's refusal: our party list lets it show
     abort_and_settle(name, release_id, keystore, link, log, exc)
     if state is not None and not state.published:
         # within the run's --timeout only: a follower still waiting then has timed out as well

@@ -141,6 +141,10 @@ def raise_if_aborted(status: pb.ReleaseStatus | None) -> None:
         raise ReleaseAbortedError(f"release {status.release_id!r} was aborted: {status.abort_reason}")
 
 
+#: Past a run's deadline, how long its aborts and declarations are retried, all together.
+ABORT_GIVE_UP_S = 10.0
+
+
 class ServerChannel:
     """A curator's mutual-TLS channel to the release server, pinning the server's role."""
 
@@ -162,9 +166,9 @@ class ServerLink(ServerChannel):
 
     _after_deadline: Deadline | None = None
 
-    def _wind_down(self, give_up_s: float) -> Deadline:
-        """How long an abort may be retried: until the run's deadline, or ``give_up_s`` once
-        fewer remain; past the run's deadline every abort of this run shares one ``give_up_s``
+    def wind_down(self, give_up_s: float = ABORT_GIVE_UP_S) -> Deadline:
+        """How long an abort (or a declaration) may be retried: until the run's deadline, or
+        ``give_up_s`` once fewer remain; past the run's deadline all of them share one ``give_up_s``
         (a refusal made visible, then the release failed, each retried 10 s against a server cut
         off: a curator outlived its --timeout by their sum; found by bench/fault_campaign.py)."""
         if self.deadline.left() > give_up_s:
@@ -319,13 +323,13 @@ class ServerLink(ServerChannel):
             pending = [p.curator for p in status.curators if not p.committed] if status is not None else ["anyone"]
             self.deadline.sleep(POLL_S, f"{', '.join(pending)} to commit release {self.config.release_id!r}")
 
-    def abort(self, reason: str, give_up_s: float = 10.0) -> tuple[pb.ReleaseStatus | None, bool]:
+    def abort(self, reason: str, give_up_s: float = ABORT_GIVE_UP_S) -> tuple[pb.ReleaseStatus | None, bool]:
         """Abort the release at the server with ``reason`` (retried while unreachable or not yet
         registered, for at least ``give_up_s``). Returns the status after it (None if unknown)
         and whether the server answered that it does not know the release at all. A sealed
         release stays sealed."""
         request = pb.AbortRequest(release_id=self.config.release_id, curator=self.config.name, reason=reason[:900])
-        grace = self._wind_down(give_up_s)
+        grace = self.wind_down(give_up_s)
         try:
             status: pb.ReleaseStatus = retry_until(
                 lambda t: self.stub.AbortRelease(request, timeout=min(t, STATUS_CALL_S)),

@@ -19,15 +19,15 @@ def _link(seconds: float) -> ServerLink:
 
 def test_before_the_deadline_an_abort_may_take_what_the_run_has_left() -> None:
     link = _link(60.0)
-    assert 59.0 < link._wind_down(10.0).left() <= 60.0
+    assert 59.0 < link.wind_down(10.0).left() <= 60.0
 
 
 def test_past_the_deadline_every_abort_shares_one_give_up() -> None:
     link = _link(0.0)
-    first = link._wind_down(0.3)
+    first = link.wind_down(0.3)
     assert 0.2 < first.left() <= 0.3
     time.sleep(0.2)
-    second = link._wind_down(0.3)
+    second = link.wind_down(0.3)
     assert second is first and second.left() <= 0.1  # what is left of the one, not a new 0.3 s
     time.sleep(0.15)
-    assert link._wind_down(0.3).left() == 0.0
+    assert link.wind_down(0.3).left() == 0.0
