@@ -22,6 +22,7 @@ from secure_release.curator.records.keystore import Keystore
 from secure_release.curator.records.ledgerfile import file_fingerprint
 from secure_release.curator.release import opening
 from secure_release.curator.table import load_schema, read_table
+from secure_release.curator.waits import Deadline
 from secure_release.mechanism.primitives.keys import AlignmentKey, PadKey, PramKey, Seed
 from secure_release.mechanism.primitives.packing import unpack_symbols
 from secure_release.mechanism.primitives.pads import CipherMode
@@ -105,6 +106,10 @@ class FakeLink:
 
     def abort(self, reason: str, give_up_s: float = 10.0) -> tuple[None, bool]:
         raise AssertionError(f"no abort expected: {reason}")
+
+    def wind_down(self, give_up_s: float = 10.0) -> Deadline:
+        """As ServerLink's: until the run's deadline (then ``give_up_s``)."""
+        return Deadline(max(give_up_s, self.deadline.left()))
 
     def close(self) -> None:
         pass
