@@ -2,7 +2,7 @@
 
 Run:  PYTHONPATH=. python bench/bench_cluster.py [--rows 10000000,100000000] [--fractions 0.1,1]
           [--files 16,64] [--workers 2] [--data-root /work/bench-data] [--no-local] [--repeat 5]
-          [--alignment psi] [--json]
+          [--alignment psi] [--shard-store auto|disk|memory] [--disk-interval 1.0] [--disk-plot disk.png] [--json]
 
 ``--alignment psi`` (issue 41): the curators align by the ECDH ring on their clusters; the same
 run also releases with the keyed hash on the same clusters (the ratio psi / hash), and the stage
@@ -32,11 +32,24 @@ workers' nannies; its forkserver, worker processes and resource tracker; the ser
 researcher), polled every 0.25 s (one scan of /proc a poll) and read once more before the processes
 are stopped. Ratios printed: dask / duckdb at the same m, dask / local at 10^7, and the server's
 and researcher's peak at m = n over their peak at m = n / 10 (flat in m: <= 1.2).
+
+Disk profile (``bench/disk_profile.py``): every release (dask and local) polls each curator's
+keystore directory, under which its engine keeps all its working files (Dask spill, the handoff
+directory, the shard store, the leader's spool, sample files), every ``--disk-interval`` seconds
+(default 1; bytes allocated: st_blocks * 512 of every file, as du counts) and the filesystem's
+free bytes. The keystore also holds small files from before the run (ledger, keys, certificates):
+a baseline is measured right before the release is launched, and the peak minus that baseline is
+reported as the engine's extra disk (``disk_peak_bytes``, at ``disk_peak_seconds`` after launch),
+over the curator's input (the size of its Parquet directory: ``disk_ratio``), with the lowest free
+bytes seen and a downsampled series (at most 600 points). A peak shorter than the interval can be
+missed. ``--disk-plot PATH``: a PNG of the last entry's dask run (GB against minutes, each
+curator's input and twice it as horizontal lines, the curators' stages as vertical ones).
 """
 
 from __future__ import annotations
 
 import argparse
+import calendar
 import json
 import os
 import secrets
@@ -53,6 +66,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from cluster_data import child_map, descendants, duckdb_reference, vm_hwm_mib, write_partitioned  # noqa: E402
+from disk_profile import DiskPoller, downsample, input_bytes  # noqa: E402
 
 from secure_release.cluster import PARTIES, Cluster, get_estimate, launch_release, set_budgets  # noqa: E402
 from secure_release.infra.pki import init_pki  # noqa: E402
@@ -60,10 +74,12 @@ from secure_release.infra.pki import init_pki  # noqa: E402
 ROLES = ("server", "alice", "bob", "researcher")
 WORKER_MEMORY = ["2GiB"]  # --worker-memory of each curator's embedded workers (set from the command line)
 TAG_STREAMS = ["0"]  # --tag-streams of the follower (0: one a worker)
+SHARD_STORE = ["auto"]  # --shard-store of both curators (auto: on disk past 60% of the workers' memory)
 TIMEOUT_S = "7200"  # every party's --timeout: a release of 3 * 10^8 rows a curator takes minutes here
 STAGES = ("engine_started", "partitions_read", "shards_sorted", "psi_started", "psi_ring_done", "psi_shards_sorted",
           "tags_submitted", "agreed", "aligned", "prepared", "committed", "released")  # fmt: skip
 ALIGNMENT = ["hash"]  # --alignment of every curator (psi: the ECDH ring on the curators' clusters, issue 41)
+DISK_INTERVAL = [1.0]  # --disk-interval: seconds between two scans of the curators' keystores
 
 
 POLL_S = 0.25  # the poller's interval
@@ -143,6 +159,20 @@ def stage_times(log: Path) -> dict[str, float]:
     return out
 
 
+def log_start(log: Path) -> float | None:
+    """The wall-clock time (seconds since the epoch) of the curator's first log line (its stamps are
+    UTC), which ``stage_times`` counts from; None if it has none."""
+    for line in log.read_text(errors="replace").splitlines():
+        try:
+            stamp = json.loads(line).get("time")
+        except (ValueError, AttributeError):
+            continue
+        if stamp:
+            fraction = float("0" + stamp[19:23].rstrip("Z"))
+            return calendar.timegm(time.strptime(stamp[:19], "%Y-%m-%dT%H:%M:%S")) + fraction
+    return None
+
+
 def run_release(root: Path, data: Path, certs: Path, akey: Path, m: int, engine: str, workers: int,
                 tag: str, alignment: str | None = None) -> dict[str, Any]:  # fmt: skip
     alignment = alignment or ALIGNMENT[0]
@@ -158,9 +188,12 @@ def run_release(root: Path, data: Path, certs: Path, akey: Path, m: int, engine:
     if engine == "dask":
         for c in extra:
             extra[c] += ["--workers", str(workers), "--worker-memory", WORKER_MEMORY[0]]
-            extra[c] += ["--tag-streams", TAG_STREAMS[0]]
+            extra[c] += ["--tag-streams", TAG_STREAMS[0], "--shard-store", SHARD_STORE[0]]
     poller = Poller(cluster)
     poller.start()
+    disk = DiskPoller({c: work / f"keystore-{c}" for c in dirs}, DISK_INTERVAL[0])
+    baseline = disk.sample()[1]  # the keystore's ledger and keys, before the release
+    disk.start()
     try:
         t0 = time.perf_counter()
         addrs = launch_release(cluster, data, certs, tag, 1.0, m, "chacha20", akey, curator_extra=extra, budgets=False,
@@ -168,17 +201,21 @@ def run_release(root: Path, data: Path, certs: Path, akey: Path, m: int, engine:
         resp = get_estimate(addrs["researcher"], certs, tag, timeout=float(TIMEOUT_S))
         wall = time.perf_counter() - t0
         poller.sample()
+        disk.stop()
+        disk.sample()  # the last one, while the curators still run
     except Exception:
         sys.stderr.write(cluster.tails(20))
         raise
     finally:
         poller.stop.set()
+        disk.stop()
         cluster.close()
     if os.environ.get("BENCH_KEEP_LOGS"):  # for a closer look at one run
         keep = Path(os.environ["BENCH_KEEP_LOGS"]) / tag
         keep.mkdir(parents=True, exist_ok=True)
         for log in work.glob("*.log"):
             shutil.copy(log, keep / log.name)
+    inputs = {c: input_bytes([d]) for c, d in dirs.items()}  # each curator's Parquet directory
     return {
         "engine": engine,
         "alignment": alignment,
@@ -188,7 +225,45 @@ def run_release(root: Path, data: Path, certs: Path, akey: Path, m: int, engine:
         "stages": {c: stage_times(work / f"{c}.log") for c in ("alice", "bob")},
         "peak_rss_mib": {k: round(v, 1) for k, v in sorted(poller.peak.items())},
         "cpu_seconds": {k: round(v, 2) for k, v in sorted(poller.cpu.items())},
+        "disk": disk_report(disk, baseline, inputs, {c: log_start(work / f"{c}.log") for c in dirs}),
     }
+
+
+def disk_report(disk: DiskPoller, baseline: dict[str, int], inputs: dict[str, int],
+                log_starts: dict[str, float | None]) -> dict[str, Any]:  # fmt: skip
+    """Per curator: the engine's peak extra disk (peak - baseline), when (seconds after launch),
+    its input and their ratio, and when its log starts (``log_offset_seconds`` after launch: add it
+    to its stage times to place them on the disk profile's clock); the lowest free bytes, the
+    scans' cost and the series (at most 600 points)."""
+    curators: dict[str, dict[str, Any]] = {}
+    for c, size in inputs.items():
+        extra = disk.peak[c] - baseline[c]
+        start = log_starts[c]
+        curators[c] = {"disk_peak_bytes": extra, "disk_peak_seconds": disk.peak_seconds[c], "input_bytes": size,
+                       "disk_ratio": round(extra / size, 3) if size else None, "baseline_bytes": baseline[c],
+                       "log_offset_seconds": None if start is None else round(start - disk.started_at, 2)}  # fmt: skip
+    return {
+        "curators": curators,
+        "free_min_bytes": disk.min_free,
+        "interval_s": disk.interval,
+        "scans": len(disk.scan_seconds),
+        "scan_seconds_max": round(disk.max_scan_seconds, 4),
+        "series": downsample(disk.series, 600),
+    }
+
+
+def write_disk_plot(entry: dict[str, Any], path: Path, workers: int) -> None:
+    """The disk profile of one entry's dask run as a PNG at ``path``, the curators' stages marked
+    (moved from the curator's log clock to the launch's)."""
+    from disk_profile import plot_disk
+
+    run, disk = entry["dask"], entry["dask"]["disk"]
+    offset = {c: d["log_offset_seconds"] or 0.0 for c, d in disk["curators"].items()}
+    stages = {f"{c} {name}": t + offset[c] for c, times in run["stages"].items() for name, t in times.items()}
+    title = f"engine disk: n={entry['rows']:,} m={entry['m']:,}, {run['alignment']}, {workers} workers a curator"
+    plot_disk(disk["series"], {c: d["input_bytes"] for c, d in disk["curators"].items()}, path, title, stages,
+              {c: d["baseline_bytes"] for c, d in disk["curators"].items()})  # fmt: skip
+    sys.stderr.write(f"disk profile written to {path}\n")
 
 
 def peak_growth(results: list[dict[str, Any]]) -> dict[str, Any]:
@@ -236,6 +311,8 @@ def main() -> int:
     ap.add_argument("--data-root", default="/work/bench-data", help="where the generated data sets are kept")
     ap.add_argument("--worker-memory", default="2GiB", help="memory limit of each worker (they spill above 60%%)")
     ap.add_argument("--tag-streams", default="0", help="the follower's tag streams (0: one a worker)")
+    ap.add_argument("--shard-store", default="auto", choices=("auto", "disk", "memory"),
+                    help="both curators' --shard-store (auto: memory at 10^8 rows on 2 workers of 2 GiB, disk past)")
     ap.add_argument("--duckdb-max-rows", type=int, default=10**12,
                     help="skip the DuckDB reference above this n (it ran out of 16 GB at 3 * 10^8 here)")
     ap.add_argument("--no-local", action="store_true", help="skip the --engine local run at 10^7")
@@ -247,9 +324,15 @@ def main() -> int:
     ap.add_argument("--alignment", default="hash", choices=("hash", "psi"),
                     help="every curator's --alignment; psi also runs the keyed-hash release on the clusters as "
                          "its same-run reference (psi / hash)")
+    ap.add_argument("--disk-interval", type=float, default=1.0,
+                    help="seconds between two scans of the curators' keystores (the disk profile)")
+    ap.add_argument("--disk-plot", metavar="PATH",
+                    help="write a PNG of the disk profile of the last entry's dask run (the last --rows, --fractions)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args()
     WORKER_MEMORY[0], TAG_STREAMS[0], ALIGNMENT[0] = args.worker_memory, args.tag_streams, args.alignment
+    SHARD_STORE[0] = args.shard_store
+    DISK_INTERVAL[0] = args.disk_interval
     rows = [int(r) for r in args.rows.split(",")]
     files = [int(f) for f in args.files.split(",")]
     fractions = [float(f) for f in args.fractions.split(",")]
@@ -314,6 +397,8 @@ def main() -> int:
             lo, hi = runs[0]["dask"]["peak_rss_mib"], runs[-1]["dask"]["peak_rss_mib"]
             for role in ("server", "researcher"):
                 runs[-1].setdefault("flat_in_m", {})[role] = round(hi[role] / lo[role], 2)
+    if args.disk_plot and results:
+        write_disk_plot(results[-1], Path(args.disk_plot), args.workers)
     if args.json:
         print(json.dumps({"runs": results, "peak_growth_bytes_per_row": growth}, indent=1))
     else:
@@ -331,6 +416,13 @@ def main() -> int:
             print(f"  stages alice: {r['dask']['stages']['alice']}")
             print(f"  stages bob: {r['dask']['stages']['bob']}")
             print(f"  peak RSS MiB: {r['dask']['peak_rss_mib']}")
+            disk = r["dask"]["disk"]
+            for c, d in disk["curators"].items():
+                ratio = f"{d['disk_ratio']:.2f}x" if d["disk_ratio"] is not None else "? x"
+                print(f"  {c}: peak engine disk {d['disk_peak_bytes'] / 1e9:.2f} GB at {d['disk_peak_seconds']:.0f} s "
+                      f"= {ratio} its input ({d['input_bytes'] / 1e9:.2f} GB); "
+                      f"free at least {disk['free_min_bytes'] / 1e9:.1f} GB")  # fmt: skip
+            print(f"  disk scans: {disk['scans']} every {disk['interval_s']} s, longest {disk['scan_seconds_max']} s")
             if "flat_in_m" in r:
                 print(f"  server/researcher peak at m=n over m=n/10: {r['flat_in_m']}")
         if growth:

@@ -345,6 +345,11 @@ def add_run_arguments(p: argparse.ArgumentParser, storing: bool) -> None:
     c.add_argument("--workers", type=int, help="embedded cluster: worker processes (default: one a core, at most 8)")
     c.add_argument("--worker-memory", help="embedded cluster: each worker's memory limit (spills above; default 2GiB)")
     c.add_argument("--shards", type=int, help="tag shards, a power of two (default: at most 4 M tags a shard)")
+    c.add_argument("--shard-store", choices=("auto", "disk", "memory"), default=None,
+                   help="where an embedded cluster keeps the shards between stages: memory (the workers hold 17 "
+                   "bytes a row, spilling past their limit), disk (the ids and symbols compressed in the keystore's "
+                   "dask-spill directory, about the input's size; tags recomputed where needed), or auto (the "
+                   "default: disk once 17 bytes a row pass 60%% of the workers' memory)")  # fmt: skip
     c.add_argument("--tag-streams", type=int,
                    help="a follower: concurrent TLS streams its tags go to the leader in, one a run of shards "
                    "(default 0: one a worker of the cluster, at most 8; 1: one stream; the leader needs this "

@@ -126,6 +126,7 @@ class CuratorConfig:
     workers: int | None = None  # --workers: an embedded cluster's worker processes
     worker_memory: str = "2GiB"  # --worker-memory: each embedded worker's memory limit
     shard_bits: int | None = None  # --shards (log2): tag shards (default about 10^6 tags a shard)
+    shard_store: str = "auto"  # --shard-store: where an embedded cluster keeps the shards (auto, disk, memory)
     tag_streams: int = 0  # --tag-streams: a follower's concurrent tag streams (0: the cluster's workers, at most 8)
     design: TablesPlan | None = None  # --design: a release of the design's tables (its digest must agree)
     design_json: bytes = b""  # the design file's canonical JSON: sent to the researcher with the key
@@ -522,6 +523,7 @@ def _engine_settings(
         "workers": None if workers is None else int(workers),
         "worker_memory": _memory_size(str(getattr(args, "worker_memory", None) or "2GiB")),
         "shard_bits": shard_bits,
+        "shard_store": str(getattr(args, "shard_store", None) or "auto"),
     }
 
 

@@ -240,3 +240,40 @@ def stored_release(world: Path, release_id: str) -> dict[str, Any]:
     for key in ("created_at", "received_at", "timings", "seconds"):
         report.pop(key, None)
     return {"digests": digests, "perturbed": perturbed, "report": report}
+
+
+@dataclass
+class ClusterWorld:
+    """Two curators' partitioned Parquet (``bench/cluster_data.py``), a PKI, an alignment key and
+    the budgets set, for a release through the real processes (``cluster`` not yet launched)."""
+
+    data: Path
+    certs: Path
+    akey: Path
+    world: Path
+    cluster: Any
+    dirs: dict[str, Path]
+
+
+def cluster_world(root: Path, rows: int, files: int, rows_per_group: int) -> ClusterWorld:
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from cluster_data import write_partitioned
+
+    from secure_release.cluster import PARTIES, Cluster, set_budgets
+    from secure_release.infra.pki import init_pki
+    from secure_release.mechanism.primitives.keys import AlignmentKey
+
+    data = root / "data"
+    write_partitioned(data, rows, files, rows_per_group=rows_per_group)
+    certs = root / "certs"
+    init_pki(certs, list(PARTIES))
+    akey = root / "align.key"
+    akey.write_text(AlignmentKey(bytes(range(4, 36))).reveal().hex())
+    world = root / "w"
+    world.mkdir()
+    cluster = Cluster(world, env=child_env(testing=True))
+    dirs = {c: data / c for c in ("alice", "bob")}
+    set_budgets(cluster, {world / f"keystore-{c}": d for c, d in dirs.items()}, 2.0, certs)
+    return ClusterWorld(data, certs, akey, world, cluster, dirs)

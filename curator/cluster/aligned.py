@@ -25,6 +25,7 @@ import numpy.typing as npt
 from secure_release.curator.cluster import shards as st
 from secure_release.curator.cluster.engine import Engine
 from secure_release.curator.cluster.sharded import ShardedTable
+from secure_release.curator.cluster.spool import write_unit_rows
 from secure_release.infra.streams import AgreementError
 from secure_release.mechanism.alignment import sharding as sh
 
@@ -133,9 +134,9 @@ class ShardRowSink:
         engine, handle = self.table.engine, self.table.shards[shard]
         if engine.handoff is not None:  # left for the worker in a file, not sent over TLS (kept until
             path = engine.handoff / f"rows-{secrets.token_hex(8)}-{shard}"  # the cluster stops: a
-            local.astype("<u4", copy=False).tofile(path)  # worker lost redoes the gather from it)
+            write_unit_rows(path, local)  # worker lost redoes the gather from it; compressed)
             run = engine.submit(st.gather_symbols_from, handle, str(path), self.pieces.dtype)
         else:
-            run = engine.submit(sh.gather_symbols, handle, engine.put(local, near=handle), self.pieces.dtype)
+            run = engine.submit(st.gather_shard_symbols, handle, engine.put(local, near=handle), self.pieces.dtype)
         self.pieces.sources.append([run])
         self.pieces.sizes.append(int(rows.size))

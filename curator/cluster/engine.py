@@ -71,6 +71,8 @@ class Engine(Protocol):
     #: rather than send it over the cluster's TLS connection (an embedded cluster's: 2-4 times
     #: the CPU a gigabyte, both ends, measured here); None: results come as results
     handoff: Path | None
+    #: The workers' memory limits in all (an embedded cluster's), or None: not known here
+    memory_bytes: int | None
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> Any: ...
 
@@ -98,6 +100,7 @@ def _progress(log: EventLog | None, stage: str, done: int, total: int, started: 
 STAGE_UNITS = {
     "read": "partitions read, checked and hashed",
     "shuffle": "shards sorted",
+    "merge": "groups of shards sorted and stored",
     "locate": "partitions searched",
     "sample": "runs of the aligned column sampled",
     "psi-send": "slices of the own PSI list sent",
@@ -123,6 +126,7 @@ class InlineEngine:
         self._log = log
         self.shares_files = shares_files
         self.handoff: Path | None = None  # a result here is the object itself
+        self.memory_bytes: int | None = None  # this process's: not bounded by the engine
         self.description = f"in-process, {max(1, threads)} threads"
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
@@ -203,6 +207,7 @@ class DaskEngine:
         self.description = description
         self._stop = stop or threading.Event()
         self.worker_memory: str | None = None  # an embedded cluster's --worker-memory (named when a task cannot fit)
+        self.memory_bytes: int | None = None  # an embedded cluster's workers' memory in all (None: unknown)
         #: The run's --timeout as a monotonic end (None: no end): a stage still waiting then
         #: raises :class:`WaitTimeoutError` naming the stage, its progress and the workers alive.
         self.deadline: float | None = None
@@ -303,7 +308,8 @@ class WorkerLostError(EngineError):
 
 #: The stage each task function belongs to (a task's key starts with its function's name).
 TASK_STAGES = {
-    "hash_partition": "read", "point_partition": "read", "regroup": "shuffle", "piece_of": "shuffle",
+    "hash_partition": "read", "point_partition": "read", "partition_to_files": "read", "merge_group_files": "merge",
+    "gather_shard_symbols": "gather", "regroup": "shuffle", "piece_of": "shuffle",
     "merge_shard": "shuffle", "locate_tags": "locate", "shard_tags": "tags",
     "shard_summary": "shuffle", "problems_of": "read", "match_spooled": "match", "match_shard": "match",
     "match_rows": "match", "match_symbols": "gather", "gather_symbols": "gather", "gather_symbols_from": "gather",
@@ -481,6 +487,7 @@ def open_engine(
             desc = f"an embedded Dask cluster of {count} workers x {threads} threads, {worker_memory} each"
             eng = DaskEngine(client, cluster, log, desc, stop, direct=True)
             eng.worker_memory = worker_memory
+            eng.memory_bytes = count * int(importlib.import_module("dask.utils").parse_bytes(worker_memory))
             eng.handoff = Path(tempfile.mkdtemp(prefix="handoff-", dir=spill_dir))  # 0700, removed at close
     except (OSError, TimeoutError) as exc:
         raise EngineError(f"cannot reach the Dask scheduler ({type(exc).__name__}: {exc})") from None

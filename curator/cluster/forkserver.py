@@ -26,6 +26,8 @@ WARM_MODULES = (
     "pyarrow.parquet",
     "secure_release.curator.partitions",
     "secure_release.curator.cluster.shards",
+    "secure_release.curator.cluster.shard_files",
+    "pyarrow.ipc",
     "secure_release.curator.cluster.psi_stages",
     "secure_release.curator.cluster.sealed",
     "secure_release.curator.cluster.sample",

@@ -49,8 +49,9 @@ import numpy.typing as npt
 from secure_release.curator.cluster import shards as st
 from secure_release.curator.cluster.aligned import AlignedPieces, leader_pieces
 from secure_release.curator.cluster.engine import Engine
+from secure_release.curator.cluster.shard_files import disk_full_named
 from secure_release.curator.cluster.sharded import WINDOW, ShardedTable, in_order
-from secure_release.curator.cluster.spool import SpoolError, SpoolRange, suffixed
+from secure_release.curator.cluster.spool import SpoolError, SpoolRange, read_unit_rows, suffixed, write_unit_rows
 from secure_release.curator.errors import AgreementNotReadyError
 from secure_release.curator.leader import LeaderState, TagParts, TagPartsError
 from secure_release.infra.streams import TAG_BYTES, WHOLE_STREAM, AgreementError, TagPart
@@ -65,25 +66,31 @@ from secure_release.mechanism.protocol.spec import ReleaseSpec, designed_spec
 
 
 class SpooledRows:
-    """A follower's row order as the leader keeps it: uint32 in one file a unit (``counts[i]``
-    rows in ``paths[i]``, in unit order), read a slice at a time (``row_pieces`` asks for
-    ``size`` and slices)."""
+    """A follower's row order as the leader keeps it: one file a unit (``counts[i]`` rows in
+    ``paths[i]``, in unit order; :func:`~secure_release.curator.cluster.spool.write_unit_rows`),
+    read a slice at a time (``row_pieces`` asks for ``size`` and slices; the last unit read is
+    kept, as the slices come in order)."""
 
     def __init__(self, paths: list[Path], counts: list[int]) -> None:
         self.paths = paths
+        self.counts = [int(c) for c in counts]
         self.ends = np.cumsum(np.asarray(counts, dtype=np.int64))
         self.size = int(self.ends[-1]) if len(counts) else 0
+        self._last: tuple[int, npt.NDArray[np.uint32]] | None = None
+
+    def _unit(self, unit: int) -> npt.NDArray[np.uint32]:
+        if self._last is None or self._last[0] != unit:
+            self._last = (unit, read_unit_rows(self.paths[unit], self.counts[unit]))
+        return self._last[1]
 
     def __getitem__(self, part: slice) -> npt.NDArray[np.uint32]:
         start, stop, _ = part.indices(self.size)
         out = [np.zeros(0, dtype="<u4")]
         unit = int(np.searchsorted(self.ends, start, side="right"))
-        while start < stop:  # one read a unit the slice touches
+        while start < stop:  # each unit the slice touches
             first = int(self.ends[unit - 1]) if unit else 0
             count = min(stop, int(self.ends[unit])) - start
-            with self.paths[unit].open("rb") as fh:
-                fh.seek(4 * (start - first))
-                out.append(np.fromfile(fh, dtype="<u4", count=count))
+            out.append(self._unit(unit)[start - first : start - first + count])
             start, unit = start + count, unit + 1
         return np.concatenate(out)
 
@@ -92,6 +99,9 @@ def _opened(path: Path, append: bool) -> BinaryIO:
     return path.open("ab") if append else path.open("wb")
 
 
+#: Follower tags (and their rows: 20 bytes a tag) the spool holds ahead of the matching before an
+#: ascending stream is held (:meth:`ClusterLeader._wait_for_matching`).
+SPOOL_AHEAD_BYTES = 1 << 30
 #: Each shard is matched in 2^UNIT_BITS units (ranges of the next tag bits), so that the last
 #: unit of an ascending stream is all that is left to match once the stream ends.
 UNIT_BITS = 2
@@ -391,12 +401,42 @@ class ClusterLeader(LeaderState):
                 with self.cond:
                     self._checked_growth(parts, part.index, len(piece) // TAG_BYTES)
                 if spooler is not None and piece:
-                    spooler.add(piece, part.first_row + received)
+                    self._wait_for_matching(spooler)
+                    with disk_full_named(str(self.spool), "a follower's tags (20 bytes a tag)", len(piece) * 5 // 4):
+                        spooler.add(piece, part.first_row + received)
                 received += len(piece) // TAG_BYTES
         finally:
             if spooler is not None:
                 spooler.close()
         return digest.hexdigest(), received
+
+    def _wait_for_matching(self, spooler: _Spooler) -> None:
+        """Hold an ascending part's next piece while the spool holds more than
+        :data:`SPOOL_AHEAD_BYTES` of follower tags not matched yet and the matcher has a unit it
+        can match (its work shrinks the spool; with none ready, waiting could not): the stream
+        then goes at the matching's pace, and the spool stays about that size rather than
+        growing with n (5 GB at 10^9 rows, where the matching fell behind the streams). A part
+        that does not ascend completes no unit before it ends: never held."""
+        if spooler.last is None:
+            return
+        with self.cond:
+            while not self._stale(self.generation) and self.matcher_error is None:
+                if self._spool_backlog() <= SPOOL_AHEAD_BYTES or not self._ready_units(self._unmatched(), 1):
+                    return
+                self.cond.wait(1.0)
+
+    def _spool_backlog(self) -> int:
+        """Bytes of follower tags in the spool (each shard's are removed once it is matched)."""
+        total = 0
+        for c in self.curators[1:]:
+            for path in self.shard_files(c):
+                with contextlib.suppress(FileNotFoundError):
+                    total += suffixed(path, ".tags").stat().st_size * 5 // 4  # and its rows
+        return total
+
+    def _unmatched(self) -> list[int]:
+        """(Under ``cond``.) The units with no match yet (ready ones are matched, or about to be)."""
+        return [u for u in range(self.num_units) if u not in self.results]
 
     def _record(self, curator: str, digest: str, alphabet_size: int) -> None:
         with self.cond:
@@ -503,7 +543,7 @@ class ClusterLeader(LeaderState):
                 self.engine.release([rows])
                 for c, part in zip(followers, follower_rows or [None] * len(followers), strict=True):
                     if part is not None:  # else the worker wrote them (match_spooled)
-                        self.unit_rows(c, unit).write_bytes(np.asarray(part, dtype="<u4").tobytes())
+                        write_unit_rows(self.unit_rows(c, unit), part)
                 if self.engine.shares_files:  # its symbols are in their file too: nothing lives only on a worker
                     self.engine.release([match])
                     match = None

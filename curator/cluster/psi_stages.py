@@ -30,7 +30,7 @@ import numpy as np
 import numpy.typing as npt
 
 from secure_release.curator.cluster.sealed import Sealed, opened
-from secure_release.curator.cluster.shards import PartitionResult, RowProblem
+from secure_release.curator.cluster.shard_files import PartitionResult, RowProblem
 from secure_release.infra.memory import release_free_memory
 from secure_release.mechanism.alignment.keyed_hash import id_tags
 from secure_release.mechanism.alignment.psi import POINT_BYTES, finish_slice, hash_blind, psi_tags

@@ -42,7 +42,7 @@ from secure_release.curator.cluster import shards as st
 from secure_release.curator.cluster.engine import Engine, _progress
 from secure_release.curator.cluster.sealed import Sealed
 from secure_release.curator.cluster.sharded import ShardedTable, _shard_pieces, in_order, load_sharded
-from secure_release.curator.psi_mailbox import MAX_SLICES, SliceShape
+from secure_release.curator.psi_mailbox import MAX_SLICES, PsiListConsumedError, SliceShape
 from secure_release.curator.table import TableSpec
 from secure_release.infra.logs import EventLog, peak_rss_mib
 from secure_release.infra.streams import AgreementError
@@ -144,32 +144,40 @@ def cluster_ring(
 def pass_on(engine: Engine, transport: Transport, owner: str, hop: int, key: PsiKey, log: EventLog,
             window: int) -> None:  # fmt: skip
     """One hop of ``owner``'s list: each slice fetched, re-blinded on a worker, proved and handed
-    on, ``window`` slices in flight."""
+    on, ``window`` slices in flight. Once the leader answers a slice fetched or sent as
+    re-blinded and deleted (:class:`PsiListConsumedError`: this curator runs the ring again, or
+    retried a send the leader had taken, and hop ``hop + 1`` is complete there), the hop is done."""
     scalar, public = Sealed(key.scalar()), public_point(key)
-    first = transport.receive(owner, hop, 0)
-    slices = first[0].slices
     pending: deque[tuple[SliceShape, bytes, Any]] = deque()
     started, last = time.monotonic(), [0.0]
+    try:
+        first = transport.receive(owner, hop, 0)
+        slices = first[0].slices
 
-    def submit(index: int) -> None:
-        shape, points = first if index == 0 else transport.receive(owner, hop, index)
-        if shape.slices != slices:
-            raise AgreementError(f"{owner}'s PSI list at hop {hop} changed its number of slices")
-        # the slice goes with its task (not scattered to one worker): a worker lost mid-hop takes
-        # only the task, which the scheduler runs again elsewhere from its arguments
-        pending.append((shape, points, engine.submit(ps.reblind_slice, scalar, points)))
+        def submit(index: int) -> None:
+            shape, points = first if index == 0 else transport.receive(owner, hop, index)
+            if shape.slices != slices:
+                raise AgreementError(f"{owner}'s PSI list at hop {hop} changed its number of slices")
+            # the slice goes with its task (not scattered to one worker): a worker lost mid-hop takes
+            # only the task, which the scheduler runs again elsewhere from its arguments
+            pending.append((shape, points, engine.submit(ps.reblind_slice, scalar, points)))
 
-    for index in range(min(window, slices)):
-        submit(index)
-    for index in range(slices):
-        shape, points, task = pending.popleft()
-        if index + window < slices:
-            submit(index + window)
-        out = engine.result(task)
-        engine.release([task])
-        proof = prove_reblind(key, slice_context(owner, hop + 1, shape.index, shape.slices), points, out)
-        transport.send(owner, hop + 1, shape, out, proof, public)
-        _progress(log, "psi-hop", index + 1, slices, started, last)
+        for index in range(min(window, slices)):
+            submit(index)
+        for index in range(slices):
+            shape, points, task = pending[0]
+            if index + window < slices:
+                submit(index + window)
+            pending.popleft()
+            out = engine.result(task)
+            engine.release([task])
+            proof = prove_reblind(key, slice_context(owner, hop + 1, shape.index, shape.slices), points, out)
+            transport.send(owner, hop + 1, shape, out, proof, public)
+            _progress(log, "psi-hop", index + 1, slices, started, last)
+    except PsiListConsumedError:
+        engine.release([task for _, _, task in pending])
+        log("psi_hop_taken", owner=owner, hop=hop + 1,
+            note=f"{owner}'s PSI list at hop {hop + 1} is complete at the leader: nothing left to send")  # fmt: skip
 
 
 def finish(

@@ -11,16 +11,22 @@ ciphertext is the same bytes.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import secrets
+import shutil
+import tempfile
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from secure_release.curator.cluster import shard_files as sf
 from secure_release.curator.cluster import shards as st
 from secure_release.curator.cluster.engine import Engine
 from secure_release.curator.cluster.sealed import Sealed
@@ -48,8 +54,9 @@ class ShardedTable:
     partitions: list[Any]
     spec: TableSpec
     shard_bits: int
-    shards: list[Any]  # engine handles of shards.Shard, in shard order
+    shards: list[Any]  # engine handles of shards.Shard, or the ShardFiles of the store, in shard order
     sizes: list[int]  # rows of each shard
+    store: Path | None = None  # the directory of the stored shards (removed at close), if stored
 
     @property
     def num_rows(self) -> int:
@@ -107,13 +114,16 @@ class ShardedTable:
 
         def task(s: int) -> Any:
             local = (rows[bounds[s] : bounds[s + 1]] - offsets[s]).astype(np.uint32)
-            return self.engine.submit(sh.gather_symbols, self.shards[s], self.engine.put(local), dtype)
+            return self.engine.submit(st.gather_shard_symbols, self.shards[s], self.engine.put(local), dtype)
 
         parts = list(in_order(self.engine, task, len(self.shards)))
         return np.concatenate(parts).astype(dtype, copy=False) if parts else np.zeros(0, dtype=dtype)
 
     def close(self) -> None:
-        self.engine.release(self.shards)
+        if self.store is None:
+            self.engine.release(self.shards)
+        else:
+            shutil.rmtree(self.store, ignore_errors=True)
 
 
 def _taken(path: str) -> TagArray:
@@ -144,6 +154,7 @@ def in_order(engine: Engine, task: Callable[[int], Any], count: int, window: int
 def load_sharded(
     engine: Engine, data: str, spec: TableSpec, key: AlignmentKey, log: EventLog, shard_bits: int | None = None,
     group_bits: int | None = None, stage: Callable[..., Any] = st.hash_partition, stage_args: tuple[Any, ...] = (),
+    store_parent: Path | str | None = None, store_name: str = "table", keep_in: str = "disk",
 ) -> ShardedTable:  # fmt: skip
     """Read, check, hash and shard the table at ``data`` (a file, directory or glob) on the
     engine. Bad rows anywhere refuse the whole table (:class:`BadRowsError`, each problem with
@@ -151,12 +162,18 @@ def load_sharded(
     ``group_bits``: the shuffle's two levels (:func:`~secure_release.mechanism.alignment.sharding.group_bits_for`
     by default; 0: one level); the shards are the same either way. ``stage``: what reads a
     partition (:func:`~.shards.hash_partition`, or the PSI ring's
-    :func:`~.psi_stages.point_partition`, which takes ``stage_args`` too)."""
+    :func:`~.psi_stages.point_partition`, which takes ``stage_args`` too). ``store_parent``: with
+    the keyed hash on an engine whose workers share this host's files, the shards are stored
+    there (:mod:`~secure_release.curator.cluster.shard_files`, in ``shards-<store_name>-*``), not
+    held by the workers, as ``keep_in`` says (:func:`stores_on_disk`)."""
     from secure_release.curator.partitions import discover
 
     partitions = discover(data, PARTITION_ROWS)
     known = sum(int(p.num_rows or 0) for p in partitions)
     bits = sh.shard_bits_for(known or len(partitions) << 20) if shard_bits is None else shard_bits
+    keyed = store_parent is not None and engine.shares_files and stage is st.hash_partition
+    if keyed and stores_on_disk(keep_in, engine.memory_bytes, known or _input_bytes(partitions) // CSV_ROW_BYTES):
+        return _load_stored(engine, data, partitions, spec, key, log, bits, Path(store_parent or "."), store_name)
     groups = sh.group_bits_for(len(partitions), bits) if group_bits is None else group_bits
     if not 0 <= groups <= bits:
         raise sh.ShardError(f"group bits {groups} must be between 0 and the shard bits {bits}")
@@ -233,3 +250,109 @@ def _raise_repeats(table: ShardedTable, key: AlignmentKey, wanted: TagArray, tot
         problems.append((0, f"{total - len(wanted)} more repeated ids not located"))
     table.close()
     raise BadRowsError(table.data, problems)
+
+
+#: What the store takes at its peak, per byte of the input files (measured: the ids and symbols
+#: compressed as the input is, 0.8-0.9 of it on the bench's data) and per row (a leader's row
+#: orders, 4 bytes a follower's common row, and its symbols of them; a follower's symbols).
+STORE_PER_INPUT_BYTE = 1.0
+STORE_PER_ROW = 6
+
+
+#: What the workers hold of a row between the stages when they keep the shards (a tag and a
+#: symbol; twice that for a moment during the shuffle), and the share of their memory past which
+#: ``--shard-store auto`` stores the shards on disk instead (where Dask would start to spill).
+HELD_BYTES_A_ROW = 17
+HOLD_FRACTION = 0.6
+
+
+def stores_on_disk(keep_in: str, memory_bytes: int | None, rows: int) -> bool:
+    """``--shard-store``: ``disk``, ``memory``, or ``auto``: on disk once the rows' held bytes
+    pass :data:`HOLD_FRACTION` of the workers' memory (``memory_bytes``; unknown: on disk)."""
+    if keep_in not in ("auto", "disk", "memory"):
+        raise sh.ShardError(f"--shard-store must be auto, disk or memory, got {keep_in!r}")
+    if keep_in != "auto":
+        return keep_in == "disk"
+    return memory_bytes is None or rows * HELD_BYTES_A_ROW > HOLD_FRACTION * memory_bytes
+
+
+#: A CSV's rows are not known before it is read: bytes / this, for :func:`stores_on_disk`.
+CSV_ROW_BYTES = 8
+
+
+def _input_bytes(partitions: list[Any]) -> int:
+    """The input files' bytes (each file once)."""
+    sizes: dict[str, int] = {}
+    for p in partitions:
+        with contextlib.suppress(OSError):
+            sizes[str(p.path)] = os.stat(p.path).st_size
+    return sum(sizes.values())
+
+
+def store_estimate(input_bytes: int, rows: int) -> int:
+    """Bytes the engine's files are expected to take at their peak for this input."""
+    return int(STORE_PER_INPUT_BYTE * input_bytes + STORE_PER_ROW * rows)
+
+
+def check_free_space(parent: Path, partitions: list[Any]) -> int:
+    """:class:`~secure_release.infra.fileio.DiskFullError` now, before anything is read or
+    reserved, if the disk under ``parent`` has less room than :func:`store_estimate` for these
+    partitions; else the estimate."""
+    from secure_release.infra.fileio import DiskFullError
+
+    files, inputs = len({str(p.path) for p in partitions}), _input_bytes(partitions)
+    rows = sum(int(p.num_rows or 0) for p in partitions) or inputs // CSV_ROW_BYTES
+    estimate = store_estimate(inputs, rows)
+    free = shutil.disk_usage(parent).free
+    if free < estimate:
+        raise DiskFullError(
+            f"the disk holding {parent} has {free:,} bytes free, and this table needs about {estimate:,} for the "
+            f"engine's files ({files} input files of {inputs:,} bytes, {rows:,} rows: "
+            f"{STORE_PER_INPUT_BYTE:g} x the input + {STORE_PER_ROW} bytes a row). Free space there or point the "
+            "keystore at a larger disk; nothing was read and no budget reserved"
+        )
+    return estimate
+
+
+def _load_stored(
+    engine: Engine, data: str, partitions: list[Any], spec: TableSpec, key: AlignmentKey, log: EventLog, bits: int,
+    parent: Path, name: str,
+) -> ShardedTable:  # fmt: skip
+    """:func:`load_sharded` into the store: each partition's rows to files by group of shards,
+    then each group's shards merged into files; the workers hold one partition or one shard at a
+    time. A store a killed run of the same release left is removed first."""
+    estimate = check_free_space(parent, partitions)
+    left = re.compile(rf"shards-{re.escape(name)}-[a-z0-9_]{{8}}")
+    for stale in parent.glob(f"shards-{name}-*"):
+        if left.fullmatch(stale.name) and stale.is_dir() and not stale.is_symlink():
+            shutil.rmtree(stale, ignore_errors=True)
+    store = Path(tempfile.mkdtemp(prefix=f"shards-{name}-", dir=parent))  # 0700
+    try:
+        size = spec.schema.alphabet_size
+        sealed = Sealed(key.reveal())
+        results = engine.submit_many(
+            sf.partition_to_files, [(i, p, spec, sealed, bits, size, str(store)) for i, p in enumerate(partitions)]
+        )
+        groups = 1 << sf.file_group_bits(bits)
+        merges = engine.submit_many(
+            sf.merge_group_files, [(g, bits, results, str(store), sealed, size) for g in range(groups)]
+        )
+        read = engine.results(engine.submit_many(st.problems_of, [(r,) for r in results]), "read")
+        problems = [pr for _, probs in read for pr in probs]
+        if problems:
+            raise BadRowsError(str(data), [(p.line, f"{p.path}: {p.message}") for p in problems])
+        log("partitions_read", partitions=len(partitions), rows=sum(n for n, _ in read), shards=1 << bits,
+            store=str(store), disk_estimate=estimate, peak_rss_mib=peak_rss_mib())  # fmt: skip
+        merged = [pair for group in engine.results(merges, "merge") for pair in group]
+        engine.release([*results, *merges])
+    except BaseException:
+        shutil.rmtree(store, ignore_errors=True)
+        raise
+    files = [f for f, _ in merged]
+    table = ShardedTable(engine, str(data), partitions, spec, bits, files, [f.size for f in files], store)
+    repeated = [t for _, tags in merged for t in tags]
+    if repeated:
+        _raise_repeats(table, key, np.asarray(repeated, dtype=TAG_DTYPE)[:MAX_REPORTED], len(repeated))
+    log("shards_sorted", shards=len(files), rows=table.num_rows, stored_bytes=sf.stored_bytes(store),
+        peak_rss_mib=peak_rss_mib())  # fmt: skip
+    return table

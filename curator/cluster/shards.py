@@ -39,7 +39,15 @@ import numpy as np
 import numpy.typing as npt
 
 from secure_release.curator.cluster.sealed import Sealed, opened
-from secure_release.curator.cluster.spool import SpoolRange
+from secure_release.curator.cluster.shard_files import (
+    PartitionResult,
+    RowProblem,
+    ShardFile,
+    disk_full_named,
+    shard_rows,
+    shard_symbols,
+)
+from secure_release.curator.cluster.spool import SpoolRange, read_unit_rows, write_unit_rows
 from secure_release.infra.memory import release_free_memory
 from secure_release.mechanism.alignment.keyed_hash import TAG_DTYPE, TagArray, id_tags
 from secure_release.mechanism.alignment.sharding import (
@@ -58,24 +66,6 @@ from secure_release.mechanism.alignment.sharding import (
     within_unit,
 )
 from secure_release.mechanism.primitives.keys import AlignmentKey
-
-
-@dataclass(frozen=True)
-class RowProblem:
-    """A row a partition refused: its file, its line and what was wrong."""
-
-    path: str
-    line: int
-    message: str
-
-
-@dataclass(frozen=True)
-class PartitionResult(HoldsArrays):
-    """One partition after :func:`hash_partition`: its rows split by shard, or its bad rows."""
-
-    pieces: tuple[Piece, ...]
-    num_rows: int
-    problems: tuple[RowProblem, ...] = ()
 
 
 def piece_of(result: PartitionResult, shard: int) -> Piece:
@@ -109,23 +99,40 @@ def shard_tags(shard: Shard) -> TagArray:
     return shard.tags.astype(TAG_DTYPE)
 
 
-def shard_tag_slice(shard: Shard, start: int, stop: int) -> TagArray:
+def shard_tag_slice(shard: Shard | ShardFile, start: int, stop: int) -> TagArray:
     """Tags ``start .. stop - 1`` of a shard (ascending), as the wire carries them: a slice at a
-    time, so what the curator process holds of its tags does not grow with the shard."""
+    time, so what the curator process holds of its tags does not grow with the shard (a stored
+    shard: only the batches of the slice are read, and their tags recomputed)."""
+    if isinstance(shard, ShardFile):
+        return shard_rows(shard, start, stop).tags.astype(TAG_DTYPE)
     return shard.tags[start:stop].astype(TAG_DTYPE)
 
 
-def shard_tag_slice_to(shard: Shard, start: int, stop: int, path: str) -> str:
+def gather_shard_symbols(
+    shard: Shard | ShardFile, rows: npt.NDArray[np.integer], dtype: str
+) -> npt.NDArray[np.unsignedinteger]:
+    """:func:`~secure_release.mechanism.alignment.sharding.gather_symbols` of a shard in memory
+    or in the store (only its symbols file is read)."""
+    at = np.asarray(rows, dtype=np.int64)
+    if not isinstance(shard, ShardFile):
+        return gather_symbols(shard, at, dtype)
+    if at.size and (int(at.min()) < 0 or int(at.max()) >= shard.size):
+        raise ShardError(f"a row order names a row outside this shard's {shard.size} rows")
+    out: npt.NDArray[np.unsignedinteger] = shard_symbols(shard)[at].astype(dtype)
+    return out
+
+
+def shard_tag_slice_to(shard: Shard | ShardFile, start: int, stop: int, path: str) -> str:
     """:func:`shard_tag_slice` written to ``path`` (in the engine's handoff directory, which
     the curator process reads and removes) rather than sent: returns ``path``."""
     shard_tag_slice(shard, start, stop).tofile(path)
     return path
 
 
-def gather_symbols_from(shard: Shard, path: str, dtype: str) -> npt.NDArray[np.unsignedinteger]:
-    """:func:`~secure_release.mechanism.alignment.sharding.gather_symbols` at the rows (uint32) the curator
-    process left at ``path`` in the engine's handoff directory."""
-    return gather_symbols(shard, np.fromfile(path, dtype="<u4"), dtype)
+def gather_symbols_from(shard: Shard | ShardFile, path: str, dtype: str) -> npt.NDArray[np.unsignedinteger]:
+    """:func:`gather_shard_symbols` at the rows the curator process left at ``path`` in the
+    engine's handoff directory (:func:`~.spool.write_unit_rows`)."""
+    return gather_shard_symbols(shard, read_unit_rows(Path(path)), dtype)
 
 
 def merge_shard(pieces: Sequence[Piece]) -> Shard:
@@ -146,7 +153,7 @@ class Match(HoldsArrays):
 
 
 def match_shard(
-    own: Shard, others: Sequence[tuple[TagArray, npt.NDArray[np.integer]]], dtype: str,
+    own: Shard | ShardFile, others: Sequence[tuple[TagArray, npt.NDArray[np.integer]]], dtype: str,
     unit: tuple[int, int] | None = None,
 ) -> Match:  # fmt: skip
     """Stage 3 at the leader: :func:`~secure_release.mechanism.alignment.sharding.intersect_shard` of its
@@ -155,6 +162,8 @@ def match_shard(
     top ``bits`` bits are ``unit``; :class:`ShardError` if one is not), so only the shard's run of
     the unit is searched: a unit is a quarter of a shard, and each of its matches went over the
     whole shard before."""
+    if isinstance(own, ShardFile):  # only the unit's run of the stored shard is read
+        own = shard_rows(own, *((0, own.size) if unit is None else own.unit_bounds(*unit)))
     start, stop = (0, own.size) if unit is None else unit_run(own.tags, *unit)
     if unit is not None and not all(within_unit(tags, *unit) for tags, _ in others):
         raise ShardError(f"a follower's tags of unit {unit[0]} lie outside it")
@@ -164,21 +173,24 @@ def match_shard(
 
 
 def match_spooled(
-    own: Shard, ranges: Sequence[SpoolRange], dtype: str, row_files: Sequence[str], unit: tuple[int, int] | None = None,
-    symbols_file: str | None = None,
+    own: Shard | ShardFile, ranges: Sequence[SpoolRange], dtype: str, row_files: Sequence[str],
+    unit: tuple[int, int] | None = None, symbols_file: str | None = None,
 ) -> Match:  # fmt: skip
     """:func:`match_shard` on a worker that shares the leader's files (an embedded cluster):
     each follower's tags read from the leader's spool (``ranges``), each follower's rows
-    written to its file in ``row_files`` (uint32) rather than kept or sent back, and the
+    written to its file in ``row_files`` (:func:`~.spool.write_unit_rows`) rather than kept or sent back, and the
     leader's symbols of the common tags to ``symbols_file``: once this task is done nothing of
     the match lives only on a worker, so the spool it read can go and a lost worker costs no
     re-match. Each file is written to a temporary name and renamed (a stray rerun of the task
     writes the same bytes; a reader never sees half a file)."""
     match = match_shard(own, [r.read() for r in ranges], dtype, unit)
     for path, rows in zip(row_files, match.follower_rows, strict=True):
-        write_whole(Path(path), rows.astype("<u4", copy=False).tobytes())
+        with disk_full_named(str(Path(path).parent), "a follower's row order of a unit", int(rows.size) // 4):
+            write_unit_rows(Path(path), rows)
     if symbols_file is not None:
-        write_whole(Path(symbols_file), np.ascontiguousarray(match.own_symbols).tobytes())
+        where = str(Path(symbols_file).parent)
+        with disk_full_named(where, "the leader's symbols of a unit", match.own_symbols.nbytes):
+            write_whole(Path(symbols_file), np.ascontiguousarray(match.own_symbols).tobytes())
     return Match(match.own_symbols, ())
 
 

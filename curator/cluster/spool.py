@@ -67,3 +67,51 @@ class SpoolRange:
             return tags, rows
         inside = np.flatnonzero(sh.in_unit(tags, self.unit, self.bits))
         return tags[inside], rows[inside]
+
+
+def write_unit_rows(path: Path, rows: npt.NDArray[np.integer]) -> None:
+    """A follower's rows of one matched unit (its row order's run, in canonical order) to
+    ``path``, written to a temporary name beside it and renamed: as the differences of
+    consecutive rows in the narrowest signed integer that holds them all (a header of one byte,
+    its width, and eight, the count), zstd-compressed. A sharded follower's rows ascend (its tags were sent
+    ascending), so the differences are mostly 1 or 2: a fraction of a byte a row on disk, not the
+    4 of the rows themselves (3.6 GB at 9 * 10^8 common rows)."""
+    import os
+    import threading
+
+    import pyarrow as pa
+
+    steps = np.diff(np.asarray(rows, dtype=np.int64), prepend=np.int64(0))
+    low, high = (int(steps.min()), int(steps.max())) if steps.size else (0, 0)
+    width = next(w for w in (1, 2, 4, 8) if -(1 << (8 * w - 1)) <= low and high < 1 << (8 * w - 1))
+    data = pa.Codec("zstd", compression_level=1).compress(steps.astype(f"<i{width}").tobytes(), asbytes=True)
+    temp = path.with_name(f"{path.name}.{os.getpid()}-{threading.get_ident()}.tmp")
+    temp.write_bytes(bytes([width]) + int(steps.size).to_bytes(8, "little") + data)
+    os.replace(temp, path)
+
+
+def read_unit_rows(path: Path, count: int | None = None) -> npt.NDArray[np.uint32]:
+    """The rows :func:`write_unit_rows` left at ``path``; :class:`SpoolError` if the file does
+    not hold exactly ``count`` (if given) or is not whole."""
+    import pyarrow as pa
+
+    try:
+        data = path.read_bytes()
+        width = data[0] if len(data) >= 9 and data[0] in (1, 2, 4, 8) else 0
+        if not width:
+            raise SpoolError(f"the leader's row order file {path.name} has no valid header")
+        held = int.from_bytes(data[1:9], "little")
+        if count is not None and held != count:
+            raise SpoolError(f"the leader's row order file {path.name} holds {held} rows, not {count}")
+        if held == 0:
+            return np.zeros(0, dtype="<u4")
+        raw = pa.Codec("zstd").decompress(data[9:], decompressed_size=width * held, asbytes=True)
+        steps = np.frombuffer(raw, dtype=f"<i{width}").astype(np.int64)
+    except (OSError, pa.ArrowException) as exc:
+        raise SpoolError(f"the leader's row order file {path.name} cannot be read ({exc})") from None
+    if steps.size != held:
+        raise SpoolError(f"the leader's row order file {path.name} holds {steps.size} rows, not {held}")
+    rows = np.cumsum(steps)
+    if rows.size and (int(rows.min()) < 0 or int(rows.max()) >= 1 << 32):
+        raise SpoolError(f"the leader's row order file {path.name} holds a row outside 0 .. 2^32 - 1")
+    return rows.astype("<u4")

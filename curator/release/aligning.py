@@ -114,12 +114,15 @@ class ClusterSettings(NamedTuple):
     keystore: Path  # the embedded workers spill under it
     shard_bits: int | None
     timeout: float | None = None  # the run's --timeout: a stage on the cluster waits no longer
+    release_id: str = "release"  # names the engine's store of this release's shards (under the keystore)
+    shard_store: str = "auto"  # --shard-store
 
     @classmethod
     def of(cls, config: CuratorConfig) -> ClusterSettings:
         """These fields of ``config``."""
         return cls(config.engine, config.scheduler, config.scheduler_file, config.workers, config.worker_memory,
-                   config.keystore, config.shard_bits, config.timeout)  # fmt: skip
+                   config.keystore, config.shard_bits, config.timeout, config.release_id,
+                   config.shard_store)  # fmt: skip
 
 
 def start_engine(settings: ClusterSettings, log: EventLog, stop: threading.Event | None = None) -> Engine:
@@ -153,7 +156,9 @@ def shard_table(
     assert source.alignment_key is not None
     engine = engine if engine is not None else start_engine(cluster, log, stop)
     try:
-        sharded = load_sharded(engine, str(source.data), spec, source.alignment_key, log, cluster.shard_bits)
+        sharded = load_sharded(engine, str(source.data), spec, source.alignment_key, log, cluster.shard_bits,
+                               store_parent=spill_dir(cluster.keystore), store_name=cluster.release_id,
+                               keep_in=cluster.shard_store)  # fmt: skip
     except BaseException:
         engine.close()
         raise

@@ -20,7 +20,11 @@ straight into its mailbox (``psi_put_slice`` / ``psi_get_slice``), a follower's 
 The scalar is fresh from the OS per release. Every curator keeps it in its keystore (0600) from
 before its first list leaves until its release record is saved (or dropped): restarted with the
 same flags after a kill during the ring, it takes the kept scalar, so every list it sends again is
-identical and the leader's mailbox (which keeps every list for the release) takes it as a resend.
+identical and the leader's mailbox takes it as a resend. The mailbox deletes a list once its next
+hop is complete (issue 49; a list's last hop it keeps for the release): a list this curator would
+fetch or send again whose next hop the leader holds complete already is answered
+:class:`~secure_release.curator.psi_mailbox.PsiListConsumedError`, and the ring goes on to its
+next list (:func:`ring`; on a cluster :func:`~secure_release.curator.cluster.ring.pass_on`).
 The leader keeps its mailbox too, as files in its keystore (:mod:`secure_release.curator.psi_mailbox`,
 issue 47): a leader killed at any point of the ring and run again takes its kept scalar and its
 kept lists, resends its own (identical, so no-ops) and goes on from where it was; its followers
@@ -41,6 +45,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from types import TracebackType
+from typing import TypeVar
 
 import grpc
 import numpy as np
@@ -51,7 +56,7 @@ from secure_release.curator.cluster.sharded import ShardedTable
 from secure_release.curator.config import CuratorConfig
 from secure_release.curator.errors import PsiNotReadyError
 from secure_release.curator.leader import LeaderState
-from secure_release.curator.psi_mailbox import SliceShape, from_wire
+from secure_release.curator.psi_mailbox import PsiListConsumedError, SliceShape, from_wire
 from secure_release.curator.records.keystore import Keystore
 from secure_release.curator.waits import Deadline, retry_until
 from secure_release.infra.logs import EventLog
@@ -126,6 +131,20 @@ class WaitLog:
 
 Send = Callable[[str, int, bytes, bytes, bytes], None]  # owner, hop, points, proof, public key
 Receive = Callable[[str, int], bytes]
+T = TypeVar("T")
+
+
+def consumed_at_leader(call: Callable[[], T]) -> T:
+    """``call()`` (an RPC to the leader), with the leader's answer that the list asked for or
+    sent was re-blinded and deleted (ALREADY_EXISTS, :class:`PsiListConsumedError`: its next hop
+    is complete there) raised as that error; any other RPC error as it is."""
+    try:
+        return call()
+    except grpc.RpcError as exc:
+        details = exc.details() or ""
+        if exc.code() == grpc.StatusCode.ALREADY_EXISTS and details.startswith(f"{PsiListConsumedError.__name__}:"):
+            raise PsiListConsumedError(details.split(":", 1)[1].strip()) from None
+        raise
 
 
 def _local(state: LeaderState, me: str, deadline: Deadline, watch: WaitLog) -> tuple[Send, Receive]:
@@ -156,7 +175,9 @@ def _remote(
         what = f"the leader {leader} to take {owner}'s PSI list at hop {hop}"
         with watch.waiting(what):
             retry_until(
-                lambda t: stub.PsiSend(point_chunks(rid, me, owner, hop, points, proof, public), timeout=t),
+                lambda t: consumed_at_leader(
+                    lambda: stub.PsiSend(point_chunks(rid, me, owner, hop, points, proof, public), timeout=t)
+                ),
                 what,
                 deadline,
                 log,
@@ -165,7 +186,7 @@ def _remote(
 
     def fetch(owner: str, hop: int, timeout: float) -> bytes:
         request = pb.PsiRequest(release_id=rid, curator=me, owner=owner, hop=hop)
-        got = read_point_stream(iter(stub.PsiReceive(request, timeout=timeout)), None)
+        got = consumed_at_leader(lambda: read_point_stream(iter(stub.PsiReceive(request, timeout=timeout)), None))
         if (got.release_id, got.owner, got.hop) != (rid, owner, hop):
             raise PsiNotReadyError(f"the leader answered with another PSI list than {owner}'s at hop {hop}")
         return got.points
@@ -185,7 +206,10 @@ def ring(me: str, curators: tuple[str, ...], ids: npt.NDArray[np.str_], key: Psi
     (unmask and apply the own scalar last); the per-element calls shared by ``workers``
     processes. Every re-blinded list goes with a proof that it is the received list raised to
     this curator's key (:mod:`secure_release.mechanism.alignment.psi_proof`), which the leader checks.
-    Returns F of every own row, packed in own row order (:func:`psi_finish_points`)."""
+    A list the leader answers as re-blinded and deleted (:class:`PsiListConsumedError`: this
+    curator runs the ring again, and its next hop is complete at the leader) is skipped, and a
+    re-blinding it answers so is taken already. Returns F of every own row, packed in own row
+    order (:func:`psi_finish_points`)."""
     num, at = len(curators), curators.index(me)
     public = public_point(key)
     with PsiWorkers(workers) as pool:
@@ -193,9 +217,13 @@ def ring(me: str, curators: tuple[str, ...], ids: npt.NDArray[np.str_], key: Psi
         send(me, 1, own.sent, b"", b"")
         for hop in range(1, num):
             owner = curators[(at - hop) % num]
-            received = receive(owner, hop)
+            try:
+                received = receive(owner, hop)
+            except PsiListConsumedError:
+                continue  # hop + 1 of it is at the leader already: nothing left to do for it
             out = psi_reblind(received, key, pool)
-            send(owner, hop + 1, out, prove_reblind(key, proof_context(owner, hop + 1), received, out), public)
+            with contextlib.suppress(PsiListConsumedError):  # taken before (a retried call): nothing lost
+                send(owner, hop + 1, out, prove_reblind(key, proof_context(owner, hop + 1), received, out), public)
         return psi_finish_points(own, receive(me, num), pool)
 
 
@@ -291,8 +319,10 @@ def _remote_slices(
         what = f"the leader {leader} to take slice {shape.index} of {owner}'s PSI list at hop {hop}"
         with watch.waiting(what):
             retry_until(
-                lambda t: stub.PsiSend(point_chunks(rid, me, owner, hop, points, proof, public, shape.wire),
-                                       timeout=t),
+                lambda t: consumed_at_leader(
+                    lambda: stub.PsiSend(point_chunks(rid, me, owner, hop, points, proof, public, shape.wire),
+                                         timeout=t)
+                ),
                 what,
                 deadline,
                 log,
@@ -301,7 +331,7 @@ def _remote_slices(
 
     def fetch(owner: str, hop: int, index: int, timeout: float) -> tuple[SliceShape, bytes]:
         request = pb.PsiRequest(release_id=rid, curator=me, owner=owner, hop=hop, sliced=True, slice=index)
-        got = read_point_stream(iter(stub.PsiReceive(request, timeout=timeout)), None)
+        got = consumed_at_leader(lambda: read_point_stream(iter(stub.PsiReceive(request, timeout=timeout)), None))
         if (got.release_id, got.owner, got.hop) != (rid, owner, hop) or got.slice is None or got.slice[0] != index:
             raise PsiNotReadyError(f"the leader answered with another PSI slice than {owner}'s {index} at hop {hop}")
         return from_wire(got.slice, len(got.points) // POINT_BYTES), got.points

@@ -222,6 +222,14 @@ def merge_pieces(pieces: Sequence[Piece]) -> Shard:
     its repeated tags found among the neighbours :func:`_ordered` saw tied."""
     tags = np.concatenate([p.tags for p in pieces]) if pieces else np.zeros(0, dtype=WORK_DTYPE)
     symbols = np.concatenate([p.symbols for p in pieces]) if pieces else np.zeros(0, dtype=np.uint32)
+    order, tags, repeated = sort_tags_once(tags)
+    return Shard(tags, symbols[order], repeated)
+
+
+def sort_tags_once(tags: TagArray) -> tuple[I64, TagArray, TagArray]:
+    """``tags`` ascending: the order that sorts them (:func:`tag_order`), the sorted tags (as
+    :data:`WORK_DTYPE`) and every tag that occurs more than once (found among the neighbours
+    :func:`_ordered` saw tied): what a shard's merge needs, whatever else it reorders alongside."""
     if tags.dtype != WORK_DTYPE:
         tags = tags.astype(WORK_DTYPE)
     order, tied = _ordered(tags["hi"], tags["lo"])
@@ -230,7 +238,7 @@ def merge_pieces(pieces: Sequence[Piece]) -> Shard:
     if tied is None:
         tied = np.arange(max(0, hi.size - 1), dtype=np.int64)
     same = tied[(hi[tied + 1] == hi[tied]) & (lo[tied + 1] == lo[tied])]
-    return Shard(tags, symbols[order], np.unique(tags[same]).astype(TAG_DTYPE))
+    return order, tags, np.unique(tags[same]).astype(TAG_DTYPE)
 
 
 def intersect_shard(own: Shard, others: Sequence[tuple[TagArray, I64]]) -> tuple[I64, list[I64]]:

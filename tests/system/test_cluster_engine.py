@@ -97,14 +97,15 @@ def local(source: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
 
 def test_dask_engine_gives_the_bytes_of_the_local_engine(source: Path, local: dict, tmp_path: Path) -> None:
     """Both curators on embedded clusters, alice's table in 1 Parquet file, bob's in 64 (the
-    7-file case is the next test's, on the real command-line cluster)."""
+    7-file case is the next test's, on the real command-line cluster); alice's workers hold her
+    shards, bob's are stored on disk (``--shard-store disk``: ids, the tags recomputed)."""
     files = (1, 64)
     dirs = {
         c: split_parquet(source / "data" / f"{c}.csv", tmp_path / "parts" / c, k)
         for c, k in zip(("alice", "bob"), files, strict=True)
     }
     flags = ["--engine", "dask", "--workers", "2", "--shards", "8"]
-    got = release(source, tmp_path / "w", {"alice": flags, "bob": flags}, dirs)
+    got = release(source, tmp_path / "w", {"alice": flags, "bob": [*flags, "--shard-store", "disk"]}, dirs)
     assert got["n"] == local["n"] and got["n"] > 180_000
     assert got["digests"] == local["digests"] and len(got["digests"]) == 2
     assert got["perturbed"] == local["perturbed"] and got["perturbed"]
@@ -112,6 +113,7 @@ def test_dask_engine_gives_the_bytes_of_the_local_engine(source: Path, local: di
     for name in ("alice", "bob"):
         assert "engine_started" in got["logs"][name] and "shards_sorted" in got["logs"][name]
         assert "engine_started" not in local["logs"][name]
+    assert '"stored_bytes"' in got["logs"]["bob"] and '"stored_bytes"' not in got["logs"]["alice"]
 
 
 class DaskCli:
@@ -293,16 +295,19 @@ def test_workers_killed_after_every_stage_are_recomputed_and_the_release_keeps_i
     (SIGKILL) right after each of its stages (:data:`KILL_AFTER`), the leader's after its
     matching, when the follower tags it matched are gone from its spool. Dask recomputes what
     was lost (the leader's matches left their outcome in files) and the release has the bytes of
-    the local world's (issue 47, item 3; before, the kill after "agreed" ended it: SpoolError)."""
+    the local world's (issue 47, item 3; before, the kill after "agreed" ended it: SpoolError).
+    Alice's shards are stored on disk (a merge run again after its kill reads its marker; her
+    matches read her shards' files), bob's held by his workers."""
     dirs = {c: split_parquet(source / "data" / f"{c}.csv", tmp_path / "parts" / c, 6) for c in ("alice", "bob")}
     flags = ["--engine", "dask", "--workers", "2", "--shards", "8"]
+    stored = [*flags, "--shard-store", "disk"]
     reference = local
     world = tmp_path / "w"
     killers = [Killer(world, c) for c in ("alice", "bob")]
     for k in killers:
         k.start()
     try:
-        got = release(source, world, {"alice": flags, "bob": flags}, dirs)
+        got = release(source, world, {"alice": stored, "bob": flags}, dirs)
     finally:
         for k in killers:
             k.stop.set()

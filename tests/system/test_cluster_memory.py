@@ -12,38 +12,21 @@
 from __future__ import annotations
 
 import re
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from support import child_env
+from support import cluster_world
 
-from secure_release.cluster import Cluster, launch_release, set_budgets
+from secure_release.cluster import launch_release
 from secure_release.curator.records.keystore import Keystore
 
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
-from cluster_data import write_partitioned  # noqa: E402
 
 
 def test_a_task_that_cannot_fit_in_a_worker_fails_the_release_by_name_within_seconds(tmp_path: Path) -> None:
-    data = tmp_path / "data"
-    write_partitioned(data, 2_000_000, 8, rows_per_group=1 << 18)
-    from secure_release.cluster import PARTIES
-    from secure_release.infra.pki import init_pki
-    from secure_release.mechanism.primitives.keys import AlignmentKey
-
-    certs = tmp_path / "certs"
-    init_pki(certs, list(PARTIES))
-    akey = tmp_path / "align.key"
-    akey.write_text(AlignmentKey(bytes(range(4, 36))).reveal().hex())
-    world = tmp_path / "w"
-    world.mkdir()
-    cluster = Cluster(world, env=child_env(testing=True))
-    dirs = {c: data / c for c in ("alice", "bob")}
-    set_budgets(cluster, {world / f"keystore-{c}": d for c, d in dirs.items()}, 2.0, certs)
+    made = cluster_world(tmp_path, 2_000_000, 8, 1 << 18)
+    data, certs, akey, world, cluster, dirs = made.data, made.certs, made.akey, made.world, made.cluster, made.dirs
     extra = {c: ["--data", str(d), "--schema", str(data / f"{c}.json"), "--engine", "dask", "--timeout", "300",
                  "--workers", "2", "--worker-memory", "100MiB"] for c, d in dirs.items()}  # fmt: skip
     try:

@@ -262,12 +262,17 @@ def test_tags_left_in_the_handoff_directory_are_the_tags_sent_and_are_removed(
         engine.close()
 
 
+@pytest.mark.parametrize("stored", [False, True], ids=["held", "stored"])
 @pytest.mark.parametrize("files", [1, 7, 64])
 def test_the_sharded_release_samples_the_same_rows_as_the_in_process_one(
-    world: Path, tmp_path: Path, files: int
+    world: Path, tmp_path: Path, files: int, stored: bool
 ) -> None:
+    """Held by the workers or stored as files (ids, not tags: the tags recomputed where read),
+    the same aligned columns as the in-process path; the store is gone once the tables close."""
     n, expected = _local_aligned(world, Seed(bytes(32)))
     engine = InlineEngine(2)
+    store = tmp_path / "store"
+    store.mkdir()
     try:
         tables = {
             c: load_sharded(
@@ -277,9 +282,12 @@ def test_the_sharded_release_samples_the_same_rows_as_the_in_process_one(
                 KEY,
                 LOG,
                 shard_bits=3,
+                store_parent=store if stored else None,
+                store_name=c,
             )
             for c in ("alice", "bob")
         }
+        assert [t.store is not None for t in tables.values()] == [stored, stored]
         leader = _leader()
         leader.attach(tables["alice"], tmp_path)
         leader.add_tags("alice", np.zeros(0, dtype=TAG_DTYPE), tables["alice"].alphabet_size)
@@ -300,36 +308,48 @@ def test_the_sharded_release_samples_the_same_rows_as_the_in_process_one(
         assert np.array_equal(leader.own_aligned()[positions], expected["alice"])
         leader.cleanup()
         assert not list(tmp_path.glob("spool-*"))
+        tables["bob"].close()
+        assert not list(store.iterdir())  # alice's store went when the leader had matched
     finally:
         engine.close()
 
 
-def test_bad_rows_in_any_partition_refuse_the_table_naming_the_file(world: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("stored", [False, True], ids=["held", "stored"])
+def test_bad_rows_in_any_partition_refuse_the_table_naming_the_file(world: Path, tmp_path: Path, stored: bool) -> None:
     folder = split_parquet(world / "alice.csv", tmp_path / "alice", 4)
     bad = pq.read_table(folder / "part-002.parquet").to_pylist()
     bad[5]["education"] = "astronaut"
     pq.write_table(pa.Table.from_pylist(bad), folder / "part-002.parquet")
     engine = InlineEngine(2)
+    store = tmp_path / "store"
+    store.mkdir()
     try:
         with pytest.raises(BadRowsError, match=r"part-002\.parquet.*astronaut") as info:
-            load_sharded(engine, str(folder), load_schema(world / "alice.json"), KEY, LOG)
+            load_sharded(engine, str(folder), load_schema(world / "alice.json"), KEY, LOG,
+                         store_parent=store if stored else None)  # fmt: skip
         assert [line for line, _ in info.value.problems] == [7]  # row 5 of the file: line 7 (header is line 1)
+        assert not list(store.iterdir())  # nothing of the refused table is left
     finally:
         engine.close()
 
 
-def test_an_id_repeated_across_files_is_refused_with_both_places(world: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("stored", [False, True], ids=["held", "stored"])
+def test_an_id_repeated_across_files_is_refused_with_both_places(world: Path, tmp_path: Path, stored: bool) -> None:
     folder = split_parquet(world / "alice.csv", tmp_path / "alice", 3)
     first = pq.read_table(folder / "part-000.parquet").to_pylist()
     last = pq.read_table(folder / "part-002.parquet").to_pylist()
     last[0]["id"] = first[4]["id"]
     pq.write_table(pa.Table.from_pylist(last), folder / "part-002.parquet")
     engine = InlineEngine(2)
+    store = tmp_path / "store"
+    store.mkdir()
     try:
         with pytest.raises(
             BadRowsError, match=r"part-002\.parquet: repeated id \(first at .*part-000\.parquet line 6\)"
         ):
-            load_sharded(engine, str(folder), load_schema(world / "alice.json"), KEY, LOG)
+            load_sharded(engine, str(folder), load_schema(world / "alice.json"), KEY, LOG,
+                         store_parent=store if stored else None)  # fmt: skip
+        assert not list(store.iterdir())
     finally:
         engine.close()
 
@@ -511,6 +531,51 @@ def test_a_spool_left_by_a_killed_run_of_the_release_is_removed_when_the_leader_
         leader.attach(table, tmp_path)
         assert not left.exists() and (other / "sym-000000.bin").exists()
         assert leader.spool is not None and leader.spool.parent == tmp_path and leader.spool.exists()
+        leader.cleanup()
+    finally:
+        engine.close()
+
+
+def test_a_stream_held_while_the_spool_runs_ahead_of_the_matching_gives_the_same_rows(
+    world: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No spool allowed ahead of the matching (``SPOOL_AHEAD_BYTES`` 0) and tag slices of 100:
+    the follower's ascending stream is held at each piece while the matcher has a ready unit,
+    yet never deadlocks (with no unit ready it goes on), and the rows are the in-process ones."""
+    from secure_release.curator.cluster import matching, sharded
+
+    monkeypatch.setattr(matching, "SPOOL_AHEAD_BYTES", 0)
+    monkeypatch.setattr(sharded, "TAG_SLICE", 100)
+    held: list[int] = []
+    backlog = ClusterLeader._spool_backlog
+
+    def spy(self: ClusterLeader) -> int:
+        held.append(backlog(self))
+        return held[-1]
+
+    monkeypatch.setattr(ClusterLeader, "_spool_backlog", spy)
+    n, expected = _local_aligned(world, Seed(bytes(32)))
+    engine = InlineEngine(2)
+    try:
+        tables = {c: load_sharded(engine, str(split_parquet(world / f"{c}.csv", tmp_path / c, 3)),
+                                  load_schema(world / f"{c}.json"), KEY, LOG, shard_bits=3)
+                  for c in ("alice", "bob")}  # fmt: skip
+        leader = _leader()
+        leader.attach(tables["alice"], tmp_path)
+        leader.add_tags("alice", np.zeros(0, dtype=TAG_DTYPE), tables["alice"].alphabet_size)
+        stream = TagStream(
+            tag_chunks("r1", "bob", tables["bob"].tag_pieces(), tables["bob"].alphabet_size), "bob", lambda _r: 1 << 40
+        )
+        stream.start()
+        leader.add_tag_stream("bob", stream.pieces(), stream.alphabet_size, stream.alignment)
+        agreement = leader.agree()
+        positions = agreement_positions(agreement)
+        rows = leader.rows_of("bob")
+        assert agreement.num_common == n
+        assert np.array_equal(tables["bob"].aligned_symbols(rows[0 : rows.size].astype(np.int64))[positions],
+                              expected["bob"])  # fmt: skip
+        assert np.array_equal(leader.own_aligned()[positions], expected["alice"])
+        assert len(held) > 10 and max(held) > 0  # it was asked at each piece, and the spool ran ahead
         leader.cleanup()
     finally:
         engine.close()

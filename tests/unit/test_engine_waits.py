@@ -123,8 +123,8 @@ def test_every_task_function_names_its_stage() -> None:
     assert stage_of(FakeFuture("match_spooled-9a-12")) == "match"
     assert stage_of(FakeFuture("symbols_from-9a-1")) == "sample"
     assert stage_of(FakeFuture("something_else-1")) == "a"
-    from secure_release.curator.cluster import psi_stages, sample, shards
+    from secure_release.curator.cluster import psi_stages, sample, shard_files, shards
 
-    modules = (shards, psi_stages, sample)
+    modules = (shards, shard_files, psi_stages, sample)
     for fn in eng.TASK_STAGES:  # no stale name: each is a task function of the engine's stages
         assert any(callable(getattr(m, fn, None)) for m in modules) or fn == "gather_symbols", fn
