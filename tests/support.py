@@ -254,6 +254,25 @@ class ClusterWorld:
     cluster: Any
     dirs: dict[str, Path]
 
+    def flags(self, *more: str) -> dict[str, list[str]]:
+        """Each curator's --data and --schema on ``--engine dask``, and ``more``."""
+        return {c: ["--data", str(d), "--schema", str(self.data / f"{c}.json"), "--engine", "dask", *more]
+                for c, d in self.dirs.items()}  # fmt: skip
+
+    def release_until_exit(self, release_id: str, m: int, extra: dict[str, list[str]], seconds: float = 240) -> dict:
+        """Launch ``release_id`` (budgets set already) and wait up to ``seconds`` for both
+        curators to exit: their exit codes (None: still running)."""
+        import time
+
+        from secure_release.cluster import launch_release
+
+        launch_release(self.cluster, self.data, self.certs, release_id, 1.0, m, "chacha20", self.akey,
+                       curator_extra=extra, budgets=False)  # fmt: skip
+        end = time.monotonic() + seconds
+        while time.monotonic() < end and any(self.cluster.procs[c].poll() is None for c in self.dirs):
+            time.sleep(0.1)
+        return {c: self.cluster.procs[c].poll() for c in self.dirs}
+
 
 def cluster_world(root: Path, rows: int, files: int, rows_per_group: int) -> ClusterWorld:
     import sys

@@ -148,6 +148,11 @@ def _write_options() -> Any:
     return _WRITE_OPTIONS
 
 
+def _private(path: str) -> int:
+    """``path`` created (or truncated) 0600, open for writing: a descriptor."""
+    return os.open(path, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600)
+
+
 def _write_batches(path: str, schema: Any, batches: Sequence[Any], store: str, what: str) -> None:
     """An Arrow IPC file of ``batches`` at ``path``: written to a temporary name and renamed."""
     import pyarrow as pa
@@ -155,6 +160,8 @@ def _write_batches(path: str, schema: Any, batches: Sequence[Any], store: str, w
     temp = f"{path}.{os.getpid()}.tmp"
     needed = sum(int(b.nbytes) for b in batches)
     try:
+        with disk_full_named(store, what, needed):
+            os.close(_private(temp))  # 0600 before a byte is in it
         with (
             disk_full_named(store, what, needed),
             pa.OSFile(temp, "wb") as sink,
@@ -332,8 +339,8 @@ def _write_marker(path: str, shards: Sequence[tuple[ShardFile, TagArray]], store
         for f, rep in shards
     ]  # fmt: skip
     temp = f"{path}.{os.getpid()}.tmp"
-    with disk_full_named(store, "a merge's marker", 1024):
-        Path(temp).write_text(json.dumps(data))
+    with disk_full_named(store, "a merge's marker", 1024), open(_private(temp), "w") as fh:
+        fh.write(json.dumps(data))
     os.replace(temp, path)
 
 

@@ -195,9 +195,10 @@ def match_spooled(
 
 
 def write_whole(path: Path, data: bytes) -> None:
-    """``data`` at ``path``, written to a temporary name beside it and renamed."""
+    """``data`` at ``path`` (0600), written to a temporary name beside it and renamed."""
     temp = path.with_name(f"{path.name}.{os.getpid()}-{threading.get_ident()}.tmp")
-    temp.write_bytes(data)
+    with open(os.open(temp, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600), "wb") as fh:  # the user's only
+        fh.write(data)
     os.replace(temp, path)
 
 

@@ -86,7 +86,8 @@ def write_unit_rows(path: Path, rows: npt.NDArray[np.integer]) -> None:
     width = next(w for w in (1, 2, 4, 8) if -(1 << (8 * w - 1)) <= low and high < 1 << (8 * w - 1))
     data = pa.Codec("zstd", compression_level=1).compress(steps.astype(f"<i{width}").tobytes(), asbytes=True)
     temp = path.with_name(f"{path.name}.{os.getpid()}-{threading.get_ident()}.tmp")
-    temp.write_bytes(bytes([width]) + int(steps.size).to_bytes(8, "little") + data)
+    with open(os.open(temp, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600), "wb") as fh:  # 0600 from the start
+        fh.write(bytes([width]) + int(steps.size).to_bytes(8, "little") + data)
     os.replace(temp, path)
 
 

@@ -18,27 +18,25 @@ from pathlib import Path
 import pytest
 from support import cluster_world
 
-from secure_release.cluster import launch_release
 from secure_release.curator.records.keystore import Keystore
 
 pytestmark = pytest.mark.slow
 
 
-def test_a_task_that_cannot_fit_in_a_worker_fails_the_release_by_name_within_seconds(tmp_path: Path) -> None:
+@pytest.mark.parametrize("store", ["memory", "disk"])
+def test_a_task_that_cannot_fit_in_a_worker_fails_the_release_by_name_within_seconds(
+    tmp_path: Path, store: str
+) -> None:
+    """Whether the workers hold the shards or the store keeps them on disk (then a partition's
+    read is the task that cannot fit)."""
     made = cluster_world(tmp_path, 2_000_000, 8, 1 << 18)
-    data, certs, akey, world, cluster, dirs = made.data, made.certs, made.akey, made.world, made.cluster, made.dirs
-    extra = {c: ["--data", str(d), "--schema", str(data / f"{c}.json"), "--engine", "dask", "--timeout", "300",
-                 "--workers", "2", "--worker-memory", "100MiB"] for c, d in dirs.items()}  # fmt: skip
+    world = made.world
+    extra = made.flags("--timeout", "300", "--workers", "2", "--worker-memory", "100MiB", "--shard-store", store)
     try:
-        launch_release(cluster, data, certs, "r-mem", 1.0, 100_000, "chacha20", akey, curator_extra=extra,
-                       budgets=False)  # fmt: skip
-        end = time.monotonic() + 240
-        while time.monotonic() < end and any(cluster.procs[c].poll() is None for c in ("alice", "bob")):
-            time.sleep(0.1)
-        codes = {c: cluster.procs[c].poll() for c in ("alice", "bob")}
+        codes = made.release_until_exit("r-mem", 100_000, extra)
         ended = time.time()
     finally:
-        cluster.close()
+        made.cluster.close()
     logs = {c: (world / f"{c}.log").read_text(errors="replace") for c in ("alice", "bob")}
     assert codes == {"alice": 1, "bob": 1}, (codes, {c: logs[c][-2000:] for c in logs})
     for c in ("alice", "bob"):

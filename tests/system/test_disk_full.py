@@ -101,11 +101,10 @@ def main(mode: str, root: Path, out: Path) -> None:
     sys.path.insert(0, str(ROOT / "tests"))
     from support import cluster_world
 
-    from secure_release.cluster import launch_release
     from secure_release.curator.records.keystore import Keystore
 
     made = cluster_world(root, 1_000_000, 8, 1 << 17)
-    data, certs, akey, world, cluster, dirs = made.data, made.certs, made.akey, made.world, made.cluster, made.dirs
+    world, cluster, dirs = made.world, made.cluster, made.dirs
     mount = world / "keystore-bob" / "dask-spill"
     mount.mkdir(mode=0o700, exist_ok=True)
     size = "4m" if mode == "small" else "64m"
@@ -114,15 +113,9 @@ def main(mode: str, root: Path, out: Path) -> None:
     filler = threading.Thread(target=_fill, args=(mount, 64 << 10, stop, filled), daemon=True)
     if mode == "fill":
         filler.start()
-    extra = {c: ["--data", str(d), "--schema", str(data / f"{c}.json"), "--engine", "dask", "--timeout", "120",
-                 "--workers", "2", "--shard-store", "disk"] for c, d in dirs.items()}  # fmt: skip
+    extra = made.flags("--timeout", "120", "--workers", "2", "--shard-store", "disk")
     try:
-        launch_release(cluster, data, certs, "r-disk", 1.0, 50_000, "chacha20", akey, curator_extra=extra,
-                       budgets=False)  # fmt: skip
-        end = time.monotonic() + 240
-        while time.monotonic() < end and any(cluster.procs[c].poll() is None for c in ("alice", "bob")):
-            time.sleep(0.1)
-        codes = {c: cluster.procs[c].poll() for c in ("alice", "bob")}
+        codes = made.release_until_exit("r-disk", 50_000, extra)
     finally:
         stop.set()
         cluster.close()

@@ -70,12 +70,7 @@ def test_a_certificate_the_leader_refuses_is_heard_by_every_party_within_seconds
     fast = ["--timeout", FETCH_TIMEOUT]
     addrs = launch_release(cluster, world / "data", certs, "r-key", 0.5, 300, "chacha20", world / "align.key",
                            alice_extra=fast, bob_extra=fast)  # fmt: skip
-    t0 = time.monotonic()
-    codes, took, err = _exits(cluster, _fetch(cluster, world, addrs["server"], "r-key"), t0)
-    print("seconds until exit:", {k: round(v, 1) for k, v in took.items()})
-    tails = {c: cluster.tail(c, 60) for c in ("alice", "bob")}
-    last = err.strip().splitlines()[-1] if err.strip() else ""
-    print("last lines:", {"alice": cluster.tail("alice", 1), "bob": cluster.tail("bob", 1), "fetch": last})
+    codes, took, err, tails, last = _outcome(cluster, world, addrs, "r-key")
     # bob exits 3 too: his certificate was refused by a peer (PERMISSION_DENIED/UNAUTHENTICATED)
     assert codes == {"alice": 3, "bob": 3, "fetch": 3}, (codes, err[-1500:], tails)
     assert max(took.values()) < WITHIN_S, took
@@ -87,6 +82,20 @@ def test_a_certificate_the_leader_refuses_is_heard_by_every_party_within_seconds
     assert "revoked" in cluster.tail("bob", 1), cluster.tail("bob", 1)
     for value in _values(world, "alice") + _values(world, "bob"):
         assert value not in err and value not in tails["alice"] and value not in tails["bob"], value
+
+
+def _outcome(cluster: Cluster, world: Path, addrs: dict[str, str], rid: str) -> tuple[
+    dict[str, int], dict[str, float], str, dict[str, str], str
+]:
+    """Every party's exit code and seconds to it once the researcher fetches ``rid``, the
+    fetch's stderr, the curators' last 60 log lines and the fetch's last line (printed too)."""
+    t0 = time.monotonic()
+    codes, took, err = _exits(cluster, _fetch(cluster, world, addrs["server"], rid), t0)
+    print("seconds until exit:", {k: round(v, 1) for k, v in took.items()})
+    tails = {c: cluster.tail(c, 60) for c in ("alice", "bob")}
+    last = err.strip().splitlines()[-1] if err.strip() else ""
+    print("last lines:", {"alice": cluster.tail("alice", 1), "bob": cluster.tail("bob", 1), "fetch": last})
+    return codes, took, err, tails, last
 
 
 def test_a_follower_whose_ledger_holds_the_seed_is_heard_by_every_party_within_seconds(
@@ -104,12 +113,7 @@ def test_a_follower_whose_ledger_holds_the_seed_is_heard_by_every_party_within_s
     ledger.update(lambda led: led.reserve(dataset, dataset, "earlier", 0.25, SEED.fingerprint, 0.0))
     addrs = launch_release(cluster, data, world / "certs", "r-seed-f", 0.5, 300, "chacha20", world / "align.key",
                            alice_extra=alice, bob_extra=fast, budgets=False)  # fmt: skip
-    t0 = time.monotonic()
-    codes, took, err = _exits(cluster, _fetch(cluster, world, addrs["server"], "r-seed-f"), t0)
-    print("seconds until exit:", {k: round(v, 1) for k, v in took.items()})
-    tails = {c: cluster.tail(c, 60) for c in ("alice", "bob")}
-    last = err.strip().splitlines()[-1] if err.strip() else ""
-    print("last lines:", {"alice": cluster.tail("alice", 1), "bob": cluster.tail("bob", 1), "fetch": last})
+    codes, took, err, tails, last = _outcome(cluster, world, addrs, "r-seed-f")
     assert codes == {"alice": 3, "bob": 3, "fetch": 3}, (codes, err[-1500:], tails)
     assert max(took.values()) < WITHIN_S, took
     assert last.startswith("secure-release-researcher: refused: "), last

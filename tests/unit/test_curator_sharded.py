@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -191,6 +192,31 @@ def _leader(curators: tuple[str, ...] = ("alice", "bob")) -> ClusterLeader:
     return ClusterLeader("r1", curators, None, 1.0, None, CipherMode.CHACHA20, ("researcher",), seed=Seed(bytes(32)))
 
 
+def _bob_streams_to_alice_and_both_align_as_in_process(
+    tables: dict[str, Any], spool: Path, n: int, expected: dict[str, np.ndarray]
+) -> None:
+    """Alice leads on her sharded table (spooling under ``spool``), bob's tags stream to her in
+    one ascending stream: the agreement's n and both aligned columns at the seed's positions are
+    the in-process path's (``expected``); the leader is cleaned up after."""
+    leader = _leader()
+    leader.attach(tables["alice"], spool)
+    leader.add_tags("alice", np.zeros(0, dtype=TAG_DTYPE), tables["alice"].alphabet_size)
+    stream = TagStream(
+        tag_chunks("r1", "bob", tables["bob"].tag_pieces(), tables["bob"].alphabet_size), "bob", lambda _r: 1 << 40
+    )
+    stream.start()
+    sent = leader.add_tag_stream("bob", stream.pieces(), stream.alphabet_size, stream.alignment)
+    assert sent == tables["bob"].num_rows
+    agreement = leader.agree()
+    assert agreement.num_common == n
+    positions = agreement_positions(agreement)
+    rows = leader.rows_of("bob")
+    assert np.array_equal(tables["bob"].aligned_symbols(rows[0 : rows.size].astype(np.int64))[positions],
+                          expected["bob"])  # fmt: skip
+    assert np.array_equal(leader.own_aligned()[positions], expected["alice"])
+    leader.cleanup()
+
+
 def _local_aligned(root: Path, seed: Seed) -> tuple[int, dict[str, np.ndarray]]:
     """n and each curator's sample by the in-process path (read_table, align_all, the seed)."""
     tables = {c: read_table(root / f"{c}.csv", load_schema(root / f"{c}.json")) for c in ("alice", "bob")}
@@ -288,25 +314,7 @@ def test_the_sharded_release_samples_the_same_rows_as_the_in_process_one(
             for c in ("alice", "bob")
         }
         assert [t.store is not None for t in tables.values()] == [stored, stored]
-        leader = _leader()
-        leader.attach(tables["alice"], tmp_path)
-        leader.add_tags("alice", np.zeros(0, dtype=TAG_DTYPE), tables["alice"].alphabet_size)
-        stream = TagStream(
-            tag_chunks("r1", "bob", tables["bob"].tag_pieces(), tables["bob"].alphabet_size), "bob", lambda _r: 1 << 40
-        )
-        stream.start()
-        assert (
-            leader.add_tag_stream("bob", stream.pieces(), stream.alphabet_size, stream.alignment)
-            == tables["bob"].num_rows
-        )
-        agreement = leader.agree()
-        assert agreement.num_common == n
-        positions = agreement_positions(agreement)
-        rows = leader.rows_of("bob")
-        bob_rows = rows[0 : rows.size].astype(np.int64)
-        assert np.array_equal(tables["bob"].aligned_symbols(bob_rows)[positions], expected["bob"])
-        assert np.array_equal(leader.own_aligned()[positions], expected["alice"])
-        leader.cleanup()
+        _bob_streams_to_alice_and_both_align_as_in_process(tables, tmp_path, n, expected)
         assert not list(tmp_path.glob("spool-*"))
         tables["bob"].close()
         assert not list(store.iterdir())  # alice's store went when the leader had matched
@@ -560,22 +568,7 @@ def test_a_stream_held_while_the_spool_runs_ahead_of_the_matching_gives_the_same
         tables = {c: load_sharded(engine, str(split_parquet(world / f"{c}.csv", tmp_path / c, 3)),
                                   load_schema(world / f"{c}.json"), KEY, LOG, shard_bits=3)
                   for c in ("alice", "bob")}  # fmt: skip
-        leader = _leader()
-        leader.attach(tables["alice"], tmp_path)
-        leader.add_tags("alice", np.zeros(0, dtype=TAG_DTYPE), tables["alice"].alphabet_size)
-        stream = TagStream(
-            tag_chunks("r1", "bob", tables["bob"].tag_pieces(), tables["bob"].alphabet_size), "bob", lambda _r: 1 << 40
-        )
-        stream.start()
-        leader.add_tag_stream("bob", stream.pieces(), stream.alphabet_size, stream.alignment)
-        agreement = leader.agree()
-        positions = agreement_positions(agreement)
-        rows = leader.rows_of("bob")
-        assert agreement.num_common == n
-        assert np.array_equal(tables["bob"].aligned_symbols(rows[0 : rows.size].astype(np.int64))[positions],
-                              expected["bob"])  # fmt: skip
-        assert np.array_equal(leader.own_aligned()[positions], expected["alice"])
+        _bob_streams_to_alice_and_both_align_as_in_process(tables, tmp_path, n, expected)
         assert len(held) > 10 and max(held) > 0  # it was asked at each piece, and the spool ran ahead
-        leader.cleanup()
     finally:
         engine.close()

@@ -58,6 +58,7 @@ def test_stored_shards_hold_ids_not_tags_and_give_the_held_shards_tags(world: Pa
         assert stored.store is not None and stored.store.parent == tmp_path / "store"
         assert stored.store.name.startswith("shards-r1-") and stored.store.stat().st_mode & 0o777 == 0o700
         assert held.sizes == stored.sizes and sum(stored.sizes) == 5005
+        assert all(p.stat().st_mode & 0o777 == 0o600 for p in stored.store.iterdir())  # the user's only
         names = sorted(p.name for p in stored.store.iterdir())
         assert names == sorted([f"s{i:05d}.arrow" for i in range(32)] + [f"g{g:03d}.done" for g in range(16)])
         every_tag = b"".join(engine.result(h).tags.astype(TAG_DTYPE).tobytes() for h in held.shards)
@@ -192,6 +193,7 @@ def test_a_units_row_order_is_kept_compressed_and_read_back_exactly(tmp_path: Pa
     got = read_unit_rows(path, len(rows))
     assert got.dtype == np.dtype("<u4") and np.array_equal(got, want)
     assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary file left
+    assert path.stat().st_mode & 0o777 == 0o600
     if len(rows) > 1000:
         assert path.stat().st_size < len(rows) // 8  # ascending: far below 4 bytes a row
     if rows:
