@@ -222,15 +222,15 @@ def _radix_ordered(hi: U64, lo: U64, shared: int) -> tuple[I64, I64]:
     passes keep the rows of a run in row order before that, so the result is :func:`tag_order`'s."""
     top = hi << np.uint64(shared)
     low_digit = (top >> np.uint64(32)).astype(np.uint16)  # the truncation keeps bits 32-47
+    high_digit = (top >> np.uint64(48)).astype(np.uint16)
+    del top  # the digits are 4 bytes a tag; the sort's indices then 8 each, at most two at once
     first = np.argsort(low_digit, kind="stable")
     del low_digit
-    high_digit = (top >> np.uint64(48)).astype(np.uint16)
     second = np.argsort(high_digit[first], kind="stable")
     del high_digit
     order = first[second].astype(np.int64, copy=False)
     del first, second
-    prefixes = (top >> np.uint64(32)).astype(np.uint32)[order]
-    del top
+    prefixes = ((hi << np.uint64(shared)) >> np.uint64(32)).astype(np.uint32)[order]
     tied = np.flatnonzero(prefixes[1:] == prefixes[:-1]).astype(np.int64, copy=False)
     if tied.size:
         _order_ties(order, tied, hi, lo)
