@@ -572,3 +572,38 @@ def test_a_stream_held_while_the_spool_runs_ahead_of_the_matching_gives_the_same
         assert len(held) > 10 and max(held) > 0  # it was asked at each piece, and the spool ran ahead
     finally:
         engine.close()
+
+
+def test_a_spool_well_under_its_limit_is_measured_once_not_at_every_piece(
+    world: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the default limit (1 GiB) and tag slices of 100, the spool never nears the limit: its
+    files are stat'ed once (the first piece), every later piece is counted instead, and the rows
+    are the in-process ones."""
+    from secure_release.curator.cluster import matching, sharded
+
+    monkeypatch.setattr(sharded, "TAG_SLICE", 100)
+    measured: list[int] = []
+    pieces: list[int] = []
+    backlog, add = ClusterLeader._spool_backlog, matching._Spooler.add
+
+    def spy(self: ClusterLeader) -> int:
+        measured.append(backlog(self))
+        return measured[-1]
+
+    def counted(self: matching._Spooler, piece: bytes, first: int) -> None:
+        pieces.append(len(piece))
+        add(self, piece, first)
+
+    monkeypatch.setattr(ClusterLeader, "_spool_backlog", spy)
+    monkeypatch.setattr(matching._Spooler, "add", counted)
+    n, expected = _local_aligned(world, Seed(bytes(32)))
+    engine = InlineEngine(2)
+    try:
+        tables = {c: load_sharded(engine, str(split_parquet(world / f"{c}.csv", tmp_path / c, 3)),
+                                  load_schema(world / f"{c}.json"), KEY, LOG, shard_bits=3)
+                  for c in ("alice", "bob")}  # fmt: skip
+        _bob_streams_to_alice_and_both_align_as_in_process(tables, tmp_path, n, expected)
+        assert len(pieces) > 10 and measured == [0]
+    finally:
+        engine.close()
