@@ -435,7 +435,38 @@ def peak_rss_tree(pid: int) -> float:
     return sum(tree_vm_hwm(pid).values())
 
 
-class RssTreePoller(threading.Thread):
+class IntervalPoller(threading.Thread):
+    """A daemon thread that calls ``sample()`` every ``interval`` seconds until ``stop()`` (also
+    a context manager): the shape of the bench's pollers (:class:`RssTreePoller`,
+    ``disk_profile.DiskPoller``), each of which adds its own ``sample``."""
+
+    def __init__(self, interval: float, name: str | None = None) -> None:
+        super().__init__(daemon=True, name=name)
+        self.interval = interval
+        self._stop_event = threading.Event()
+        self._lock = threading.Lock()
+
+    def sample(self) -> Any:
+        raise NotImplementedError
+
+    def run(self) -> None:
+        while not self._stop_event.wait(self.interval):
+            self.sample()
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        if self.is_alive():
+            self.join()
+
+    def __enter__(self) -> IntervalPoller:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class RssTreePoller(IntervalPoller):
     """Samples a process and its descendants every ``interval`` seconds until ``stop()``.
 
     ``peak`` maps pid -> highest VmHWM seen (a process that exits keeps its last reading, at
@@ -445,14 +476,11 @@ class RssTreePoller(threading.Thread):
     while the processes are still alive for exact final peaks."""
 
     def __init__(self, pid: int, interval: float = 0.05) -> None:
-        super().__init__(daemon=True)
+        super().__init__(interval)
         self.pid = pid
-        self.interval = interval
         self.peak: dict[int, float] = {}
         self.names: dict[int, str] = {}
         self.simultaneous_peak = 0.0
-        self._stop_event = threading.Event()
-        self._lock = threading.Lock()
 
     def sample(self) -> None:
         total = 0.0
@@ -475,22 +503,6 @@ class RssTreePoller(threading.Thread):
     def sum_of_peaks(self) -> float:
         with self._lock:
             return sum(self.peak.values())
-
-    def run(self) -> None:
-        while not self._stop_event.wait(self.interval):
-            self.sample()
-
-    def stop(self) -> None:
-        self._stop_event.set()
-        if self.is_alive():
-            self.join()
-
-    def __enter__(self) -> RssTreePoller:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 # --- CLI ------------------------------------------------------------------------------------

@@ -18,10 +18,11 @@ from __future__ import annotations
 import math
 import os
 import stat
-import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+
+from cluster_data import IntervalPoller  # bench/ is on sys.path wherever this module is imported
 
 #: One sample: seconds since the poller started, bytes on disk of each directory, free bytes.
 Sample = tuple[float, dict[str, int], int]
@@ -62,7 +63,7 @@ def free_bytes(path: Path) -> int:
     return vfs.f_bavail * vfs.f_frsize
 
 
-class DiskPoller(threading.Thread):
+class DiskPoller(IntervalPoller):
     """Samples the disk use of ``dirs`` (name -> directory) every ``interval`` seconds until ``stop()``.
 
     ``series``: every sample, ``(seconds since the poller was created, {name: bytes}, free bytes)``;
@@ -71,11 +72,10 @@ class DiskPoller(threading.Thread):
     can also be called directly (before ``start()`` for a baseline, after ``stop()`` for a last one)."""
 
     def __init__(self, dirs: Mapping[str, Path], interval: float = 1.0) -> None:
-        super().__init__(daemon=True, name="disk-poller")
+        super().__init__(interval, name="disk-poller")
         if not dirs:
             raise ValueError("no directories to poll")
         self.dirs = {name: Path(d) for name, d in dirs.items()}
-        self.interval = interval
         self.series: list[Sample] = []
         self.peak: dict[str, int] = dict.fromkeys(self.dirs, 0)
         self.peak_seconds: dict[str, float] = dict.fromkeys(self.dirs, 0.0)
@@ -83,8 +83,6 @@ class DiskPoller(threading.Thread):
         self.scan_seconds: list[float] = []
         self._t0 = time.monotonic()
         self.started_at = time.time()  # the wall clock at seconds 0 (to place other clocks' events)
-        self._stop_event = threading.Event()
-        self._lock = threading.Lock()
 
     def sample(self) -> Sample:
         """Scan every directory once, record the result and return it."""
@@ -106,15 +104,6 @@ class DiskPoller(threading.Thread):
     def max_scan_seconds(self) -> float:
         with self._lock:
             return max(self.scan_seconds, default=0.0)
-
-    def run(self) -> None:
-        while not self._stop_event.wait(self.interval):
-            self.sample()
-
-    def stop(self) -> None:
-        self._stop_event.set()
-        if self.is_alive():
-            self.join()
 
 
 def downsample(series: Sequence[Sample], limit: int = 600) -> list[Sample]:

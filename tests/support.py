@@ -296,3 +296,27 @@ def cluster_world(root: Path, rows: int, files: int, rows_per_group: int) -> Clu
     dirs = {c: data / c for c in ("alice", "bob")}
     set_budgets(cluster, {world / f"keystore-{c}": d for c, d in dirs.items()}, 2.0, certs)
     return ClusterWorld(data, certs, akey, world, cluster, dirs)
+
+
+def run_at_once(*jobs: Callable[[], Any], seconds: float = 120) -> list[Any]:
+    """Each job in a thread of its own, all at once (parties that wait for one another's
+    messages): their results in order, or the first failure raised."""
+    import threading
+
+    out: list[Any] = [None] * len(jobs)
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        try:
+            out[i] = jobs[i]()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(jobs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(seconds)
+    if errors:
+        raise errors[0]
+    return out

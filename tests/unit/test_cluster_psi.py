@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from support import split_parquet
+from support import run_at_once, split_parquet
 
 from secure_release.curator.cluster import ring as rg
 from secure_release.curator.cluster.engine import InlineEngine
@@ -92,27 +92,6 @@ class Recording:
         return rg.Transport(self.send, self.receive)
 
 
-def _both(*jobs: Callable[[], Any]) -> list[Any]:
-    """Run the curators' parts at once (each waits for the other's slices)."""
-    out: list[Any] = [None] * len(jobs)
-    errors: list[BaseException] = []
-
-    def run(i: int) -> None:
-        try:
-            out[i] = jobs[i]()
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(jobs))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    if errors:
-        raise errors[0]
-    return out
-
-
 def _pairs(table: Any) -> set[tuple[bytes, int]]:
     """(tag, symbol) of every row of a tag table."""
     tags = np.concatenate([s.result().tags for s in table.shards]).astype(TAG_DTYPE)  # (concatenate goes native)
@@ -126,7 +105,7 @@ def test_the_cluster_ring_gives_every_row_the_in_process_rings_tag_and_a_release
     try:
         points = {c: _points(engine, world, tmp_path, c) for c in ("alice", "bob")}
         wires = {c: Recording(leader, c) for c in ("alice", "bob")}
-        tags = dict(zip(("alice", "bob"), _both(
+        tags = dict(zip(("alice", "bob"), run_at_once(
             *(lambda c=c: rg.cluster_ring(c, ("alice", "bob"), points[c], KEYS[c], wires[c].transport(), LOG, 2)
               for c in ("alice", "bob"))
         ), strict=True))  # fmt: skip
@@ -260,7 +239,7 @@ def test_an_in_process_follower_shares_a_ring_with_a_leader_on_a_cluster(world: 
             assert got is not None
             return got
 
-        alice, bob_points = _both(
+        alice, bob_points = run_at_once(
             lambda: rg.cluster_ring("alice", ("alice", "bob"), points, KEYS["alice"],
                                     Recording(leader, "alice").transport(), LOG, 2),
             lambda: ring("bob", ("alice", "bob"), table.ids, KEYS["bob"], send, receive),
@@ -324,7 +303,7 @@ def test_a_follower_on_its_cluster_in_a_ring_of_three_tags_in_its_own_domain(tmp
     try:
         data = split_parquet(root / "bob.csv", tmp_path / "bob", 2)
         points = rg.load_points(engine, str(data), load_schema(root / "bob.json"), keys["bob"], 3, LOG, shard_bits=1)
-        alice, bob, carol = _both(
+        alice, bob, carol = run_at_once(
             lambda: ring("alice", names, tables["alice"].ids, keys["alice"], *whole("alice")),
             lambda: rg.cluster_ring("bob", names, points, keys["bob"], Recording(state, "bob").transport(), LOG, 2),
             lambda: ring("carol", names, tables["carol"].ids, keys["carol"], *whole("carol")),

@@ -17,7 +17,6 @@ again."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
@@ -25,7 +24,7 @@ from typing import Any, NoReturn
 import grpc
 import numpy as np
 import pytest
-from support import split_parquet
+from support import run_at_once, split_parquet
 
 from secure_release.curator.cluster import ring as rg
 from secure_release.curator.cluster.engine import InlineEngine
@@ -366,31 +365,11 @@ def _whole_transport(state: LeaderState, me: str) -> tuple[Callable[..., None], 
     return send, receive
 
 
-def _both(*jobs: Callable[[], Any]) -> list[Any]:
-    out: list[Any] = [None] * len(jobs)
-    errors: list[BaseException] = []
-
-    def run(i: int) -> None:
-        try:
-            out[i] = jobs[i]()
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(jobs))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    if errors:
-        raise errors[0]
-    return out
-
-
 def test_curators_in_one_process_that_run_the_ring_again_skip_the_lists_passed_on(tmp_path: Path) -> None:
     names = ("alice", "bob", "carol")
     ids = {c: np.array([f"id{i}" for i in range(j, j + 30)]) for j, c in enumerate(names)}
     state = _state(names, tmp_path / "box")
-    first = _both(*(lambda c=c: ring(c, names, ids[c], KEYS[c], *_whole_transport(state, c)) for c in names))
+    first = run_at_once(*(lambda c=c: ring(c, names, ids[c], KEYS[c], *_whole_transport(state, c)) for c in names))
     assert held(state) == {"alice@3": (0,), "bob@3": (0,), "carol@3": (0,)} and state.error is None
     # the leader killed and run again, then every curator runs its whole ring again with its kept key
     again = _restarted(state, tmp_path / "box")
@@ -437,8 +416,9 @@ def test_a_curator_on_its_cluster_that_runs_the_ring_again_skips_the_list_passed
 
     try:
         first_log, again_log = _Log(), _Log()
-        _, first = _both(lambda: ring("alice", names, alice_ids, KEYS["alice"], *_whole_transport(state, "alice")),
-                         lambda: bob_ring(state, first_log, "one"))  # fmt: skip
+        alice_link = _whole_transport(state, "alice")
+        _, first = run_at_once(lambda: ring("alice", names, alice_ids, KEYS["alice"], *alice_link),
+                               lambda: bob_ring(state, first_log, "one"))  # fmt: skip
         end = held(state)
         assert set(end) == {"alice@2", "bob@2"} and len(end["bob@2"]) > 2 and state.error is None
         again = _restarted(state, tmp_path / "box")
