@@ -24,7 +24,7 @@ from secure_release.mechanism import printing
 from secure_release.mechanism.analysis import association as assoc
 from secure_release.mechanism.analysis import effects as fx
 from secure_release.mechanism.analysis import regression as reg
-from secure_release.mechanism.analysis import subtables
+from secure_release.mechanism.analysis import subtables, v_interval
 from secure_release.mechanism.errors import (
     FlatLikelihoodWarning,
     NotNestedModelsError,
@@ -128,6 +128,34 @@ class AssociationTest:
         return self.block().html()
 
 
+def counted(count: int, noun: str) -> str:
+    """``count`` and ``noun``, plural unless the count is one: "1 table", "3 tables"."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
+def _tested_table(
+    report: ReleaseReport, a: Names, b: Names, given: Names | None, method: str, draws: int, seed: int
+) -> tuple[list[list[str]], npt.NDArray[np.int64], assoc.IndependenceTest]:
+    """The (a, b, given) groups, their observed table (I, J, L) and its test of independence."""
+    lay = release_layout(report)
+    groups = [_names(a), _names(b), _names(given)]
+    subtables.check_names(lay, groups, ("a", "b", "given"))
+    if not groups[0] or not groups[1]:
+        raise UnknownAttributeError(
+            f"a test needs attributes on both sides; the release has {list(lay.attributes)}"
+        )
+    table = subtables.attribute_table(report.observed, lay, groups)
+    result = assoc.independence_test(table, report.plan.channel.keep, method=method, draws=draws, seed=seed)
+    return groups, table, result
+
+
+def _shaped_test(report: ReleaseReport, groups: list[list[str]], result: assoc.IndependenceTest) -> AssociationTest:
+    return AssociationTest(
+        tuple(groups[0]), tuple(groups[1]), tuple(groups[2]), float(result.statistic), int(result.df),
+        float(result.p_value), result.method, int(report.plan.m), int(result.null_fit.shape[2]),
+    )  # fmt: skip
+
+
 def test_independence(
     report: ReleaseReport,
     a: Names,
@@ -140,26 +168,8 @@ def test_independence(
 ) -> AssociationTest:
     """The likelihood-ratio test of (conditional) independence of the perturbed multinomial
     (:func:`mechanism.analysis.association.independence_test`) on the table of ``a`` x ``b`` x ``given``."""
-    lay = release_layout(report)
-    groups = [_names(a), _names(b), _names(given)]
-    subtables.check_names(lay, groups, ("a", "b", "given"))
-    if not groups[0] or not groups[1]:
-        raise UnknownAttributeError(
-            f"a test needs attributes on both sides; the release has {list(lay.attributes)}"
-        )
-    table = subtables.attribute_table(report.observed, lay, groups)
-    result = assoc.independence_test(table, report.plan.channel.keep, method=method, draws=draws, seed=seed)
-    return AssociationTest(
-        tuple(groups[0]),
-        tuple(groups[1]),
-        tuple(groups[2]),
-        float(result.statistic),
-        int(result.df),
-        float(result.p_value),
-        result.method,
-        int(report.plan.m),
-        int(table.shape[2]),
-    )
+    groups, _, result = _tested_table(report, a, b, given, method, draws, seed)
+    return _shaped_test(report, groups, result)
 
 
 @dataclass(frozen=True)
@@ -252,20 +262,28 @@ def association(
     ordered: Sequence[str] = (),
     level: float = 0.95,
     seed: int = 0,
+    draws: int = 999,
+    test: assoc.IndependenceTest | None = None,
 ) -> Association:
     """Cramer's V, the mutual information and (2 x 2) the odds ratio and risk difference, or
     (both ordered: binned numbers or named in ``ordered``) Kendall's tau-b, with intervals
-    (:func:`mechanism.analysis.effects.association_effects`)."""
+    (:func:`mechanism.analysis.effects.association_effects`). V's interval excludes 0 exactly when
+    the test of independence of the pair (:func:`test_independence` with the same ``seed`` and
+    ``draws``, or ``test`` when given: the same test) rejects at 1 - ``level``."""
     lay = release_layout(report)
-    groups = [_names(a), _names(b)]
-    subtables.check_names(lay, groups, ("a", "b"))
     subtables.check_names(lay, [list(dict.fromkeys(ordered))], ("ordered",))
-    table = subtables.attribute_table(report.observed, lay, groups)
+    groups, table, tested = _tested_table(report, a, b, None, "auto", draws, seed) if test is None else (
+        [_names(a), _names(b), []], None, test)  # fmt: skip
+    if table is None:
+        subtables.check_names(lay, groups[:2], ("a", "b"))
+        table = subtables.attribute_table(report.observed, lay, groups[:2])
+    pair = table.reshape(table.shape[0], table.shape[1], -1).sum(axis=2)
     is_ordered = all(
-        len(g) == 1 and (g[0] in ordered or lay.is_binned(g[0])) for g in groups
+        len(g) == 1 and (g[0] in ordered or lay.is_binned(g[0])) for g in groups[:2]
     )
-    effects = fx.association_effects(table, report.plan.channel.keep, ordered=is_ordered, level=level, seed=seed)
-    return Association(tuple(groups[0]), tuple(groups[1]), effects, (int(table.shape[0]), int(table.shape[1])))
+    effects = fx.association_effects(pair, report.plan.channel.keep, ordered=is_ordered, level=level, seed=seed,
+                                     test=tested)  # fmt: skip
+    return Association(tuple(groups[0]), tuple(groups[1]), effects, (int(pair.shape[0]), int(pair.shape[1])))
 
 
 @dataclass(frozen=True)
@@ -356,9 +374,10 @@ def adjusted_associations(
     rows = []
     for report, a, b in pairs:
         lay = release_layout(report)
-        test = test_independence(report, a, b, draws=draws, seed=seed)
-        effect = association(report, a, b, seed=seed)
-        rows.append(AssociationRow(test, effect, (lay.holders[lay.index(a)], lay.holders[lay.index(b)])))
+        groups, _, tested = _tested_table(report, a, b, None, "auto", draws, seed)
+        effect = association(report, a, b, seed=seed, draws=draws, test=tested)
+        rows.append(AssociationRow(_shaped_test(report, groups, tested), effect,
+                                   (lay.holders[lay.index(a)], lay.holders[lay.index(b)])))  # fmt: skip
     adjusted = subtables.holm_adjust([r.test.p_value for r in rows]) if rows else np.zeros(0)
     out = [AssociationRow(r.test, r.effect, r.holders, float(p)) for r, p in zip(rows, adjusted, strict=True)]
     return sorted(out, key=lambda r: (r.p_adjusted, r.test.p_value, r.test.a, r.test.b))
@@ -626,8 +645,10 @@ class QuestionAnswer:
     ``number`` is the question's place in the design (Q1, Q2, ...), ``table`` the table that
     answered it (1-based, as the design prints them; None when none could). ``test`` names the test
     made, ``statistic`` (G), ``df`` and ``p_value`` are its figures and ``method`` how the p-value
-    was made. ``effect`` names the effect size (Cramer's V of the tested pair) with ``estimate``
-    and its interval [``ci_low``, ``ci_high``] at ``level``. ``planned_v`` is the design's
+    was made. ``effect`` names the effect size with ``estimate`` and its interval [``ci_low``,
+    ``ci_high``] at ``level``: Cramer's V of the pair (``A ~ B``), the pooled within-stratum
+    Cramer's V (``A ~ B | C``; both exclude 0 exactly when the test beside them rejects at
+    1 - ``level``), or a model's odds ratio of its first predictor with its Wald interval. ``planned_v`` is the design's
     smallest Cramer's V the question's test detects (inf: none), ``planned_power`` the power the
     design planned at its ``at_v`` (None without one). A model of a binary outcome also carries
     its ``coefficients``. Missing numbers are NaN (None in :meth:`to_dict`)."""
@@ -677,6 +698,85 @@ def unanswered(
                           planned_v, planned_power, None, why)  # fmt: skip
 
 
+def _model_effect(full: Model, b: str, target: str) -> dict[str, Any]:
+    """The model's own effect of ``b`` (the predictor the design plans the test for): the odds
+    ratio of its coefficient in ``full`` with its Wald interval (exp of the log-odds interval);
+    of several levels of ``b``, the coefficient with the largest |z| (the note lists them all)."""
+    f = full.fit
+    chosen = [i for i, n in enumerate(f.names) if n.startswith(f"{b}[")]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        z = np.abs(np.asarray(f.coef)[chosen] / np.asarray(f.standard_error)[chosen])
+    i = chosen[int(np.nanargmax(z))] if np.isfinite(z).any() else chosen[0]
+    others = ", ".join(c for c in full.covariates if c != b)
+    return {"effect": f"odds ratio of {f.names[i]} ({target} = {f.outcome_levels[1]!r}; given {others})",
+            "estimate": math.exp(f.coef[i]), "ci_low": math.exp(f.ci_low[i]),
+            "ci_high": math.exp(f.ci_high[i])}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ConditionalAssociation:
+    """The conditional Cramer's V of ``a`` and ``b`` given ``given`` (pooled within-stratum,
+    :func:`mechanism.analysis.v_interval.conditional_cramers_v`) with its interval at ``level``,
+    whose lower end inverts the conditional test of independence (p-value ``p_value``): it
+    excludes 0 exactly when that test rejects at 1 - ``level``."""
+
+    a: tuple[str, ...]
+    b: tuple[str, ...]
+    given: tuple[str, ...]
+    estimate: float
+    low: float
+    high: float
+    level: float
+    p_value: float
+
+    @property
+    def label(self) -> str:
+        return f"conditional Cramer's V ({', '.join(self.a)} x {', '.join(self.b)} | {', '.join(self.given)})"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"a": list(self.a), "b": list(self.b), "given": list(self.given), "level": self.level,
+                "method": CONDITIONAL_METHOD, "effects": {"conditional_cramers_v": {
+                    "estimate": self.estimate, "ci_low": self.low, "ci_high": self.high}},
+                "privacy": NO_BUDGET}  # fmt: skip
+
+    def __str__(self) -> str:
+        return "\n".join(conditional_association_lines(self))
+
+
+#: How a conditional V's interval is made (printed under it).
+CONDITIONAL_METHOD = (
+    "lower end: the conditional test of independence inverted along the straight path from the MLE's "
+    "conditional-independence table to the MLE (0 exactly when the test keeps independence); upper end: a "
+    "parametric-bootstrap test on the MLE's conditional V along that path, then each stratum tilted"
+)
+
+
+def conditional_association(
+    report: ReleaseReport, a: Names, b: Names, given: Names, *, level: float = 0.95, seed: int = 0, draws: int = 999,
+    test: assoc.IndependenceTest | None = None,
+) -> ConditionalAssociation:  # fmt: skip
+    """The conditional Cramer's V of ``a`` and ``b`` given ``given`` with its interval, whose lower
+    end inverts the conditional test (:func:`test_independence` with the same ``seed`` and
+    ``draws``, or ``test``: the same test) (:func:`mechanism.analysis.v_interval.conditional_v_interval`)."""
+    groups, table, tested = _tested_table(report, a, b, given, "auto", draws, seed)
+    tested = tested if test is None else test
+    estimate, low, high = v_interval.conditional_v_interval(
+        table, report.plan.channel.keep, float(tested.statistic), float(tested.p_value), level=level, seed=seed
+    )
+    return ConditionalAssociation(tuple(groups[0]), tuple(groups[1]), tuple(groups[2]), estimate, low, high, level,
+                                  float(tested.p_value))  # fmt: skip
+
+
+def _conditional_effect(
+    report: ReleaseReport, a: str, b: str, given: Sequence[str], *, level: float, seed: int, draws: int
+) -> tuple[assoc.IndependenceTest, dict[str, Any]]:
+    """The conditional test of ``a`` and ``b`` given ``given`` and :func:`conditional_association`
+    made with that same test."""
+    _, _, tested = _tested_table(report, a, b, list(given), "auto", draws, seed)
+    x = conditional_association(report, a, b, list(given), level=level, seed=seed, draws=draws, test=tested)
+    return tested, {"effect": x.label, "estimate": x.estimate, "ci_low": x.low, "ci_high": x.high}
+
+
 def answer_question(
     report: ReleaseReport, question: Any, number: int, table: int, planned_v: float, planned_power: float | None,
     *, seed: int = 0, draws: int = 999, level: float = 0.95,
@@ -685,22 +785,22 @@ def answer_question(
     answered from ``report``, the release's table ``table`` (1-based) that holds its attributes:
 
     - ``A ~ B``: the likelihood-ratio test of independence (:func:`test_independence`) and Cramer's
-      V of A and B with its interval (:func:`association`);
-    - ``A ~ B | C + D``: the test of independence within every level of (C, D), and Cramer's V of
-      A and B over the whole table (marginal over C, D: the note says so);
+      V of A and B with its interval (:func:`association` with that same test: the same numbers
+      ``association(A, B)`` prints, 0 outside the interval exactly when the test rejects at
+      1 - ``level``);
+    - ``A ~ B | C + D``: the test of independence within every level of (C, D), and the pooled
+      within-stratum ("conditional") Cramer's V of A and B, whose interval's lower end inverts
+      that conditional test (0 outside it exactly when the test rejects);
     - ``Y ~ X1 + X2`` with a binary Y: the deviance test of the logistic model without X1 against
-      the full model (:func:`logistic`; X1 is the predictor the design plans the test for), with the
-      full model's coefficients and Cramer's V of Y and X1; with Y of more levels: the design's
-      planned test, of Y and X1 independent given the other predictors (the note says which)."""
+      the full model (:func:`logistic`; X1 is the predictor the design plans the test for), and the
+      model's effect: the odds ratio of X1's coefficient with its Wald interval; with Y of more
+      levels: the design's planned test, of Y and X1 independent given the other predictors, and
+      the conditional Cramer's V (the note says which)."""
     a, b, given = question.tested
     lay = release_layout(report)
     kind = "model" if question.kind == "model" else "conditional independence" if given else "independence"
     common: dict[str, Any] = {"number": number, "question": question.text, "kind": kind, "table": table, "level": level,
               "planned_v": planned_v, "planned_power": planned_power, "m": int(report.plan.m)}  # fmt: skip
-    effect = association(report, a, b, level=level, seed=seed)
-    marginal = ", marginal" if given else ""
-    measured: dict[str, Any] = {"effect": f"Cramer's V ({a} x {b}{marginal})", "estimate": effect.cramers_v,
-                "ci_low": effect.ci_low, "ci_high": effect.ci_high}  # fmt: skip
     outcome_levels = lay.levels[lay.index(question.target)]
     if question.kind == "model" and outcome_levels == 2:
         with warnings.catch_warnings(record=True) as caught:
@@ -718,18 +818,24 @@ def answer_question(
                                  f"{printing.interval(c['ci_low'], c['ci_high'])}" for c in shown))  # fmt: skip
         return QuestionAnswer(
             **common, test=f"deviance test of {reduced.formula} against {full.formula}", statistic=float(g), df=int(df),
-            p_value=float(p), method="G = 2 (l_full - l_reduced), p from chi-square(df) (Wilks)", **measured,
-            note="; ".join(notes), coefficients=coefficients,
+            p_value=float(p), method="G = 2 (l_full - l_reduced), p from chi-square(df) (Wilks)",
+            **_model_effect(full, b, question.target), note="; ".join(notes), coefficients=coefficients,
         )  # fmt: skip
-    test = test_independence(report, a, b, list(given) or None, draws=draws, seed=seed)
+    if given:
+        tested, measured = _conditional_effect(report, a, b, given, level=level, seed=seed, draws=draws)
+    else:
+        _, _, tested = _tested_table(report, a, b, None, "auto", draws, seed)
+        effect = association(report, a, b, level=level, seed=seed, draws=draws, test=tested)
+        measured = {"effect": f"Cramer's V ({a} x {b})", "estimate": effect.cramers_v, "ci_low": effect.ci_low,
+                    "ci_high": effect.ci_high}  # fmt: skip
     within = f" given {', '.join(given)}" if given else ""
-    note = f"V is of {a} and {b} over every level of {', '.join(given)}" if given else ""
+    note = ""
     if question.kind == "model":
         note = (f"{question.target} has {outcome_levels} levels: answered by the design's planned test, {a} "
-                f"independent of {b} given {', '.join(given)} (a logistic deviance test needs a binary outcome); "
-                + note)  # fmt: skip
-    return QuestionAnswer(**common, test=f"likelihood-ratio test of independence{within}", statistic=test.statistic,
-                          df=test.df, p_value=test.p_value, method=test.method, **measured, note=note)  # fmt: skip
+                f"independent of {b} given {', '.join(given)} (a logistic deviance test needs a binary outcome)")
+    return QuestionAnswer(**common, test=f"likelihood-ratio test of independence{within}",
+                          statistic=float(tested.statistic), df=int(tested.df), p_value=float(tested.p_value),
+                          method=tested.method, **measured, note=note)  # fmt: skip
 
 
 def short_test(test: str) -> str:
@@ -813,12 +919,13 @@ class QuestionAnswers:
         notes += [f"p-values ({', '.join(f'Q{x.number}' for x in self.answers if x.method == m)}): {m}"
                   for m in methods]  # fmt: skip
         level = next((x.level for x in self.answers if x.answered), 0.95)
-        notes += [f"intervals: {printing.level_text(level)}; V planned: the design's smallest Cramer's V each test "
+        notes += [f"intervals: {printing.level_text(level)} (a V's excludes 0 exactly when the test beside it "
+                  f"rejects at {1 - level:.2g}); V planned: the design's smallest Cramer's V each test "
                   f"detects with probability {self.power:g} at level {self.alpha:g}, for {self.planned_n} records "
                   "('none': no useful power)", NO_BUDGET]  # fmt: skip
         n = f"n = {self.n}" + (f" (planned {self.planned_n})" if self.n != self.planned_n else "")
         return printing.Block(
-            f"The design's {len(self.answers)} question(s), answered: release {self.release_id}",
+            f"The design's {counted(len(self.answers), 'question')}, answered: release {self.release_id}",
             lines=(f"data:  {n}; epsilon charged (Eq. T1) {printing.sig(self.epsilon, 6)}, sequential (Eq. T3) "
                    f"{printing.sig(self.sequential_epsilon, 6)}; design {self.design_digest[:16]}",),
             header=tuple(head), rows=tuple(rows), align="lllll" + "r" * 3 + "lrl" + "r" * (len(head) - 11),
@@ -909,7 +1016,7 @@ class ReleaseTables:
             for x in self.rows
         )  # fmt: skip
         return printing.Block(
-            f"Release {self.release_id}: {len(self.rows)} table(s)",
+            f"Release {self.release_id}: {counted(len(self.rows), 'table')}",
             lines=(f"data:  n = {self.n}; epsilon charged (Eq. T1) {printing.sig(self.epsilon, 6)}, sequential "
                    f"(Eq. T3) {printing.sig(self.sequential_epsilon, 6)}",),
             header=("table", "attributes", "K", "m", "gamma", "keep a", "answers"), rows=rows, align="llrrrrl",
@@ -968,6 +1075,32 @@ def association_lines(x: Association) -> list[str]:
         head,
         *(_effect_line(e, x.effects.level) for e in x.measures()),
         *textwrap.wrap(f"intervals: {x.effects.method}", 100, initial_indent="  ", subsequent_indent="    "),
+        f"  {NO_BUDGET}",
+    ]
+
+
+def test_effect(
+    report: ReleaseReport, a: Names, b: Names, given: Names | None, *, method: str = "auto", draws: int = 999,
+    seed: int = 0, level: float = 0.95,
+) -> tuple[list[str], dict[str, Any]]:  # fmt: skip
+    """The effect printed beside a test (``analyst test``), made with that same test (``method``,
+    ``draws``, ``seed``): the pair's effects (:func:`association`) or, with ``given``, the
+    conditional V (:func:`conditional_association`); its lines and its JSON."""
+    groups, _, tested = _tested_table(report, a, b, given, method, draws, seed)
+    if groups[2]:
+        x = conditional_association(report, a, b, groups[2], level=level, seed=seed, draws=draws, test=tested)
+        return conditional_association_lines(x), x.to_dict()
+    pair = association(report, a, b, level=level, seed=seed, draws=draws, test=tested)
+    return association_lines(pair), pair.to_dict()
+
+
+def conditional_association_lines(x: ConditionalAssociation) -> list[str]:
+    """A conditional V with its interval, one line, then how it is made."""
+    return [
+        f"Association of {', '.join(x.a)} with {', '.join(x.b)} within every level of {', '.join(x.given)}",
+        f"  {'conditional Cramer' + chr(39) + 's V':<26} {x.estimate:8.4f}   {100 * x.level:g}% interval "
+        f"[{x.low:.4f}, {x.high:.4f}]",
+        *textwrap.wrap(f"interval: {CONDITIONAL_METHOD}", 100, initial_indent="  ", subsequent_indent="    "),
         f"  {NO_BUDGET}",
     ]
 

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from secure_release.analysis import counted
 from secure_release.frames import MissingDependencyError
 from secure_release.mechanism.estimation.report import COLUMN_MEANINGS, OUTPUT_COLUMNS, spans_zero
 from secure_release.mechanism.privacy.guarantee import privacy_guarantee, utility_check
@@ -306,8 +307,8 @@ def render_tables(result: Any, standalone: bool, charts_missing: str | None = No
         fragment = "" if part is None else _render_table(part, False, charts_missing, prefix=f"t{number}-").strip()
         sections.append({"number": number, "attributes": info.attributes, "missing": info.missing,
                          "fragment": fragment})  # fmt: skip
-    questions = f" designed for {len(d.questions)} question(s)" if d is not None else ""
-    note = (f"A release of {len(result.parts)} tables from disjoint samples of one alignment{questions} "
+    questions = f" designed for {counted(len(d.questions), 'question')}" if d is not None else ""
+    note = (f"A release of {counted(len(result.parts), 'table')} from disjoint samples of one alignment{questions} "
             f"(design {t.design_digest[:16]}): each table answers only what it holds.")  # fmt: skip
     return str(
         _template().render(

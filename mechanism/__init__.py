@@ -23,9 +23,12 @@ privacy/       epsilon, gamma, m*, exact MSE (``accounting``: Thm 3.2,     primi
                Eq. 2, Cor. 3.6, Thm 3.4), the plan, the guarantee, the
                ledger
 estimation/    A^-1, the simplex projection, MLE (``estimators``),         primitives, privacy
-               unified intervals, marginals, the report, references
+               unified intervals, marginals, the report, references,
+               multiple imputation (``imputation``, its sweeps
+               ``loglinear_draws``, its diagnostics ``mixing``; DESIGN 13)
 analysis/      tests of independence (``association``), effect sizes,      primitives, privacy,
-               models (``regression``), power, sub-tables, suggestions     estimation
+               models (``regression``), power, sub-tables, suggestions,    estimation
+               Rubin's rules (``pooling``)
 protocol/      the agreed ``spec``, the whole protocol in memory           primitives, alignment,
                (``in_memory``), every architecture of Sec. V-B             privacy, estimation
                (``architectures``, ``index_sharing``, ``server_sampling``)

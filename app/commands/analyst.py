@@ -202,6 +202,10 @@ def register(sub: Any) -> None:
     _connection(exp)
     exp.set_defaults(func=run_export)
 
+    from secure_release.commands import analyst_impute
+
+    analyst_impute.register(asub, _connection)
+
 
 def fetch(args: argparse.Namespace) -> Result:
     """The release's estimate as an API :class:`Result`."""
@@ -215,6 +219,7 @@ def run_report(args: argparse.Namespace) -> int:
     """``analyst report ID --out r.html``: the headline and warnings, a chart per attribute and
     per pair, the guarantee, the plan and the cells in one self-contained HTML file (the data of
     ``show``; ``report_page``). Needs matplotlib (the ``plot`` extra) for the charts."""
+    from secure_release import analysis
     from secure_release.infra.fileio import atomic_write
     from secure_release.report_page import html_report
 
@@ -223,8 +228,8 @@ def run_report(args: argparse.Namespace) -> int:
     atomic_write(args.out, html_report(result).encode("utf-8"), 0o644)
     if result.designed:
         d = result.design
-        asked = f"{len(d.questions)} questions answered, " if d is not None else ""
-        print(f"wrote {args.out} (release {args.release_id}: {asked}{len(result.parts)} tables)")
+        asked = f"{analysis.counted(len(d.questions), 'question')} answered, " if d is not None else ""
+        print(f"wrote {args.out} (release {args.release_id}: {asked}{analysis.counted(len(result.parts), 'table')})")
         return 0
     print(f"wrote {args.out} (release {args.release_id}: {len(result.report.labels)} cells, "
           f"{len(result.attributes)} marginal charts)")  # fmt: skip
@@ -322,6 +327,7 @@ def run_conditional(args: argparse.Namespace) -> int:
 def run_export(args: argparse.Namespace) -> int:
     """``analyst export ID FILE``: the cells in the format FILE's suffix names (EXPORT_HELP),
     written whole or not at all; the path is checked before anything is fetched."""
+    from secure_release import analysis
     from secure_release.infra.fileio import atomic_write
     from secure_release.researcher.storage import report_csv
 
@@ -329,8 +335,8 @@ def run_export(args: argparse.Namespace) -> int:
     result = fetch(args)
     if result.designed and kind != "json":
         raise MultiTableResultError(
-            f"release {args.release_id} is {len(result.parts)} tables with different cells: export it as .json (every "
-            "table, the design and the guarantee); a .csv or .parquet holds one table's cells"
+            f"release {args.release_id} is {analysis.counted(len(result.parts), 'table')} with different cells: "
+            "export it as .json (every table, the design and the guarantee); a .csv or .parquet holds one table's cells"
         )
     if kind == "json":
         atomic_write(args.file, (json.dumps(result.to_dict(), indent=1) + "\n").encode("utf-8"), 0o644)
@@ -353,11 +359,12 @@ def run_test(args: argparse.Namespace) -> int:
     result = fetch(args)
     a, b, given = _list(args.between), _list(args.and_), _list(args.given)
     test = result.test_independence(a, b, given or None, method=args.method, draws=args.draws, seed=args.seed)
-    effect = result.association(a, b, seed=args.seed)
+    lines, effect = analysis.test_effect(result._route(a, b, given).report, a, b, given, method=args.method,
+                                         draws=args.draws, seed=args.seed)  # fmt: skip
     if args.json:
-        print(json.dumps({"release_id": args.release_id, "test": test.to_dict(), "association": effect.to_dict()}))
+        print(json.dumps({"release_id": args.release_id, "test": test.to_dict(), "association": effect}))
         return 0
-    print("\n".join([*analysis.test_lines(test), "", *analysis.association_lines(effect)]))
+    print("\n".join([*analysis.test_lines(test), "", *lines]))
     return 0
 
 

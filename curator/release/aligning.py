@@ -19,7 +19,7 @@ from secure_release.curator.cluster.matching import ClusterLeader
 from secure_release.curator.cluster.sharded import ShardedTable
 from secure_release.curator.config import CuratorConfig
 from secure_release.curator.leader import LeaderState
-from secure_release.curator.release.agreement import TagSource, cluster_workers
+from secure_release.curator.release.follower import TagSource, cluster_workers
 from secure_release.curator.table import EncodedTable, TableSpec, raise_repeats
 from secure_release.curator.waits import Deadline
 from secure_release.infra.logs import EventLog

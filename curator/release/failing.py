@@ -24,8 +24,8 @@ from secure_release.curator.leader import LeaderState
 from secure_release.curator.records.keystore import Keystore, ReleaseRecord, TableChangedError
 from secure_release.curator.records.ledgersign import SigningKeyError
 from secure_release.curator.records.witness import BudgetWitness
-from secure_release.curator.release.agreement import report_failure_to_leader
 from secure_release.curator.release.budget import LedgerSettings, check_ledger, settle
+from secure_release.curator.release.follower import report_failure_to_leader
 from secure_release.curator.release.upload import ABORT_GIVE_UP_S, ServerLink
 from secure_release.infra.exitcodes import REFUSAL_MARK, grpc_status_name, is_refusal, refusal_reason
 from secure_release.infra.identity import PkiError

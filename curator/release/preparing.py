@@ -23,7 +23,7 @@ from secure_release.curator.cluster.sharded import ShardedTable
 from secure_release.curator.config import CuratorConfig
 from secure_release.curator.leader import LeaderState
 from secure_release.curator.records.keystore import Keystore, ReleaseRecord, SampleFile
-from secure_release.curator.release.agreement import own_alignment
+from secure_release.curator.release.agreement_checks import own_alignment
 from secure_release.curator.release.aligning import OwnData
 from secure_release.infra.logs import EventLog, peak_rss_mib
 from secure_release.infra.memory import release_free_memory

@@ -47,7 +47,8 @@ from secure_release.curator.records.keystore import (
     TableRecord,
 )
 from secure_release.curator.records.witness import BudgetWitness
-from secure_release.curator.release.agreement import agree, leader_state, own_alignment
+from secure_release.curator.release.agreement import agree, leader_state
+from secure_release.curator.release.agreement_checks import own_alignment
 from secure_release.curator.release.aligning import ClusterSettings, TableSource, shard_table
 from secure_release.curator.release.budget import settle
 from secure_release.curator.release.failing import abort_and_settle

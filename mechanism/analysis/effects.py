@@ -50,6 +50,8 @@ import numpy as np
 import numpy.typing as npt
 
 from secure_release.mechanism import printing
+from secure_release.mechanism.analysis import v_interval
+from secure_release.mechanism.analysis.association import IndependenceTest, independence_test
 from secure_release.mechanism.analysis.association import check_draws as _check_draws
 from secure_release.mechanism.errors import (
     InvalidCountsError,
@@ -78,7 +80,8 @@ _STEP_FACTOR = 2.0  # the end a bias correction moved is extended by this many t
 METHOD = (
     "parametric-bootstrap test inversion: each effect's MLE simulated through the PRAM channel ({draws} draws a "
     "point) along true tables from independence through the bias-corrected MLE; interval = effect values a "
-    "two-sided test at {alpha:g} keeps"
+    "two-sided test at {alpha:g} keeps; Cramer's V's lower end inverts the printed test of independence "
+    "(p-value {p}): it is 0 exactly when that test keeps independence at {alpha:g}"
 )
 
 
@@ -126,6 +129,9 @@ class AssociationEffects:
     level: float
     method: str
     draws: int
+    #: the p-value of the test of independence whose inversion gives V's lower end (V's interval
+    #: excludes 0 exactly when it is at most 1 - ``level``)
+    test_p_value: float = math.nan
 
     # ------------------------------------------------------------------- reading the effects
     def measures(self) -> list[Effect]:
@@ -593,12 +599,15 @@ def association_effects(
     level: float = 0.95,
     draws: int = DEFAULT_DRAWS,
     seed: int = 0,
+    test: IndependenceTest | None = None,
 ) -> AssociationEffects:
     """Effect sizes of the association of an observed (perturbed) I x J table, with intervals.
 
     ``observed``: integer counts (I, J) of the m perturbed records; ``keep``: the channel's keep
     probability a; ``ordered``: both attributes ordered (adds Kendall's tau-b); ``draws``: the
-    bootstrap draws per simulated point of the path; ``seed``: the bootstrap's seed.
+    bootstrap draws per simulated point of the path; ``seed``: the bootstrap's seed; ``test``:
+    the printed test of independence of the same table (default: :func:`independence_test` of
+    it with its defaults and ``seed``), whose inversion gives V's lower end.
 
     Estimates: each effect at the MLE p_hat of the true shares (plug-in; see the module).
     Intervals (DESIGN 11): a test-inversion (Neyman) construction along one-parameter families
@@ -621,7 +630,10 @@ def association_effects(
     the estimate and clipped to V in [0, 1], MI in [0, ln min(I, J)]. Because the simulated null
     carries the bias of V and MI through the same channel and estimator, V's interval starts at
     0 when the one-sided test of independence at (1 - level)/2 (statistic V of the MLE, margins
-    at plug-in) does not reject (barring the extension). Odds ratios work on the log scale,
+    at plug-in) does not reject (barring the extension). V's lower end is then replaced by the
+    inversion of ``test`` itself (:func:`~secure_release.mechanism.analysis.v_interval.lower_end`
+    along the straight part of the path, independence to the centre): 0 exactly when ``test``'s
+    p-value is above 1 - ``level``, above 0 otherwise, by construction. Odds ratios work on the log scale,
     clipped at +-30 (reported as 0 or inf beyond); an undefined effect of a bootstrap table (0/0)
     counts as no association.
     Cost: O(points x draws x C log C); coverage measured by simulation (the helper's report).
@@ -679,6 +691,16 @@ def association_effects(
     for i, name in enumerate(names):
         if name in ceilings:
             lows[i], highs[i] = max(lows[i], 0.0), min(highs[i], ceilings[name])
+    if test is None:
+        test = independence_test(counts, a, seed=seed)
+    p_value = float(test.p_value)
+    v_centre = centre if float(cramers_v(centre)) > 0 else p_hat  # a centre without association: p_hat's
+    v_low = v_interval.lower_end(
+        lambda t: mle_path(v_centre, direction, t)[..., None], lambda tables: np.asarray(cramers_v(tables[..., 0])),
+        a, m, float(test.statistic), p_value, lev, draws, rng,
+    )  # fmt: skip
+    lows[0] = min(v_low, float(estimates[0]))
+    highs[0] = max(highs[0], lows[0])
     raw_estimates = {
         "cramers_v": float(cramers_v(p_hat)),
         "mutual_information": float(mutual_information(p_hat)),
@@ -698,6 +720,7 @@ def association_effects(
         risk_difference=effects.get("risk_difference"),
         kendall_tau_b=effects.get("kendall_tau_b"),
         level=lev,
-        method=METHOD.format(draws=draws, alpha=1.0 - lev),
+        method=METHOD.format(draws=draws, alpha=1.0 - lev, p=printing.p_value(p_value)),
         draws=draws,
+        test_p_value=p_value,
     )

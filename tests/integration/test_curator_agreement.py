@@ -15,7 +15,8 @@ from secure_release.curator.config import CuratorConfig
 from secure_release.curator.errors import AgreementFixedError, AlphabetSizeMismatchError
 from secure_release.curator.leader import LeaderState
 from secure_release.curator.records.keystore import Keystore
-from secure_release.curator.release.agreement import check_agreement, leader_state, spec_differences
+from secure_release.curator.release.agreement import leader_state
+from secure_release.curator.release.agreement_checks import check_agreement, spec_differences
 from secure_release.curator.release.aligning import OwnData
 from secure_release.curator.release.budget import check_ledger, reserve
 from secure_release.curator.release.preparing import prepare

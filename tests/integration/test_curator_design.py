@@ -25,7 +25,8 @@ from secure_release.curator.config import CuratorConfig, config_from_args
 from secure_release.curator.errors import DesignFileError, DesignRefusedError
 from secure_release.curator.leader import LeaderState
 from secure_release.curator.records.keystore import Keystore, KeystoreError, ReleaseRecord
-from secure_release.curator.release.agreement import check_agreement, leader_state
+from secure_release.curator.release.agreement import leader_state
+from secure_release.curator.release.agreement_checks import check_agreement
 from secure_release.curator.release.aligning import OwnData
 from secure_release.curator.release.opening import ResumeSettings, resumable_record
 from secure_release.curator.release.preparing import prepare

@@ -17,7 +17,8 @@ from support import curator_config
 
 from secure_release.curator.config import CuratorConfig
 from secure_release.curator.leader import LeaderState
-from secure_release.curator.release.agreement import follow_leader, own_alignment
+from secure_release.curator.release.agreement_checks import own_alignment
+from secure_release.curator.release.follower import follow_leader
 from secure_release.curator.release.opening import start_server
 from secure_release.curator.service import SERVICE_NAME, CuratorService
 from secure_release.curator.waits import Deadline

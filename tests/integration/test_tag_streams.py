@@ -22,7 +22,7 @@ from secure_release.curator.cluster.matching import ClusterLeader
 from secure_release.curator.cluster.sharded import ShardedTable
 from secure_release.curator.config import CuratorConfig
 from secure_release.curator.leader import LeaderState
-from secure_release.curator.release.agreement import LEADER_CALLS_PER_PEER, follow_leader
+from secure_release.curator.release.follower import LEADER_CALLS_PER_PEER, follow_leader
 from secure_release.curator.release.opening import start_server
 from secure_release.curator.service import CuratorService
 from secure_release.curator.table import load_schema
@@ -191,32 +191,32 @@ def test_the_tag_and_agreement_calls_get_time_for_their_bytes(
     plus its bytes at the slowest rate allowed (a fixed 60 s could not carry the 4.8 GB of tags
     of 3 * 10^8 rows: every attempt ran out and started again). With no fixed time at all the
     tags' call here still has time for its 4,005 tags at 16 kB/s."""
-    from secure_release.curator.release import agreement
+    from secure_release.curator.release import follower
 
     calls: list[float] = []
-    real = agreement.retry_until
+    real = follower.retry_until
 
     def spy(fn: Any, what: str, deadline: Any, log: Any, per_call_s: float) -> Any:
         calls.append(per_call_s)
         return real(fn, what, deadline, log, per_call_s=per_call_s)
 
-    monkeypatch.setattr(agreement, "retry_until", spy)
-    monkeypatch.setattr(agreement, "SUBMIT_TIMEOUT_S", 0.0)
-    monkeypatch.setattr(agreement, "SLOWEST_BYTES_PER_S", 16_000)
+    monkeypatch.setattr(follower, "retry_until", spy)
+    monkeypatch.setattr(follower, "SUBMIT_TIMEOUT_S", 0.0)
+    monkeypatch.setattr(follower, "SLOWEST_BYTES_PER_S", 16_000)
     bob, alice = _table(engine, world, "bob", 3), _table(engine, world, "alice", 3)
     rows = bob.num_rows
-    assert agreement.tag_count(bob.tag_pieces) == rows > 0
+    assert follower.tag_count(bob.tag_pieces) == rows > 0
     state = ClusterLeader("r1", ("alice", "bob"), None, 1.0, None, CipherMode.CHACHA20, ("res",), Seed(bytes(32)))
     state.attach(alice, tmp_path)
     state.add_tags("alice", np.zeros(0, dtype=TAG_DTYPE), alice.alphabet_size)
     variant = _follow(state, world, bob, tmp_path, 2)
     assert variant.own_rows is not None and variant.own_rows.astype("<u4").tobytes() == expected[1]
-    assert calls == [rows * 16 / 16_000, agreement.AGREEMENT_CALL_S + rows * 20 / 16_000]
+    assert calls == [rows * 16 / 16_000, follower.AGREEMENT_CALL_S + rows * 20 / 16_000]
     state.cleanup()
 
 
 def test_a_call_deadline_is_its_fixed_part_and_its_bytes_at_the_slowest_rate() -> None:
-    from secure_release.curator.release.agreement import SLOWEST_BYTES_PER_S, call_seconds, tag_count
+    from secure_release.curator.release.follower import SLOWEST_BYTES_PER_S, call_seconds, tag_count
 
     assert SLOWEST_BYTES_PER_S == 8 << 20
     assert call_seconds(60.0, 0) == 60.0

@@ -28,7 +28,7 @@ from secure_release.curator.cluster.spool import SpoolError, SpoolRange
 from secure_release.curator.config import config_from_args
 from secure_release.curator.errors import AgreementFixedError
 from secure_release.curator.leader import LeaderState, TagPartsError
-from secure_release.curator.release.agreement import shard_runs
+from secure_release.curator.release.follower import shard_runs
 from secure_release.infra.config import ConfigError, apply_env_and_config, subcommand_parser
 from secure_release.infra.logs import EventLog
 from secure_release.infra.streams import (
