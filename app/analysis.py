@@ -22,9 +22,9 @@ import numpy.typing as npt
 from secure_release.frames import Backend, to_frame
 from secure_release.mechanism import printing
 from secure_release.mechanism.analysis import association as assoc
+from secure_release.mechanism.analysis import conditional_v, subtables
 from secure_release.mechanism.analysis import effects as fx
 from secure_release.mechanism.analysis import regression as reg
-from secure_release.mechanism.analysis import subtables, v_interval
 from secure_release.mechanism.errors import (
     FlatLikelihoodWarning,
     NotNestedModelsError,
@@ -757,10 +757,10 @@ def conditional_association(
 ) -> ConditionalAssociation:  # fmt: skip
     """The conditional Cramer's V of ``a`` and ``b`` given ``given`` with its interval, whose lower
     end inverts the conditional test (:func:`test_independence` with the same ``seed`` and
-    ``draws``, or ``test``: the same test) (:func:`mechanism.analysis.v_interval.conditional_v_interval`)."""
+    ``draws``, or ``test``: the same test) (:func:`mechanism.analysis.conditional_v.conditional_v_interval`)."""
     groups, table, tested = _tested_table(report, a, b, given, "auto", draws, seed)
     tested = tested if test is None else test
-    estimate, low, high = v_interval.conditional_v_interval(
+    estimate, low, high = conditional_v.conditional_v_interval(
         table, report.plan.channel.keep, float(tested.statistic), float(tested.p_value), level=level, seed=seed
     )
     return ConditionalAssociation(tuple(groups[0]), tuple(groups[1]), tuple(groups[2]), estimate, low, high, level,

@@ -11,6 +11,8 @@ polars are optional (``pip install 'secure-release[notebook]'``); nothing in the
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
@@ -31,7 +33,41 @@ class MissingDependencyError(SecureReleaseError):
     """An optional library (pandas, polars, matplotlib) is needed for this call."""
 
 
+@dataclass(frozen=True)
+class DatabaseQuery:
+    """A table of the notebook API that is the result of ``query`` on a PostgreSQL database
+    (``url``: ``postgresql://[USER@]HOST[:PORT]/DB``, no password: libpq finds it in ~/.pgpass,
+    PGPASSFILE, PGPASSWORD or a service file, or ``password_file``'s first line). It is read,
+    when used, in one read-only, repeatable-read transaction, as the curator reads ``--data URL
+    --query SQL`` (:mod:`secure_release.curator.postgres`)."""
+
+    url: str
+    query: str
+    password_file: str | Path | None = None
+
+    def read(self) -> pa.Table:
+        """The query's result as one Arrow table (its cells untouched)."""
+        from secure_release.curator.partitions import require_data
+        from secure_release.curator.postgres import set_password_file
+        from secure_release.curator.postgres_read import query_table
+
+        require_data(self.url, "url", self.query)
+        set_password_file(self.password_file)
+        return query_table(self.url, self.query)
+
+
+def database_query(url: str, query: str, password_file: str | Path | None = None) -> DatabaseQuery:
+    """A PostgreSQL query as a table for :func:`secure_release.api.curator_tables` and schema
+    drafts (see :class:`DatabaseQuery`); the URL is checked at once (a password in it refused)."""
+    from secure_release.curator.postgres import check_url
+
+    check_url(url)
+    return DatabaseQuery(url, query, password_file)
+
+
 def _kind(table: Any) -> str:
+    if isinstance(table, DatabaseQuery):
+        return "database"
     module = type(table).__module__.split(".")[0]
     if module in ("pandas", "polars", "pyarrow", "duckdb"):
         return module
@@ -39,13 +75,15 @@ def _kind(table: Any) -> str:
         return "mapping"
     raise TableInputError(
         f"unsupported table type {type(table).__name__}; give a pandas or polars DataFrame, "
-        "a pyarrow Table, a DuckDB relation or a mapping of column name -> sequence"
+        "a pyarrow Table, a DuckDB relation, a database_query(URL, SQL) or a mapping of column name -> sequence"
     )
 
 
 def column_names(table: Any) -> list[str]:
     """The column names of a supported table."""
     kind = _kind(table)
+    if kind == "database":
+        return list(to_arrow(table).column_names)
     if kind in ("pyarrow", "duckdb"):
         return [str(c) for c in (table.column_names if kind == "pyarrow" else table.columns)]
     return [str(c) for c in (table.keys() if kind == "mapping" else table.columns)]
@@ -57,8 +95,10 @@ def to_arrow(table: Any, what: str = "table") -> pa.Table:
     through ``pa.Table.from_pandas`` (NaN, None, NaT and NA become nulls; a category column a
     dictionary), a polars DataFrame through ``to_arrow``, a DuckDB relation through its Arrow
     result, a mapping column by column. A column of mixed Python objects (``3`` beside ``"x"``)
-    is read as the text pandas gives each value. Raises :class:`TableInputError` for a table of
-    another kind or with repeated column names."""
+    is read as the text pandas gives each value; a :class:`DatabaseQuery` through its result.
+    Raises :class:`TableInputError` for a table of another kind or with repeated column names."""
+    if isinstance(table, DatabaseQuery):
+        return table.read()
     kind = _kind(table)
     names = column_names(table)
     repeated = sorted({n for n in names if names.count(n) > 1})

@@ -29,8 +29,9 @@ class ResultAnalyses(ResultViews):
     answers it (``self._route(...)``), then calls ``app/analysis.py`` on that table's report."""
 
     def questions(self, *, seed: int = 0, draws: int = 999, level: float = 0.95) -> analysis.QuestionAnswers:
-        """Every question of the design answered from the table that holds it (the design's table
-        for it; if that one was not estimated, another holding its attributes): for ``A ~ B`` and
+        """Every question of the design answered from the table that holds it, the one every analysis
+        of its attributes reads (``_route``: of several, the largest m_t a_t^2; the design's own
+        table unless another tells more), so a pair prints one interval everywhere: for ``A ~ B`` and
         ``A ~ B | C + D`` the likelihood-ratio test's p-value and Cramer's V with its interval, for
         ``Y ~ X1 + X2`` of a binary Y the logistic deviance test of X1 (else the planned test of
         independence, and the answer says so), each beside the design's planned detectable V and
@@ -50,19 +51,16 @@ class ResultAnalyses(ResultViews):
         out = []
         for i, (text, figure) in enumerate(zip(d.questions, d.release.figures, strict=True)):
             question = parse_question(text)
-            part = self.parts[figure.table] if figure.table < len(self.parts) else None
-            table = figure.table + 1
-            if part is None:
-                try:
-                    part = self._route(question.attributes)
-                    table = next(k for k, p in enumerate(self.parts, start=1) if p is part)
-                except NoTableHoldsError:
-                    why = t.missing.get(figure.table, "its table was not estimated")
-                    out.append(analysis.unanswered(
-                        i + 1, text, question.kind, figure.detectable_v, figure.power_at_v,
-                        f"its table {figure.table + 1} was not estimated: {why}",
-                    ))  # fmt: skip
-                    continue
+            try:  # the table every analysis of these attributes reads, so one pair prints one interval
+                part = self._route(question.attributes)
+                table = next(k for k, p in enumerate(self.parts, start=1) if p is part)
+            except NoTableHoldsError:
+                why = t.missing.get(figure.table, "its table was not estimated")
+                out.append(analysis.unanswered(
+                    i + 1, text, question.kind, figure.detectable_v, figure.power_at_v,
+                    f"its table {figure.table + 1} was not estimated: {why}",
+                ))  # fmt: skip
+                continue
             out.append(analysis.answer_question(part.report, question, i + 1, table, figure.detectable_v,
                                                 figure.power_at_v, seed=seed, draws=draws, level=level))  # fmt: skip
         return analysis.QuestionAnswers(t.release_id, t.design_digest, tuple(out), d.alpha, d.power, d.at_v, d.n,

@@ -188,7 +188,11 @@ def add_run_arguments(p: argparse.ArgumentParser, storing: bool) -> None:
                    "(hive key=value directories become columns): an id column and the schema's attributes"
                    + ("" if storing else " (not with --sampling server)"))  # fmt: skip
     g.add_argument("--schema", help='schema JSON: {"curator", "id_column", "attributes": [...]}')
-    g.add_argument("--query", help="SQL run on --data as a DuckDB database (.duckdb): its result is the table")
+    g.add_argument("--query", help="SQL run on --data as a DuckDB database (.duckdb) or a PostgreSQL database "
+                   "(postgresql://[USER@]HOST[:PORT]/DB): its result is the table")
+    g.add_argument("--data-password-file", metavar="FILE", help="with a postgresql:// --data: the file whose first "
+                   "line is the role's password (default: libpq's own places: ~/.pgpass, PGPASSFILE, PGPASSWORD, a "
+                   "service file); a password in the URL is refused")
     g.add_argument("--bad-rows", metavar="FILE", help="if the table has bad rows, write every one (file, line, column, "
                    "value, problem) to FILE, readable by you only (0600); the error shows a summary per column")
     g.add_argument(

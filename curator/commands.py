@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 import grpc
 
 from secure_release.curator.partitions import dataset_fingerprint, dataset_name, require_data
+from secure_release.curator.postgres import set_password_file
 from secure_release.curator.records.keystore import Keystore
 from secure_release.curator.records.ledgerfile import LedgerFile
 from secure_release.curator.records.ledgersign import HeadSigner
@@ -68,6 +69,9 @@ def add_budget_parser(sub: Any) -> None:
     w.add_argument("--table-id", help="only the data set this stored table was made from")
     w.add_argument("--dataset", help="only this data set")
     for p in (s, w):
+        p.add_argument("--query", help="with a postgresql://HOST[:PORT]/DB --data: the SQL whose rows are the data set")
+        p.add_argument("--data-password-file", metavar="FILE",
+                       help="with a postgresql:// --data: the file whose first line is the role's password")
         p.add_argument("--certs", help="directory with NAME.key: sign (set) and verify the ledger's head")
         p.add_argument("--name", help="this curator's certificate name (with --certs or --server)")
         p.add_argument("--server", help="HOST:PORT of the release server: its budget witness is consulted")
@@ -113,13 +117,15 @@ def _dataset(args: argparse.Namespace) -> tuple[str, str]:
     ``--data`` or ``--table-id``."""
     if args.data and getattr(args, "table_id", None):
         raise ConfigError("give at most one of --data FILE or --table-id ID")
+    query = getattr(args, "query", None) or None
     if args.data:
-        require_data(args.data, "--data")  # a typo (or an empty directory) is named, never a new data set
-    fingerprint = dataset_fingerprint(args.data) if args.data else ""
+        require_data(args.data, "--data", query)  # a typo (or an empty directory) is named, never a new data set
+        set_password_file(getattr(args, "data_password_file", None))
+    fingerprint = dataset_fingerprint(args.data, query) if args.data else ""
     if args.dataset:
         return check_name(args.dataset, "--dataset"), fingerprint
     if args.data:
-        return dataset_name(args.data), fingerprint
+        return dataset_name(args.data, query), fingerprint
     if getattr(args, "table_id", None):
         record = Keystore(args.keystore).load_table(args.table_id)
         if record is None:

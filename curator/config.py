@@ -20,6 +20,7 @@ from typing import Any
 
 from secure_release.curator.errors import DesignFileError
 from secure_release.curator.partitions import dataset_name, require_data
+from secure_release.curator.postgres import is_database_url, register_query, set_password_file
 from secure_release.curator.table import load_schema
 from secure_release.infra.config import ConfigError, require, split_address, testing_enabled
 from secure_release.infra.designfile import read_design as read_design_file
@@ -111,7 +112,7 @@ class CuratorConfig:
     test_seed: Seed | None = None
     test_pad_key: PadKey | None = None
     sampling: SamplingMode = SamplingMode.SEED  # --sampling: seed or indices (must agree)
-    query: str | None = None  # --query: SQL on a DuckDB --data file (curator.table.read_table)
+    query: str | None = None  # --query: SQL on a DuckDB --data file or a postgresql:// database (read_table)
     alignment: AlignmentMode = AlignmentMode.KEYED_HASH  # --alignment: hash or psi (must agree)
     test_psi_key: PsiKey | None = None
     psi_workers: int = 1  # --psi-workers: processes sharing this curator's PSI work
@@ -324,8 +325,9 @@ def config_from_args(args: argparse.Namespace, storing: bool = False) -> Curator
         require(args, "certs")
         require_dir(args.certs, "--certs")
     check_config_file(args.config)
-    if getattr(args, "data", None) and not getattr(args, "query", None):
-        require_data(args.data, "--data")
+    if getattr(args, "data", None) and (is_database_url(args.data) or not getattr(args, "query", None)):
+        require_data(args.data, "--data", getattr(args, "query", None))
+    _password_file_settings(args)
     if getattr(args, "schema", None):
         require_file(args.schema, "--schema")
     test_seed, test_pad_key, test_psi_key = _test_secrets(args)
@@ -500,7 +502,7 @@ def _engine_settings(
             raise ConfigError(f"--engine dask refuses {ENGINE_REFUSALS['psi']}")
         if server_sampled:
             raise ConfigError("--sampling server reads no table: the server samples; run it without --engine dask")
-        if getattr(args, "query", None):
+        if getattr(args, "query", None) and not is_database_url(getattr(args, "data", None)):
             raise ConfigError(
                 "--query reads a DuckDB database in this process; --engine dask reads files on its workers: export "
                 "the query's result to Parquet (DuckDB: COPY (SELECT ...) TO 'people.parquet') and pass that as --data"
@@ -546,7 +548,21 @@ def _dataset_name(args: argparse.Namespace, server_sampled: bool) -> str:
     its directory's; "" for a server-sampled release: the name its stored table was stored under)."""
     if args.dataset:
         return check_name(args.dataset, "--dataset")
-    return "" if server_sampled else dataset_name(args.data)
+    return "" if server_sampled else dataset_name(args.data, getattr(args, "query", None))
+
+
+def _password_file_settings(args: argparse.Namespace) -> None:
+    """``--data-password-file``: checked to be a file, and named to the PostgreSQL reader of this
+    process (:func:`curator.postgres.set_password_file`; the password itself is read at connect);
+    a database's ``--query`` registered for the readers handed only ``--data``."""
+    path = getattr(args, "data_password_file", None) or None
+    if path is not None:
+        if not is_database_url(getattr(args, "data", None)):
+            raise ConfigError("--data-password-file is the password of a --data postgresql:// database")
+        require_file(path, "--data-password-file")
+    set_password_file(path)
+    if is_database_url(getattr(args, "data", None)):
+        register_query(args.data, getattr(args, "query", None))
 
 
 def _max_epsilon(args: argparse.Namespace, epsilon: float | None = None) -> float:

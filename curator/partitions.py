@@ -46,6 +46,7 @@ from secure_release.curator.columnar import (
     read_columns,
     source_of,
 )
+from secure_release.curator.postgres import check_url, is_database_url, query_dataset_name, registered_query
 from secure_release.curator.records.ledgerfile import file_fingerprint
 from secure_release.infra.fileio import require_file
 from secure_release.mechanism.errors import SecureReleaseError
@@ -84,6 +85,11 @@ class Partition:
     first_row: int = 0
     num_rows: int | None = None
     hive: tuple[tuple[str, str], ...] = ()
+    #: A PostgreSQL query's slice (``path`` its URL): the query, (slice, slices) and the snapshot
+    #: every slice reads at (:func:`curator.postgres_read.query_partitions`).
+    query: str | None = None
+    slice: tuple[int, int] | None = None
+    snapshot: str | None = None
 
 
 def is_partitioned(data: str | Path) -> bool:
@@ -148,11 +154,16 @@ def input_files(data: str | Path) -> tuple[Path, list[Path]]:
     return base, found
 
 
-def require_data(data: str | Path, flag: str) -> Path:
+def require_data(data: str | Path, flag: str, query: str | None = None) -> Path:
     """``data`` if it names a readable file, or a directory or glob holding table files of one
     format; else a named error (:class:`~secure_release.infra.fileio.MissingInputFileError`,
     :class:`NoInputFilesError`, :class:`MixedInputFormatsError`) naming ``flag``: a typo never
-    reads as empty data."""
+    reads as empty data. A PostgreSQL URL: checked (no password in it) and ``query`` required."""
+    if is_database_url(data):
+        url = check_url(data)
+        if not query:
+            raise DataSourceError(f"{flag} {url.name}: a PostgreSQL database needs --query \"SELECT ... FROM ...\"")
+        return Path(data)
     if not is_partitioned(data):
         return require_file(data, flag)
     try:
@@ -162,10 +173,13 @@ def require_data(data: str | Path, flag: str) -> Path:
     return Path(data)
 
 
-def dataset_name(data: str | Path) -> str:
+def dataset_name(data: str | Path, query: str | None = None) -> str:
     """The default data set (budget) name of ``--data``: a file's or directory's name; a glob's
     is the name of its directory before the first wildcard (every selection from one directory
-    spends one budget unless ``--dataset`` names it apart)."""
+    spends one budget unless ``--dataset`` names it apart); a PostgreSQL database's is its name
+    and the digest of its server, database and ``query`` (:func:`curator.postgres.query_dataset_name`)."""
+    if is_database_url(data):
+        return query_dataset_name(data, query or registered_query(data))
     if is_partitioned(data) and not Path(data).is_dir():
         base = _glob_base(str(data))
         return base.name or base.resolve().name
@@ -212,6 +226,11 @@ def discover(data: str | Path, target_rows: int = 1 << 20) -> list[Partition]:
     """The partitions of ``data`` (a file, a directory or a glob; see :func:`input_files`), in a
     deterministic order: files in sorted path order, a Parquet file's row-group runs (about
     ``target_rows`` rows each) in file order; any other file is one partition."""
+    if is_database_url(data):
+        from secure_release.curator.postgres_read import query_partitions
+
+        return [Partition(url, num_rows=rows, query=query, slice=part, snapshot=snapshot)
+                for url, query, part, snapshot, rows in query_partitions(str(data), target_rows)]
     base, files = input_files(data)
     single = Path(data).is_file()
     partitions: list[Partition] = []
@@ -248,6 +267,10 @@ def _with_hive_columns(
 
 def _checked_partition(partition: Partition, spec: TableSpec, check_repeats: bool | None) -> CheckedRows:
     """One partition's rows checked against ``spec`` (see :func:`curator.columnar.check_rows`)."""
+    if partition.query is not None and partition.slice is not None:
+        from secure_release.curator.postgres_read import read_slice
+
+        return read_slice(partition.path, partition.query, partition.slice, partition.snapshot, spec)
     path = Path(partition.path)
     try:
         header, table, wrong_width = read_columns(path, spec, row_groups=partition.row_groups)
@@ -280,11 +303,17 @@ def read_partitioned(data: str | Path, spec: TableSpec, check_repeats: bool = Tr
     return combine_checked(str(data), parts, spec, check_repeats)
 
 
-def dataset_fingerprint(data: str | Path) -> str:
+def dataset_fingerprint(data: str | Path, query: str | None = None) -> str:
     """SHA-256 (hex) fingerprint of the data: a single file's is :func:`file_fingerprint` of it
     (unchanged: existing ledgers still match); a directory's or glob's is the SHA-256 of, for
     each table file in :func:`input_files` order, its path relative to the directory (or the
-    glob's fixed prefix) and its own SHA-256 (each file streamed, never read whole)."""
+    glob's fixed prefix) and its own SHA-256 (each file streamed, never read whole); a
+    PostgreSQL database's is that of ``query``'s rows as read
+    (:class:`curator.postgres_read.RowDigest`: order-independent)."""
+    if is_database_url(data):
+        from secure_release.curator.postgres_read import query_fingerprint
+
+        return query_fingerprint(str(data), query or registered_query(data))
     if Path(data).is_file():
         return file_fingerprint(data)
     base, files = input_files(data)

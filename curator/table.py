@@ -1,5 +1,5 @@
 """A curator's table, read against its schema JSON: :func:`read_table` takes one file (CSV,
-Parquet, Arrow IPC, or a DuckDB database with a query) or a directory or glob of Parquet or CSV
+Parquet, Arrow IPC, or a DuckDB database with a query), a PostgreSQL database with a query, or a directory or glob of Parquet or CSV
 files (hive ``key=value`` directories become string columns), and refuses every bad row with its
 file and line (:class:`BadRowsError`).
 
@@ -25,6 +25,7 @@ from secure_release.curator.columnar import (
     read_file,
 )
 from secure_release.curator.partitions import is_partitioned, read_partitioned
+from secure_release.curator.postgres import is_database_url
 
 __all__ = [
     "MAX_ID_BYTES",
@@ -49,7 +50,12 @@ def read_table(
     database (a file only). ``check_repeats=False``: repeated ids are looked for only if some row
     is bad anyway (so the report stays complete); a caller that hashes the ids finds repeats as
     equal tags in its own sort of them and then calls :func:`raise_repeats` (the curator: no
-    second hash and sort)."""
+    second hash and sort). A ``postgresql://`` URL: ``query``'s rows on that database
+    (:func:`curator.postgres_read.read_query`: streamed, one read-only snapshot)."""
+    if is_database_url(data_path):
+        from secure_release.curator.postgres_read import read_query
+
+        return read_query(str(data_path), spec, query, check_repeats)
     if is_partitioned(data_path):
         if query is not None:
             raise DataSourceError(f"{data_path}: a query reads one DuckDB database file, not a directory or glob")

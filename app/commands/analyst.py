@@ -202,9 +202,9 @@ def register(sub: Any) -> None:
     _connection(exp)
     exp.set_defaults(func=run_export)
 
-    from secure_release.commands import analyst_impute
+    from secure_release.commands.analyst_impute import register as register_impute
 
-    analyst_impute.register(asub, _connection)
+    register_impute(asub, _connection, load_or_fetch, check_output)
 
 
 def fetch(args: argparse.Namespace) -> Result:

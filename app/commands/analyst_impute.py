@@ -48,9 +48,11 @@ def _common(p: argparse.ArgumentParser) -> None:
                    "holding the formula's attributes; impute: needed when there are several)")  # fmt: skip
 
 
-def register(asub: Any, connection: Any) -> None:
-    """Adds ``impute`` and ``fit`` to the ``analyst`` subparsers; ``connection`` adds the
-    researcher-connection flags (optional here: ID may be a file)."""
+def register(asub: Any, connection: Any, load: Any, check_output: Any) -> None:
+    """Adds ``impute`` and ``fit`` to the ``analyst`` subparsers (``analyst.register`` passes its
+    own helpers, so this module imports no other command): ``connection`` adds the
+    researcher-connection flags (optional here: ID may be a file), ``load(args)`` gives the Result
+    ID names, ``check_output(path, flag, suffixes)`` checks an output path before any work."""
     from secure_release.imputed_fits import FAMILIES
 
     imp = asub.add_parser("impute", help="M multiply-imputed copies of the released records, for R, Stata or Python",
@@ -60,7 +62,7 @@ def register(asub: Any, connection: Any) -> None:
     imp.add_argument("--rows", action="store_true", help="one row a record (.imp, .id, attributes) instead of one row "
                      "a cell with its count")  # fmt: skip
     connection(imp, required=False)
-    imp.set_defaults(func=run_impute)
+    imp.set_defaults(func=run_impute, load=load, check_output=check_output)
 
     fit = asub.add_parser("fit", help="fit a statsmodels formula on every imputation, pooled by Rubin's rules",
                           epilog=FIT_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
@@ -73,20 +75,17 @@ def register(asub: Any, connection: Any) -> None:
                      "(named in the output) instead of refusing")  # fmt: skip
     fit.add_argument("--json", action="store_true", help="print the pooled table as JSON")
     connection(fit, required=False)
-    fit.set_defaults(func=run_fit)
+    fit.set_defaults(func=run_fit, load=load)
 
 
 def _imputations(args: argparse.Namespace) -> Any:
-    from secure_release.commands.analyst import load_or_fetch
-
-    return load_or_fetch(args).impute(args.num_imputations, seed=args.seed, model=args.model)
+    return args.load(args).impute(args.num_imputations, seed=args.seed, model=args.model)
 
 
 def run_impute(args: argparse.Namespace) -> int:
-    from secure_release.commands.analyst import check_output
     from secure_release.infra.fileio import atomic_write
 
-    kind = IMPUTE_FORMATS[check_output(args.out, "--out", tuple(IMPUTE_FORMATS)).suffix.lower()]
+    kind = IMPUTE_FORMATS[args.check_output(args.out, "--out", tuple(IMPUTE_FORMATS)).suffix.lower()]
     imputations = _imputations(args)
     frame = imputations.to_frame(table=args.table, rows=args.rows)
     if kind == "csv":

@@ -32,7 +32,8 @@ def register(sub: Any) -> None:
     )
     ssub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
     d = ssub.add_parser("draft", help="print a DRAFT schema (categories must then come from a public codebook)")
-    d.add_argument("data", type=Path, help="the curator's table: CSV with a header, or Parquet")
+    d.add_argument("data", type=_data_source, help="the curator's table: CSV with a header, or Parquet, or a "
+                   "PostgreSQL database postgresql://[USER@]HOST[:PORT]/DB with --query")
     d.add_argument("--curator", required=True, help="the curator's name (its certificate name)")
     d.add_argument("--id-column", default="id", help="the id column (default: id)")
     d.add_argument("--attributes", help="comma-separated attribute columns (default: every other column)")
@@ -80,11 +81,38 @@ def register(sub: Any) -> None:
                    "codebook (line, column, value) to FILE, readable by you only (0600)")
     d.set_defaults(func=run_draft)
     c = ssub.add_parser("check", help="check a table against a schema; print its rows and alphabet")
-    c.add_argument("data", type=Path, help="the curator's table: CSV or Parquet, or a directory or glob of them")
+    c.add_argument("data", type=_data_source, help="the curator's table: CSV or Parquet, or a directory or glob of "
+                   "them, or a PostgreSQL database postgresql://[USER@]HOST[:PORT]/DB with --query")
     c.add_argument("schema", type=Path, help="the schema JSON file")
+    for parser in (d, c):
+        parser.add_argument("--query", help="SQL run on the data as a DuckDB database file or a postgresql:// "
+                            "database: its result is the table")
+        parser.add_argument("--data-password-file", type=Path, metavar="FILE", help="with a postgresql:// database: "
+                            "the file whose first line is the role's password (default: libpq's ~/.pgpass, "
+                            "PGPASSFILE, PGPASSWORD or a service file)")
     c.add_argument("--bad-rows", type=Path, metavar="FILE", help="if rows are refused, write every bad cell (file, "
                    "line, column, value, problem) to FILE, readable by you only (0600)")
     c.set_defaults(func=run_check)
+
+
+def _data_source(text: str) -> Path | str:
+    """The data argument: a path, or a ``postgresql://`` URL kept as text (a path folds its ``//``)."""
+    from secure_release.curator.postgres import is_database_url
+
+    return text if is_database_url(text) else Path(text)
+
+
+def _database(args: argparse.Namespace) -> bool:
+    """True if the data is a PostgreSQL database (then its URL and ``--query`` are checked and
+    ``--data-password-file`` is named to the reader)."""
+    from secure_release.curator.partitions import require_data
+    from secure_release.curator.postgres import is_database_url, set_password_file
+
+    if not is_database_url(args.data):
+        return False
+    require_data(args.data, "data", args.query)
+    set_password_file(args.data_password_file)
+    return True
 
 
 def read_columns(path: Path) -> dict[str, list[str]] | Any:
@@ -170,14 +198,21 @@ def run_draft(args: argparse.Namespace) -> int:
             raise TableInputError(f"--codebook {args.codebook}: expected JSON {{COLUMN: [CATEGORY, ...]}}")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        schema = draft_schema(read_columns(require_file(args.data, "data")), args.curator, args.id_column, attrs,
+        if _database(args):
+            from secure_release.curator.postgres_read import query_table
+
+            columns = query_table(str(args.data), args.query)
+        else:
+            columns = read_columns(require_file(args.data, "data"))
+        schema = draft_schema(columns, args.curator, args.id_column, attrs,
                               warn=False, ranges=ranges, bins=default_bins, codebook=codebook,
                               missing_tokens=args.missing_token)  # fmt: skip
     for warning in caught:
         sys.stderr.write(f"warning: {warning.message}\n")
     if codebook:
         with bad_rows_to(args.bad_rows):
-            check_codebook(require_file(args.data, "data"), schema, list(codebook))
+            data = args.data if _database(args) else require_file(args.data, "data")
+            check_codebook(data, schema, list(codebook), args.query)
     text = json.dumps(schema, indent=1) + "\n"
     if args.out is not None:
         args.out.write_text(text, encoding="utf-8")
@@ -200,7 +235,8 @@ def run_check(args: argparse.Namespace) -> int:
 
     spec = load_schema(require_file(args.schema, "schema"))
     with bad_rows_to(args.bad_rows):
-        table = read_table(require_data(args.data, "data"), spec)
+        data = args.data if _database(args) else require_data(args.data, "data")
+        table = read_table(data, spec, query=args.query)
     s = spec.schema
     sizes = " x ".join(str(a.size) for a in s.attributes)
     print(f"{args.data}: {table.num_rows} rows match schema {s.name!r} (alphabet {sizes} = {s.alphabet_size})")
@@ -215,7 +251,7 @@ class CodebookMismatchError(BadRowsError):
     """A column the codebook lists holds values outside the codebook's categories."""
 
 
-def check_codebook(data: Path, schema: dict[str, Any], columns: list[str]) -> None:
+def check_codebook(data: Path | str, schema: dict[str, Any], columns: list[str], query: str | None = None) -> None:
     """Read ``data`` as the curator will (the one cell rule) against the drafted ``schema``'s
     codebook ``columns``; :class:`CodebookMismatchError` summarises per column every value
     outside the codebook (ids are not checked here: ``schema check`` does)."""
@@ -226,7 +262,7 @@ def check_codebook(data: Path, schema: dict[str, Any], columns: list[str]) -> No
     spec = TableSpec(CuratorSchema(schema["curator"], tuple(attribute_from_dict(a) for a in listed)),
                      schema["id_column"])  # fmt: skip
     try:
-        read_table(data, spec, check_repeats=False)
+        read_table(data, spec, query=query, check_repeats=False)
     except BadRowsError as exc:
         cells = [c for c in exc.cells if c.column in columns]
         if not cells:

@@ -24,6 +24,7 @@ from secure_release.curator.cluster.sharded import ShardedTable
 from secure_release.curator.config import CuratorConfig
 from secure_release.curator.leader import LeaderState
 from secure_release.curator.partitions import dataset_fingerprint
+from secure_release.curator.postgres import is_database_url
 from secure_release.curator.records.keystore import Keystore, ReleaseRecord
 from secure_release.curator.records.ledgersign import HeadSigner
 from secure_release.curator.records.witness import BudgetWitness
@@ -269,6 +270,9 @@ def read_and_fingerprint(source: TableSource, log: EventLog, spec: TableSpec) ->
     """The table read against ``spec`` (repeated ids are found later, in
     :func:`~secure_release.curator.release.aligning.hashed_tags`, when the ids are hashed) and
     the data's fingerprint (SHA-256, hashed beside the read)."""
+    if is_database_url(source.data):  # a database's fingerprint is of the rows as read, in the read's snapshot
+        table = load_table(source.data, source.query, log, spec, check_repeats=source.alignment_key is None)
+        return table, str(getattr(table, "fingerprint"))
     with ThreadPoolExecutor(1, thread_name_prefix="fingerprint") as pool:
         hashing = pool.submit(dataset_fingerprint, source.data)
         table = load_table(source.data, source.query, log, spec, check_repeats=source.alignment_key is None)

@@ -5,7 +5,7 @@ once reserved; a leader whose ledger refuses there (here: the sampling seed was 
 release, ``SeedReuseError``) used to tell only its followers, so the researcher's ``fetch`` waited
 its whole ``--timeout`` for a release the server never heard of, then said "not PERTURBED". Now
 the leader joins the agreed spec's candidate at the server only to abort it with the reason: the
-researcher reads ABORTED with the refusal and exits 3, like every curator (README, "Exit codes")."""
+researcher reads ABORTED with the refusal and exits 3, like every curator (docs/deployment.md, "Exit codes")."""
 
 from __future__ import annotations
 

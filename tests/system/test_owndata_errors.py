@@ -104,7 +104,7 @@ def test_a_follower_with_bad_rows_makes_the_leader_abort_for_everybody_at_once(w
     finally:
         cluster.close()
     # bob's own bad input exits 2 at bob (his operator fixes the file); alice hears a data-class
-    # refusal naming bob and exits 3, as every other party of a refused release (README, "Exit codes")
+    # refusal naming bob and exits 3, as every other party of a refused release (docs/deployment.md, "Exit codes")
     assert codes == {"alice": 3, "bob": 2}, cluster.tail("alice") + cluster.tail("bob")
     assert took < 20, took  # not the leader's --timeout of 60 s
     tail = cluster.tail("alice", 5)

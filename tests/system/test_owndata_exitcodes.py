@@ -1,4 +1,4 @@
-"""The README's exit-code table, row by row, through the real processes (issue 26, item 6):
+"""The exit-code table of docs/deployment.md, row by row, through the real processes (issue 26, item 6):
 0 released at every curator; 1 a runtime failure (a peer unreachable); 2 usage at every
 command; 130 interrupted; 3 a refusal (no budget, past the budget) at every party, leader and followers alike,
 and at a researcher fetching a release a follower refused (a leader refuses before the

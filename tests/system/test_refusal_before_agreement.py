@@ -107,7 +107,7 @@ def test_a_follower_whose_data_check_fails_is_heard_by_every_party_within_second
     print("seconds until exit:", {k: round(v, 1) for k, v in took.items()})
     # every OTHER party hears a refusal and exits 3: alice from bob's marked failure report, the
     # researcher's fetch from bob's refusal record. bob himself exits 2, not 3: his own input is
-    # bad and his operator must fix the file (README, "Exit codes"; tests/system/test_owndata_errors.py)
+    # bad and his operator must fix the file (docs/deployment.md, "Exit codes"; tests/system/test_owndata_errors.py)
     assert codes == {"alice": 3, "bob": 2, "fetch": 3}, (codes, err[-1500:], cluster.tail("alice"), cluster.tail("bob"))
     assert max(took.values()) < WITHIN_S, took
     last = err.strip().splitlines()[-1]

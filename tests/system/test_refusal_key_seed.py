@@ -1,5 +1,5 @@
 """A key refused and a seed reused before the agreement are heard by every party within seconds,
-through the real processes (issue 47, item 1; README, "Exit codes").
+through the real processes (issue 47, item 1; docs/deployment.md, "Exit codes").
 
 **Key.** The project CA revoked bob's certificate and the leader alice installed the new CRL;
 bob, his own copy not yet updated, starts the release. alice's access check refuses his tags
