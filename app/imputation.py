@@ -24,7 +24,7 @@ from secure_release.frames import Backend, require, to_frame
 from secure_release.imputed_fits import COUNT_COLUMN, FormulaError, PooledFit, check_family, pool_fits
 from secure_release.mechanism import printing
 from secure_release.mechanism.errors import NoTableHoldsError, SecureReleaseError
-from secure_release.mechanism.estimation.imputation import JEFFREYS_ALPHA, ImputationResult, impute
+from secure_release.mechanism.estimation.imputation import DEFAULT_ALPHA, ImputationResult, impute
 from secure_release.mechanism.estimation.report import ReleaseReport
 
 DEFAULT_IMPUTATIONS = 20
@@ -210,7 +210,7 @@ class Imputations:
 
 def impute_tables(
     parts: Sequence[tuple[int, ReleaseReport]], num_imputations: int = DEFAULT_IMPUTATIONS, *, seed: int = 0,
-    model: str | Sequence[Sequence[str]] | None = None, alpha: float = JEFFREYS_ALPHA,
+    model: str | Sequence[Sequence[str]] | None = None, alpha: float = DEFAULT_ALPHA,
 ) -> Imputations:  # fmt: skip
     """M imputations of each released table ``(number, report)``: the report's observed counts
     under its PRAM channel; a ``model`` naming attributes imputes each table that holds them all

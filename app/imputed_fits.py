@@ -165,8 +165,8 @@ def _fit_one(model: Any, family: str, imputation: int, formula: str) -> tuple[Im
             if family == "ordinal":
                 result = model.fit(method="bfgs", disp=False, maxiter=200)
                 converged = bool(result.mle_retvals.get("converged", True))
-            else:
-                result = model.fit()
+            else:  # IRLS to a deviance change of 1e-12, so the standard errors are the converged fit's
+                result = model.fit(tol=1e-12, maxiter=100)
                 converged = bool(getattr(result, "converged", True))
         except Exception as exc:  # statsmodels raises PerfectSeparationError, LinAlgError
             name = type(exc).__name__

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from secure_release.imputation import DEFAULT_IMPUTATIONS, Imputations, impute_tables
-from secure_release.mechanism.estimation.imputation import JEFFREYS_ALPHA
+from secure_release.mechanism.estimation.imputation import DEFAULT_ALPHA
 from secure_release.result_base import ResultBase
 
 
@@ -18,11 +18,11 @@ class ResultImpute(ResultBase):
 
     def impute(
         self, M: int = DEFAULT_IMPUTATIONS, *, seed: int = 0,
-        model: str | Sequence[Sequence[str]] | None = None, alpha: float = JEFFREYS_ALPHA,
+        model: str | Sequence[Sequence[str]] | None = None, alpha: float = DEFAULT_ALPHA,
     ) -> Imputations:  # fmt: skip
         """``M`` imputations of the released records' true cells, drawn by data augmentation from
-        their posterior given the perturbed counts (a Dirichlet(``alpha``) prior, Jeffreys 1/2 by
-        default), under the saturated joint or the log-linear ``model`` (R's notation, e.g.
+        their posterior given the perturbed counts (a Dirichlet(``alpha``) prior per cell, by default
+        1: the uniform prior on the simplex), under the saturated joint or the log-linear ``model`` (R's notation, e.g.
         ``"y*x1 + y*x2 + x1*x2"``: choose one that contains your analysis for intervals close to
         the direct fit's; the saturated joint is valid for every analysis but wider). ``seed``
         fixes the draws. The result prints its mixing diagnostics, ``.fit(formula, family)``

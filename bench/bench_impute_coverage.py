@@ -398,7 +398,8 @@ def main() -> None:
             if args.out:
                 write_csv(args.out, all_rows)
     if args.json:
-        print(json.dumps(all_rows, indent=1))
+        clean = [{k: None if isinstance(v, float) and math.isnan(v) else v for k, v in r.items()} for r in all_rows]
+        print(json.dumps(clean, indent=1))
 
 
 if __name__ == "__main__":

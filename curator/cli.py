@@ -185,7 +185,8 @@ def add_run_arguments(p: argparse.ArgumentParser, storing: bool) -> None:
     p.add_argument("--config", help="JSON file of settings (keys: flag names)")
     g = p.add_argument_group("data")
     g.add_argument("--data", help="CSV (or .parquet) file, or a directory or glob of Parquet or CSV files "
-                   "(hive key=value directories become columns): an id column and the schema's attributes"
+                   "(hive key=value directories become columns), or a PostgreSQL database "
+                   "postgresql://[USER@]HOST[:PORT]/DB with --query: an id column and the schema's attributes"
                    + ("" if storing else " (not with --sampling server)"))  # fmt: skip
     g.add_argument("--schema", help='schema JSON: {"curator", "id_column", "attributes": [...]}')
     g.add_argument("--query", help="SQL run on --data as a DuckDB database (.duckdb) or a PostgreSQL database "

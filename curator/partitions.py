@@ -46,7 +46,13 @@ from secure_release.curator.columnar import (
     read_columns,
     source_of,
 )
-from secure_release.curator.postgres import check_url, is_database_url, query_dataset_name, registered_query
+from secure_release.curator.postgres import (
+    check_url,
+    is_database_url,
+    password_file,
+    query_dataset_name,
+    registered_query,
+)
 from secure_release.curator.records.ledgerfile import file_fingerprint
 from secure_release.infra.fileio import require_file
 from secure_release.mechanism.errors import SecureReleaseError
@@ -90,6 +96,7 @@ class Partition:
     query: str | None = None
     slice: tuple[int, int] | None = None
     snapshot: str | None = None
+    password_file: str | None = None  # --data-password-file (its path: the worker reads it to connect)
 
 
 def is_partitioned(data: str | Path) -> bool:
@@ -229,7 +236,9 @@ def discover(data: str | Path, target_rows: int = 1 << 20) -> list[Partition]:
     if is_database_url(data):
         from secure_release.curator.postgres_read import query_partitions
 
-        return [Partition(url, num_rows=rows, query=query, slice=part, snapshot=snapshot)
+        secret = password_file()
+        return [Partition(url, num_rows=rows, query=query, slice=part, snapshot=snapshot,
+                          password_file=None if secret is None else str(secret.resolve()))
                 for url, query, part, snapshot, rows in query_partitions(str(data), target_rows)]
     base, files = input_files(data)
     single = Path(data).is_file()
@@ -270,7 +279,8 @@ def _checked_partition(partition: Partition, spec: TableSpec, check_repeats: boo
     if partition.query is not None and partition.slice is not None:
         from secure_release.curator.postgres_read import read_slice
 
-        return read_slice(partition.path, partition.query, partition.slice, partition.snapshot, spec)
+        return read_slice(partition.path, partition.query, partition.slice, partition.snapshot, spec,
+                          partition.password_file)
     path = Path(partition.path)
     try:
         header, table, wrong_width = read_columns(path, spec, row_groups=partition.row_groups)

@@ -124,7 +124,8 @@ def query_dataset_name(data: str | Path, query: str | None) -> str:
     office names its data set with ``--dataset`` so that one population keeps one budget."""
     url = check_url(data)
     text = f"{url.host}:{url.port}/{url.database}\0{query or ''}".encode("utf-8", "surrogateescape")
-    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in url.database)[:100] or "db"
+    safe = "".join(c if c.isascii() and (c.isalnum() or c in "._-") else "_" for c in url.database)[:100]
+    safe = safe if safe[:1].isalnum() else f"db{safe}"
     return f"{safe}-{hashlib.sha256(text).hexdigest()[:12]}"
 
 
@@ -186,7 +187,7 @@ def release_snapshots() -> None:
             try:
                 cursor.close()
                 connection.close()
-            except Exception:  # noqa: BLE001 - the server ends the transaction with the connection
+            except Exception:
                 pass
         _HELD.clear()
 
@@ -212,7 +213,7 @@ def _read_password(path: Path) -> str:
 def _driver() -> Any:
     """ADBC's PostgreSQL DB-API module; a named error if the optional extra is missing."""
     try:
-        import adbc_driver_postgresql.dbapi as dbapi  # the optional extra: pip install 'secure-release[postgresql]'
+        import adbc_driver_postgresql.dbapi as dbapi  # type: ignore[import-untyped]  # the postgresql extra
     except ImportError as exc:
         raise DataSourceError(
             "reading PostgreSQL needs ADBC's driver: pip install 'secure-release[postgresql]' "

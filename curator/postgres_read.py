@@ -8,20 +8,24 @@ A bad row is named by its row in the result: ``line`` = the row's index + 2 (the
 result's column names, being line 1), as for a Parquet file or a DuckDB query.
 
 The data set's fingerprint for the ledger (:class:`RowDigest`) is computed from the rows as
-read: every column of the result, in every row, hashed to 128 bits (text by AES-CMAC under a
-fixed public key, numbers by their 64-bit pattern, each through a SplitMix64 finaliser with
-the column's place), summed over the rows modulo 2^64 in two lanes: the sum does not depend on
-the order the rows come in (a query without ``ORDER BY``, or a cluster's slices), and changes
-if any cell of any row changes, a row is added or one removed. The columns' names and types and
-the row count are hashed with the lanes (SHA-256) into the fingerprint.
+read: every cell hashed to two 64-bit words (text by AES-CMAC under a fixed public key, a
+number's 64-bit pattern through the SplitMix64 finaliser), a row's words multiplied by an odd
+factor of their column and added up, each row's two sums through SplitMix64 (so a value moved to
+another row is a change), then summed over the rows modulo 2^64: the sum does not depend on the
+order the rows come in (a query without ``ORDER BY``, or a cluster's slices), and changes if any
+cell of any row changes, a row is added or one removed. The columns' names and types and the row
+count are hashed with the two lanes (SHA-256) into the fingerprint. It detects changes, as a
+file's SHA-256 does for a file; it is not a commitment against someone crafting a collision.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import queue
 import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +61,7 @@ from secure_release.mechanism.primitives.keys import AlignmentKey
 
 #: Rows per run of the checks (the raw columns of one run, and of the next one streaming in,
 #: are all that is held of the result beyond its ids and codes).
-RUN_ROWS = 1 << 20
+RUN_ROWS = 1 << 17
 # Fingerprint only (not secret): a fixed public key, so the same rows give the same fingerprint.
 _FINGERPRINT_KEY = AlignmentKey(b"secure-release: row fingerprint".ljust(32, b"."))
 _DOMAIN = b"secure-release postgresql rows fingerprint v1\0"
@@ -77,11 +81,17 @@ def splitmix64(values: _U64) -> _U64:
     return result
 
 
-def _text_words(column: pa.Array) -> tuple[_U64, _U64]:
+def _text_words(column: pa.Array, distinct: bool = False) -> tuple[_U64, _U64]:
     """(high, low) 64-bit words of each text cell's AES-CMAC tag (a dictionary column: of each
-    dictionary entry, gathered)."""
+    dictionary entry, gathered; ``distinct`` False: a plain column whose first 1,024 cells hold
+    at most 512 values is dictionary-encoded first, as an attribute's few values hash faster once
+    each; the words are the same either way)."""
+    if not distinct and not pa.types.is_dictionary(column.type):
+        sample = column.slice(0, 1024)
+        if pc.count_distinct(sample).as_py() * 2 <= len(sample):  # few values (an attribute): each once
+            column = pc.dictionary_encode(column)
     if pa.types.is_dictionary(column.type):
-        hi, lo = _text_words(column.dictionary)
+        hi, lo = _text_words(column.dictionary, distinct=True)
         indices = pc.fill_null(column.indices, 0).to_numpy(zero_copy_only=False)
         return hi[indices], lo[indices]
     filled = pc.fill_null(column, "") if column.null_count else column
@@ -108,16 +118,17 @@ def _is_text(kind: pa.DataType) -> bool:
                                        pa.types.is_large_binary))
 
 
-def _cell_words(name: str, column: pa.Array) -> tuple[_U64, _U64]:
-    """(high, low) words of every cell of one column; a missing cell gives :data:`_NULL` twice.
+def _cell_words(name: str, column: pa.Array, distinct: bool = False) -> tuple[_U64, _U64]:
+    """(high, low) words of every cell of one column (``distinct``: a text column of mostly
+    distinct values, the ids: hashed cell by cell); a missing cell gives :data:`_NULL` twice.
     :class:`DataSourceError` for a type the curator cannot read (a list, a struct, ...)."""
     kind = column.type
     if _is_text(kind) or (pa.types.is_dictionary(kind) and _is_text(kind.value_type)):
-        hi, lo = _text_words(column)
+        hi, lo = _text_words(column, distinct)
     elif (pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind)
           or pa.types.is_temporal(kind)):
-        words = _number_words(column)
-        hi, lo = splitmix64(words ^ np.uint64(0x5851F42D4C957F2D)), splitmix64(words)
+        hi = splitmix64(_number_words(column))
+        lo = hi * np.uint64(0x5851F42D4C957F2D)
     else:
         try:
             hi, lo = _text_words(pc.cast(column, pa.string()))  # decimals, uuids as text
@@ -132,12 +143,18 @@ def _cell_words(name: str, column: pa.Array) -> tuple[_U64, _U64]:
     return hi, lo
 
 
+def _column_factor(place: int, lane: int) -> np.uint64:
+    """An odd 64-bit factor for column ``place`` and lane ``lane`` (a bijection of the words)."""
+    word = splitmix64(np.array([2 * place + lane], dtype=np.uint64))[0]
+    return np.uint64(int(word) | 1)
+
+
 class RowDigest:
     """The order-independent fingerprint of a query's rows (see the module docstring): add runs
     of rows in any order, or merge the digests of disjoint slices, then :meth:`hexdigest`."""
 
-    def __init__(self, columns: tuple[tuple[str, str], ...]) -> None:
-        self.columns = columns
+    def __init__(self, columns: tuple[tuple[str, str], ...], distinct: frozenset[str] = frozenset()) -> None:
+        self.columns, self.distinct = columns, distinct  # distinct: the id column, hashed cell by cell
         self.rows = 0
         self.lanes = np.zeros(2, dtype=np.uint64)
 
@@ -148,12 +165,13 @@ class RowDigest:
         row_hi = np.zeros(table.num_rows, dtype=np.uint64)
         row_lo = np.zeros(table.num_rows, dtype=np.uint64)
         for place, name in enumerate(table.column_names):
-            hi, lo = _cell_words(name, table.column(name).combine_chunks())
-            salt = np.uint64((place + 1) * int(_GOLDEN) % (1 << 64))
-            row_hi += splitmix64(hi ^ salt)
-            row_lo += splitmix64(lo + salt)
-        self.lanes += np.array([splitmix64(row_hi).sum(dtype=np.uint64), splitmix64(row_lo ^ _NULL).sum(dtype=np.uint64)],
-                               dtype=np.uint64)
+            hi, lo = _cell_words(name, table.column(name).combine_chunks(), name in self.distinct)
+            hi *= _column_factor(place, 0)  # the words are pseudo-random: an odd factor a column keeps
+            lo *= _column_factor(place, 1)  # every change a change, and tells the columns apart
+            row_hi += hi
+            row_lo += lo
+        sums = (splitmix64(row_hi).sum(dtype=np.uint64), splitmix64(row_lo ^ _NULL).sum(dtype=np.uint64))
+        self.lanes += np.array(sums, dtype=np.uint64)
         self.rows += table.num_rows
 
     def merge(self, other: RowDigest) -> None:
@@ -172,8 +190,24 @@ class RowDigest:
         return digest.hexdigest()
 
 
+def _readable(kind: pa.DataType) -> bool:
+    """Whether the cell rule reads cells of this type (text, numbers, booleans, dates, decimals)."""
+    if pa.types.is_dictionary(kind):
+        return _readable(kind.value_type)
+    return _is_text(kind) or any(test(kind) for test in (
+        pa.types.is_integer, pa.types.is_floating, pa.types.is_boolean, pa.types.is_temporal, pa.types.is_decimal))
+
+
 def columns_of(schema: pa.Schema) -> tuple[tuple[str, str], ...]:
-    """The result's (name, type) pairs, as the fingerprint names them (metadata dropped)."""
+    """The result's (name, type) pairs, as the fingerprint names them (metadata dropped);
+    :class:`DataSourceError` naming a column of a type the curator does not read (a list, a
+    struct, a composite), before any row is read."""
+    for field in schema:
+        if not _readable(field.type):
+            raise DataSourceError(
+                f"column {field.name!r} of the query is of type {field.type}, which the curator does not read: "
+                "select it as text (CAST(... AS text)) or as a number"
+            )
     return tuple((f.name, str(f.type)) for f in schema)
 
 
@@ -216,10 +250,8 @@ def _runs(reader: Any, url: DatabaseUrl, rows: int = RUN_ROWS) -> Iterator[pa.Ta
     finally:
         stop.set()
         while thread.is_alive():  # drain so the pump can end
-            try:
+            with contextlib.suppress(queue.Empty):
                 ahead.get(timeout=0.1)
-            except queue.Empty:
-                pass
         thread.join()
 
 
@@ -250,14 +282,16 @@ def checked_query_rows(
     index of this slice's first row (lines in reports)."""
     reader = record_batches(cursor, url, query)
     header = list(reader.schema.names)
-    digest = RowDigest(columns_of(reader.schema))
+    digest = RowDigest(columns_of(reader.schema), frozenset({spec.id_column}))
     source = RowSource(Path(url.name), False, first_row)
     parts: list[CheckedRows] = []
-    for run in _runs(reader, url):
-        digest.add(run)
-        parts.append(check_rows(header, run, spec, RowSource(source.path, False, first_row), None))
-        first_row += run.num_rows
-        del run
+    with ThreadPoolExecutor(1, thread_name_prefix="postgres-digest") as hashing:  # beside the checks
+        for run in _runs(reader, url):
+            adding = hashing.submit(digest.add, run)
+            parts.append(check_rows(header, run, spec, RowSource(source.path, False, first_row), None))
+            first_row += run.num_rows
+            adding.result()
+            del run
     if not parts:
         empty = pa.table({name: pa.array([], field.type) for name, field in zip(header, reader.schema, strict=True)})
         parts.append(check_rows(header, empty, spec, source, None))
@@ -337,11 +371,15 @@ def query_partitions(data: str, target_rows: int) -> list[tuple[str, str, tuple[
     return [(url.url, query, (index, count), held, rows // count + (index < rows % count)) for index in range(count)]
 
 
-def read_slice(data: str, query: str, part: tuple[int, int], snapshot_id: str | None, spec: TableSpec) -> CheckedRows:
+def read_slice(
+    data: str, query: str, part: tuple[int, int], snapshot_id: str | None, spec: TableSpec,
+    password_path: str | None = None,
+) -> CheckedRows:
     """One cluster slice's rows checked against ``spec`` (run on a worker, in its own
-    transaction at ``snapshot_id``); a bad row's line is its row in the slice + 2."""
+    transaction at ``snapshot_id``; the password from ``password_path`` if given, else
+    libpq's places); a bad row's line is its row in the slice + 2."""
     url = check_url(data)
-    with snapshot(url, snapshot_id) as cursor:
+    with snapshot(url, snapshot_id, None if password_path is None else Path(password_path)) as cursor:
         checked, _ = checked_query_rows(cursor, url, slice_query(query, spec.id_column, *part), spec)
     return checked
 
@@ -357,6 +395,6 @@ def query_table(data: str, query: str | None) -> pa.Table:
         reader = record_batches(cursor, url, query)
         try:
             table: pa.Table = reader.read_all()
-        except Exception as exc:  # noqa: BLE001 - the driver's error, named
+        except Exception as exc:
             raise query_error(url, exc) from None
     return table

@@ -1,7 +1,7 @@
 """A curator's table, read against its schema JSON: :func:`read_table` takes one file (CSV,
-Parquet, Arrow IPC, or a DuckDB database with a query), a PostgreSQL database with a query, or a directory or glob of Parquet or CSV
-files (hive ``key=value`` directories become string columns), and refuses every bad row with its
-file and line (:class:`BadRowsError`).
+Parquet, Arrow IPC, or a DuckDB database with a query), a PostgreSQL database with a query, or
+a directory or glob of Parquet or CSV files (hive ``key=value`` directories become string
+columns), and refuses every bad row with its file and line (:class:`BadRowsError`).
 
 The engine is :mod:`curator.columnar` (the reader, the checks and the encoding, vectorized in
 Arrow and numpy); :mod:`curator.partitions` lists and reads a directory's files. This module is

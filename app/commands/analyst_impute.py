@@ -22,9 +22,12 @@ IMPUTE_EPILOG = (
     f"  secure-release analyst impute r1 --m 20 --out r1-imputed.csv {_CONN}\n"
     "  secure-release analyst impute result.json --m 20 --model 'y*x1 + y*x2 + x1*x2' --out imp.parquet\n"
     "  secure-release analyst impute result.json --m 5 --rows --out records.csv\n"
-    "\nIn R:  imp <- read.csv('r1-imputed.csv'); fits <- lapply(split(imp, imp$.imp), function(d)\n"
-    "         glm(y ~ x1 + x2, binomial, data = d, weights = count)); summary(mice::pool(mice::as.mira(fits),\n"
-    "         dfcom = m - 3))   (docs/analysis.md, 'Multiply-imputed records')"
+    "\nIn R (docs/analysis.md, 'In R and in Stata'; levels in the schema's order):\n"
+    "  imp <- read.csv('imp.csv', colClasses = c(x1 = 'character', x2 = 'character', y = 'character'))\n"
+    "  for (v in c('x1', 'x2', 'y')) imp[[v]] <- factor(imp[[v]], levels = c('0', '1'))\n"
+    "  fits <- lapply(split(imp, imp$.imp), function(d) glm(y ~ x1 + x2, family = binomial, data = d,\n"
+    "    weights = count, control = glm.control(epsilon = 1e-12, maxit = 100)))\n"
+    "  m <- sum(imp$count[imp$.imp == 1]); summary(mice::pool(mice::as.mira(fits), dfcom = m - 3), conf.int = TRUE)"
 )
 FIT_EPILOG = (
     "Examples:\n"

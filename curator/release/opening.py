@@ -272,7 +272,7 @@ def read_and_fingerprint(source: TableSource, log: EventLog, spec: TableSpec) ->
     the data's fingerprint (SHA-256, hashed beside the read)."""
     if is_database_url(source.data):  # a database's fingerprint is of the rows as read, in the read's snapshot
         table = load_table(source.data, source.query, log, spec, check_repeats=source.alignment_key is None)
-        return table, str(getattr(table, "fingerprint"))
+        return table, str(getattr(table, "fingerprint", ""))  # set by the reader
     with ThreadPoolExecutor(1, thread_name_prefix="fingerprint") as pool:
         hashing = pool.submit(dataset_fingerprint, source.data)
         table = load_table(source.data, source.query, log, spec, check_repeats=source.alignment_key is None)

@@ -21,8 +21,11 @@ from scipy import special, stats
 
 FloatArray = npt.NDArray[np.float64]
 
-#: :func:`choose_spacing`: consecutive imputations' autocorrelation target (rho^s <= this).
-SPACING_TARGET = 0.05
+#: :func:`choose_spacing`: rho^s <= this, 0.05 squared: twice the spacing an AR(1) chain needs for
+#: consecutive imputations correlated at 0.05, because a short pilot underestimates a slow chain's
+#: rate (measured: at the plan's settings a 0.05 target left consecutive imputations correlated up
+#: to 0.36; see tests/unit/test_mech_imputation.py).
+SPACING_TARGET = 0.0025
 #: :func:`choose_spacing`: the largest spacing chosen (a chain slower than this is reported, not hidden).
 MAX_SPACING = 500
 

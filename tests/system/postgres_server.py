@@ -99,7 +99,8 @@ def postgres_server() -> Iterator[PostgresServer]:
     if os.geteuid() == 0:
         user = pwd.getpwnam("postgres")
         os.chown(root, user.pw_uid, user.pw_gid)
-        run_as = ["runuser", "-u", "postgres", "--"]
+        runuser = shutil.which("runuser") or next(p for p in ("/usr/sbin/runuser", "/sbin/runuser") if Path(p).exists())
+        run_as = [runuser, "-u", "postgres", "--"]  # CI's PATH has no sbin
     password = "su-" + secrets.token_hex(12)
     pwfile = root / "pw"
     pwfile.write_text(password + "\n")

@@ -10,12 +10,15 @@ bob) is saved to a result file; the real CLI, run as a child process, writes the
 error, so a failure is a real disagreement.
 
 Tolerance: every pooled column (estimate, std.error, statistic, df, p.value, both interval ends,
-riv, lambda, fmi, ubar, b, t) agrees to a relative 1e-6, with an absolute floor of 1e-12 (only a
-p-value near 0 needs it). R's ``glm`` runs with ``glm.control(epsilon = 1e-12)``: its default
-stops IRLS at a relative deviance change of 1e-8, with the variances taken at the last iterate
-but one, which leaves its standard errors about 1e-4 (relative) from the converged fit's (checked
-here too, at 1e-3). Needs Rscript and mice (``apt-get install r-base-core r-cran-mice``; .ci/run
-installs them): without them the test fails, it never skips.
+lambda, fmi, b, t, ubar, riv) agrees to a relative 1e-6, with an absolute floor of 1e-12 (only a
+p-value near 0 needs it). R's
+``glm`` runs with ``glm.control(epsilon = 1e-12)``: its default stops IRLS at a relative deviance
+change of 1e-8 and takes the variances at the last iterate but one, which leaves each fit's
+standard errors up to about 1e-4 (relative) from the converged fit's and the pooled table within
+1e-4 of the project's (checked here too). The project's fits stop at the same 1e-12
+(``imputed_fits``: statsmodels' GLM with tol = 1e-12). Needs Rscript and mice
+(``apt-get install r-base-core r-cran-mice``; .ci/run installs them): without them the test
+fails, it never skips.
 """
 
 from __future__ import annotations
@@ -45,8 +48,11 @@ LEVELS = ["0", "1"]
 SCHEMAS = {"alice": {"x1": LEVELS, "x2": LEVELS}, "bob": {"y": LEVELS}}
 REL_TOL = 1e-6
 ABS_FLOOR = 1e-12
+#: ubar and riv: the mean of the per-imputation variances (no term of Rubin's rules dilutes them).
+VARIANCE_REL_TOL = 1e-6
+VARIANCE_COLUMNS = ("ubar", "riv")
 #: R's default IRLS stopping leaves its standard errors ~1e-4 (relative) off the converged fit's.
-DEFAULT_CONTROL_REL_TOL = 1e-3
+DEFAULT_CONTROL_REL_TOL = 1e-4
 INSTALL_HINT = "run `apt-get install r-base-core r-cran-mice` (CI's .ci/run installs them)"
 
 #: The logistic model on the cells' export: counts as frequency weights, dfcom = m - 3.
@@ -142,15 +148,17 @@ def _r_term(name: str) -> str:
 
 def _differences(ours: dict[str, Any], theirs: dict[str, dict[str, float]]) -> dict[str, float]:
     """The largest absolute difference per column, after checking every column of every term
-    agrees to :data:`REL_TOL` (relative; absolute floor :data:`ABS_FLOOR`)."""
+    agrees to :data:`REL_TOL` (relative; absolute floor :data:`ABS_FLOOR`), ubar and riv to
+    :data:`VARIANCE_REL_TOL`."""
     terms = ours["terms"]
     names = [_r_term(t) for t in terms["term"]]
     assert names == list(theirs), f"terms differ: ours {names}, R's {list(theirs)}"
     worst: dict[str, float] = {}
     for column, r_column in COLUMNS.items():
+        rel_tol = VARIANCE_REL_TOL if column in VARIANCE_COLUMNS else REL_TOL
         for j, name in enumerate(names):
             a, b = float(terms[column][j]), theirs[name][r_column]
-            assert math.isclose(a, b, rel_tol=REL_TOL, abs_tol=ABS_FLOOR), f"{name} {column}: ours {a!r}, R's {b!r}"
+            assert math.isclose(a, b, rel_tol=rel_tol, abs_tol=ABS_FLOOR), f"{name} {column}: ours {a!r}, R's {b!r}"
             worst[column] = max(worst.get(column, 0.0), abs(a - b))
     return worst
 
@@ -174,7 +182,7 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return {"cwd": cwd, "m": result.plan.m, "binomial": binomial, "poisson": poisson}
 
 
-def test_the_exports_hold_m_records_in_each_of_M_imputations(work: dict[str, Any]) -> None:
+def test_the_exports_hold_m_records_in_each_imputation(work: dict[str, Any]) -> None:
     cwd, m = work["cwd"], work["m"]
     with (cwd / "imp.csv").open(newline="") as f:
         cells = list(csv.DictReader(f))
@@ -206,7 +214,7 @@ def test_mice_pools_the_poisson_fit_of_the_counts_as_the_project(work: dict[str,
 
 def test_r_with_glm_default_control_agrees_to_its_irls_tolerance(work: dict[str, Any]) -> None:
     """Without glm.control R's fits stop early (see the module docstring): the pooled table still
-    agrees to a relative 1e-3, and no better than 1e-9, so the control in the lines matters."""
+    agrees to a relative 1e-4, and no better than 1e-9, so the control in the lines matters."""
     script = R_CELLS.replace(",\n      control = glm.control(epsilon = 1e-12, maxit = 100)", "")
     assert "control" not in script
     theirs = _rscript(work["cwd"], script)

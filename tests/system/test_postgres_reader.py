@@ -6,6 +6,7 @@ password in the URL."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -32,7 +33,8 @@ from secure_release.curator.postgres import (
     set_password_file,
 )
 from secure_release.curator.postgres_read import query_fingerprint, query_partitions, read_slice
-from secure_release.curator.table import read_table
+from secure_release.curator.table import load_schema, read_table
+from secure_release.frames import database_query
 from secure_release.mechanism.schema import CuratorSchema, attribute_from_dict
 
 ROWS = 30_000
@@ -115,7 +117,7 @@ def test_a_missing_column_and_a_wrong_type_are_named(server: tuple[PostgresServe
         read_table(pg.url("reader"), SPEC, query="SELECT id, education FROM people")
     with pytest.raises(DataSourceError, match="column 'education' of the query is of type list"):
         read_table(pg.url("reader"), SPEC, query="SELECT * FROM arrays")
-    with pytest.raises(DataSourceError, match="the query failed .*nosuch"):
+    with pytest.raises(DataSourceError, match=r"the query failed .*nosuch"):
         read_table(pg.url("reader"), SPEC, query="SELECT nosuch FROM people")
 
 
@@ -126,7 +128,7 @@ def test_connection_errors_are_named(server: tuple[PostgresServer, Path], tmp_pa
     (tmp_path / "wrong").write_text("not-the-password\n")
     set_password_file(tmp_path / "wrong")
     try:
-        with pytest.raises(DatabaseLoginError, match="refused the login .*password authentication failed"):
+        with pytest.raises(DatabaseLoginError, match=r"refused the login .*password authentication failed"):
             read_table(pg.url("reader"), SPEC, query="SELECT * FROM people")
     finally:
         set_password_file(root / "pw")
@@ -178,3 +180,27 @@ def test_the_cli_exits_2_or_1_by_name_and_leaves_nothing(server: tuple[PostgresS
     done = _curator(*base, "--data", pg.url("reader"), "--data-password-file", str(root / "pw"))
     assert done.returncode == 0, done.stderr
     assert (root / "pw").read_text().strip() not in done.stderr + done.stdout
+
+
+def test_schema_draft_and_check_and_the_notebook_read_a_query(server: tuple[PostgresServer, Path],
+                                                             tmp_path: Path) -> None:
+    pg, root = server
+    query = "SELECT id, education FROM people"
+    flags = ["--query", query, "--data-password-file", str(root / "pw")]
+    draft = subprocess.run([sys.executable, "-m", "secure_release", "schema", "draft", pg.url("reader"), *flags,
+                            "--curator", "alice", "--out", str(tmp_path / "alice.json")],
+                           env=child_env(), capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert draft.returncode == 0, draft.stderr
+    drafted = json.loads((tmp_path / "alice.json").read_text())
+    assert drafted["attributes"] == [{"name": "education",
+                                      "categories": ["no college", "post-graduate", "some college"]}]
+    check = subprocess.run([sys.executable, "-m", "secure_release", "schema", "check", pg.url("reader"),
+                            str(tmp_path / "alice.json"), *flags],
+                           env=child_env(), capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert check.returncode == 0 and f"{ROWS} rows match schema 'alice'" in check.stdout, check.stderr
+    from secure_release import api
+
+    source = database_query(pg.url("reader"), query, root / "pw")
+    table = api.curator_tables({"alice": source}, {"alice": str(tmp_path / "alice.json")})[0]
+    direct = read_table(pg.url("reader"), load_schema(tmp_path / "alice.json"), query=query)
+    assert np.array_equal(np.sort(table.ids), np.sort(direct.ids)) and table.num_rows == ROWS

@@ -20,8 +20,8 @@ failure rate is at most 1e-6), with R = 100 releases:
   at most 76 of 100: a procedure covering 93% or more does so with probability at most
   P(Binomial(100, 0.93) <= 76) = 7.9e-8, so passing shows the check tells a bad procedure apart.
 
-Measured (bench_impute_coverage.py, 1,000 releases a point) the imputed intervals cover x1 near
-0.95 here and the table as data near 0.
+bench/bench_impute_coverage.py measures this point over many releases: the imputed intervals cover
+x1 at about 0.95 or above, the table as data almost never (its x1 is attenuated by the noise).
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from secure_release.mechanism.errors import (
 from secure_release.mechanism.estimation import loglinear_draws, mixing
 from secure_release.mechanism.estimation.imputation import (
     BURN_IN_SPACINGS,
-    JEFFREYS_ALPHA,
+    DEFAULT_ALPHA,
     PILOT_SWEEPS,
     ChannelSizeError,
     ImputationResult,
@@ -63,7 +63,7 @@ def test_imputations_are_complete_counts_of_the_m_records() -> None:
     assert np.all(result.imputations.sum(axis=1) == observed.sum()) and np.all(result.imputations >= 0)
     assert result.theta.shape == (7, 24) and np.allclose(result.theta.sum(axis=1), 1.0)
     assert result.chain.tolist() == [0, 1, 2, 0, 1, 2, 0]
-    assert result.alpha == JEFFREYS_ALPHA and "Jeffreys" in result.prior and result.model is None
+    assert result.alpha == DEFAULT_ALPHA and "uniform" in result.prior and result.model is None
     assert (
         result.burn_in == max(BURN_IN_SPACINGS * result.spacing - PILOT_SWEEPS, 0)
         and result.pilot_sweeps == PILOT_SWEEPS
@@ -161,7 +161,9 @@ def test_loglinear_chains_mix() -> None:
     observed, channel = release((2, 2, 2), 1.0, 22)
     result = impute(observed, channel, 100, np.random.default_rng(23), model=[(0, 1), (0, 2), (1, 2)], sizes=(2, 2, 2))
     assert result.diagnostics.max_rhat < 1.05
-    assert result.diagnostics.max_imputation_autocorrelation < 0.2
+    # 100 imputations give about 100 consecutive pairs: one summary's estimate has a standard error
+    # near 0.1, and this is the largest |.| of 9 summaries, so 0.3 is the generous margin
+    assert result.diagnostics.max_imputation_autocorrelation < 0.3
 
 
 def test_rhat_flags_chains_that_disagree() -> None:
@@ -186,8 +188,8 @@ def test_autocorrelation_and_spacing() -> None:
     rho = mixing.lag_autocorrelation(series[:, :, None], 1)[0]
     assert abs(rho - 0.8) < 0.03
     assert abs(mixing.lag_autocorrelation(series[:, :, None], 5)[0] - 0.8**5) < 0.05
-    assert mixing.choose_spacing(0.5) == 5  # 0.5^5 = 0.031 <= 0.05 < 0.5^4
-    assert mixing.choose_spacing(0.01) == 1 and mixing.choose_spacing(math.nan) == 1
+    assert mixing.choose_spacing(0.5) == 9  # 0.5^9 = 0.00195 <= 0.0025 < 0.5^8 = 0.0039
+    assert mixing.choose_spacing(0.04) == 2 and mixing.choose_spacing(0.002) == 1 and mixing.choose_spacing(math.nan) == 1
     assert mixing.choose_spacing(1.0) == mixing.MAX_SPACING and mixing.choose_spacing(0.9999) == mixing.MAX_SPACING
 
 
