@@ -38,6 +38,7 @@ from secure_release import analysis as analysis  # the analyses' result types
 from secure_release.curator.columnar import BadRowsError as BadRowsError  # the refusal of a bad table
 from secure_release.frames import Backend as Backend
 from secure_release.frames import TableInputError as TableInputError
+from secure_release.frames import database_query as database_query
 from secure_release.frames import text_columns, to_arrow, to_frame
 from secure_release.imputation import Imputations as Imputations
 from secure_release.imputed_fits import DegenerateImputationError as DegenerateImputationError

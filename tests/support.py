@@ -52,6 +52,7 @@ INPUT_TESTS = (
     "test_cell_rule*.py",
     "test_bad_rows_summary.py",
     "test_draft_bins.py",
+    "test_postgres_source.py",
 )
 
 SIZES = (3, 4)
