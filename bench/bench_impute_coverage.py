@@ -359,6 +359,21 @@ def write_csv(path: Path, rows: Sequence[dict[str, Any]]) -> None:
         writer.writerows(rows)
 
 
+def read_done(path: Path, releases: int) -> list[dict[str, Any]]:
+    """The rows of a previous run's CSV whose point ran ``releases`` releases (for --resume)."""
+    if not path.exists():
+        return []
+    with path.open(newline="", encoding="utf-8") as handle:
+        rows: list[dict[str, Any]] = list(csv.DictReader(handle))
+    for row in rows:
+        for key in ("epsilon", "beta", "keep", "truth", "coverage", "mc_se", "coverage_of_usable", "median_width",
+                    "median_width_ratio_to_own", "seconds"):  # fmt: skip
+            row[key] = float(row[key]) if row[key] not in ("", "nan") else math.nan
+        for key in ("m", "releases", "covered", "degenerate", "failed"):
+            row[key] = int(row[key])
+    return [r for r in rows if r["releases"] == releases]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--releases", type=int, default=1000, help="releases a point (default 1000)")
@@ -367,6 +382,9 @@ def main() -> None:
     parser.add_argument("--only", choices=sorted(BENCHMARKS), action="append", help="run only these benchmarks")
     parser.add_argument("--json", action="store_true", help="print the rows as one JSON list instead of text")
     parser.add_argument("--out", type=Path, help="write the rows as CSV (rewritten after every point)")
+    parser.add_argument(
+        "--resume", action="store_true", help="keep the points --out already holds at this many releases"
+    )
     args = parser.parse_args()
     releases = QUICK_RELEASES if args.quick else args.releases
     processes = max(1, min(args.processes, 2))
@@ -374,7 +392,11 @@ def main() -> None:
     log = sys.stderr if args.json else sys.stdout
     print(f"coverage of pooled 95% intervals: {len(chosen)} points x {releases} releases, M = {IMPUTATIONS}, "
           f"n = {N_RECORDS}, {processes} processes", file=log, flush=True)  # fmt: skip
-    all_rows: list[dict[str, Any]] = []
+    all_rows = read_done(args.out, releases) if args.resume and args.out else []
+    done_points = {(r["benchmark"], r["epsilon"], r["beta"]) for r in all_rows}
+    chosen = [(i, p) for i, p in chosen if (p.benchmark, p.epsilon, p.beta) not in done_points]
+    if done_points:
+        print(f"resuming: {len(done_points)} points already in {args.out}", file=log, flush=True)
     start = time.perf_counter()
     context = multiprocessing.get_context("fork")
     with context.Pool(processes) as pool:

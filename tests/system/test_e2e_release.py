@@ -70,11 +70,14 @@ def test_release_matches_in_memory_protocol_exactly(setup: dict[str, object]) ->
     out = json.loads((root / "results" / "r-exact.json").read_text())
     assert out["cells"][3]["raw"] == ref.estimate.raw[3] and out["cells"][3]["estimate"] == ref.estimate.projected[3]
     assert (root / "results" / "r-exact.csv").read_text().startswith("education,marital,sex,salary")
-    # the analyst's questions, asked of the deployed researcher over mutual TLS (issue 42)
+    # the analyst's questions, asked of the deployed researcher over mutual TLS
     test = analyses["test"]
     assert test["test"]["a"] == ["education"] and test["test"]["b"] == ["salary"] and test["test"]["given"] == ["sex"]
     assert test["test"]["df"] == 2 * 1 * 2 and 0.0 <= test["test"]["p_value"] <= 1.0
-    assert "cramers_v" in test["association"]["effects"]
+    # with --given the effect is the conditional Cramer's V, whose interval excludes 0 exactly when
+    # the conditional test printed beside it rejects at the interval's level (docs/analysis.md)
+    effect = test["association"]["effects"]["conditional_cramers_v"]
+    assert (effect["ci_low"] > 0) == (test["test"]["p_value"] <= 0.05)
     pairs = {(r["a"], r["b"]) for r in analyses["associations"]["rows"]}
     assert pairs == {(a, b) for a in ("education", "marital") for b in ("sex", "salary")}
     assert analyses["unknown"] == 2 and "the release has" in analyses["unknown_err"]

@@ -11,14 +11,14 @@ built into the researcher's ReleaseReport, imputed M = 20 times (``impute_tables
 (``Imputations.fit``). A degenerate imputation counts as an interval that misses.
 
 Bounds (exact binomial tails; three checks, each at 1e-6 / 3, so the file's family-wise false
-failure rate is at most 1e-6), with R = 100 releases:
+failure rate is at most 1e-6), with R = 60 releases:
 
-* a correct 95% procedure covers x1 in at least 81 of 100 releases with probability at least
-  1 - 1e-6 / 3 (P(Binomial(100, 0.95) <= 80) = 1.05e-7), under the saturated joint and under
+* a correct 95% procedure covers x1 in at least 46 of 60 releases with probability at least
+  1 - 1e-6 / 3 (P(Binomial(60, 0.95) <= 45) = 1.9e-7), under the saturated joint and under
   the log-linear ``y*x1 + y*x2 + x1*x2``;
 * the table as data (a binomial GLM with the perturbed counts as frequency weights) covers x1 in
-  at most 76 of 100: a procedure covering 93% or more does so with probability at most
-  P(Binomial(100, 0.93) <= 76) = 7.9e-8, so passing shows the check tells a bad procedure apart.
+  at most 42 of 60: a procedure covering 93% or more does so with probability at most
+  P(Binomial(60, 0.93) <= 42) = 8.6e-8, so passing shows the check tells a bad procedure apart.
 
 bench/bench_impute_coverage.py measures this point over many releases: the imputed intervals cover
 x1 at about 0.95 or above, the table as data almost never (its x1 is attenuated by the noise).
@@ -46,7 +46,7 @@ from secure_release.mechanism.schema import Attribute, CuratorSchema, JointSchem
 from secure_release.mechanism.simulation.monte_carlo import fast_observed_counts  # noqa: E402
 
 SEED = 20261207
-RELEASES = 100
+RELEASES = 60
 N_RECORDS = 2000
 EPSILON = 1.0
 BETA1 = 1.0
@@ -56,9 +56,9 @@ LOGLINEAR = "y*x1 + y*x2 + x1*x2"
 CHECKS = 3
 ALPHA = 1e-6 / CHECKS  # per check; Bonferroni over the file's three checks
 #: A correct 95% procedure covers at least this many of RELEASES (P(fewer) <= ALPHA).
-LEAST_COVERED = 81
+LEAST_COVERED = 46
 #: A procedure covering 93% or more covers at most this many with probability <= ALPHA.
-MOST_COVERED_BAD = 76
+MOST_COVERED_BAD = 42
 SCHEMA = JointSchema((CuratorSchema("alice", (Attribute("x1", ("0", "1")), Attribute("x2", ("0", "1")))),
                       CuratorSchema("bob", (Attribute("y", ("0", "1")),))))  # fmt: skip
 
