@@ -189,7 +189,8 @@ def test_autocorrelation_and_spacing() -> None:
     assert abs(rho - 0.8) < 0.03
     assert abs(mixing.lag_autocorrelation(series[:, :, None], 5)[0] - 0.8**5) < 0.05
     assert mixing.choose_spacing(0.5) == 9  # 0.5^9 = 0.00195 <= 0.0025 < 0.5^8 = 0.0039
-    assert mixing.choose_spacing(0.04) == 2 and mixing.choose_spacing(0.002) == 1 and mixing.choose_spacing(math.nan) == 1
+    assert mixing.choose_spacing(0.04) == 2 and mixing.choose_spacing(0.002) == 1
+    assert mixing.choose_spacing(math.nan) == 1
     assert mixing.choose_spacing(1.0) == mixing.MAX_SPACING and mixing.choose_spacing(0.9999) == mixing.MAX_SPACING
 
 
