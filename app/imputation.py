@@ -184,8 +184,12 @@ class Imputations:
             for f in frames:
                 f[outcome] = (f[outcome] == levels[1]).astype(np.int64)
             note = f"{outcome} is coded 1 for {levels[1]!r} and 0 for {levels[0]!r}."
-        return pool_fits(frames, formula, family, table=chosen.table, model=chosen.model, level=level,
-                         on_degenerate=on_degenerate, outcome_note=note)  # fmt: skip
+        try:
+            return pool_fits(frames, formula, family, table=chosen.table, model=chosen.model, level=level,
+                             on_degenerate=on_degenerate, outcome_note=note)  # fmt: skip
+        except FormulaError as exc:
+            raise FormulaError(f"{exc}; table {chosen.table} holds {list(chosen.attributes)} and "
+                               f"'{COUNT_COLUMN}' (the Poisson family's outcome)") from exc  # fmt: skip
 
     def block(self) -> printing.Block:
         pairs: list[tuple[str, str]] = [("Release", self.release_id), ("Imputations M", str(self.num_imputations)),
