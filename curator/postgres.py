@@ -198,7 +198,15 @@ def password_file() -> Path | None:
 
 
 def _read_password(path: Path) -> str:
-    """The first line of the password file (without its line end); a named error if unreadable."""
+    """The first line of the password file (without its line end); a named error if unreadable,
+    or if the group or others may read or write it (libpq refuses such a ~/.pgpass too)."""
+    try:
+        mode = path.stat().st_mode
+    except OSError as exc:
+        raise DataSourceError(f"--data-password-file {path}: cannot be read ({type(exc).__name__})") from None
+    if mode & 0o077:
+        raise DataSourceError(f"--data-password-file {path}: its mode is {mode & 0o777:o}, so others may read the "
+                              f"password; allowed: readable by its owner only (chmod 600 {path})")  # fmt: skip
     try:
         with path.open(encoding="utf-8") as handle:
             line = handle.readline()

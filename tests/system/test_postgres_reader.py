@@ -126,6 +126,7 @@ def test_connection_errors_are_named(server: tuple[PostgresServer, Path], tmp_pa
     with pytest.raises(DatabaseUnreachableError, match="cannot reach the database server"):
         read_table(f"postgresql://reader@127.0.0.1:{free_port()}/postgres", SPEC, query="SELECT 1")
     (tmp_path / "wrong").write_text("not-the-password\n")
+    (tmp_path / "wrong").chmod(0o600)
     set_password_file(tmp_path / "wrong")
     try:
         with pytest.raises(DatabaseLoginError, match=r"refused the login .*password authentication failed"):

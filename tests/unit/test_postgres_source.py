@@ -167,3 +167,17 @@ def test_the_password_file_flag_needs_a_database_and_a_file(tmp_path: Path) -> N
         _password_file_settings(args)  # no such file: named
     with pytest.raises(PasswordInUrlError):
         database_query("postgresql://u:pw@h/db", "SELECT 1")
+
+
+def test_a_password_file_others_may_read_is_refused_by_name(tmp_path: Path) -> None:
+    from secure_release.curator.columnar import DataSourceError
+    from secure_release.curator.postgres import _read_password
+
+    path = tmp_path / "pw"
+    path.write_text("s3cret-pw\n")
+    path.chmod(0o644)
+    with pytest.raises(DataSourceError, match=r"mode is 644.*chmod 600") as caught:
+        _read_password(path)
+    assert "s3cret-pw" not in str(caught.value)
+    path.chmod(0o600)
+    assert _read_password(path) == "s3cret-pw"
